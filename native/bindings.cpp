@@ -1,0 +1,173 @@
+// The pybind11 module rlkit._native: tensors, the op table, graphs, threads, BLAS, RNG and the
+// fused optimizer updates. Everything user-facing is wrapped by the Python package.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "blas.hpp"
+#include "ops.hpp"
+#include "optim.hpp"
+#include "random.hpp"
+#include "thread_pool.hpp"
+
+namespace py = pybind11;
+using namespace rk;
+
+namespace {
+
+py::dtype numpy_dtype(DType d) {
+    switch (d) {
+        case DType::f32: return py::dtype::of<float>();
+        case DType::f16: return py::dtype("float16");
+        case DType::i32: return py::dtype::of<int32_t>();
+        case DType::f64: return py::dtype::of<double>();
+    }
+    throw std::logic_error("unknown dtype");
+}
+
+// Wraps a Fortran-ordered numpy array. Without `copy`, the tensor shares the array's memory
+// and keeps the array alive.
+TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy) {
+    const DType dtype = dtype_from_name(dtype_name_);
+    if (!arr.dtype().is(numpy_dtype(dtype)))
+        throw TypeError("from_numpy: array dtype " + std::string(py::str(arr.dtype())) + " does not match " + dtype_name_);
+    if (!(arr.flags() & py::array::f_style))
+        throw std::invalid_argument("from_numpy: the array must be Fortran-ordered (column-major)");
+    if (arr.ndim() > kMaxDims)
+        throw std::invalid_argument("rlkit tensors have at most 4 dimensions, got an array of " +
+                                    std::to_string(arr.ndim()));
+    Shape ne{1, 1, 1, 1};
+    for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
+        ne[d] = arr.shape(d);
+        if (ne[d] == 0)
+            throw std::invalid_argument("rlkit tensors need at least one element in every dimension, got shape " +
+                                        std::string(py::str(py::tuple(py::cast(std::vector<py::ssize_t>(
+                                            arr.shape(), arr.shape() + arr.ndim()))))));
+    }
+    const int ndim = std::max<int>(2, int(arr.ndim()));
+    if (copy) {
+        TensorPtr t = make_tensor(ne, ndim, dtype);
+        std::memcpy(t->data(), arr.data(), t->nbytes());
+        return t;
+    }
+    TensorPtr t = make_pending(ne, ndim, dtype);
+    auto storage = std::make_shared<Storage>();
+    storage->data = const_cast<void*>(arr.data());
+    storage->nbytes = t->nbytes();
+    auto* owner = new py::object(arr);
+    storage->keep_alive = std::shared_ptr<void>(owner, [](void* p) {
+        py::gil_scoped_acquire gil;
+        delete static_cast<py::object*>(p);
+    });
+    t->storage = storage;
+    return t;
+}
+
+py::array to_numpy(const TensorImpl& t) {
+    std::vector<py::ssize_t> shape(t.ne.begin(), t.ne.begin() + t.ndim), strides(t.ndim);
+    py::ssize_t stride = py::ssize_t(dtype_size(t.dtype));
+    for (int d = 0; d < t.ndim; ++d) {
+        strides[d] = stride;
+        stride *= t.ne[d];
+    }
+    py::array arr(numpy_dtype(t.dtype), shape, strides);
+    std::memcpy(arr.mutable_data(), t.data(), t.nbytes());
+    return arr;
+}
+
+// Overwrites a tensor's values in place (same shape and dtype); bumps its version.
+void write_values(TensorImpl& t, py::array arr) {
+    TensorPtr src = from_numpy(arr, dtype_name(t.dtype), false);
+    if (src->numel() != t.numel())
+        throw std::invalid_argument("write: " + std::to_string(src->numel()) + " values for a tensor " + t.shape_str());
+    std::memcpy(t.data(), src->data(), t.nbytes());
+    ++t.version;
+}
+
+py::dict stats_dict(const GraphStats& s) {
+    py::dict d;
+    d["n_nodes"] = s.n_nodes;
+    d["arena_bytes"] = s.arena_bytes;
+    d["intermediate_bytes"] = s.intermediate_bytes;
+    d["kept_bytes"] = s.kept_bytes;
+    return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "rlkit's native engine: tensors, the op table and the CPU backend";
+
+    py::register_exception<rk::TypeError>(m, "NativeTypeError", PyExc_TypeError);
+
+    py::class_<TensorImpl, TensorPtr>(m, "Tensor")
+        .def_property_readonly("shape", [](const TensorImpl& t) {
+            return py::tuple(py::cast(std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.ndim)));
+        })
+        .def_property_readonly("ndim", [](const TensorImpl& t) { return t.ndim; })
+        .def_property_readonly("dtype", [](const TensorImpl& t) { return dtype_name(t.dtype); })
+        .def_property_readonly("numel", &TensorImpl::numel)
+        .def_property_readonly("nbytes", &TensorImpl::nbytes)
+        .def_property_readonly("pending", &TensorImpl::pending)
+        .def_property_readonly("version", [](const TensorImpl& t) { return t.version; })
+        .def_property_readonly("data_ptr", [](const TensorImpl& t) { return reinterpret_cast<uintptr_t>(t.data()); })
+        .def("numpy", &to_numpy, "A Fortran-ordered copy of the values.")
+        .def("write", &write_values, "Overwrites the values in place from an array of the same size and dtype.");
+
+    m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("dtype"), py::arg("copy"));
+    m.def("op_names", [] {
+        std::vector<std::string> names;
+        for (int i = 0; i < int(Op::count); ++i) names.push_back(op_info(Op(i)).name);
+        return names;
+    });
+    m.def("op_id", [](const std::string& name) { return int(op_from_name(name)); });
+    m.def("op_arity", [](int op) { return op_info(Op(op)).n_inputs; });
+    m.def(
+        "apply",
+        [](int op, const std::vector<TensorPtr>& inputs, std::vector<int64_t> ints, std::vector<double> floats) {
+            if (op < 0 || op >= int(Op::count)) throw std::invalid_argument("apply: unknown op id " + std::to_string(op));
+            return apply(Op(op), inputs, OpAttrs{std::move(ints), std::move(floats)});
+        },
+        py::arg("op"), py::arg("inputs"), py::arg("ints") = std::vector<int64_t>{},
+        py::arg("floats") = std::vector<double>{});
+
+    py::class_<Graph>(m, "Graph")
+        .def(py::init<>())
+        .def("__enter__", [](Graph& g) {
+            if (recording_graph()) throw std::runtime_error("a graph is already recording on this thread");
+            set_recording_graph(&g);
+            return &g;
+        }, py::return_value_policy::reference)
+        .def("__exit__", [](Graph&, py::object, py::object, py::object) {
+            set_recording_graph(nullptr);
+            return false;
+        })
+        .def("__len__", &Graph::size)
+        .def("run", [](Graph& g) { return stats_dict(g.run()); },
+             "Plans memory by liveness and executes every recorded node; returns planner statistics.");
+    m.def("is_recording", [] { return recording_graph() != nullptr; });
+
+    m.def("set_num_threads", [](int n) {
+        set_num_threads(n);
+        blas_set_num_threads(n);
+    });
+    m.def("num_threads", &num_threads);
+    m.def("load_blas", &load_blas, py::arg("path"));
+    m.def("blas_name", &blas_name);
+    m.def("manual_seed", &manual_seed, py::arg("seed"));
+
+    m.def(
+        "adam_update",
+        [](const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads, const std::vector<TensorPtr>& m1,
+           const std::vector<TensorPtr>& v, double lr, double beta1, double beta2, double eps, double weight_decay,
+           double bc1, double bc2, bool decoupled) {
+            adam_update(params, grads, m1, v, AdamHyper{lr, beta1, beta2, eps, weight_decay, bc1, bc2, decoupled});
+        },
+        py::arg("params"), py::arg("grads"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
+        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction1"),
+        py::arg("bias_correction2"), py::arg("decoupled"));
+    m.def("sgd_update", &sgd_update, py::arg("params"), py::arg("grads"), py::arg("velocity"), py::arg("lr"),
+          py::arg("momentum"), py::arg("weight_decay"));
+}

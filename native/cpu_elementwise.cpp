@@ -1,0 +1,218 @@
+// Elementwise ops: binary with broadcasting, unary, the fused backward helpers, and cast.
+#include <algorithm>
+#include <cmath>
+
+#include "kernel_util.hpp"
+
+namespace rk {
+namespace {
+
+template <typename T>
+T sigmoid_of(T x) {
+    if (x >= 0) return T(1) / (T(1) + std::exp(-x));
+    T e = std::exp(x);
+    return e / (T(1) + e);
+}
+
+OutSpec broadcast_spec(const char* op, const Inputs& in) {
+    const TensorImpl &a = *in[0], &b = *in[1];
+    require_same_float(op, a, b);
+    OutSpec spec;
+    spec.dtype = a.dtype;
+    spec.ndim = std::max(a.ndim, b.ndim);
+    for (int d = 0; d < kMaxDims; ++d) {
+        if (a.ne[d] != b.ne[d] && a.ne[d] != 1 && b.ne[d] != 1)
+            throw std::invalid_argument(op_err(op, "shapes " + a.shape_str() + " and " + b.shape_str() +
+                                                       " do not broadcast (each dimension must match or be 1)"));
+        spec.ne[d] = std::max(a.ne[d], b.ne[d]);
+    }
+    return spec;
+}
+
+template <typename T, typename F>
+void binary_kernel(const TensorImpl& a, const TensorImpl& b, TensorImpl& out, F f) {
+    const T* pa = a.ptr<T>();
+    const T* pb = b.ptr<T>();
+    T* po = out.ptr<T>();
+    const int64_t n = out.numel();
+    if (a.numel() == n && b.numel() == n) {
+        parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = f(pa[i], pb[i]);
+        });
+        return;
+    }
+    const Shape sa = broadcast_strides(a, out.ne), sb = broadcast_strides(b, out.ne);
+    const int64_t ne0 = out.ne[0], ne1 = out.ne[1], ne2 = out.ne[2];
+    const int64_t rows = n / ne0;
+    parallel_for(rows, std::max<int64_t>(1, kElementGrain / ne0), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+            const int64_t i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
+            const T* ra = pa + i1 * sa[1] + i2 * sa[2] + i3 * sa[3];
+            const T* rb = pb + i1 * sb[1] + i2 * sb[2] + i3 * sb[3];
+            T* ro = po + r * ne0;
+            if (sa[0] && sb[0]) {
+                for (int64_t i = 0; i < ne0; ++i) ro[i] = f(ra[i], rb[i]);
+            } else if (sb[0]) {
+                for (int64_t i = 0; i < ne0; ++i) ro[i] = f(ra[0], rb[i]);
+            } else if (sa[0]) {
+                for (int64_t i = 0; i < ne0; ++i) ro[i] = f(ra[i], rb[0]);
+            } else {
+                for (int64_t i = 0; i < ne0; ++i) ro[i] = f(ra[0], rb[0]);
+            }
+        }
+    });
+}
+
+template <typename T, typename F>
+void unary_kernel(const TensorImpl& x, TensorImpl& out, F f) {
+    const T* px = x.ptr<T>();
+    T* po = out.ptr<T>();
+    parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) po[i] = f(px[i]);
+    });
+}
+
+void require_float_attrs(const char* op, const OpAttrs& attrs, size_t n) {
+    if (attrs.floats.size() != n)
+        throw std::invalid_argument(op_err(op, "expected " + std::to_string(n) + " float attributes, got " +
+                                                   std::to_string(attrs.floats.size())));
+    if (n == 2 && !(attrs.floats[0] <= attrs.floats[1]))  // clamp bounds
+        throw std::invalid_argument(op_err(op, "lo must be <= hi, got lo=" + std::to_string(attrs.floats[0]) +
+                                                   ", hi=" + std::to_string(attrs.floats[1])));
+}
+
+OutSpec unary_spec(const char* op, const Inputs& in, const OpAttrs& attrs, size_t n_floats) {
+    require_float(op, *in[0], "x");
+    require_float_attrs(op, attrs, n_floats);
+    return same_as(*in[0]);
+}
+
+// (g, saved) pairs of the backward helpers must have identical shapes.
+OutSpec same_shape_spec(const char* op, const Inputs& in, const OpAttrs& attrs, size_t n_floats) {
+    const TensorImpl &g = *in[0], &x = *in[1];
+    require_float_attrs(op, attrs, n_floats);
+    require_same_float(op, g, x);
+    if (g.ne != x.ne)
+        throw std::invalid_argument(op_err(op, "shapes " + g.shape_str() + " and " + x.shape_str() + " must be equal"));
+    return same_as(x);
+}
+
+}  // namespace
+
+#define RK_BINARY(name, expr)                                                                           \
+    OutSpec shape_##name(const Inputs& in, const OpAttrs&) { return broadcast_spec(#name, in); }        \
+    void cpu_##name(const Inputs& in, const OpAttrs&, TensorImpl& out) {                                \
+        dispatch_float(out.dtype, [&](auto tag) {                                                      \
+            using T = decltype(tag);                                                                   \
+            binary_kernel<T>(*in[0], *in[1], out, [](T a, T b) -> T { return expr; });                 \
+        });                                                                                            \
+    }
+
+RK_BINARY(add, a + b)
+RK_BINARY(sub, a - b)
+RK_BINARY(mul, a * b)
+RK_BINARY(div, a / b)
+RK_BINARY(minimum, (std::isnan(a) || std::isnan(b)) ? a + b : std::min(a, b))
+RK_BINARY(maximum, (std::isnan(a) || std::isnan(b)) ? a + b : std::max(a, b))
+RK_BINARY(ge, T(a >= b))
+RK_BINARY(gt, T(a > b))
+#undef RK_BINARY
+
+#define RK_UNARY(name, n_floats, expr)                                                    \
+    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                           \
+        return unary_spec(#name, in, attrs, n_floats);                                       \
+    }                                                                                        \
+    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {               \
+        dispatch_float(out.dtype, [&](auto tag) {                                           \
+            using T = decltype(tag);                                                        \
+            unary_kernel<T>(*in[0], out, [&](T x) -> T { return expr; });                   \
+        });                                                                                 \
+    }
+
+RK_UNARY(neg, 0, -x)
+RK_UNARY(relu, 0, x > T(0) ? x : T(0))
+RK_UNARY(sigmoid, 0, sigmoid_of(x))
+RK_UNARY(tanh, 0, std::tanh(x))
+RK_UNARY(softplus, 0, std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x))))
+RK_UNARY(silu, 0, x * sigmoid_of(x))
+RK_UNARY(exp, 0, std::exp(x))
+RK_UNARY(log, 0, std::log(x))
+RK_UNARY(sqrt, 0, std::sqrt(x))
+RK_UNARY(square, 0, x * x)
+RK_UNARY(abs, 0, std::abs(x))
+RK_UNARY(sign, 0, T((x > T(0)) - (x < T(0))))
+RK_UNARY(scale, 1, x * T(attrs.floats[0]))
+RK_UNARY(pow, 1, std::pow(x, T(attrs.floats[0])))
+RK_UNARY(clamp, 2, std::min(std::max(x, T(attrs.floats[0])), T(attrs.floats[1])))
+#undef RK_UNARY
+
+#define RK_BACK(name, n_floats, expr)                                                          \
+    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                                \
+        return same_shape_spec(#name, in, attrs, n_floats);                                       \
+    }                                                                                             \
+    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {                    \
+        dispatch_float(out.dtype, [&](auto tag) {                                                \
+            using T = decltype(tag);                                                             \
+            binary_kernel<T>(*in[0], *in[1], out, [&](T g, T v) -> T { return expr; });          \
+        });                                                                                      \
+    }
+
+RK_BACK(relu_back, 0, v > T(0) ? g : T(0))
+RK_BACK(sigmoid_back, 0, g * v * (T(1) - v))
+RK_BACK(tanh_back, 0, g * (T(1) - v * v))
+RK_BACK(silu_back, 0, g * sigmoid_of(v) * (T(1) + v * (T(1) - sigmoid_of(v))))
+RK_BACK(clamp_back, 2, (v > T(attrs.floats[0]) && v < T(attrs.floats[1])) ? g : T(0))
+#undef RK_BACK
+
+OutSpec shape_cast(const Inputs& in, const OpAttrs& attrs) {
+    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::f64))
+        throw std::invalid_argument("cast: expected one dtype attribute");
+    OutSpec spec = same_as(*in[0]);
+    spec.dtype = DType(attrs.ints[0]);
+    return spec;
+}
+
+namespace {
+double load(const TensorImpl& t, int64_t i) {
+    switch (t.dtype) {
+        case DType::f32: return t.ptr<float>()[i];
+        case DType::f64: return t.ptr<double>()[i];
+        case DType::i32: return t.ptr<int32_t>()[i];
+        case DType::f16: return half_to_float(t.ptr<uint16_t>()[i]);
+    }
+    return 0;
+}
+void store(TensorImpl& t, int64_t i, double v) {
+    switch (t.dtype) {
+        case DType::f32: t.ptr<float>()[i] = float(v); return;
+        case DType::f64: t.ptr<double>()[i] = v; return;
+        case DType::i32: t.ptr<int32_t>()[i] = int32_t(v); return;
+        case DType::f16: t.ptr<uint16_t>()[i] = float_to_half(float(v)); return;
+    }
+}
+}  // namespace
+
+void cpu_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    if (x.dtype == DType::f32 && out.dtype == DType::f16) {  // the hot conversion of f16 storage
+        const float* px = x.ptr<float>();
+        uint16_t* po = out.ptr<uint16_t>();
+        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = float_to_half(px[i]);
+        });
+        return;
+    }
+    if (x.dtype == DType::f16 && out.dtype == DType::f32) {
+        const uint16_t* px = x.ptr<uint16_t>();
+        float* po = out.ptr<float>();
+        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = half_to_float(px[i]);
+        });
+        return;
+    }
+    parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) store(out, i, load(x, i));
+    });
+}
+
+}  // namespace rk

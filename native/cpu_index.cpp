@@ -1,0 +1,223 @@
+// Layout and indexing ops: transpose, reshape, row slices, padding and concatenation, gather,
+// one_hot, get_rows (columns by index) and its adjoint scatter_cols.
+#include <algorithm>
+#include <cstring>
+
+#include "kernel_util.hpp"
+
+namespace rk {
+namespace {
+
+int64_t int_attr(const char* op, const OpAttrs& attrs, size_t i, const char* what) {
+    if (attrs.ints.size() <= i) throw std::invalid_argument(op_err(op, std::string("missing attribute ") + what));
+    return attrs.ints[i];
+}
+
+char* bytes(const TensorImpl& t) { return static_cast<char*>(t.data()); }
+
+// Reads index j of an i32 tensor and checks it against [0, limit).
+int64_t checked_index(const char* op, const TensorImpl& index, int64_t j, int64_t limit, const char* what) {
+    const int64_t i = index.ptr<int32_t>()[j];
+    if (i < 0 || i >= limit)
+        throw std::out_of_range(op_err(op, "index " + std::to_string(i) + " at position " + std::to_string(j) +
+                                               " is out of range for " + std::to_string(limit) + " " + what +
+                                               " (valid: 0.." + std::to_string(limit - 1) + ")"));
+    return i;
+}
+
+// Copies `rows` rows starting at src_row0 of every column of src into rows starting at
+// dst_row0 of the matching column of dst.
+void copy_rows(const TensorImpl& src, int64_t src_row0, TensorImpl& dst, int64_t dst_row0, int64_t rows) {
+    const size_t es = dtype_size(src.dtype);
+    const int64_t cols = n_columns(src);
+    const char* ps = bytes(src);
+    char* pd = bytes(dst);
+    parallel_for(cols, std::max<int64_t>(1, kElementGrain / rows), [&](int64_t lo, int64_t hi) {
+        for (int64_t c = lo; c < hi; ++c)
+            std::memcpy(pd + (c * dst.ne[0] + dst_row0) * es, ps + (c * src.ne[0] + src_row0) * es, rows * es);
+    });
+}
+
+}  // namespace
+
+OutSpec shape_transpose(const Inputs& in, const OpAttrs&) {
+    OutSpec spec = same_as(*in[0]);
+    std::swap(spec.ne[0], spec.ne[1]);
+    return spec;
+}
+
+void cpu_transpose(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    const size_t es = dtype_size(x.dtype);
+    const int64_t r = x.ne[0], c = x.ne[1], slices = x.ne[2] * x.ne[3];
+    constexpr int64_t kBlock = 32;
+    const char* px = bytes(x);
+    char* po = bytes(out);
+    const int64_t col_blocks = (c + kBlock - 1) / kBlock;
+    parallel_for(slices * col_blocks, std::max<int64_t>(1, kElementGrain / (kBlock * r)), [&](int64_t lo, int64_t hi) {
+        for (int64_t w = lo; w < hi; ++w) {
+            const int64_t s = w / col_blocks, j0 = (w % col_blocks) * kBlock, j1 = std::min(c, j0 + kBlock);
+            const char* xs = px + s * r * c * es;
+            char* os = po + s * r * c * es;
+            for (int64_t i0 = 0; i0 < r; i0 += kBlock)
+                for (int64_t j = j0; j < j1; ++j)
+                    for (int64_t i = i0; i < std::min(r, i0 + kBlock); ++i)
+                        std::memcpy(os + (j + i * c) * es, xs + (i + j * r) * es, es);
+        }
+    });
+}
+
+OutSpec shape_reshape(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& x = *in[0];
+    OutSpec spec = shape_from_attrs("reshape", attrs, 0, x.dtype);
+    const int64_t n = spec.ne[0] * spec.ne[1] * spec.ne[2] * spec.ne[3];
+    if (n != x.numel())
+        throw std::invalid_argument("reshape: cannot reshape " + x.shape_str() + " (" + std::to_string(x.numel()) +
+                                    " elements) into a shape of " + std::to_string(n) + " elements");
+    return spec;
+}
+
+void cpu_reshape(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    std::memcpy(out.data(), in[0]->data(), out.nbytes());
+}
+
+OutSpec shape_slice_rows(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& x = *in[0];
+    const int64_t start = int_attr("slice_rows", attrs, 0, "start"), n = int_attr("slice_rows", attrs, 1, "n");
+    if (start < 0 || n < 1 || start + n > x.ne[0])
+        throw std::invalid_argument("slice_rows: rows [" + std::to_string(start) + ", " + std::to_string(start + n) +
+                                    ") are not inside x " + x.shape_str() + " (expected 0 <= start, n >= 1, start + n <= " +
+                                    std::to_string(x.ne[0]) + ")");
+    OutSpec spec = same_as(x);
+    spec.ne[0] = n;
+    return spec;
+}
+
+void cpu_slice_rows(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    copy_rows(*in[0], attrs.ints[0], out, 0, out.ne[0]);
+}
+
+OutSpec shape_pad_rows(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& x = *in[0];
+    require_float("pad_rows", x, "x");
+    const int64_t before = int_attr("pad_rows", attrs, 0, "before"), after = int_attr("pad_rows", attrs, 1, "after");
+    if (before < 0 || after < 0)
+        throw std::invalid_argument("pad_rows: before and after must be >= 0, got " + std::to_string(before) + ", " +
+                                    std::to_string(after));
+    OutSpec spec = same_as(x);
+    spec.ne[0] = before + x.ne[0] + after;
+    return spec;
+}
+
+void cpu_pad_rows(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    std::memset(out.data(), 0, out.nbytes());
+    copy_rows(*in[0], 0, out, attrs.ints[0], in[0]->ne[0]);
+}
+
+OutSpec shape_concat_rows(const Inputs& in, const OpAttrs&) {
+    const TensorImpl &a = *in[0], &b = *in[1];
+    if (a.dtype != b.dtype)
+        throw TypeError(std::string("concat_rows: dtypes differ: ") + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
+    for (int d = 1; d < kMaxDims; ++d)
+        if (a.ne[d] != b.ne[d])
+            throw std::invalid_argument("concat_rows: " + a.shape_str() + " and " + b.shape_str() +
+                                        " differ beyond dimension 0 (expected the same number of columns)");
+    OutSpec spec = same_as(a);
+    spec.ndim = std::max(a.ndim, b.ndim);
+    spec.ne[0] = a.ne[0] + b.ne[0];
+    return spec;
+}
+
+void cpu_concat_rows(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    copy_rows(*in[0], 0, out, 0, in[0]->ne[0]);
+    copy_rows(*in[1], 0, out, in[0]->ne[0], in[1]->ne[0]);
+}
+
+OutSpec shape_gather(const Inputs& in, const OpAttrs&) {
+    const TensorImpl &x = *in[0], &index = *in[1];
+    require_float("gather", x, "x");
+    require_index("gather", index, "index");
+    require_2d("gather", x, "x");
+    if (index.numel() != x.ne[1])
+        throw std::invalid_argument("gather: index has " + std::to_string(index.numel()) + " elements, expected one per column of x " +
+                                    x.shape_str());
+    return OutSpec{{1, x.ne[1], 1, 1}, 2, x.dtype};
+}
+
+void cpu_gather(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &x = *in[0], &index = *in[1];
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t j = 0; j < x.ne[1]; ++j)
+            out.ptr<T>()[j] = x.ptr<T>()[checked_index("gather", index, j, x.ne[0], "rows") + j * x.ne[0]];
+    });
+}
+
+OutSpec shape_one_hot(const Inputs& in, const OpAttrs& attrs) {
+    require_index("one_hot", *in[0], "index");
+    const int64_t classes = int_attr("one_hot", attrs, 0, "classes");
+    const int64_t dtype = int_attr("one_hot", attrs, 1, "dtype");
+    if (classes < 1) throw std::invalid_argument("one_hot: classes must be at least 1, got " + std::to_string(classes));
+    if (dtype != int64_t(DType::f32) && dtype != int64_t(DType::f64) && dtype != int64_t(DType::f16))
+        throw TypeError("one_hot: the output dtype must be a float dtype");
+    return OutSpec{{classes, in[0]->numel(), 1, 1}, 2, DType(dtype)};
+}
+
+void cpu_one_hot(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* po = out.ptr<T>();
+        std::fill(po, po + out.numel(), T(0));
+        for (int64_t j = 0; j < out.ne[1]; ++j) po[checked_index("one_hot", *in[0], j, out.ne[0], "classes") + j * out.ne[0]] = T(1);
+    });
+}
+
+OutSpec shape_get_rows(const Inputs& in, const OpAttrs&) {
+    const TensorImpl &x = *in[0], &index = *in[1];
+    require_index("get_rows", index, "index");
+    require_2d("get_rows", x, "x");
+    return OutSpec{{x.ne[0], index.numel(), 1, 1}, 2, x.dtype};
+}
+
+void cpu_get_rows(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &x = *in[0], &index = *in[1];
+    const size_t col_bytes = x.ne[0] * dtype_size(x.dtype);
+    for (int64_t j = 0; j < index.numel(); ++j) checked_index("get_rows", index, j, x.ne[1], "columns");
+    const char* px = bytes(x);
+    char* po = bytes(out);
+    const int32_t* idx = index.ptr<int32_t>();
+    parallel_for(index.numel(), std::max<int64_t>(1, kElementGrain / x.ne[0]), [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) std::memcpy(po + j * col_bytes, px + idx[j] * col_bytes, col_bytes);
+    });
+}
+
+OutSpec shape_scatter_cols(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl &g = *in[0], &index = *in[1];
+    require_float("scatter_cols", g, "g");
+    require_index("scatter_cols", index, "index");
+    require_2d("scatter_cols", g, "g");
+    const int64_t cols = int_attr("scatter_cols", attrs, 0, "columns");
+    if (cols < 1) throw std::invalid_argument("scatter_cols: the column count must be at least 1");
+    if (index.numel() != g.ne[1])
+        throw std::invalid_argument("scatter_cols: index has " + std::to_string(index.numel()) +
+                                    " elements, expected one per column of g " + g.shape_str());
+    return OutSpec{{g.ne[0], cols, 1, 1}, 2, g.dtype};
+}
+
+void cpu_scatter_cols(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &g = *in[0], &index = *in[1];
+    const int64_t rows = g.ne[0];
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* po = out.ptr<T>();
+        std::fill(po, po + out.numel(), T(0));
+        for (int64_t j = 0; j < g.ne[1]; ++j) {  // in column order: sums do not depend on threads
+            const int64_t c = checked_index("scatter_cols", index, j, out.ne[1], "columns");
+            const T* src = g.ptr<T>() + j * rows;
+            T* dst = po + c * rows;
+            for (int64_t i = 0; i < rows; ++i) dst[i] += src[i];
+        }
+    });
+}
+
+}  // namespace rk

@@ -1,0 +1,98 @@
+// Random ops: rand, randn and the Gumbel-max categorical sampler.
+#include <atomic>
+#include <cmath>
+
+#include "kernel_util.hpp"
+#include "random.hpp"
+
+namespace rk {
+namespace {
+
+constexpr uint64_t kDefaultSeed = 0x5EEDull;
+std::atomic<uint64_t> g_seed{kDefaultSeed};
+std::atomic<uint64_t> g_counter{0};
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+OutSpec random_spec(const char* op, const OpAttrs& attrs) {
+    if (attrs.ints.size() != kMaxDims + 2) throw std::invalid_argument(op_err(op, "expected a shape and a dtype"));
+    const int64_t dtype = attrs.ints[kMaxDims + 1];
+    if (dtype != int64_t(DType::f32) && dtype != int64_t(DType::f64) && dtype != int64_t(DType::f16))
+        throw TypeError(op_err(op, "the dtype must be a float dtype"));
+    return shape_from_attrs(op, attrs, 0, DType(dtype));
+}
+
+template <typename F>
+void fill_random(TensorImpl& out, F value_at) {
+    const uint64_t stream = next_stream();
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* po = out.ptr<T>();
+        parallel_for(out.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = T(value_at(stream, uint64_t(i)));
+        });
+    });
+}
+
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+    g_seed = seed;
+    g_counter = 0;
+}
+
+uint64_t next_stream() { return splitmix64(g_seed.load() ^ splitmix64(g_counter.fetch_add(1))); }
+
+double uniform_at(uint64_t stream, uint64_t i) {
+    return double(splitmix64(stream ^ splitmix64(i)) >> 11) * 0x1.0p-53;
+}
+
+double normal_at(uint64_t stream, uint64_t i) {
+    const double u1 = 1.0 - uniform_at(stream, 2 * i), u2 = uniform_at(stream, 2 * i + 1);  // u1 in (0, 1]
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+OutSpec shape_rand(const Inputs&, const OpAttrs& attrs) { return random_spec("rand", attrs); }
+void cpu_rand(const Inputs&, const OpAttrs&, TensorImpl& out) { fill_random(out, uniform_at); }
+
+OutSpec shape_randn(const Inputs&, const OpAttrs& attrs) { return random_spec("randn", attrs); }
+void cpu_randn(const Inputs&, const OpAttrs&, TensorImpl& out) { fill_random(out, normal_at); }
+
+OutSpec shape_sample_categorical(const Inputs& in, const OpAttrs&) {
+    require_float("sample_categorical", *in[0], "logits");
+    OutSpec spec = same_as(*in[0]);
+    spec.ne[0] = 1;
+    spec.dtype = DType::i32;
+    return spec;
+}
+
+// argmax over classes of logits + Gumbel noise: a draw from softmax(logits) per column.
+void cpu_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& logits = *in[0];
+    const uint64_t stream = next_stream();
+    const int64_t rows = logits.ne[0];
+    int32_t* po = out.ptr<int32_t>();
+    dispatch_float(logits.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = logits.ptr<T>();
+        parallel_for(n_columns(logits), std::max<int64_t>(1, kElementGrain / rows), [&](int64_t lo, int64_t hi) {
+            for (int64_t c = lo; c < hi; ++c) {
+                int64_t best = 0;
+                double best_value = -INFINITY;
+                for (int64_t i = 0; i < rows; ++i) {
+                    const double u = uniform_at(stream, uint64_t(c * rows + i));
+                    const double value = double(px[c * rows + i]) - std::log(-std::log(u + 0x1.0p-60));
+                    if (value > best_value) best_value = value, best = i;
+                }
+                po[c] = int32_t(best);
+            }
+        });
+    });
+}
+
+}  // namespace rk

@@ -1,0 +1,113 @@
+// Graph execution: a liveness-based memory planner and an in-order executor.
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "ops.hpp"
+
+namespace rk {
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// First-fit offsets in one arena; freed blocks are merged with their neighbours.
+class ArenaPlanner {
+  public:
+    size_t allocate(size_t size) {
+        size = aligned(std::max<size_t>(size, 1));
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            if (it->second < size) continue;
+            size_t offset = it->first, rest = it->second - size;
+            free_.erase(it);
+            if (rest) free_[offset + size] = rest;
+            return offset;
+        }
+        size_t offset = top_;
+        top_ += size;
+        return offset;
+    }
+
+    void release(size_t offset, size_t size) {
+        size = aligned(std::max<size_t>(size, 1));
+        auto it = free_.emplace(offset, size).first;
+        auto next = std::next(it);
+        if (next != free_.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_.erase(next);
+        }
+        if (it != free_.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_.erase(it);
+            }
+        }
+    }
+
+    size_t high_water() const { return top_; }
+
+  private:
+    std::map<size_t, size_t> free_;  // offset -> size
+    size_t top_ = 0;
+};
+
+}  // namespace
+
+GraphStats Graph::run() {
+    std::vector<Node> nodes = std::move(nodes_);
+    nodes_.clear();
+    GraphStats stats;
+    stats.n_nodes = nodes.size();
+
+    // Which node produced each pending tensor, how many input slots read it, and where last.
+    std::unordered_map<const TensorImpl*, size_t> producer, readers, last_use;
+    for (size_t k = 0; k < nodes.size(); ++k) producer[nodes[k].out.get()] = k;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        for (const auto& in : nodes[k].inputs) {
+            auto p = producer.find(in.get());
+            if (p == producer.end()) {
+                if (in->pending())
+                    throw std::runtime_error(std::string(op_info(nodes[k].op).name) + ": input " + in->shape_str() +
+                                             " is pending from another graph that has not run");
+                continue;
+            }
+            ++readers[in.get()];
+            last_use[in.get()] = k;
+        }
+    }
+
+    // An output referenced by anything besides this graph (node.out plus its reader slots)
+    // outlives the graph and gets storage of its own; the rest share the arena by liveness.
+    ArenaPlanner planner;
+    std::vector<size_t> offset(nodes.size(), 0);
+    std::vector<bool> in_arena(nodes.size(), false);
+    std::vector<std::vector<size_t>> frees_after(nodes.size());
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        TensorImpl* out = nodes[k].out.get();
+        long internal_refs = 1 + long(readers[out]);
+        if (nodes[k].out.use_count() > internal_refs) {
+            out->storage = Storage::allocate(out->nbytes());
+            stats.kept_bytes += out->nbytes();
+        } else {
+            in_arena[k] = true;
+            offset[k] = planner.allocate(out->nbytes());
+            stats.intermediate_bytes += out->nbytes();
+            auto lu = last_use.find(out);
+            frees_after[lu == last_use.end() ? k : lu->second].push_back(k);
+        }
+        for (size_t j : frees_after[k]) planner.release(offset[j], nodes[j].out->nbytes());
+    }
+    stats.arena_bytes = planner.high_water();
+
+    std::shared_ptr<Storage> arena = Storage::allocate(stats.arena_bytes);
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        if (!in_arena[k]) continue;
+        nodes[k].out->storage = arena;
+        nodes[k].out->offset = offset[k];
+    }
+    for (auto& node : nodes) run_cpu(node.op, node.inputs, node.attrs, *node.out);
+    return stats;
+}
+
+}  // namespace rk

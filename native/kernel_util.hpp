@@ -1,0 +1,68 @@
+// Helpers shared by the shape rules and the CPU kernels.
+#pragma once
+
+#include <string>
+
+#include "ops.hpp"
+#include "thread_pool.hpp"
+
+namespace rk {
+
+// Elements per parallel chunk of elementwise work: small ops run inline.
+constexpr int64_t kElementGrain = 1 << 15;
+
+inline std::string op_err(const char* op, const std::string& msg) { return std::string(op) + ": " + msg; }
+
+inline void require_float(const char* op, const TensorImpl& t, const char* arg) {
+    if (!is_float(t.dtype))
+        throw TypeError(op_err(op, std::string(arg) + " must be a float tensor (f32, f16 or f64), got " + dtype_name(t.dtype)));
+}
+
+inline void require_index(const char* op, const TensorImpl& t, const char* arg) {
+    if (t.dtype != DType::i32)
+        throw TypeError(op_err(op, std::string(arg) + " must be an i32 index tensor, got " + dtype_name(t.dtype)));
+}
+
+inline void require_same_float(const char* op, const TensorImpl& a, const TensorImpl& b) {
+    require_float(op, a, "a");
+    require_float(op, b, "b");
+    if (a.dtype != b.dtype)
+        throw TypeError(op_err(op, std::string("dtypes differ: ") + dtype_name(a.dtype) + " and " + dtype_name(b.dtype) +
+                                       " (expected the same float dtype)"));
+}
+
+inline void require_2d(const char* op, const TensorImpl& t, const char* arg) {
+    if (t.ndim > 2 && (t.ne[2] != 1 || t.ne[3] != 1))
+        throw std::invalid_argument(op_err(op, std::string(arg) + " must be 2-D [rows, columns], got " + t.shape_str()));
+}
+
+inline OutSpec same_as(const TensorImpl& t) { return OutSpec{t.ne, t.ndim, t.dtype}; }
+
+// Reads the shape attributes ne[0..3], ndim stored from position `at` of attrs.ints.
+OutSpec shape_from_attrs(const char* op, const OpAttrs& attrs, size_t at, DType dtype);
+
+// Calls f with a value of the computing type of a float tensor (kernels never see f16).
+template <typename F>
+void dispatch_float(DType dtype, F&& f) {
+    switch (dtype) {
+        case DType::f32: f(float{}); return;
+        case DType::f64: f(double{}); return;
+        default: throw std::logic_error("kernel called with a non-float dtype");
+    }
+}
+
+// Element strides of a tensor broadcast to `out` (0 along broadcast dims).
+inline Shape broadcast_strides(const TensorImpl& t, const Shape& out) {
+    Shape s{};
+    int64_t stride = 1;
+    for (int d = 0; d < kMaxDims; ++d) {
+        s[d] = (t.ne[d] == 1 && out[d] != 1) ? 0 : stride;
+        stride *= t.ne[d];
+    }
+    return s;
+}
+
+// Number of columns when a tensor is seen as [ne0, everything else].
+inline int64_t n_columns(const TensorImpl& t) { return t.ne[1] * t.ne[2] * t.ne[3]; }
+
+}  // namespace rk

@@ -1,0 +1,98 @@
+// The op table and how an op is applied: its shape rule runs at call time, then it is either
+// executed at once (eager) or recorded into the graph that is recording on this thread.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace rk {
+
+// A wrong dtype or kind of argument (becomes Python's TypeError). Shape errors are
+// std::invalid_argument (ValueError) and bad indices std::out_of_range (IndexError).
+struct TypeError : std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
+enum class Op : int {
+#define RK_OP(name, n_inputs) name,
+#include "ops.def"
+#undef RK_OP
+    count
+};
+
+struct OpAttrs {
+    std::vector<int64_t> ints;
+    std::vector<double> floats;
+};
+
+// What an op produces: decided by its shape rule from its inputs and attributes.
+struct OutSpec {
+    Shape ne{1, 1, 1, 1};
+    int ndim = 2;
+    DType dtype = DType::f32;
+};
+
+using Inputs = std::vector<TensorPtr>;
+using ShapeRule = OutSpec (*)(const Inputs& in, const OpAttrs& attrs);
+using CpuKernel = void (*)(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
+
+struct OpInfo {
+    const char* name;
+    int n_inputs;
+    ShapeRule shape;
+    CpuKernel cpu;
+};
+
+const OpInfo& op_info(Op op);
+Op op_from_name(const std::string& name);
+
+// Validates and then runs (or records) one op.
+TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs);
+
+// Runs one op's CPU kernel into an already-sized output (f16 is computed in f32).
+void run_cpu(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out);
+
+// Declarations of every shape rule and kernel named in ops.def.
+#define RK_OP(name, n_inputs)                                       \
+    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs);   \
+    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
+#include "ops.def"
+#undef RK_OP
+
+// A graph of recorded nodes, planned and executed at run(). While a graph is recording on a
+// thread, apply() appends to it and returns pending tensors.
+struct Node {
+    Op op;
+    Inputs inputs;
+    OpAttrs attrs;
+    TensorPtr out;
+};
+
+struct GraphStats {
+    size_t n_nodes = 0;
+    size_t arena_bytes = 0;         // memory the planner used for intermediates
+    size_t intermediate_bytes = 0;  // what they would take without reuse
+    size_t kept_bytes = 0;          // outputs still referenced outside the graph
+};
+
+class Graph {
+  public:
+    void record(Node node) { nodes_.push_back(std::move(node)); }
+    // Plans memory by liveness (intermediates share one arena) and executes every node in
+    // order. Outputs referenced from outside the graph get their own storage; the graph is
+    // empty afterwards.
+    GraphStats run();
+    size_t size() const { return nodes_.size(); }
+
+  private:
+    std::vector<Node> nodes_;
+};
+
+// The graph recording on this thread, or null (eager).
+Graph* recording_graph();
+void set_recording_graph(Graph* g);
+
+}  // namespace rk

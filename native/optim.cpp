@@ -1,0 +1,82 @@
+#include "optim.hpp"
+
+#include <cmath>
+
+#include "kernel_util.hpp"
+
+namespace rk {
+namespace {
+
+void check_set(const char* op, const std::vector<TensorPtr>& params, std::initializer_list<const std::vector<TensorPtr>*> others) {
+    for (const auto* other : others)
+        if (other->size() != params.size())
+            throw std::invalid_argument(op_err(op, "every list must have one entry per parameter"));
+    for (size_t i = 0; i < params.size(); ++i) {
+        const TensorImpl& p = *params[i];
+        if (p.dtype != DType::f32 && p.dtype != DType::f64)
+            throw TypeError(op_err(op, std::string("parameters must be f32 or f64, got ") + dtype_name(p.dtype)));
+        for (const auto* other : others) {
+            const TensorImpl& t = *(*other)[i];
+            if (t.ne != p.ne || t.dtype != p.dtype)
+                throw std::invalid_argument(op_err(op, "parameter " + std::to_string(i) + " is " + p.shape_str() + " " +
+                                                           dtype_name(p.dtype) + " but its state/gradient is " +
+                                                           t.shape_str() + " " + dtype_name(t.dtype)));
+        }
+    }
+}
+
+}  // namespace
+
+void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
+                 const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
+    check_set("adam_update", params, {&grads, &m, &v});
+    for (size_t k = 0; k < params.size(); ++k) {
+        TensorImpl& p = *params[k];
+        dispatch_float(p.dtype, [&](auto tag) {
+            using T = decltype(tag);
+            T *w = p.ptr<T>(), *mk = m[k]->ptr<T>(), *vk = v[k]->ptr<T>();
+            const T* g = grads[k]->ptr<T>();
+            const T b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps), wd = T(h.weight_decay);
+            const T step = T(h.lr / h.bias_correction1), inv_bc2 = T(1.0 / h.bias_correction2);
+            const T decay = T(1.0 - h.lr * h.weight_decay);
+            parallel_for(p.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+                for (int64_t i = lo; i < hi; ++i) {
+                    T gi = g[i];
+                    if (h.decoupled) w[i] *= decay;
+                    else gi += wd * w[i];
+                    mk[i] = b1 * mk[i] + (T(1) - b1) * gi;
+                    vk[i] = b2 * vk[i] + (T(1) - b2) * gi * gi;
+                    w[i] -= step * mk[i] / (std::sqrt(vk[i] * inv_bc2) + eps);
+                }
+            });
+        });
+        ++p.version;
+        ++m[k]->version;
+        ++v[k]->version;
+    }
+}
+
+void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
+                const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay) {
+    check_set("sgd_update", params, {&grads, &velocity});
+    for (size_t k = 0; k < params.size(); ++k) {
+        TensorImpl& p = *params[k];
+        dispatch_float(p.dtype, [&](auto tag) {
+            using T = decltype(tag);
+            T *w = p.ptr<T>(), *vel = velocity[k]->ptr<T>();
+            const T* g = grads[k]->ptr<T>();
+            const T mu = T(momentum), wd = T(weight_decay), rate = T(lr);
+            parallel_for(p.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+                for (int64_t i = lo; i < hi; ++i) {
+                    const T gi = g[i] + wd * w[i];
+                    vel[i] = mu * vel[i] + gi;
+                    w[i] -= rate * vel[i];
+                }
+            });
+        });
+        ++p.version;
+        ++velocity[k]->version;
+    }
+}
+
+}  // namespace rk

@@ -1,0 +1,24 @@
+// Fused optimizer updates: one call updates a whole parameter set in place. Hyperparameters
+// are plain data, so a changing learning rate costs nothing.
+#pragma once
+
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace rk {
+
+struct AdamHyper {
+    double lr, beta1, beta2, eps, weight_decay;
+    double bias_correction1, bias_correction2;  // 1 - beta^t, computed by the caller
+    bool decoupled;                             // AdamW: decay the weights, not the gradient
+};
+
+void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
+                 const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h);
+
+// v = momentum * v + (g + wd * w); w -= lr * v   (plain SGD when momentum is 0)
+void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
+                const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay);
+
+}  // namespace rk

@@ -1,0 +1,16 @@
+// The global random generator: counter-based, so a value depends only on the seed, the stream
+// (one per op execution, in order) and the element index, never on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace rk {
+
+void manual_seed(uint64_t seed);
+uint64_t next_stream();  // a fresh stream key for one op execution
+
+// Uniform in [0, 1) and standard normal values of element i of a stream.
+double uniform_at(uint64_t stream, uint64_t i);
+double normal_at(uint64_t stream, uint64_t i);
+
+}  // namespace rk

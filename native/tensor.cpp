@@ -1,0 +1,126 @@
+#include "tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace rk {
+
+size_t dtype_size(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return 4;
+        case DType::f16: return 2;
+        case DType::i32: return 4;
+        case DType::f64: return 8;
+    }
+    throw std::logic_error("unknown dtype");
+}
+
+const char* dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return "f32";
+        case DType::f16: return "f16";
+        case DType::i32: return "i32";
+        case DType::f64: return "f64";
+    }
+    return "?";
+}
+
+DType dtype_from_name(const std::string& name) {
+    if (name == "f32") return DType::f32;
+    if (name == "f16") return DType::f16;
+    if (name == "i32") return DType::i32;
+    if (name == "f64") return DType::f64;
+    throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, i32, f64");
+}
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
+    constexpr size_t kAlign = 64;
+    size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+    if (rounded == 0) rounded = kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p) throw std::bad_alloc();
+    if (zero) std::memset(p, 0, rounded);
+    auto s = std::make_shared<Storage>();
+    s->data = p;
+    s->nbytes = nbytes;
+    s->keep_alive = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    return s;
+}
+
+void* TensorImpl::data() const {
+    if (!storage) throw std::runtime_error("tensor " + shape_str() + " is pending: the graph that computes it has not run");
+    return static_cast<char*>(storage->data) + offset;
+}
+
+std::string TensorImpl::shape_str() const {
+    std::ostringstream os;
+    os << "[";
+    for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << ne[d];
+    os << "]";
+    return os.str();
+}
+
+TensorPtr make_pending(const Shape& ne, int ndim, DType dtype) {
+    auto t = std::make_shared<TensorImpl>();
+    t->ne = ne;
+    t->ndim = ndim;
+    t->dtype = dtype;
+    return t;
+}
+
+TensorPtr make_tensor(const Shape& ne, int ndim, DType dtype, bool zero) {
+    auto t = make_pending(ne, ndim, dtype);
+    t->storage = Storage::allocate(t->nbytes(), zero);
+    return t;
+}
+
+uint16_t float_to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t mant = x & 0x7fffffu;
+    int32_t exp = int32_t((x >> 23) & 0xffu);
+    if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant ? 0x200u : 0u));  // inf / nan
+    exp = exp - 127 + 15;
+    if (exp >= 0x1f) return uint16_t(sign | 0x7c00u);  // overflow to inf
+    if (exp <= 0) {
+        if (exp < -10) return uint16_t(sign);  // underflow to zero
+        mant |= 0x800000u;
+        uint32_t shift = uint32_t(14 - exp);
+        uint32_t half_mant = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
+        return uint16_t(sign | half_mant);
+    }
+    uint32_t half = sign | (uint32_t(exp) << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent: correct
+    return uint16_t(half);
+}
+
+float half_to_float(uint16_t h) {
+    uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t x;
+    if (exp == 0) {
+        if (mant == 0) {
+            x = sign;
+        } else {  // subnormal: normalise
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+            x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 0x1f) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else {
+        x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+
+}  // namespace rk

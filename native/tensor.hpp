@@ -1,0 +1,64 @@
+// Tensors of the native engine: up to 4 dimensions, column-major (ne[0] contiguous), one dtype.
+// A tensor owns a reference to its storage; a tensor made while a graph is recording has no
+// storage until that graph runs (it is "pending").
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace rk {
+
+enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3 };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+DType dtype_from_name(const std::string& name);
+inline bool is_float(DType d) { return d != DType::i32; }
+
+constexpr int kMaxDims = 4;
+using Shape = std::array<int64_t, kMaxDims>;  // ne[0..3]; unused trailing dims are 1
+
+// A block of host memory. `keep_alive` holds whatever owns it (an aligned allocation, a numpy
+// array shared without a copy, or a graph's arena).
+struct Storage {
+    void* data = nullptr;
+    size_t nbytes = 0;
+    std::shared_ptr<void> keep_alive;
+
+    // 64-byte aligned; uninitialised unless `zero`.
+    static std::shared_ptr<Storage> allocate(size_t nbytes, bool zero = false);
+};
+
+struct Node;
+
+struct TensorImpl {
+    Shape ne{1, 1, 1, 1};
+    int ndim = 2;  // 2..4; a 1-D input becomes one column
+    DType dtype = DType::f32;
+    std::shared_ptr<Storage> storage;  // null while pending
+    size_t offset = 0;                 // bytes into storage
+    uint64_t version = 0;              // bumped by every in-place write
+
+    int64_t numel() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+    size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+    bool pending() const { return !storage; }
+    void* data() const;
+    template <typename T> T* ptr() const { return static_cast<T*>(data()); }
+    std::string shape_str() const;
+};
+using TensorPtr = std::shared_ptr<TensorImpl>;
+
+// A new tensor with its own storage (uninitialised unless `zero`).
+TensorPtr make_tensor(const Shape& ne, int ndim, DType dtype, bool zero = false);
+// A new pending tensor (storage assigned later by a graph).
+TensorPtr make_pending(const Shape& ne, int ndim, DType dtype);
+
+// Half-precision conversion (IEEE 754 binary16, round to nearest even).
+uint16_t float_to_half(float f);
+float half_to_float(uint16_t h);
+
+}  // namespace rk

@@ -1,0 +1,1 @@
+"""Device buffers and replay buffers read by column indices: not built yet."""

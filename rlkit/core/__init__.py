@@ -1,0 +1,32 @@
+"""rlkit.core: the autograd engine.
+
+Tensors are column-major ``[features, batch]``; ``with grad_tape():`` records ops and
+``backward(loss)`` returns gradients keyed by parameter and by name. See API.md for the
+contract.
+"""
+
+# tensor first: it pulls in ops, autograd and vjp in the order they build on one another.
+from rlkit.core.tensor import Tensor, ones, param, tensor, zeros
+from rlkit.core._runtime import devices, device, dtype, get_num_threads, manual_seed, set_num_threads, transfer_stats
+from rlkit.core.autograd import Gradients, backward, grad_tape, no_grad, tape_memory
+from rlkit.core.gradcheck import GradcheckError, gradcheck
+from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
+from rlkit.core.ops import (
+    abs, add, argmax, as_tensor, cast, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
+    log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
+    reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
+    softplus, sqrt, square, stop_gradient, sub, sum, sum_to, tanh, transpose,
+)
+from rlkit.core import optim
+
+__all__ = [
+    "Tensor", "tensor", "param", "zeros", "ones", "as_tensor",
+    "grad_tape", "no_grad", "backward", "Gradients", "tape_memory", "gradcheck", "GradcheckError",
+    "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "transfer_stats",
+    "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",
+    "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "sum",
+    "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
+    "slice_rows", "pad_rows", "concat_rows", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
+    "sample_categorical", "sample_normal", "stop_gradient",
+    "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss", "optim",
+]

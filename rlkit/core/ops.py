@@ -1,0 +1,391 @@
+"""The ops of the engine, each a thin call into the native op table.
+
+Every op checks its arguments when it is called (a ValueError naming the op and the shapes, a
+TypeError for a wrong dtype or kind of argument), then runs on the CPU at once, or is recorded
+when a native graph is recording (the backward pass). Under an open tape, ops whose inputs
+require gradients record a node for :func:`rlkit.core.backward`; their vjp rules are in vjp.py.
+
+Elementwise binary ops broadcast any dimension of size 1 ([m, 1] over columns, [1, n] over
+rows, [1, 1] everywhere). Per-column ops (softmax, log_softmax, max, argmax) work over dim 0.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+
+import numpy as np
+
+from rlkit import _native
+from rlkit.core import _runtime
+from rlkit.core.autograd import TAPE
+from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
+
+_OP_ID = {name: i for i, name in enumerate(_native.op_names())}
+_DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3}
+
+
+def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
+    """Runs one op of the native table; records it on the open tape when it is
+    differentiable and an input requires gradients. ``attrs`` are what its vjp rule reads."""
+    out = Tensor(_native.apply(_OP_ID[op], [t._impl for t in inputs], list(ints), list(floats)))
+    if TAPE.recording and op in VJP and any(t.requires_grad for t in inputs):
+        TAPE.record(out, op, inputs, attrs)
+    return out
+
+
+def as_tensor(x, like: Tensor | None = None, op: str = "op", arg: str = "x") -> Tensor:
+    """x as a Tensor: tensors pass through; numbers and numpy arrays become constants of
+    ``like``'s dtype (or the default dtype)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (numbers.Number, np.ndarray)) and not isinstance(x, bool):
+        if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and like is None:
+            return tensor(x)
+        return tensor(x, dtype=like.dtype if like is not None and like.dtype != "i32" else None)
+    raise TypeError(f"{op}: {arg} must be a Tensor, a numpy array or a number, got {type(x).__name__}")
+
+
+def _pair(a, b, op: str) -> tuple[Tensor, Tensor]:
+    like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+    return as_tensor(a, like, op, "a"), as_tensor(b, like, op, "b")
+
+
+def _index(index, op: str) -> Tensor:
+    """Index arguments: i32 tensors or integer arrays (0-based)."""
+    if isinstance(index, Tensor):
+        if index.dtype != "i32":
+            raise TypeError(f"{op}: index must be an i32 tensor, got {index.dtype}")
+        return index
+    if isinstance(index, (list, tuple)):
+        index = np.asarray(index)
+    if isinstance(index, np.ndarray) and index.dtype.kind in "iu":
+        if index.size and (index.max() > np.iinfo(np.int32).max or index.min() < np.iinfo(np.int32).min):
+            raise IndexError(f"{op}: index values must fit in 32 bits")
+        return tensor(index.astype(np.int32))
+    raise TypeError(f"{op}: index must be an i32 tensor or an integer array, got {type(index).__name__}")
+
+
+def _number(x, op: str, arg: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{op}: {arg} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def _shape_attrs(shape: tuple[int, ...]) -> list[int]:
+    """A shape as the native ops take it: ne[0..3] then ndim (at least 2)."""
+    dims = list(shape) + [1] * (4 - len(shape))
+    return dims + [builtins.max(2, len(shape))]
+
+
+# ---- elementwise binary ----------------------------------------------------------------
+
+def add(a, b) -> Tensor:
+    """a + b, broadcasting."""
+    return apply("add", _pair(a, b, "add"))
+
+
+def sub(a, b) -> Tensor:
+    """a - b, broadcasting."""
+    return apply("sub", _pair(a, b, "sub"))
+
+
+def mul(a, b) -> Tensor:
+    """a * b elementwise, broadcasting."""
+    return apply("mul", _pair(a, b, "mul"))
+
+
+def div(a, b) -> Tensor:
+    """a / b elementwise, broadcasting."""
+    return apply("div", _pair(a, b, "div"))
+
+
+def minimum(a, b) -> Tensor:
+    """Elementwise minimum, broadcasting (on ties the gradient goes to a)."""
+    return apply("minimum", _pair(a, b, "minimum"))
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise maximum, broadcasting (on ties the gradient goes to a)."""
+    return apply("maximum", _pair(a, b, "maximum"))
+
+
+def ge(a, b) -> Tensor:
+    """1 where a >= b, else 0 (float; not differentiable)."""
+    return apply("ge", _pair(a, b, "ge"))
+
+
+def gt(a, b) -> Tensor:
+    """1 where a > b, else 0 (float; not differentiable)."""
+    return apply("gt", _pair(a, b, "gt"))
+
+
+# ---- elementwise unary -----------------------------------------------------------------
+
+def _unary(op: str):
+    def fn(x) -> Tensor:
+        return apply(op, (as_tensor(x, op=op),))
+
+    fn.__name__ = op
+    return fn
+
+
+neg = _unary("neg")
+neg.__doc__ = "-x."
+relu = _unary("relu")
+relu.__doc__ = "max(x, 0)."
+sigmoid = _unary("sigmoid")
+sigmoid.__doc__ = "1 / (1 + exp(-x)), computed stably."
+tanh = _unary("tanh")
+tanh.__doc__ = "Hyperbolic tangent."
+softplus = _unary("softplus")
+softplus.__doc__ = "log(1 + exp(x)), computed stably."
+silu = _unary("silu")
+silu.__doc__ = "x * sigmoid(x)."
+exp = _unary("exp")
+exp.__doc__ = "e ** x."
+log = _unary("log")
+log.__doc__ = "Natural logarithm (NaN below 0, -inf at 0)."
+sqrt = _unary("sqrt")
+sqrt.__doc__ = "Square root (NaN below 0)."
+square = _unary("square")
+square.__doc__ = "x * x."
+abs = _unary("abs")  # noqa: A001  (the op's public name)
+abs.__doc__ = "|x| (gradient sign(x), 0 at 0)."
+sign = _unary("sign")
+sign.__doc__ = "-1, 0 or 1 (not differentiable)."
+
+
+def scale(x, s) -> Tensor:
+    """x * s for a number s."""
+    s = _number(s, "scale", "s")
+    return apply("scale", (as_tensor(x, op="scale"),), floats=(s,), s=s)
+
+
+def pow(x, p) -> Tensor:  # noqa: A001  (the op's public name)
+    """x ** p for a number p."""
+    p = _number(p, "pow", "p")
+    return apply("pow", (as_tensor(x, op="pow"),), floats=(p,), p=p)
+
+
+def clamp(x, lo=-math.inf, hi=math.inf) -> Tensor:
+    """x limited to [lo, hi]; the gradient is 1 strictly inside and 0 on or outside."""
+    lo, hi = _number(lo, "clamp", "lo"), _number(hi, "clamp", "hi")
+    return apply("clamp", (as_tensor(x, op="clamp"),), floats=(lo, hi), lo=lo, hi=hi)
+
+
+def cast(x, dtype: str) -> Tensor:
+    """x converted to another dtype (f32, f16, f64, i32)."""
+    if dtype not in _DTYPE_CODE:
+        raise ValueError(f"cast: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
+    x = as_tensor(x, op="cast")
+    return apply("cast", (x,), ints=(_DTYPE_CODE[dtype],), dtype=x.dtype)
+
+
+# ---- linear algebra --------------------------------------------------------------------
+
+def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    """op(a) @ op(b) for a [m, k] and b [k, n] giving [m, n]; op transposes when asked.
+    Dimensions 2 and 3 are batch dimensions (broadcast when one side has 1)."""
+    a, b = _pair(a, b, "matmul")
+    ta, tb = bool(transpose_a), bool(transpose_b)
+    return apply("matmul", (a, b), ints=(int(ta), int(tb)), transpose_a=ta, transpose_b=tb)
+
+
+# ---- reductions and broadcasting -------------------------------------------------------
+
+def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sums x over the dimensions where ``shape`` has 1 (the adjoint of :func:`expand`)."""
+    return apply("sum_to", (x,), ints=_shape_attrs(shape))
+
+
+def expand(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Repeats x along its dimensions of size 1 to ``shape``."""
+    return apply("expand", (x,), ints=_shape_attrs(shape))
+
+
+def _reduced_shape(x: Tensor, dim, op: str) -> tuple[tuple[int, ...], int]:
+    if dim is None:
+        return (1, 1), x.numel
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{op}: dim must be an int or None, got {type(dim).__name__}")
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"{op}: dim {dim} is out of range for a tensor of {x.ndim} dimensions")
+    dim = int(dim) % x.ndim
+    shape = list(x.shape)
+    count = shape[dim]
+    shape[dim] = 1
+    return tuple(shape), count
+
+
+def sum(x, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001  (the op's public name)
+    """Sum of all elements ([1, 1]) or along ``dim`` (0 gives [1, batch], 1 gives [features, 1]).
+
+    Results keep at least 2 dimensions; with ``keepdim=False`` a 3-D or 4-D input loses the
+    reduced dimension.
+    """
+    x = as_tensor(x, op="sum")
+    shape, _ = _reduced_shape(x, dim, "sum")
+    out = apply("sum_to", (x,), ints=_shape_attrs(shape))
+    if dim is not None and not keepdim and x.ndim > 2:
+        kept = tuple(n for d, n in enumerate(x.shape) if d != int(dim) % x.ndim)
+        out = reshape(out, kept)
+    return out
+
+
+def mean(x, dim=None, keepdim: bool = False) -> Tensor:
+    """Mean of all elements or along ``dim`` (shapes as :func:`sum`)."""
+    x = as_tensor(x, op="mean")
+    _, count = _reduced_shape(x, dim, "mean")
+    return scale(sum(x, dim, keepdim), 1.0 / count)
+
+
+def softmax(x) -> Tensor:
+    """Softmax of each column (over dim 0), computed stably."""
+    return apply("softmax", (as_tensor(x, op="softmax"),))
+
+
+def log_softmax(x) -> Tensor:
+    """Log-softmax of each column (over dim 0), computed stably."""
+    return apply("log_softmax", (as_tensor(x, op="log_softmax"),))
+
+
+def max(x) -> Tensor:  # noqa: A001  (the op's public name)
+    """Maximum of each column: [1, batch]; the gradient goes to the first maximum."""
+    return apply("max", (as_tensor(x, op="max"),))
+
+
+def argmax(x) -> Tensor:
+    """0-based index of the first maximum of each column: i32 [1, batch] (not differentiable)."""
+    return apply("argmax", (as_tensor(x, op="argmax"),))
+
+
+# ---- layout and indexing ---------------------------------------------------------------
+
+def transpose(x) -> Tensor:
+    """Swaps dimensions 0 and 1."""
+    return apply("transpose", (as_tensor(x, op="transpose"),))
+
+
+def reshape(x, shape) -> Tensor:
+    """The same values (column-major order) in a new shape of 1 to 4 sizes; one -1 is inferred."""
+    x = as_tensor(x, op="reshape")
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in shape
+    ):
+        raise TypeError(f"reshape: shape must be a tuple of ints, got {shape!r}")
+    shape = [int(n) for n in shape]
+    if not 1 <= len(shape) <= 4:
+        raise ValueError(f"reshape: a shape has 1 to 4 sizes, got {len(shape)}")
+    if shape.count(-1) > 1:
+        raise ValueError("reshape: only one size can be -1")
+    if -1 in shape:
+        known = math.prod(n for n in shape if n != -1)
+        if known <= 0 or x.numel % known:
+            raise ValueError(f"reshape: cannot infer -1 in {tuple(shape)} for {x.numel} elements")
+        shape[shape.index(-1)] = x.numel // known
+    if any(n < 1 for n in shape):
+        raise ValueError(f"reshape: sizes must be positive, got {tuple(shape)}")
+    if len(shape) == 1:
+        shape.append(1)
+    return apply("reshape", (x,), ints=_shape_attrs(tuple(shape)))
+
+
+def _int_arg(n, op: str, arg: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{op}: {arg} must be an int, got {type(n).__name__}")
+    return int(n)
+
+
+def slice_rows(x, start: int, n: int) -> Tensor:
+    """Rows start .. start+n-1 (0-based) of every column."""
+    start, n = _int_arg(start, "slice_rows", "start"), _int_arg(n, "slice_rows", "n")
+    return apply("slice_rows", (as_tensor(x, op="slice_rows"),), ints=(start, n), start=start, n=n)
+
+
+def pad_rows(x, before: int, after: int) -> Tensor:
+    """x with ``before`` zero rows above and ``after`` below."""
+    before, after = _int_arg(before, "pad_rows", "before"), _int_arg(after, "pad_rows", "after")
+    return apply("pad_rows", (as_tensor(x, op="pad_rows"),), ints=(before, after), before=before, after=after)
+
+
+def concat_rows(a, b) -> Tensor:
+    """Rows of a then rows of b (the same number of columns)."""
+    return apply("concat_rows", _pair(a, b, "concat_rows"))
+
+
+def gather(x, index) -> Tensor:
+    """out[0, j] = x[index[j], j]: one row per column, 0-based. Gives [1, batch]."""
+    return apply("gather", (as_tensor(x, op="gather"), _index(index, "gather")))
+
+
+def one_hot(index, classes: int, dtype: str | None = None) -> Tensor:
+    """[classes, n] with a 1 at row index[j] of column j (not differentiable)."""
+    classes = _int_arg(classes, "one_hot", "classes")
+    dtype = dtype or _runtime.dtype()
+    if dtype not in ("f32", "f16", "f64"):
+        raise ValueError(f"one_hot: dtype must be a float dtype, got {dtype!r}")
+    return apply("one_hot", (_index(index, "one_hot"),), ints=(classes, _DTYPE_CODE[dtype]))
+
+
+def get_rows(x, index) -> Tensor:
+    """Columns of x [rows, n] chosen by 0-based index (ggml's get_rows): [rows, len(index)].
+    The gradient flows into a tensor x (summed over repeated indices)."""
+    x = as_tensor(x, op="get_rows")
+    return apply("get_rows", (x, _index(index, "get_rows")), columns=x.shape[1])
+
+
+def scatter_cols(g, index, columns: int) -> Tensor:
+    """The adjoint of get_rows: [rows, columns] with column index[j] += g[:, j]."""
+    columns = _int_arg(columns, "scatter_cols", "columns")
+    return apply("scatter_cols", (as_tensor(g, op="scatter_cols"), _index(index, "scatter_cols")), ints=(columns,))
+
+
+# ---- random ----------------------------------------------------------------------------
+
+def _random(op: str, shape, dtype: str | None) -> Tensor:
+    if isinstance(shape, numbers.Integral):
+        shape = (shape, 1)
+    shape = tuple(_int_arg(n, op, "shape") for n in shape)
+    if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
+        raise ValueError(f"{op}: shape must have 1 to 4 positive sizes, got {shape}")
+    dtype = dtype or _runtime.dtype()
+    if dtype not in ("f32", "f16", "f64"):
+        raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
+    return apply(op, (), ints=_shape_attrs(shape) + [_DTYPE_CODE[dtype]])
+
+
+def rand(shape, dtype: str | None = None) -> Tensor:
+    """Uniform values in [0, 1) from the engine's generator (``rc.manual_seed``)."""
+    return _random("rand", shape, dtype)
+
+
+def randn(shape, dtype: str | None = None) -> Tensor:
+    """Standard normal values from the engine's generator."""
+    return _random("randn", shape, dtype)
+
+
+def sample_categorical(logits) -> Tensor:
+    """One 0-based class per column drawn from softmax(logits) (Gumbel-max): i32 [1, batch]."""
+    return apply("sample_categorical", (as_tensor(logits, op="sample_categorical"),))
+
+
+def sample_normal(mu, log_std) -> Tensor:
+    """mu + exp(log_std) * eps with eps ~ N(0, 1): differentiable in mu and log_std
+    (reparameterised). log_std broadcasts against mu."""
+    mu = as_tensor(mu, op="sample_normal", arg="mu")
+    log_std = as_tensor(log_std, like=mu, op="sample_normal", arg="log_std")
+    eps = randn(mu.shape, dtype=mu.dtype)
+    return add(mu, mul(exp(log_std), eps))
+
+
+def stop_gradient(x) -> Tensor:
+    """The same values, cut from the tape: no gradient flows back through it."""
+    x = as_tensor(x, op="stop_gradient")
+    return Tensor(x._impl)
+
+
+from rlkit.core.vjp import VJP  # noqa: E402  (the rules are written with the ops above)

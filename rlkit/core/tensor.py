@@ -1,0 +1,221 @@
+"""Tensors: column-major ``[features, batch]`` values of the native engine.
+
+A 2-D tensor of shape ``(features, batch)`` holds one example per column. From numpy, a
+Fortran-ordered ``(features, batch)`` array (or, the same bytes, a C-ordered ``(batch,
+features)`` array transposed) is taken without a copy by :func:`tensor`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from rlkit import _native
+from rlkit.core import _runtime
+
+_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "f64": np.float64}
+
+
+class Tensor:
+    """A value of the engine: up to 4 dimensions, dtype f32, f16, i32 or f64.
+
+    ``shape`` is ggml's ``ne`` order (``shape[0]`` is contiguous); a tensor has at least 2
+    dimensions. Arithmetic operators build ops (recorded on the tape when one is open).
+    """
+
+    __slots__ = ("_impl", "requires_grad", "name", "_node", "_grad", "__weakref__")
+    __array_priority__ = 1000  # numpy defers `array + tensor` to Tensor.__radd__
+
+    def __init__(self, impl: _native.Tensor, requires_grad: bool = False, name: str | None = None):
+        self._impl = impl
+        self.requires_grad = requires_grad
+        self.name = name
+        self._node = None  # the autograd node that produced this tensor, if recorded
+        self._grad = None  # accumulated gradient (a Tensor) of a leaf that requires grad
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Sizes in ne order: ``(features, batch)`` for a 2-D tensor."""
+        return self._impl.shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (2 to 4)."""
+        return self._impl.ndim
+
+    @property
+    def dtype(self) -> str:
+        """"f32", "f16", "i32" or "f64"."""
+        return self._impl.dtype
+
+    @property
+    def device(self) -> str:
+        """The device holding the values."""
+        return "cpu"
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return self._impl.numel
+
+    @property
+    def is_leaf(self) -> bool:
+        """True when no recorded op produced this tensor."""
+        return self._node is None
+
+    def numpy(self) -> np.ndarray:
+        """A Fortran-ordered copy of the values, shaped like ``shape``."""
+        return self._impl.numpy()
+
+    def item(self) -> float | int:
+        """The value of a one-element tensor as a Python number."""
+        if self.numel != 1:
+            raise ValueError(f"item: the tensor has {self.numel} elements, expected exactly 1")
+        return self.numpy().reshape(-1)[0].item()
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        """The accumulated gradient after backward (None before, and after zero_grad)."""
+        return None if self._grad is None else self._grad.numpy()
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is None:
+            self._grad = None
+            return
+        g = tensor(value, dtype=self.dtype)
+        if g.shape != self.shape:
+            raise ValueError(f"grad: shape {g.shape} does not match the tensor's {self.shape}")
+        self._grad = g
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __repr__(self) -> str:
+        flags = ", requires_grad=True" if self.requires_grad else ""
+        label = f", name={self.name!r}" if self.name else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}{flags}{label})"
+
+    # Operators build ops; the op functions live in ops.py.
+    def __add__(self, other):
+        return ops.add(self, other)
+
+    def __radd__(self, other):
+        return ops.add(other, self)
+
+    def __sub__(self, other):
+        return ops.sub(self, other)
+
+    def __rsub__(self, other):
+        return ops.sub(other, self)
+
+    def __mul__(self, other):
+        return ops.mul(self, other)
+
+    def __rmul__(self, other):
+        return ops.mul(other, self)
+
+    def __truediv__(self, other):
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other):
+        return ops.div(other, self)
+
+    def __matmul__(self, other):
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return ops.matmul(other, self)
+
+    def __neg__(self):
+        return ops.neg(self)
+
+    def __pow__(self, p):
+        return ops.pow(self, p)
+
+    @property
+    def T(self) -> "Tensor":
+        """The transpose (dims 0 and 1 swapped)."""
+        return ops.transpose(self)
+
+
+def _to_fortran(data, dtype: str | None) -> np.ndarray:
+    """Converts array-like data to a Fortran-ordered array of an rlkit dtype (no copy when it
+    already is one)."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    if isinstance(data, (bool, np.bool_)) or (isinstance(data, np.ndarray) and data.dtype == np.bool_):
+        data = np.asarray(data, dtype=np.float32)
+    if not isinstance(data, (np.ndarray, numbers.Number, list, tuple)):
+        raise TypeError(f"expected a numpy array, a number or a list of numbers, got {type(data).__name__}")
+    arr = np.asarray(data)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"expected numeric data, got an array of dtype {arr.dtype}")
+    if dtype is None:
+        dtype = "i32" if arr.dtype.kind in "iu" else _runtime.dtype()
+    if dtype not in _NUMPY_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(_NUMPY_DTYPES)}")
+    if arr.ndim > 4:
+        raise ValueError(f"rlkit tensors have at most 4 dimensions, got an array of shape {arr.shape}")
+    if arr.ndim == 0:
+        arr = arr.reshape(1, 1)
+    return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
+
+
+def _check_device(device: str | None) -> None:
+    if device is not None and device != "cpu":
+        _runtime.device(device)  # raises a clear error for an unknown or unavailable device
+
+
+def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A non-trainable tensor. A 1-D array becomes one column ``[n, 1]``.
+
+    A Fortran-ordered numpy array of the target dtype is shared, not copied: writing to the
+    array afterwards changes the tensor. Integer data becomes i32 unless ``dtype`` says
+    otherwise; float data takes the default dtype (``rc.dtype()``).
+    """
+    _check_device(device)
+    arr = _to_fortran(data, dtype)
+    return Tensor(_native.from_numpy(arr, _dtype_of(arr), False))
+
+
+def param(data, name: str | None = None, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A trainable tensor (``requires_grad``), holding its own copy of ``data``.
+
+    ``name`` keys its gradient in the mapping :func:`backward` returns.
+    """
+    _check_device(device)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"param: name must be a str, got {type(name).__name__}")
+    arr = _to_fortran(data, dtype if dtype is not None else _float_dtype_of(data))
+    if arr.dtype == np.int32:
+        raise TypeError("param: a trainable tensor must be float (f32, f16 or f64), got i32 data")
+    return Tensor(_native.from_numpy(arr, _dtype_of(arr), True), requires_grad=True, name=name)
+
+
+def _float_dtype_of(data) -> str:
+    return data.dtype if isinstance(data, Tensor) and data.dtype != "i32" else _runtime.dtype()
+
+
+def _dtype_of(arr: np.ndarray) -> str:
+    for name, np_dtype in _NUMPY_DTYPES.items():
+        if arr.dtype == np_dtype:
+            return name
+    raise TypeError(f"unsupported array dtype {arr.dtype}")
+
+
+def zeros(shape, dtype: str | None = None) -> Tensor:
+    """A tensor of zeros of the given shape (ne order)."""
+    dtype = dtype or _runtime.dtype()
+    return tensor(np.zeros(shape, dtype=_NUMPY_DTYPES[dtype], order="F"), dtype=dtype)
+
+
+def ones(shape, dtype: str | None = None) -> Tensor:
+    """A tensor of ones of the given shape (ne order)."""
+    dtype = dtype or _runtime.dtype()
+    return tensor(np.ones(shape, dtype=_NUMPY_DTYPES[dtype], order="F"), dtype=dtype)
+
+
+from rlkit.core import ops  # noqa: E402  (ops build on Tensor)

@@ -1,0 +1,82 @@
+"""One vector-Jacobian product rule per differentiable op, all in this one table.
+
+A rule takes ``(g, out, *inputs, **attrs)``: the gradient flowing into the op's output, the
+output itself, the op's inputs and the attributes its op function recorded. It returns one
+gradient per input (None where no gradient flows). A gradient may keep the output's broadcast
+shape: the backward walker sums it back to the input's shape, once, for every op.
+
+Ops of the native table that have no rule are listed in NOT_DIFFERENTIABLE;
+tests/test_op_table.py fails when an op has neither.
+"""
+
+from __future__ import annotations
+
+from rlkit.core import ops
+
+
+def _matmul(g, out, a, b, transpose_a, transpose_b):
+    # C = op(A) op(B): each case keeps the products in the layout the gemm reads directly.
+    if not transpose_a and not transpose_b:
+        return ops.matmul(g, b, transpose_b=True), ops.matmul(a, g, transpose_a=True)
+    if transpose_a and not transpose_b:
+        return ops.matmul(b, g, transpose_b=True), ops.matmul(a, g)
+    if not transpose_a and transpose_b:
+        return ops.matmul(g, b), ops.matmul(g, a, transpose_a=True)
+    return ops.matmul(b, g, transpose_a=True, transpose_b=True), ops.matmul(g, a, transpose_a=True, transpose_b=True)
+
+
+def _first_max_mask(x):
+    """1 at the first maximum of each column of x, 0 elsewhere; shaped like x."""
+    return ops.reshape(ops.one_hot(ops.argmax(x), x.shape[0], dtype=x.dtype), x.shape)
+
+
+VJP = {
+    "add": lambda g, out, a, b: (g, g),
+    "sub": lambda g, out, a, b: (g, ops.neg(g)),
+    "mul": lambda g, out, a, b: (ops.mul(g, b), ops.mul(g, a)),
+    "div": lambda g, out, a, b: (ops.div(g, b), ops.neg(ops.div(ops.mul(g, out), b))),
+    "minimum": lambda g, out, a, b: (ops.mul(g, ops.ge(b, a)), ops.mul(g, ops.gt(a, b))),
+    "maximum": lambda g, out, a, b: (ops.mul(g, ops.ge(a, b)), ops.mul(g, ops.gt(b, a))),
+    "neg": lambda g, out, x: (ops.neg(g),),
+    "relu": lambda g, out, x: (ops.apply("relu_back", (g, x)),),
+    "sigmoid": lambda g, out, x: (ops.apply("sigmoid_back", (g, out)),),
+    "tanh": lambda g, out, x: (ops.apply("tanh_back", (g, out)),),
+    "softplus": lambda g, out, x: (ops.mul(g, ops.sigmoid(x)),),
+    "silu": lambda g, out, x: (ops.apply("silu_back", (g, x)),),
+    "exp": lambda g, out, x: (ops.mul(g, out),),
+    "log": lambda g, out, x: (ops.div(g, x),),
+    "sqrt": lambda g, out, x: (ops.div(ops.scale(g, 0.5), out),),
+    "square": lambda g, out, x: (ops.mul(g, ops.scale(x, 2.0)),),
+    "abs": lambda g, out, x: (ops.mul(g, ops.sign(x)),),
+    "scale": lambda g, out, x, s: (ops.scale(g, s),),
+    "pow": lambda g, out, x, p: (ops.mul(g, ops.scale(ops.pow(x, p - 1.0), p)),),
+    "clamp": lambda g, out, x, lo, hi: (ops.apply("clamp_back", (g, x), floats=(lo, hi)),),
+    "cast": lambda g, out, x, dtype: (ops.cast(g, dtype),),
+    "matmul": _matmul,
+    "sum_to": lambda g, out, x: (ops.expand(g, x.shape),),
+    "expand": lambda g, out, x: (ops.sum_to(g, x.shape),),
+    "softmax": lambda g, out, x: (ops.apply("softmax_back", (g, out)),),
+    "log_softmax": lambda g, out, x: (ops.apply("log_softmax_back", (g, out)),),
+    "max": lambda g, out, x: (ops.mul(ops.expand(g, x.shape), _first_max_mask(x)),),
+    "softmax_cross_entropy": lambda g, out, logits, target: (
+        ops.mul(ops.sub(ops.softmax(logits), target), ops.scale(g, 1.0 / logits.shape[1])),
+        ops.mul(ops.log_softmax(logits), ops.scale(g, -1.0 / logits.shape[1])),
+    ),
+    "transpose": lambda g, out, x: (ops.transpose(g),),
+    "reshape": lambda g, out, x: (ops.reshape(g, x.shape),),
+    "slice_rows": lambda g, out, x, start, n: (ops.pad_rows(g, start, x.shape[0] - start - n),),
+    "pad_rows": lambda g, out, x, before, after: (ops.slice_rows(g, before, x.shape[0]),),
+    "concat_rows": lambda g, out, a, b: (ops.slice_rows(g, 0, a.shape[0]), ops.slice_rows(g, a.shape[0], b.shape[0])),
+    "gather": lambda g, out, x, index: (ops.mul(ops.expand(g, x.shape), ops.one_hot(index, x.shape[0], x.dtype)), None),
+    "get_rows": lambda g, out, x, index, columns: (ops.scatter_cols(g, index, columns), None),
+    "scatter_cols": lambda g, out, src, index: (ops.get_rows(g, index), None),
+}
+
+NOT_DIFFERENTIABLE = frozenset(
+    {
+        "ge", "gt", "sign", "argmax", "one_hot", "rand", "randn", "sample_categorical",
+        # backward helpers: used inside vjp rules, never differentiated themselves
+        "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
+        "softmax_back", "log_softmax_back",
+    }
+)

@@ -1,0 +1,1 @@
+"""The supervised trainer (fit / evaluate / predict): not built yet."""
