@@ -32,5 +32,5 @@ if [ "$extras" = test ]; then pip_install "pytest>=7" "hypothesis>=6"; fi
 
 say "building and installing rlkit (native module in build/)"
 (cd "$root" && pip_install --no-build-isolation --no-deps .)
-python3 -c 'import rlkit.core' || missing "a working rlkit build (see the errors above)"
+(cd / && python3 -c 'import rlkit.core') || missing "a working rlkit build (see the errors above)"
 say "ready"
