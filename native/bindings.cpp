@@ -92,6 +92,7 @@ py::dict stats_dict(const GraphStats& s) {
     d["arena_bytes"] = s.arena_bytes;
     d["intermediate_bytes"] = s.intermediate_bytes;
     d["kept_bytes"] = s.kept_bytes;
+    d["n_skipped"] = s.n_skipped;
     return d;
 }
 
@@ -157,6 +158,11 @@ PYBIND11_MODULE(_native, m) {
     m.def("load_blas", &load_blas, py::arg("path"));
     m.def("blas_name", &blas_name);
     m.def("manual_seed", &manual_seed, py::arg("seed"));
+    m.def("rng_state", [] {
+        RngState s = rng_state();
+        return py::make_tuple(s.seed, s.counter);
+    });
+    m.def("set_rng_state", [](uint64_t seed, uint64_t counter) { set_rng_state(RngState{seed, counter}); });
 
     m.def(
         "adam_update",

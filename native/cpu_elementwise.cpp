@@ -1,6 +1,7 @@
 // Elementwise ops: binary with broadcasting, unary, the fused backward helpers, and cast.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernel_util.hpp"
 
@@ -130,7 +131,7 @@ RK_BINARY(gt, T(a > b))
     }
 
 RK_UNARY(neg, 0, -x)
-RK_UNARY(relu, 0, x > T(0) ? x : T(0))
+RK_UNARY(relu, 0, (x > T(0) || std::isnan(x)) ? x : T(0))  // NaN propagates, as in numpy
 RK_UNARY(sigmoid, 0, sigmoid_of(x))
 RK_UNARY(tanh, 0, std::tanh(x))
 RK_UNARY(softplus, 0, std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x))))
@@ -182,12 +183,26 @@ double load(const TensorImpl& t, int64_t i) {
     }
     return 0;
 }
+// v as a float rounded to odd (inexact results get an odd last bit): rounding that float to f16
+// then gives the correctly rounded f16 of v, which rounding to nearest twice does not.
+float to_odd_float(double v) {
+    float f = float(v);
+    if (!std::isfinite(v) || double(f) == v) return f;
+    if (std::fabs(double(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits |= 1u;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 void store(TensorImpl& t, int64_t i, double v) {
     switch (t.dtype) {
         case DType::f32: t.ptr<float>()[i] = float(v); return;
         case DType::f64: t.ptr<double>()[i] = v; return;
-        case DType::i32: t.ptr<int32_t>()[i] = int32_t(v); return;
-        case DType::f16: t.ptr<uint16_t>()[i] = float_to_half(float(v)); return;
+        case DType::i32:  // toward zero, saturating; NaN becomes 0 (a plain conversion is undefined)
+            t.ptr<int32_t>()[i] = std::isnan(v) ? 0 : int32_t(std::clamp(v, -2147483648.0, 2147483647.0));
+            return;
+        case DType::f16: t.ptr<uint16_t>()[i] = float_to_half(to_odd_float(v)); return;
     }
 }
 }  // namespace

@@ -1,4 +1,5 @@
 // Random ops: rand, randn and the Gumbel-max categorical sampler.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -46,6 +47,13 @@ void manual_seed(uint64_t seed) {
     g_counter = 0;
 }
 
+RngState rng_state() { return {g_seed.load(), g_counter.load()}; }
+
+void set_rng_state(const RngState& state) {
+    g_seed = state.seed;
+    g_counter = state.counter;
+}
+
 uint64_t next_stream() { return splitmix64(g_seed.load() ^ splitmix64(g_counter.fetch_add(1))); }
 
 double uniform_at(uint64_t stream, uint64_t i) {
@@ -58,7 +66,13 @@ double normal_at(uint64_t stream, uint64_t i) {
 }
 
 OutSpec shape_rand(const Inputs&, const OpAttrs& attrs) { return random_spec("rand", attrs); }
-void cpu_rand(const Inputs&, const OpAttrs&, TensorImpl& out) { fill_random(out, uniform_at); }
+void cpu_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
+    // Rounding to the requested dtype (f32, or f16 through f32) must not reach 1: cap at the
+    // largest value below 1 of that dtype.
+    const DType dtype = DType(attrs.ints[kMaxDims + 1]);
+    const double below_one = dtype == DType::f16 ? 1.0 - 0x1.0p-11 : dtype == DType::f32 ? 1.0 - 0x1.0p-24 : 1.0;
+    fill_random(out, [below_one](uint64_t stream, uint64_t i) { return std::min(uniform_at(stream, i), below_one); });
+}
 
 OutSpec shape_randn(const Inputs&, const OpAttrs& attrs) { return random_spec("randn", attrs); }
 void cpu_randn(const Inputs&, const OpAttrs&, TensorImpl& out) { fill_random(out, normal_at); }

@@ -197,8 +197,8 @@ void cpu_log_softmax(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
         per_column<T>(*in[0], out, [](const T* x, T* y, int64_t n) {
-            const T lse = T(column_logsumexp(x, n));
-            for (int64_t i = 0; i < n; ++i) y[i] = x[i] - lse;
+            const double lse = column_logsumexp(x, n);  // subtracted in double: x - lse cancels
+            for (int64_t i = 0; i < n; ++i) y[i] = T(double(x[i]) - lse);
         });
     });
 }

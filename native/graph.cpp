@@ -67,9 +67,12 @@ GraphStats Graph::run() {
         for (const auto& in : nodes[k].inputs) {
             auto p = producer.find(in.get());
             if (p == producer.end()) {
-                if (in->pending())
-                    throw std::runtime_error(std::string(op_info(nodes[k].op).name) + ": input " + in->shape_str() +
-                                             " is pending from another graph that has not run");
+                if (in->pending()) {
+                    const std::string msg = std::string(op_info(nodes[k].op).name) + ": input " + in->shape_str() +
+                                            " is pending from another graph that has not run";
+                    nodes_ = std::move(nodes);  // nothing ran: the graph can run once that one has
+                    throw std::runtime_error(msg);
+                }
                 continue;
             }
             ++readers[in.get()];
@@ -78,27 +81,41 @@ GraphStats Graph::run() {
     }
 
     // An output referenced by anything besides this graph (node.out plus its reader slots)
-    // outlives the graph and gets storage of its own; the rest share the arena by liveness.
+    // outlives the graph. Nodes that neither produce such an output nor feed a live node are
+    // dead (every op is pure) and are skipped: a vjp rule may compute a gradient nobody needs.
+    std::vector<bool> external(nodes.size()), live(nodes.size());
+    for (size_t k = nodes.size(); k-- > 0;) {
+        external[k] = nodes[k].out.use_count() > long(1 + readers[nodes[k].out.get()]);
+        live[k] = live[k] || external[k];
+        if (!live[k]) continue;
+        for (const auto& in : nodes[k].inputs) {
+            auto p = producer.find(in.get());
+            if (p != producer.end()) live[p->second] = true;
+        }
+    }
+
+    // Live intermediates share one arena by liveness; a block is free again after its last reader.
     ArenaPlanner planner;
     std::vector<size_t> offset(nodes.size(), 0);
     std::vector<bool> in_arena(nodes.size(), false);
     std::vector<std::vector<size_t>> frees_after(nodes.size());
     for (size_t k = 0; k < nodes.size(); ++k) {
+        if (!live[k]) continue;
         TensorImpl* out = nodes[k].out.get();
-        long internal_refs = 1 + long(readers[out]);
-        if (nodes[k].out.use_count() > internal_refs) {
+        if (external[k]) {
             out->storage = Storage::allocate(out->nbytes());
             stats.kept_bytes += out->nbytes();
         } else {
             in_arena[k] = true;
             offset[k] = planner.allocate(out->nbytes());
             stats.intermediate_bytes += out->nbytes();
-            auto lu = last_use.find(out);
+            auto lu = last_use.find(out);  // a live intermediate always has a live reader
             frees_after[lu == last_use.end() ? k : lu->second].push_back(k);
         }
         for (size_t j : frees_after[k]) planner.release(offset[j], nodes[j].out->nbytes());
     }
     stats.arena_bytes = planner.high_water();
+    stats.n_skipped = std::count(live.begin(), live.end(), false);
 
     std::shared_ptr<Storage> arena = Storage::allocate(stats.arena_bytes);
     for (size_t k = 0; k < nodes.size(); ++k) {
@@ -106,7 +123,20 @@ GraphStats Graph::run() {
         nodes[k].out->storage = arena;
         nodes[k].out->offset = offset[k];
     }
-    for (auto& node : nodes) run_cpu(node.op, node.inputs, node.attrs, *node.out);
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        if (!live[k]) continue;
+        try {
+            run_cpu(nodes[k].op, nodes[k].inputs, nodes[k].attrs, *nodes[k].out);
+        } catch (...) {
+            // This node's output and every later one were never computed: make them pending
+            // again instead of leaving uninitialised memory readable.
+            for (size_t j = k; j < nodes.size(); ++j) {
+                nodes[j].out->storage.reset();
+                nodes[j].out->offset = 0;
+            }
+            throw;
+        }
+    }
     return stats;
 }
 

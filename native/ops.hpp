@@ -76,12 +76,13 @@ struct GraphStats {
     size_t arena_bytes = 0;         // memory the planner used for intermediates
     size_t intermediate_bytes = 0;  // what they would take without reuse
     size_t kept_bytes = 0;          // outputs still referenced outside the graph
+    size_t n_skipped = 0;           // dead nodes (no live reader, no outside reference)
 };
 
 class Graph {
   public:
     void record(Node node) { nodes_.push_back(std::move(node)); }
-    // Plans memory by liveness (intermediates share one arena) and executes every node in
+    // Plans memory by liveness (intermediates share one arena) and executes the live nodes in
     // order. Outputs referenced from outside the graph get their own storage; the graph is
     // empty afterwards.
     GraphStats run();

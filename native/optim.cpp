@@ -27,6 +27,31 @@ void check_set(const char* op, const std::vector<TensorPtr>& params, std::initia
 
 }  // namespace
 
+namespace {
+
+// One parameter's Adam update; restrict-qualified so that the loop vectorises.
+template <typename T>
+void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
+                 const AdamHyper& h) {
+    const T b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps);
+    const T coupled_wd = h.decoupled ? T(0) : T(h.weight_decay);
+    const T decay = h.decoupled ? T(1.0 - h.lr * h.weight_decay) : T(1);
+    const T step = T(h.lr / h.bias_correction1), inv_bc2 = T(1.0 / h.bias_correction2);
+    // Captured by value: constants held by reference could alias the stores and block vectorising.
+    parallel_for(n, kElementGrain, [=](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+            const T gi = g[i] + coupled_wd * w[i];
+            const T mi = b1 * m[i] + (T(1) - b1) * gi;
+            const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            w[i] = decay * w[i] - step * mi / (std::sqrt(vi * inv_bc2) + eps);
+        }
+    });
+}
+
+}  // namespace
+
 void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                  const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
     check_set("adam_update", params, {&grads, &m, &v});
@@ -34,21 +59,7 @@ void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorP
         TensorImpl& p = *params[k];
         dispatch_float(p.dtype, [&](auto tag) {
             using T = decltype(tag);
-            T *w = p.ptr<T>(), *mk = m[k]->ptr<T>(), *vk = v[k]->ptr<T>();
-            const T* g = grads[k]->ptr<T>();
-            const T b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps), wd = T(h.weight_decay);
-            const T step = T(h.lr / h.bias_correction1), inv_bc2 = T(1.0 / h.bias_correction2);
-            const T decay = T(1.0 - h.lr * h.weight_decay);
-            parallel_for(p.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-                for (int64_t i = lo; i < hi; ++i) {
-                    T gi = g[i];
-                    if (h.decoupled) w[i] *= decay;
-                    else gi += wd * w[i];
-                    mk[i] = b1 * mk[i] + (T(1) - b1) * gi;
-                    vk[i] = b2 * vk[i] + (T(1) - b2) * gi * gi;
-                    w[i] -= step * mk[i] / (std::sqrt(vk[i] * inv_bc2) + eps);
-                }
-            });
+            adam_kernel<T>(p.ptr<T>(), grads[k]->ptr<T>(), m[k]->ptr<T>(), v[k]->ptr<T>(), p.numel(), h);
         });
         ++p.version;
         ++m[k]->version;
@@ -66,7 +77,7 @@ void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPt
             T *w = p.ptr<T>(), *vel = velocity[k]->ptr<T>();
             const T* g = grads[k]->ptr<T>();
             const T mu = T(momentum), wd = T(weight_decay), rate = T(lr);
-            parallel_for(p.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            parallel_for(p.numel(), kElementGrain, [=](int64_t lo, int64_t hi) {
                 for (int64_t i = lo; i < hi; ++i) {
                     const T gi = g[i] + wd * w[i];
                     vel[i] = mu * vel[i] + gi;

@@ -7,6 +7,13 @@
 namespace rk {
 
 void manual_seed(uint64_t seed);
+// The generator's whole state (seed, streams drawn): saved in checkpoints so that a resumed
+// run draws the same numbers as an uninterrupted one.
+struct RngState {
+    uint64_t seed, counter;
+};
+RngState rng_state();
+void set_rng_state(const RngState& state);
 uint64_t next_stream();  // a fresh stream key for one op execution
 
 // Uniform in [0, 1) and standard normal values of element i of a stream.

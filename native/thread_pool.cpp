@@ -25,7 +25,9 @@ class ThreadPool {
         if (n == size()) return;
         stop_workers();
         stopping_ = false;
-        for (int i = 0; i < n - 1; ++i) workers_.emplace_back([this] { worker_loop(); });
+        // A new worker has seen every job so far: only a later generation wakes it (starting from
+        // 0 it would run a phantom job and drive active_ below zero, hanging the next run).
+        for (int i = 0; i < n - 1; ++i) workers_.emplace_back([this, seen = generation_] { worker_loop(seen); });
     }
 
     void run(int64_t n_chunks, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
@@ -64,8 +66,7 @@ class ThreadPool {
         }
     }
 
-    void worker_loop() {
-        uint64_t seen = 0;
+    void worker_loop(uint64_t seen) {
         for (;;) {
             {
                 std::unique_lock<std::mutex> lk(mutex_);

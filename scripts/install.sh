@@ -25,12 +25,13 @@ fi
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || missing "Python 3.10 or newer (found $(python3 --version))"
 
 pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
-# Build tools (the build runs without isolation so that repeated builds reuse build/).
-say "checking Python packages"
-pip_install "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja "numpy>=1.24" "scipy-openblas32>=0.3.27"
-if [ "$extras" = test ]; then pip_install "pytest>=7" "hypothesis>=6"; fi
+# Build tools first: the build runs without isolation so that repeated builds reuse build/.
+say "checking build tools"
+pip_install "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja
 
-say "building and installing rlkit (native module in build/)"
-(cd "$root" && pip_install --no-build-isolation --no-deps .)
+say "building and installing rlkit and its dependencies (native module in build/)"
+target="$root"
+if [ -n "$extras" ]; then target="$root[$extras]"; fi
+pip_install --no-build-isolation "$target"
 (cd / && python3 -c 'import rlkit.core') || missing "a working rlkit build (see the errors above)"
 say "ready"

@@ -7,8 +7,12 @@ contract.
 
 # tensor first: it pulls in ops, autograd and vjp in the order they build on one another.
 from rlkit.core.tensor import Tensor, ones, param, tensor, zeros
-from rlkit.core._runtime import devices, device, dtype, get_num_threads, manual_seed, set_num_threads, transfer_stats
+from rlkit.core._runtime import (
+    device, devices, dtype, get_num_threads, get_rng_state, manual_seed, set_num_threads, set_rng_state, transfer_stats,
+)
 from rlkit.core.autograd import Gradients, backward, grad_tape, no_grad, tape_memory
+from rlkit.core.data import Batch, DataLoader
+from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
 from rlkit.core.ops import (
@@ -17,16 +21,17 @@ from rlkit.core.ops import (
     reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, stop_gradient, sub, sum, sum_to, tanh, transpose,
 )
-from rlkit.core import optim
+from rlkit.core import nn, optim, sched
 
 __all__ = [
     "Tensor", "tensor", "param", "zeros", "ones", "as_tensor",
     "grad_tape", "no_grad", "backward", "Gradients", "tape_memory", "gradcheck", "GradcheckError",
-    "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "transfer_stats",
+    "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
     "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",
     "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "sum",
     "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "stop_gradient",
-    "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss", "optim",
+    "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
+    "DataLoader", "Batch", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "nn", "optim", "sched",
 ]

@@ -3,12 +3,16 @@ dtype, threads, the random seed and host<->device transfer counters."""
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
+
+import numpy as np
 
 from rlkit import _native
 
 DTYPES = ("f32", "f16", "i32", "f64")
+MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
 _state = {"device": "cpu", "dtype": "f32"}
@@ -76,9 +80,11 @@ def devices() -> list[dict]:
 
 def set_num_threads(n: int) -> None:
     """Sets the number of threads of the CPU kernels and of the BLAS."""
-    if not isinstance(n, int) or isinstance(n, bool):
+    if not isinstance(n, numbers.Integral) or isinstance(n, (bool, np.bool_)):
         raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
-    _native.set_num_threads(n)
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"set_num_threads: n must lie in [1, {MAX_THREADS}], got {n}")
+    _native.set_num_threads(int(n))
 
 
 def get_num_threads() -> int:
@@ -86,11 +92,39 @@ def get_num_threads() -> int:
     return _native.num_threads()
 
 
+_host_rng = np.random.default_rng(0x5EED)
+
+
 def manual_seed(seed: int) -> None:
-    """Seeds the engine's random generator (rand, randn, sampling ops)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
-    _native.manual_seed(seed & (2**64 - 1))
+    """Seeds the engine's random generators: the native one (rand, randn, sampling ops,
+    dropout) and the host one that initialises module weights."""
+    global _host_rng
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, (bool, np.bool_)) or not 0 <= seed < 2**64:
+        raise ValueError(f"manual_seed: seed must be an int in [0, 2**64), got {seed!r}")
+    _native.manual_seed(int(seed))
+    _host_rng = np.random.default_rng(int(seed))
+
+
+def get_rng_state() -> dict:
+    """The state of both generators, JSON-serialisable (checkpoints save it)."""
+    seed, counter = _native.rng_state()
+    return {"native": [int(seed), int(counter)], "host": _host_rng.bit_generator.state}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restores what get_rng_state returned."""
+    try:
+        seed, counter = state["native"]
+        host = state["host"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"set_rng_state: expected the dict get_rng_state returns, got {state!r}") from exc
+    _native.set_rng_state(int(seed), int(counter))
+    _host_rng.bit_generator.state = host
+
+
+def host_rng() -> np.random.Generator:
+    """The generator module initialisers draw from (reseeded by manual_seed)."""
+    return _host_rng
 
 
 def transfer_stats(reset: bool = False) -> dict:

@@ -225,6 +225,8 @@ def backward(loss: Tensor, grad=None) -> Gradients:
 def tape_memory(top: int = 5) -> list[dict]:
     """What the current tape holds, largest first: one row per recorded output still alive
     (op, shape, dtype, bytes), at most ``top`` rows."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ValueError(f"tape_memory: top must be a non-negative int, got {top!r}")
     rows = []
     for ref in TAPE.recorded:
         t = ref()

@@ -17,6 +17,8 @@ from rlkit.core.tensor import Tensor
 def _pred_target(pred, target, name: str) -> tuple[Tensor, Tensor]:
     pred = ops.as_tensor(pred, op=name, arg="pred")
     target = ops.as_tensor(target, like=pred, op=name, arg="target")
+    if pred.dtype == "i32" or target.dtype != pred.dtype:
+        raise TypeError(f"{name}: pred and target must have the same float dtype, got {pred.dtype} and {target.dtype}")
     if pred.shape != target.shape:
         raise ValueError(f"{name}: pred {pred.shape} and target {target.shape} must have the same shape")
     return pred, target
@@ -53,6 +55,8 @@ def softmax_cross_entropy_loss(logits, target) -> Tensor:
     stable op. ``target`` is [classes, batch] probabilities (one-hot or soft) or 0-based class
     indices, one per column (an i32 tensor or an integer array)."""
     logits = ops.as_tensor(logits, op="softmax_cross_entropy_loss", arg="logits")
+    if logits.dtype == "i32":
+        raise TypeError("softmax_cross_entropy_loss: logits must be a float tensor (f32, f16 or f64), got i32")
     is_index = (isinstance(target, Tensor) and target.dtype == "i32") or (
         isinstance(target, (np.ndarray, list, tuple)) and np.asarray(target).dtype.kind in "iu"
     )

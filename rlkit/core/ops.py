@@ -41,6 +41,8 @@ def as_tensor(x, like: Tensor | None = None, op: str = "op", arg: str = "x") -> 
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (numbers.Number, np.ndarray)) and not isinstance(x, bool):
+        if isinstance(x, np.ndarray) and x.size == 0:
+            raise ValueError(f"{op}: {arg} is empty (shape {x.shape}); tensors need at least one element in every dimension")
         if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and like is None:
             return tensor(x)
         return tensor(x, dtype=like.dtype if like is not None and like.dtype != "i32" else None)
@@ -61,6 +63,8 @@ def _index(index, op: str) -> Tensor:
     if isinstance(index, (list, tuple)):
         index = np.asarray(index)
     if isinstance(index, np.ndarray) and index.dtype.kind in "iu":
+        if index.size == 0:
+            raise ValueError(f"{op}: index is empty (shape {index.shape})")
         if index.size and (index.max() > np.iinfo(np.int32).max or index.min() < np.iinfo(np.int32).min):
             raise IndexError(f"{op}: index values must fit in 32 bits")
         return tensor(index.astype(np.int32))
@@ -197,21 +201,23 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
 
 def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Sums x over the dimensions where ``shape`` has 1 (the adjoint of :func:`expand`)."""
-    return apply("sum_to", (x,), ints=_shape_attrs(shape))
+    return apply("sum_to", (as_tensor(x, op="sum_to"),), ints=_shape_attrs(shape))
 
 
 def expand(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Repeats x along its dimensions of size 1 to ``shape``."""
-    return apply("expand", (x,), ints=_shape_attrs(shape))
+    return apply("expand", (as_tensor(x, op="expand"),), ints=_shape_attrs(shape))
 
 
 def _reduced_shape(x: Tensor, dim, op: str) -> tuple[tuple[int, ...], int]:
+    if x.dtype == "i32":
+        raise TypeError(f"{op}: x must be a float tensor (f32, f16 or f64), got i32")
     if dim is None:
         return (1, 1), x.numel
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"{op}: dim must be an int or None, got {type(dim).__name__}")
     if not -x.ndim <= dim < x.ndim:
-        raise ValueError(f"{op}: dim {dim} is out of range for a tensor of {x.ndim} dimensions")
+        raise ValueError(f"{op}: dim {dim} is out of range for x {x.shape} ({x.ndim} dimensions)")
     dim = int(dim) % x.ndim
     shape = list(x.shape)
     count = shape[dim]
@@ -378,7 +384,13 @@ def sample_normal(mu, log_std) -> Tensor:
     (reparameterised). log_std broadcasts against mu."""
     mu = as_tensor(mu, op="sample_normal", arg="mu")
     log_std = as_tensor(log_std, like=mu, op="sample_normal", arg="log_std")
-    eps = randn(mu.shape, dtype=mu.dtype)
+    if mu.dtype == "i32" or log_std.dtype != mu.dtype:
+        raise TypeError(f"sample_normal: mu and log_std must have the same float dtype, got {mu.dtype} and {log_std.dtype}")
+    ndim = builtins.max(mu.ndim, log_std.ndim)
+    sizes = [(a, b) for a, b in zip(mu.shape + (1,) * (ndim - mu.ndim), log_std.shape + (1,) * (ndim - log_std.ndim))]
+    if builtins.any(a != b and 1 not in (a, b) for a, b in sizes):
+        raise ValueError(f"sample_normal: mu {mu.shape} and log_std {log_std.shape} do not broadcast")
+    eps = randn(tuple(builtins.max(a, b) for a, b in sizes), dtype=mu.dtype)  # one draw per output element
     return add(mu, mul(exp(log_std), eps))
 
 

@@ -24,11 +24,17 @@ def _param_list(params) -> list[Tensor]:
         raise ValueError("optimizer: got an empty parameter list")
     unique: list[Tensor] = []
     for p in params:
-        if not isinstance(p, Tensor) or not p.requires_grad:
+        if not isinstance(p, Tensor) or not p.requires_grad or not p.is_leaf:
             raise TypeError(f"optimizer: expected parameters made by rc.param, got {p!r}")
         if all(p is not q for q in unique):
             unique.append(p)
     return unique
+
+
+def _non_negative(value, what: str) -> float:
+    if not value >= 0:
+        raise ValueError(f"optimizer: {what} must be >= 0, got {value!r}")
+    return float(value)
 
 
 class Optimizer:
@@ -66,8 +72,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0):
         super().__init__(params, lr)
-        self.momentum = float(momentum)
-        self.weight_decay = float(weight_decay)
+        self.momentum = _non_negative(momentum, "momentum")
+        self.weight_decay = _non_negative(weight_decay, "weight_decay")
         self._velocity = {id(p): _zeros_like(p) for p in self.params}
 
     def step(self, grads: Gradients | None = None) -> None:
@@ -92,23 +98,33 @@ class Adam(Optimizer):
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"Adam: betas must lie in [0, 1), got {betas!r}")
         self.betas = (float(beta1), float(beta2))
-        self.eps = float(eps)
-        self.weight_decay = float(weight_decay)
+        self.eps = _non_negative(eps, "eps")
+        self.weight_decay = _non_negative(weight_decay, "weight_decay")
         self._m = {id(p): _zeros_like(p) for p in self.params}
         self._v = {id(p): _zeros_like(p) for p in self.params}
+        # Steps taken by each parameter (PyTorch's per-parameter state["step"]): a parameter
+        # without a gradient in a step keeps its bias correction where it was.
+        self._steps = {id(p): 0 for p in self.params}
 
     def step(self, grads: Gradients | None = None) -> None:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``)."""
         params, g = self._gradients(grads)
         self.step_count += 1
         beta1, beta2 = self.betas
-        _native.adam_update(
-            [p._impl for p in params], [t._impl for t in g],
-            [self._m[id(p)]._impl for p in params], [self._v[id(p)]._impl for p in params],
-            lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, weight_decay=self.weight_decay,
-            bias_correction1=1.0 - beta1**self.step_count, bias_correction2=1.0 - beta2**self.step_count,
-            decoupled=self.decoupled,
-        )
+        groups: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
+        for p, gp in zip(params, g):
+            self._steps[id(p)] += 1
+            group = groups.setdefault(self._steps[id(p)], ([], []))
+            group[0].append(p)
+            group[1].append(gp)
+        for t, (ps, gs) in groups.items():
+            _native.adam_update(
+                [p._impl for p in ps], [x._impl for x in gs],
+                [self._m[id(p)]._impl for p in ps], [self._v[id(p)]._impl for p in ps],
+                lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, weight_decay=self.weight_decay,
+                bias_correction1=1.0 - beta1**t, bias_correction2=1.0 - beta2**t,
+                decoupled=self.decoupled,
+            )
 
 
 class AdamW(Adam):

@@ -84,7 +84,8 @@ class Tensor:
         if value is None:
             self._grad = None
             return
-        g = tensor(value, dtype=self.dtype)
+        arr = _to_fortran(value, self.dtype)
+        g = Tensor(_native.from_numpy(arr, _dtype_of(arr), True))  # a copy: never aliases the caller's array
         if g.shape != self.shape:
             raise ValueError(f"grad: shape {g.shape} does not match the tensor's {self.shape}")
         self._grad = g
@@ -135,6 +136,16 @@ class Tensor:
     def __pow__(self, p):
         return ops.pow(self, p)
 
+    def __rpow__(self, base):
+        # base ** x = exp(x * log(base)): defined for a positive number or array base.
+        if isinstance(base, bool) or not isinstance(base, (numbers.Real, np.ndarray)):
+            return NotImplemented
+        base = np.asarray(base, dtype=np.float64)
+        if base.dtype.kind not in "fiu" or not np.all(base > 0):
+            raise ValueError("base ** tensor: the base must be positive (a number or an array of positive numbers)")
+        log_base = float(np.log(base)) if base.ndim == 0 else np.log(base)
+        return ops.exp(ops.mul(self, log_base))
+
     @property
     def T(self) -> "Tensor":
         """The transpose (dims 0 and 1 swapped)."""
@@ -159,6 +170,13 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(_NUMPY_DTYPES)}")
     if arr.ndim > 4:
         raise ValueError(f"rlkit tensors have at most 4 dimensions, got an array of shape {arr.shape}")
+    if dtype == "i32" and arr.dtype.kind in "iu" and arr.size:
+        info = np.iinfo(np.int32)
+        if arr.max() > info.max or arr.min() < info.min:
+            raise ValueError(
+                f"integer values from {arr.min()} to {arr.max()} do not fit in i32 "
+                f"([{info.min}, {info.max}])"
+            )
     if arr.ndim == 0:
         arr = arr.reshape(1, 1)
     return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])

@@ -1,0 +1,100 @@
+"""Completeness of the op table: every native op has a vjp rule or is marked not
+differentiable (never both), and every op is exercised by the case table of test_ops.py.
+
+Adding an op to native/ops.def makes these tests fail until it has a rule (rlkit/core/vjp.py)
+or a NOT_DIFFERENTIABLE entry, and a case in tests/test_ops.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import rlkit.core as rc
+from rlkit import _native
+from rlkit.core import losses, ops
+from rlkit.core.vjp import NOT_DIFFERENTIABLE, VJP
+
+try:  # tests/ is on sys.path when pytest imports it without a package
+    import test_ops
+except ImportError:  # tests/ became a package
+    from tests import test_ops
+
+# Backward helper ops are only ever called inside vjp rules: the gradient cases of their forward
+# op exercise them (a wrong helper fails that op's gradcheck).
+BACKWARD_HELPER_OF = {
+    "relu_back": "relu",
+    "sigmoid_back": "sigmoid",
+    "tanh_back": "tanh",
+    "silu_back": "silu",
+    "clamp_back": "clamp",
+    "softmax_back": "softmax",
+    "log_softmax_back": "log_softmax",
+}
+
+# Native ops reached through a public function of another name.
+PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss"}
+
+NATIVE_OPS = list(_native.op_names())
+
+
+def test_op_names_are_unique():
+    assert len(NATIVE_OPS) == len(set(NATIVE_OPS))
+    assert len(NATIVE_OPS) >= 50
+
+
+def test_every_op_has_a_vjp_rule_or_is_not_differentiable():
+    both = [name for name in NATIVE_OPS if name in VJP and name in NOT_DIFFERENTIABLE]
+    neither = [name for name in NATIVE_OPS if name not in VJP and name not in NOT_DIFFERENTIABLE]
+    assert not both, f"ops with a vjp rule that are also listed as not differentiable: {both}"
+    assert not neither, f"ops with no vjp rule and not listed in NOT_DIFFERENTIABLE: {neither}"
+
+
+def test_no_rule_or_entry_for_an_unknown_op():
+    assert set(VJP) - set(NATIVE_OPS) == set(), "vjp rules for ops that are not in ops.def"
+    assert set(NOT_DIFFERENTIABLE) - set(NATIVE_OPS) == set(), "NOT_DIFFERENTIABLE names ops not in ops.def"
+
+
+def test_every_op_has_a_test_case():
+    missing = []
+    for name in NATIVE_OPS:
+        if name in BACKWARD_HELPER_OF:
+            if BACKWARD_HELPER_OF[name] not in test_ops.GRAD_COVERED_OPS:
+                missing.append(f"{name} (through the gradient of {BACKWARD_HELPER_OF[name]})")
+        elif PUBLIC_NAME_OF.get(name, name) not in test_ops.COVERED_OPS:
+            missing.append(name)
+    assert not missing, f"ops without a case in tests/test_ops.py: {missing}"
+
+
+def test_backward_helpers_are_what_the_rules_call():
+    """The mapping above is the real one: each helper is not differentiable, is called by the
+    vjp rule of its forward op, and no other op ends in _back."""
+    helpers = {name for name in NATIVE_OPS if name.endswith("_back")}
+    assert helpers == set(BACKWARD_HELPER_OF)
+    for helper, forward in BACKWARD_HELPER_OF.items():
+        assert helper in NOT_DIFFERENTIABLE
+        assert f'"{helper}"' in inspect.getsource(VJP[forward]), f"the vjp rule of {forward} does not call {helper}"
+
+
+def test_every_differentiable_op_has_gradient_cases():
+    """Ops with a vjp rule are gradchecked (directly or through the public op that reaches them)."""
+    missing = [name for name in VJP if PUBLIC_NAME_OF.get(name, name) not in test_ops.GRAD_COVERED_OPS]
+    assert not missing, f"differentiable ops without a gradcheck case: {missing}"
+
+
+def test_every_public_op_has_a_case():
+    """Every op and loss exported by rlkit.core (rc.__all__) has cases in test_ops.py."""
+    not_ops = {"as_tensor", "tensor", "ones", "zeros"}
+    public = {
+        name for name in rc.__all__
+        if callable(getattr(rc, name, None))
+        and getattr(getattr(rc, name), "__module__", None) in (ops.__name__, losses.__name__)
+        and name not in not_ops
+    }
+    assert len(public) >= 50
+    assert public - test_ops.COVERED_OPS == set(), public - test_ops.COVERED_OPS
+    assert test_ops.COVERED_OPS - public == set(), "cases name ops that rlkit.core does not export"
+
+
+def test_cases_name_the_op_they_cover():
+    for case in test_ops.CASES:
+        assert hasattr(rc, case.op), case.id

@@ -1,0 +1,970 @@
+"""The op test suite: one table of cases, a few parametrised harnesses.
+
+Every case names the public op it covers, an rlkit function, an independent numpy reference and
+two or more input sets (generators of numpy arrays; integer arrays become i32 index tensors).
+The harnesses check, for every case:
+
+- the forward pass against the numpy reference, in f32 and f64;
+- the gradient against central finite differences in float64 (``rc.gradcheck``), for every
+  input set, with the output weighted by a fixed random tensor so that the upstream gradient
+  is not all ones (a plain sum would hide layout mistakes in a backward rule and make the
+  gradient of softmax identically zero);
+- bad arguments (wrong kind of argument, empty arrays, integer or mixed float dtypes) raise
+  TypeError / ValueError naming the op.
+
+Explicit tables and tests add the bad shapes and values of each op, out-of-range indices, f16
+storage, the documented tie and kink conventions, and the random ops (distribution and
+reproducibility checks). tests/test_op_table.py imports COVERED_OPS and CASES from here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+
+NP_DTYPE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32}
+
+
+# ---- input generators: each takes a numpy Generator and returns an array -------------------------
+
+def N(*shape, s=1.0):
+    """Standard normal values (times s)."""
+    return lambda r: s * r.normal(size=shape)
+
+
+def U(lo, hi, *shape):
+    """Uniform values in [lo, hi)."""
+    return lambda r: r.uniform(lo, hi, size=shape)
+
+
+def POS(*shape):
+    """Positive values, away from 0 (for log, sqrt, pow, divisors)."""
+    return U(0.5, 2.0, *shape)
+
+
+def AWAY(*shape):
+    """|x| in [0.2, 2): away from the kinks of relu, abs and sign at 0."""
+    return lambda r: r.choice([-1.0, 1.0], size=shape) * r.uniform(0.2, 2.0, size=shape)
+
+
+def GRID(*shape, offset=0.0):
+    """k / 2 + offset with a jitter of at most 0.05: two grids with offsets 0 and 0.25 never come
+    closer than 0.15, so minimum / maximum have no ties and clamp bounds on the other grid are
+    never touched."""
+    return lambda r: r.integers(-4, 5, size=shape) * 0.5 + offset + r.uniform(-0.05, 0.05, size=shape)
+
+
+def DISTINCT(*shape):
+    """Every column (along dim 0) a permutation of values 0.5 apart: no ties for max / argmax."""
+    def make(r):
+        ranks = np.argsort(r.random(shape), axis=0)
+        return (ranks - shape[0] / 2) * 0.5 + r.uniform(-0.1, 0.1, size=shape)
+    return make
+
+
+def ONEHOT(classes, n):
+    """A float one-hot target [classes, n]."""
+    return lambda r: np.eye(classes)[r.integers(0, classes, size=n)].T.copy()
+
+
+def SOFT(classes, n):
+    """A soft target [classes, n]: each column a probability vector."""
+    def make(r):
+        p = r.uniform(0.1, 1.0, size=(classes, n))
+        return p / p.sum(axis=0, keepdims=True)
+    return make
+
+
+def IDX(*values):
+    """Fixed 0-based indices (an i32 tensor of one column)."""
+    return lambda r: np.array(values, dtype=np.int32)
+
+
+def RIDX(n, hi):
+    """n random 0-based indices below hi (repeats likely)."""
+    return lambda r: r.integers(0, hi, size=n).astype(np.int32)
+
+
+def CONST(values):
+    """Fixed float values."""
+    return lambda r: np.array(values, dtype=np.float64)
+
+
+# ---- numpy reference helpers ----------------------------------------------------------------------
+
+def _align(*arrays):
+    """rlkit broadcasts from the first dimension (ggml's ne order): pad trailing sizes of 1."""
+    nd = max(a.ndim for a in arrays)
+    return [a.reshape(a.shape + (1,) * (nd - a.ndim)) for a in arrays]
+
+
+def binary(f):
+    return lambda a, b: f(*_align(a, b))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def np_log_softmax(x):
+    m = x.max(axis=0, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=0, keepdims=True))
+
+
+def np_sigmoid(x):
+    return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+
+
+def np_matmul(a, b, ta=False, tb=False):
+    """Column-major batched matmul: dims 0, 1 are the matrix, dims 2, 3 broadcast batches."""
+    a, b = _align(a, b)
+    if a.ndim == 2:
+        return (a.T if ta else a) @ (b.T if tb else b)
+    a = np.moveaxis(a, (0, 1), (-2, -1))
+    b = np.moveaxis(b, (0, 1), (-2, -1))
+    a = np.swapaxes(a, -1, -2) if ta else a
+    b = np.swapaxes(b, -1, -2) if tb else b
+    return np.moveaxis(a @ b, (-2, -1), (0, 1))
+
+
+def np_reduce(f, dim, keepdim):
+    """sum / mean as rlkit shapes them: dim None gives [1, 1]; results keep 2 dimensions; a 3-D or
+    4-D input loses the reduced dimension unless keepdim."""
+    def ref(x):
+        if dim is None:
+            return np.asarray(f(x)).reshape(1, 1)
+        out = f(x, axis=dim, keepdims=True)
+        return out if keepdim or x.ndim == 2 else np.squeeze(out, axis=dim)
+    return ref
+
+
+def np_reshape(shape):
+    def ref(x):
+        out = np.reshape(x, shape, order="F")  # column-major, as the engine stores values
+        return out.reshape(-1, 1) if out.ndim == 1 else out
+    return ref
+
+
+def np_scatter_cols(g, idx, columns):
+    out = np.zeros((g.shape[0], columns), dtype=g.dtype)
+    np.add.at(out.T, idx.ravel(), g.T)
+    return out
+
+
+def np_huber(p, t, delta):
+    d = np.abs(p - t)
+    return np.mean(np.where(d <= delta, 0.5 * d * d, delta * (d - 0.5 * delta))).reshape(1, 1)
+
+
+def to_f16(x):
+    with np.errstate(over="ignore"):  # out-of-range values become inf, as they should
+        return x.astype(np.float16)
+
+
+def np_randn_like(shape, seed):
+    """The noise sample_normal draws: the first randn stream after rc.manual_seed(seed)."""
+    rc.manual_seed(seed)
+    return rc.randn(shape, dtype="f64").numpy()
+
+
+# ---- the case table -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    op: str  # the public op (or loss) this case covers
+    fn: Callable  # rlkit: tensors -> tensor
+    ref: Callable  # numpy: float64 (or int32) arrays -> array shaped like the result
+    inputs: tuple  # input sets, each a tuple of generators
+    grad: bool = True  # gradcheck every input set
+    int_ok: bool = False  # the op is defined for i32 tensors too (layout ops, cast)
+    index_args: tuple = ()  # positions where an i32 tensor is legal with another meaning (class indices)
+    gc: dict = field(default_factory=dict)  # extra gradcheck arguments
+    atol32: float = 1e-6  # absolute f32 tolerance (long f32 dot products need more)
+
+
+BROADCAST_SHAPES = [
+    ((3, 4), (3, 4)), ((3, 4), (3, 1)), ((3, 4), (1, 4)), ((3, 4), (1, 1)),
+    ((3, 1), (3, 4)), ((1, 4), (3, 4)), ((1, 1), (3, 4)), ((3, 1), (1, 4)),
+    ((2, 3, 2), (2, 3)), ((2, 1, 2), (1, 3, 1)),
+]
+
+
+def broadcast_sets(gen_a, gen_b):
+    return tuple((gen_a(*sa), gen_b(*sb)) for sa, sb in BROADCAST_SHAPES)
+
+
+UNARY_SHAPES = [(3, 4), (2, 5), (2, 3, 2)]
+
+
+def unary_sets(gen):
+    return tuple((gen(*s),) for s in UNARY_SHAPES)
+
+
+def _unary(op, ref, gen, grad=True, **kw):
+    return Case(op, op, getattr(rc, op), ref, unary_sets(gen), grad=grad, **kw)
+
+
+def _grid_b(*shape):
+    return GRID(*shape, offset=0.25)
+
+
+CASES: list[Case] = [
+    # elementwise binary, every broadcast pattern
+    Case("add", "add", rc.add, binary(np.add), broadcast_sets(N, N)),
+    Case("sub", "sub", rc.sub, binary(np.subtract), broadcast_sets(N, N)),
+    Case("mul", "mul", rc.mul, binary(np.multiply), broadcast_sets(N, N)),
+    Case("div", "div", rc.div, binary(np.divide), broadcast_sets(N, POS)),
+    Case("div_neg_divisor", "div", rc.div, binary(np.divide), ((N(3, 4), CONST([[-0.5], [-2.0], [1.5]])), (N(2, 2), CONST([[-0.7]])))),
+    Case("minimum", "minimum", rc.minimum, binary(np.minimum), broadcast_sets(GRID, _grid_b)),
+    Case("maximum", "maximum", rc.maximum, binary(np.maximum), broadcast_sets(GRID, _grid_b)),
+    Case("ge", "ge", rc.ge, binary(lambda a, b: (a >= b).astype(a.dtype)),
+         broadcast_sets(GRID, _grid_b) + ((CONST([[1.0, 2.0, 3.0]]), CONST([[1.0, 2.5, 2.0]])),), grad=False),
+    Case("gt", "gt", rc.gt, binary(lambda a, b: (a > b).astype(a.dtype)),
+         broadcast_sets(GRID, _grid_b) + ((CONST([[1.0, 2.0, 3.0]]), CONST([[1.0, 2.5, 2.0]])),), grad=False),
+    Case("minimum_nan", "minimum", rc.minimum, np.minimum, ((CONST([[np.nan, 1.0, 2.0]]), CONST([[0.0, np.nan, 1.0]])),), grad=False),
+    Case("maximum_nan", "maximum", rc.maximum, np.maximum, ((CONST([[np.nan, 1.0, 2.0]]), CONST([[0.0, np.nan, 1.0]])),), grad=False),
+    Case("add_scalar", "add", lambda a: rc.add(a, 2.5), lambda a: a + 2.5, ((N(3, 4),), (N(1, 2),))),
+    Case("sub_from_scalar", "sub", lambda a: rc.sub(1.5, a), lambda a: 1.5 - a, ((N(3, 4),), (N(2, 1),))),
+    Case("mul_numpy_constant", "mul", lambda a: rc.mul(a, np.array([[2.0], [-3.0]])),
+         lambda a: a * np.array([[2.0], [-3.0]]), ((N(2, 3),), (N(2, 1),))),
+    Case("operators", "add", lambda a, b: (a + b) * a - b / (a * a + 1.0) + (-a) @ b.T,
+         lambda a, b: (a + b) * a - b / (a * a + 1.0) + (-a) @ b.T, ((N(3, 3), N(3, 3)), (N(2, 2), N(2, 2)))),
+    # elementwise unary
+    _unary("neg", np.negative, N),
+    _unary("relu", lambda x: np.maximum(x, 0.0), AWAY),
+    _unary("sigmoid", np_sigmoid, lambda *s: U(-4, 4, *s)),
+    Case("sigmoid_extreme", "sigmoid", rc.sigmoid, np_sigmoid, ((CONST([[-60.0, -20.0, 0.0, 20.0, 60.0]]),), (CONST([[-700.0], [700.0]]),)), grad=False),
+    _unary("tanh", np.tanh, lambda *s: U(-3, 3, *s)),
+    _unary("softplus", lambda x: np.logaddexp(0.0, x), lambda *s: U(-5, 5, *s)),
+    Case("softplus_extreme", "softplus", rc.softplus, lambda x: np.logaddexp(0.0, x),
+         ((CONST([[-40.0, -10.0, 0.0, 10.0, 40.0]]),), (CONST([[80.0], [-80.0]]),)), grad=False),
+    _unary("silu", lambda x: x * np_sigmoid(x), lambda *s: U(-4, 4, *s)),
+    _unary("exp", np.exp, lambda *s: U(-2, 2, *s)),
+    _unary("log", np.log, POS),
+    _unary("sqrt", np.sqrt, POS),
+    _unary("square", np.square, N),
+    _unary("abs", np.abs, AWAY),
+    Case("sign", "sign", rc.sign, np.sign, unary_sets(AWAY) + ((CONST([[0.0, -0.0, 1e-30, -3.0]]),),), grad=False),
+    Case("scale", "scale", lambda x: rc.scale(x, -1.7), lambda x: x * -1.7, unary_sets(N)),
+    Case("scale_int_factor", "scale", lambda x: rc.scale(x, 3), lambda x: 3 * x, ((N(3, 4),), (N(1, 2),))),
+    Case("pow", "pow", lambda x: rc.pow(x, 2.5), lambda x: x ** 2.5, unary_sets(POS)),
+    Case("pow_negative", "pow", lambda x: rc.pow(x, -1.5), lambda x: x ** -1.5, unary_sets(POS)),
+    Case("pow_cube", "pow", lambda x: rc.pow(x, 3), lambda x: x ** 3, unary_sets(N)),
+    Case("pow_operator", "pow", lambda x: x ** 2, np.square, ((N(3, 4),), (N(2, 1),))),
+    Case("clamp", "clamp", lambda x: rc.clamp(x, -0.5, 0.5), lambda x: np.clip(x, -0.5, 0.5),
+         unary_sets(lambda *s: GRID(*s, offset=0.25))),
+    Case("clamp_low_only", "clamp", lambda x: rc.clamp(x, lo=-1.0), lambda x: np.maximum(x, -1.0),
+         unary_sets(lambda *s: GRID(*s, offset=0.25))),
+    Case("clamp_high_only", "clamp", lambda x: rc.clamp(x, hi=0.0), lambda x: np.minimum(x, 0.0),
+         unary_sets(lambda *s: GRID(*s, offset=0.25))),
+    Case("cast_f64", "cast", lambda x: rc.cast(x, "f64"), lambda x: x, unary_sets(N), int_ok=True),
+    Case("cast_f32", "cast", lambda x: rc.cast(x, "f32"), lambda x: x.astype(np.float32), unary_sets(N),
+         int_ok=True, gc=dict(eps=1e-2, atol=1e-4)),
+    Case("cast_f16", "cast", lambda x: rc.cast(x, "f16"), lambda x: x.astype(np.float16), unary_sets(N),
+         grad=False, int_ok=True),
+    Case("cast_f16_rounding", "cast", lambda x: rc.cast(x, "f16"), to_f16,
+         ((CONST([[1 + 2**-11 + 2**-40, -(1 + 2**-11 + 2**-40), 2049 + 2**-30, 1 + 2**-11, 1e-300, 70000.0]]),),
+          (lambda r: r.normal(size=(50, 40)) * np.exp(r.uniform(-20, 12, size=(50, 40))),)), grad=False, int_ok=True),
+    Case("cast_i32", "cast", lambda x: rc.cast(x, "i32"), lambda x: np.trunc(x).astype(np.int32),
+         unary_sets(lambda *s: N(*s, s=5.0)), grad=False, int_ok=True),
+    Case("cast_from_i32", "cast", lambda i: rc.cast(i, "f32"), lambda i: i.astype(np.float32).reshape(-1, 1),
+         ((IDX(3, -7, 0, 2**20),), (IDX(5),)), grad=False, int_ok=True),
+    # linear algebra
+    Case("matmul", "matmul", rc.matmul, np_matmul,
+         ((N(3, 2), N(2, 4)), (N(1, 3), N(3, 1)), (N(4, 3), N(3, 2)))),
+    Case("matmul_ta", "matmul", lambda a, b: rc.matmul(a, b, transpose_a=True), lambda a, b: np_matmul(a, b, ta=True),
+         ((N(2, 3), N(2, 4)), (N(3, 1), N(3, 2)))),
+    Case("matmul_tb", "matmul", lambda a, b: rc.matmul(a, b, transpose_b=True), lambda a, b: np_matmul(a, b, tb=True),
+         ((N(3, 2), N(4, 2)), (N(2, 3), N(1, 3)))),
+    Case("matmul_ta_tb", "matmul", lambda a, b: rc.matmul(a, b, True, True), lambda a, b: np_matmul(a, b, True, True),
+         ((N(2, 3), N(4, 2)), (N(3, 1), N(2, 3)))),
+    Case("matmul_batched", "matmul", rc.matmul, np_matmul,
+         ((N(3, 2, 4), N(2, 5, 1)), (N(3, 2, 1), N(2, 3, 2)), (N(2, 2, 3), N(2, 2, 3)), (N(3, 2), N(2, 2, 3)),
+          (N(2, 2, 2, 1), N(2, 3, 1, 2)))),
+    Case("matmul_batched_tb", "matmul", lambda a, b: rc.matmul(a, b, transpose_b=True),
+         lambda a, b: np_matmul(a, b, tb=True), ((N(3, 2, 2), N(4, 2, 1)), (N(2, 3, 1), N(2, 3, 3)))),
+    # reductions and broadcasting
+    Case("sum", "sum", rc.sum, np_reduce(np.sum, None, False), ((N(3, 4),), (N(2, 3, 2),))),
+    *[
+        Case(f"sum_dim{d}", "sum", lambda x, d=d: rc.sum(x, dim=d), np_reduce(np.sum, d, False), ((N(3, 4),), (N(1, 5),)))
+        for d in (0, 1, -1)
+    ],
+    *[
+        Case(f"sum3d_dim{d}_keep{k}", "sum", lambda x, d=d, k=k: rc.sum(x, dim=d, keepdim=k),
+             np_reduce(np.sum, d, k), ((N(2, 3, 2),), (N(3, 2, 4),)))
+        for d in (0, 1, 2) for k in (False, True)
+    ],
+    Case("sum4d_dim3", "sum", lambda x: rc.sum(x, dim=3), np_reduce(np.sum, 3, False), ((N(2, 2, 2, 3),), (N(1, 3, 1, 2),))),
+    Case("mean", "mean", rc.mean, np_reduce(np.mean, None, False), ((N(3, 4),), (N(2, 3, 2),))),
+    *[
+        Case(f"mean_dim{d}", "mean", lambda x, d=d: rc.mean(x, dim=d), np_reduce(np.mean, d, False), ((N(3, 4),), (N(2, 5),)))
+        for d in (0, 1)
+    ],
+    *[
+        Case(f"mean3d_dim{d}_keep{k}", "mean", lambda x, d=d, k=k: rc.mean(x, dim=d, keepdim=k),
+             np_reduce(np.mean, d, k), ((N(2, 3, 2),), (N(3, 2, 4),)))
+        for d, k in ((1, False), (2, True))
+    ],
+    Case("sum_to_rows", "sum_to", lambda x: rc.sum_to(x, (3, 1)), lambda x: x.sum(axis=1, keepdims=True),
+         ((N(3, 4),), (N(3, 7),), (N(3, 1),))),
+    Case("sum_to_cols", "sum_to", lambda x: rc.sum_to(x, (1, 4)), lambda x: x.sum(axis=0, keepdims=True),
+         ((N(3, 4),), (N(5, 4),))),
+    Case("sum_to_3d", "sum_to", lambda x: rc.sum_to(x, (2, 1, 4)), lambda x: x.sum(axis=1, keepdims=True),
+         ((N(2, 3, 4),), (N(2, 1, 4),))),
+    Case("sum_to_2d_of_3d", "sum_to", lambda x: rc.sum_to(x, (2, 1)), lambda x: x.sum(axis=(1, 2)).reshape(2, 1),
+         ((N(2, 3, 4),), (N(2, 2, 2),))),
+    Case("expand", "expand", lambda x: rc.expand(x, (3, 5)), lambda x: np.broadcast_to(x, (3, 5)).copy(),
+         ((N(3, 1),), (N(1, 5),), (N(1, 1),))),
+    Case("expand_3d", "expand", lambda x: rc.expand(x, (2, 4, 3)), lambda x: np.broadcast_to(_align(x, np.zeros((1, 1, 1)))[0], (2, 4, 3)).copy(),
+         ((N(2, 1, 3),), (N(2, 1),), (N(1, 4, 1),))),
+    Case("softmax", "softmax", rc.softmax, np_softmax, ((N(4, 3, s=2.0),), (N(3, 5),), (N(3, 2, 2),))),
+    Case("softmax_large", "softmax", rc.softmax, np_softmax,
+         ((CONST([[1000.0, -1000.0], [999.0, -1001.0], [0.0, -2000.0]]),), (CONST([[50.0], [-50.0]]),)), grad=False),
+    Case("log_softmax", "log_softmax", rc.log_softmax, np_log_softmax, ((N(4, 3, s=2.0),), (N(3, 5),), (N(3, 2, 2),))),
+    Case("log_softmax_large", "log_softmax", rc.log_softmax, np_log_softmax,
+         ((CONST([[1000.0, -1000.0], [999.0, -1001.0], [0.0, -2000.0]]),), (CONST([[50.0], [-50.0]]),)), grad=False),
+    Case("max", "max", rc.max, lambda x: x.max(axis=0, keepdims=True), ((DISTINCT(4, 3),), (DISTINCT(3, 5),), (DISTINCT(3, 2, 2),))),
+    Case("argmax", "argmax", rc.argmax, lambda x: np.argmax(x, axis=0)[None].astype(np.int32),
+         ((DISTINCT(4, 3),), (DISTINCT(3, 2, 2),), (CONST([[1.0, 3.0, -1.0], [3.0, 3.0, -1.0], [2.0, 1.0, -1.0]]),)),
+         grad=False),
+    # layout and indexing
+    Case("transpose", "transpose", rc.transpose, lambda x: np.swapaxes(x, 0, 1).copy(),
+         ((N(3, 4),), (N(1, 5),), (N(2, 3, 2),), (N(40, 70),)), int_ok=True),
+    Case("transpose_T", "transpose", lambda x: x.T, lambda x: x.T.copy(), ((N(3, 4),), (N(2, 1),)), int_ok=True),
+    Case("reshape", "reshape", lambda x: rc.reshape(x, (2, 6)), np_reshape((2, 6)), ((N(3, 4),), (N(12, 1),)), int_ok=True),
+    Case("reshape_infer", "reshape", lambda x: rc.reshape(x, (-1, 2)), np_reshape((-1, 2)), ((N(3, 4),), (N(2, 3, 2),)), int_ok=True),
+    Case("reshape_flat", "reshape", lambda x: rc.reshape(x, -1), np_reshape((-1,)), ((N(3, 4),), (N(2, 1, 3),)), int_ok=True),
+    Case("reshape_3d", "reshape", lambda x: rc.reshape(x, (2, -1, 3)), np_reshape((2, -1, 3)), ((N(3, 4),), (N(6, 2),)), int_ok=True),
+    Case("slice_rows", "slice_rows", lambda x: rc.slice_rows(x, 1, 2), lambda x: x[1:3].copy(),
+         ((N(5, 3),), (N(3, 1),), (N(4, 2, 2),)), int_ok=True),
+    Case("slice_rows_all", "slice_rows", lambda x: rc.slice_rows(x, 0, 3), lambda x: x[0:3].copy(),
+         ((N(3, 4),), (N(3, 2, 2),)), int_ok=True),
+    Case("pad_rows", "pad_rows", lambda x: rc.pad_rows(x, 1, 2),
+         lambda x: np.pad(x, [(1, 2)] + [(0, 0)] * (x.ndim - 1)), ((N(3, 4),), (N(1, 2),), (N(2, 3, 2),))),
+    Case("pad_rows_after", "pad_rows", lambda x: rc.pad_rows(x, 0, 1),
+         lambda x: np.pad(x, [(0, 1)] + [(0, 0)] * (x.ndim - 1)), ((N(3, 4),), (N(2, 1),))),
+    Case("concat_rows", "concat_rows", rc.concat_rows, lambda a, b: np.concatenate(_align(a, b), axis=0),
+         ((N(2, 3), N(3, 3)), (N(1, 4), N(2, 4)), (N(2, 2, 2), N(1, 2, 2))), int_ok=True),
+    Case("gather", "gather", rc.gather, lambda x, i: x[i.ravel(), np.arange(x.shape[1])][None],
+         ((N(3, 4), IDX(2, 0, 1, 2)), (N(5, 2), IDX(4, 4)), (N(1, 3), IDX(0, 0, 0)))),
+    Case("one_hot", "one_hot", lambda i: rc.one_hot(i, 3), lambda i: np.eye(3, dtype=np.float32)[i.ravel()].T.copy(),
+         ((IDX(2, 0, 1, 2),), (IDX(1),)), grad=False),
+    Case("one_hot_f64", "one_hot", lambda i: rc.one_hot(i, 5, dtype="f64"), lambda i: np.eye(5)[i.ravel()].T.copy(),
+         ((IDX(4, 0, 0),), (IDX(3, 1),)), grad=False),
+    Case("get_rows", "get_rows", rc.get_rows, lambda x, i: x[:, i.ravel()],
+         ((N(3, 4), IDX(3, 0, 3, 1, 1)), (N(2, 5), IDX(4)), (N(1, 3), IDX(2, 2, 2, 0))), int_ok=True),
+    Case("scatter_cols", "scatter_cols", lambda g, i: rc.scatter_cols(g, i, 5), lambda g, i: np_scatter_cols(g, i, 5),
+         ((N(3, 4), IDX(0, 2, 0, 4)), (N(2, 3), IDX(1, 1, 1)), (N(1, 5), IDX(4, 3, 2, 1, 0)))),
+    # random with a gradient: the noise is the same in every call because the function reseeds
+    Case("sample_normal", "sample_normal", lambda mu, ls: (rc.manual_seed(11), rc.sample_normal(mu, ls))[1],
+         lambda mu, ls: mu + np.exp(ls) * np_randn_like(np.broadcast_shapes(mu.shape, ls.shape), 11),
+         ((N(3, 4), N(3, 4, s=0.5)), (N(3, 4), N(3, 1, s=0.5)), (N(2, 5), N(1, 1)), (N(3, 1), N(3, 4, s=0.5)))),
+    Case("stop_gradient", "stop_gradient", rc.stop_gradient, lambda x: x, ((N(3, 4),), (N(2, 1),)), grad=False, int_ok=True),
+    # losses
+    Case("mse_loss", "mse_loss", rc.mse_loss, lambda p, t: np.mean((p - t) ** 2).reshape(1, 1),
+         ((N(3, 4), N(3, 4)), (N(1, 5), N(1, 5)), (N(4, 1), N(4, 1)))),
+    Case("huber_loss", "huber_loss", rc.huber_loss, lambda p, t: np_huber(p, t, 1.0),
+         ((CONST([[0.3, -2.0, 1.7, -0.6]]), CONST([[0.0, 0.5, -0.4, 0.2]])), (GRID(3, 4), _grid_b(3, 4)), (GRID(2, 2), _grid_b(2, 2)))),
+    Case("huber_loss_delta", "huber_loss", lambda p, t: rc.huber_loss(p, t, delta=0.5), lambda p, t: np_huber(p, t, 0.5),
+         ((CONST([[0.3, -2.0, 1.7, -0.6]]), CONST([[0.0, 0.5, -0.4, 0.2]])), (GRID(3, 4), _grid_b(3, 4)))),
+    Case("cross_entropy_loss", "cross_entropy_loss", rc.cross_entropy_loss,
+         lambda p, t: (-np.sum(t * np.log(p)) / p.shape[1]).reshape(1, 1),
+         ((U(0.05, 0.95, 3, 4), U(0, 1, 3, 4)), (SOFT(4, 2), ONEHOT(4, 2)), (U(0.05, 0.95, 2, 5), SOFT(2, 5)))),
+    Case("cross_entropy_loss_clamped", "cross_entropy_loss", rc.cross_entropy_loss,
+         lambda p, t: (-np.sum(t * np.log(np.clip(p, 1e-7, 1 - 1e-7))) / p.shape[1]).reshape(1, 1),
+         ((CONST([[0.0, 1.0], [1.0, 0.0]]), CONST([[1.0, 0.0], [0.0, 1.0]])),
+          (CONST([[0.0, 0.5], [1.0, 0.5]]), CONST([[0.5, 0.5], [0.5, 0.5]]))), grad=False),
+    Case("softmax_cross_entropy_loss", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
+         lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
+         ((N(4, 3, s=2.0), ONEHOT(4, 3)), (N(2, 5), ONEHOT(2, 5))), index_args=(1,)),
+    Case("softmax_cross_entropy_loss_soft", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
+         lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
+         ((N(4, 3, s=2.0), SOFT(4, 3)), (N(3, 1), SOFT(3, 1)))),
+    Case("softmax_cross_entropy_loss_index", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
+         lambda x, i: (-np_log_softmax(x)[i.ravel(), np.arange(x.shape[1])].sum() / x.shape[1]).reshape(1, 1),
+         ((N(4, 3, s=2.0), IDX(3, 0, 3)), (N(2, 5), IDX(0, 1, 1, 0, 1)))),
+    Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
+         lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
+         ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),
+          (CONST([[-1000.0], [1000.0]]), CONST([[0.3], [0.7]]))), grad=False),
+]
+
+# Inputs above the kernels' parallel grain (2**15 elements): the chunked, multi-threaded paths.
+CASES += [
+    Case("add_large", "add", rc.add, binary(np.add),
+         ((N(300, 200), N(300, 1)), (N(300, 200), N(1, 200)), (N(2, 3, 7000), N(2, 1, 7000)), (N(1, 40000), N(1, 1))), grad=False),
+    Case("mul_large", "mul", rc.mul, binary(np.multiply), ((N(200, 300), N(200, 300)), (N(7, 1, 5000), N(1, 3, 1))), grad=False),
+    Case("sigmoid_large", "sigmoid", rc.sigmoid, np_sigmoid, ((N(300, 200, s=3.0),),), grad=False),
+    Case("softmax_many_columns", "softmax", rc.softmax, np_softmax, ((N(4, 20000),), (N(300, 200),)), grad=False),
+    Case("log_softmax_many_columns", "log_softmax", rc.log_softmax, np_log_softmax, ((N(4, 20000),),), grad=False),
+    Case("max_many_columns", "max", rc.max, lambda x: x.max(axis=0, keepdims=True), ((N(3, 30000),),), grad=False),
+    Case("argmax_many_columns", "argmax", rc.argmax, lambda x: np.argmax(x, axis=0)[None].astype(np.int32), ((N(3, 30000),),), grad=False),
+    Case("sum_large", "sum", lambda x: rc.sum(x, dim=1), np_reduce(np.sum, 1, False), ((N(300, 200),), (N(2, 40000),)), grad=False),
+    Case("sum_to_large", "sum_to", lambda x: rc.sum_to(x, (1, 200)), lambda x: x.sum(axis=0, keepdims=True), ((N(300, 200),),), grad=False),
+    Case("expand_large", "expand", lambda x: rc.expand(x, (300, 200)), lambda x: np.broadcast_to(x, (300, 200)).copy(),
+         ((N(300, 1),), (N(1, 200),)), grad=False),
+    Case("transpose_large", "transpose", rc.transpose, lambda x: np.swapaxes(x, 0, 1).copy(),
+         ((N(300, 200),), (N(7, 5000, 2),)), grad=False, int_ok=True),
+    Case("concat_rows_large", "concat_rows", rc.concat_rows, lambda a, b: np.concatenate([a, b]),
+         ((N(2, 30000), N(1, 30000)),), grad=False, int_ok=True),
+    Case("get_rows_large", "get_rows", rc.get_rows, lambda x, i: x[:, i.ravel()], ((N(8, 500), RIDX(6000, 500)),),
+         grad=False, int_ok=True),
+    Case("scatter_cols_large", "scatter_cols", lambda g, i: rc.scatter_cols(g, i, 500), lambda g, i: np_scatter_cols(g, i, 500),
+         ((N(8, 6000), RIDX(6000, 500)),), grad=False),
+    Case("matmul_large", "matmul", rc.matmul, np_matmul, ((N(64, 100), N(100, 80)), (N(30, 20, 4), N(20, 50, 1))),
+         grad=False, atol32=5e-5),
+]
+
+CASE_BY_ID = {c.id: c for c in CASES}
+assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
+
+# Ops covered by dedicated tests below rather than by table cases.
+DEDICATED = {"rand", "randn", "sample_categorical"}
+COVERED_OPS = {c.op for c in CASES} | DEDICATED
+GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+def _rng(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
+
+
+def _arrays(case: Case, k: int) -> list[np.ndarray]:
+    r = _rng(case.id, k)
+    return [gen(r) for gen in case.inputs[k]]
+
+
+def _is_index(a: np.ndarray) -> bool:
+    return a.dtype.kind in "iu"
+
+
+def _tensor(a: np.ndarray, dtype: str) -> rc.Tensor:
+    if _is_index(a):
+        return rc.tensor(np.asfortranarray(a, dtype=np.int32))
+    return rc.tensor(np.asfortranarray(a, dtype=NP_DTYPE[dtype]), dtype=dtype)
+
+
+def _assert_matches(out: rc.Tensor, expected: np.ndarray, dtype: str, atol32: float = 1e-6) -> None:
+    got = out.numpy()
+    assert got.shape == expected.shape, f"shape {got.shape}, expected {expected.shape}"
+    if out.dtype == "i32":
+        np.testing.assert_array_equal(got, expected)
+    elif out.dtype == "f16":
+        np.testing.assert_array_equal(got, expected.astype(np.float16))
+    elif out.dtype == "f32" or dtype == "f32":
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=atol32)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def _params(cases, grad_only=False):
+    return [
+        pytest.param(c, k, id=f"{c.id}-{k}") for c in cases if c.grad or not grad_only for k in range(len(c.inputs))
+    ]
+
+
+# ---- forward ---------------------------------------------------------------------------------------
+
+# Ops whose result dtype is not their input's: the reference's dtype says which it must be.
+OWN_OUTPUT_DTYPE = {"argmax", "one_hot", "cast"}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("case, k", _params(CASES))
+def test_forward(case: Case, k: int, dtype: str):
+    arrays = _arrays(case, k)
+    # the reference sees exactly the values the engine sees (rounded to dtype), in float64
+    rounded = [a if _is_index(a) else a.astype(NP_DTYPE[dtype]).astype(np.float64) for a in arrays]
+    out = case.fn(*[_tensor(a, dtype) for a in arrays])
+    assert isinstance(out, rc.Tensor)
+    expected = case.ref(*rounded)
+    if case.op in OWN_OUTPUT_DTYPE:
+        assert out.numpy().dtype == expected.dtype, f"{case.id} gave {out.dtype}, expected {expected.dtype}"
+    else:
+        assert out.dtype == dtype, f"{case.op} on {dtype} gave {out.dtype}"
+    _assert_matches(out, expected, dtype, case.atol32)
+
+
+@pytest.mark.parametrize("case, k", [p for p in _params(CASES) if p.values[0].int_ok and p.values[0].op != "cast"])
+def test_forward_i32(case: Case, k: int):
+    """Layout ops are defined for i32 tensors too; they move values without changing them."""
+    arrays = [a if _is_index(a) else np.round(a * 100).astype(np.int32) for a in _arrays(case, k)]
+    out = case.fn(*[rc.tensor(np.asfortranarray(a)) for a in arrays])
+    assert out.dtype == "i32"
+    np.testing.assert_array_equal(out.numpy(), case.ref(*arrays))
+
+
+# ---- gradients -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case, k", _params(CASES, grad_only=True))
+def test_gradient(case: Case, k: int):
+    arrays = _arrays(case, k)
+    inputs = [rc.tensor(a) if _is_index(a) else np.asfortranarray(a, dtype=np.float64) for a in arrays]
+    out = case.fn(*[_tensor(a, "f64") for a in arrays])
+    # a fixed random upstream gradient: sum(w * f(x)) instead of sum(f(x))
+    weight = rc.tensor(_rng("weight", case.id, k).normal(size=out.shape), dtype=out.dtype)
+    assert rc.gradcheck(lambda *xs: rc.mul(case.fn(*xs), weight), inputs, **case.gc)
+
+
+def test_differentiable_cases_check_two_shapes_or_more():
+    for c in CASES:
+        if c.grad:
+            shapes = {tuple(np.shape(a) for a in _arrays(c, k)) for k in range(len(c.inputs))}
+            assert len(shapes) >= 2, f"{c.id}: gradcheck at {len(shapes)} distinct shape(s)"
+
+
+def test_gradcheck_detects_a_wrong_gradient():
+    """The harness can fail: stop_gradient inside fn makes the analytic gradient differ."""
+    with pytest.raises(rc.GradcheckError, match="input 0"):
+        rc.gradcheck(lambda x: rc.mul(x, rc.stop_gradient(x)), [np.asfortranarray(np.ones((2, 2)) * 0.7)])
+
+
+def _grads_of(fn, *arrays):
+    params = [rc.param(np.asfortranarray(a, dtype=np.float64), dtype="f64") for a in arrays]
+    with rc.grad_tape():
+        loss = rc.sum(fn(*params))
+    grads = rc.backward(loss)
+    return [grads[p] if p in grads else None for p in params]
+
+
+def test_stop_gradient_blocks_the_gradient():
+    x = np.array([[0.5, -1.5], [2.0, 3.0]])
+    (g,) = _grads_of(lambda p: rc.mul(p, rc.stop_gradient(p)), x)
+    np.testing.assert_allclose(g, x)  # d/dx (x * c) with c = x held constant; 2x without the stop
+    (g,) = _grads_of(lambda p: rc.add(rc.scale(rc.stop_gradient(p), 3.0), p), x)
+    np.testing.assert_array_equal(g, np.ones_like(x))
+
+
+def test_stop_gradient_alone_gives_no_gradient():
+    p = rc.param(np.ones((2, 2)), dtype="f64")
+    with rc.grad_tape():
+        out = rc.sum(rc.stop_gradient(p))
+    assert not out.requires_grad
+
+
+def test_sample_normal_gradient_is_the_noise():
+    """d(mu + exp(ls) eps)/d mu = 1 and d/d ls = exp(ls) eps, with eps the same stream."""
+    mu, ls = np.zeros((2, 3)), np.full((2, 1), 0.3)
+    eps = np_randn_like((2, 3), 5)
+    rc.manual_seed(5)
+    g_mu, g_ls = _grads_of(rc.sample_normal, mu, ls)
+    np.testing.assert_allclose(g_mu, np.ones((2, 3)))
+    np.testing.assert_allclose(g_ls, (np.exp(0.3) * eps).sum(axis=1, keepdims=True), rtol=1e-12)
+
+
+# Documented conventions at the points gradcheck avoids (hand-computed values).
+def test_tie_and_kink_conventions():
+    x = np.array([[1.0, 3.0], [3.0, 3.0], [2.0, 1.0]])
+    np.testing.assert_array_equal(_grads_of(rc.max, x)[0], [[0, 1], [1, 0], [0, 0]])  # first maximum
+    a, b = np.array([[1.0, 2.0, 3.0]]), np.array([[1.0, 0.0, 5.0]])
+    ga, gb = _grads_of(rc.minimum, a, b)
+    np.testing.assert_array_equal(ga, [[1, 0, 1]])  # ties go to a
+    np.testing.assert_array_equal(gb, [[0, 1, 0]])
+    ga, gb = _grads_of(rc.maximum, a, b)
+    np.testing.assert_array_equal(ga, [[1, 1, 0]])
+    np.testing.assert_array_equal(gb, [[0, 0, 1]])
+    z = np.array([[0.0, -1.0, 2.0]])
+    np.testing.assert_array_equal(_grads_of(rc.relu, z)[0], [[0, 0, 1]])
+    np.testing.assert_array_equal(_grads_of(rc.abs, z)[0], [[0, -1, 1]])
+    c = np.array([[-1.0, -0.5, 0.0, 0.5, 1.0]])
+    np.testing.assert_array_equal(_grads_of(lambda p: rc.clamp(p, -0.5, 0.5), c)[0], [[0, 0, 1, 0, 0]])
+
+
+def test_nan_propagates_and_cast_to_i32_saturates():
+    x = np.array([[np.nan, -1.0, 2.0]])
+    np.testing.assert_array_equal(rc.relu(rc.tensor(x)).numpy(), np.maximum(x, 0))  # NaN stays NaN
+    big = np.array([[np.nan, 1e20, -1e20, -2.7, 2.7]])
+    np.testing.assert_array_equal(rc.cast(rc.tensor(big, dtype="f64"), "i32").numpy(),
+                                  [[0, 2**31 - 1, -(2**31), -2, 2]])
+
+
+def test_get_rows_gradient_sums_repeated_indices():
+    x = np.arange(6.0).reshape(2, 3)
+    (g,) = _grads_of(lambda p: rc.get_rows(p, [2, 0, 2, 2]), x)
+    np.testing.assert_array_equal(g, [[1, 0, 3], [1, 0, 3]])
+
+
+def test_gradients_accumulate_through_shared_inputs():
+    x = np.array([[0.5, -2.0]])
+    (g,) = _grads_of(lambda p: rc.add(rc.mul(p, p), rc.scale(p, 3.0)), x)
+    np.testing.assert_allclose(g, 2 * x + 3)
+
+
+# ---- backward helper ops (their formulas, directly; test_op_table maps them to gradients) ----------
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+BACKWARD_HELPERS = {
+    "relu_back": (lambda g, x: g * (x > 0), AWAY),
+    "sigmoid_back": (lambda g, y: g * y * (1 - y), lambda *s: U(0.05, 0.95, *s)),
+    "tanh_back": (lambda g, y: g * (1 - y * y), lambda *s: U(-0.9, 0.9, *s)),
+    "silu_back": (lambda g, x: g * _sig(x) * (1 + x * (1 - _sig(x))), N),
+    "softmax_back": (lambda g, y: y * (g - (y * g).sum(axis=0, keepdims=True)), lambda *s: lambda r: np_softmax(r.normal(size=s))),
+    "log_softmax_back": (lambda g, y: g - np.exp(y) * g.sum(axis=0, keepdims=True), lambda *s: lambda r: np_log_softmax(r.normal(size=s))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_HELPERS))
+def test_backward_helper_formula(name):
+    from rlkit.core import ops
+
+    formula, gen = BACKWARD_HELPERS[name]
+    r = _rng(name)
+    g, v = r.normal(size=(3, 4)), gen(3, 4)(r)
+    out = ops.apply(name, (_tensor(g, "f64"), _tensor(v, "f64")))
+    np.testing.assert_allclose(out.numpy(), formula(g, v), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=rf"^{name}: .*\[3, 4\].*\[3, 1\]"):
+        ops.apply(name, (_tensor(g, "f64"), _tensor(v[:, :1], "f64")))
+
+
+def test_clamp_back_formula():
+    from rlkit.core import ops
+
+    g, x = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]]), np.array([[-1.0, -0.5, 0.0, 0.5, 0.7]])
+    out = ops.apply("clamp_back", (_tensor(g, "f64"), _tensor(x, "f64")), floats=(-0.5, 0.5))
+    np.testing.assert_array_equal(out.numpy(), [[0, 0, 3, 0, 0]])
+
+
+# ---- f16 storage: computed in f32, rounded once ----------------------------------------------------
+
+F16_CASES = ["add", "mul", "div", "maximum", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "silu", "softplus",
+             "clamp", "matmul", "matmul_batched", "sum", "sum_dim0", "sum_to_rows", "softmax", "log_softmax", "max",
+             "transpose", "concat_rows", "get_rows", "gather", "softmax_cross_entropy_loss"]
+
+
+def _ordered(h: np.ndarray) -> np.ndarray:
+    """f16 bit patterns as integers ordered like the values (one step = one ulp)."""
+    bits = h.astype(np.float16).view(np.int16).astype(np.int64)
+    return np.where(bits < 0, -(bits & 0x7FFF), bits)
+
+
+@pytest.mark.parametrize("case, k", [p for p in _params(CASES) if p.values[0].id in F16_CASES and p.values[1] < 2])
+def test_f16_storage(case: Case, k: int):
+    arrays = [a if _is_index(a) else a.astype(np.float16) for a in _arrays(case, k)]
+    out = case.fn(*[_tensor(a, "f16") for a in arrays])
+    assert out.dtype == "f16"
+    expected = case.ref(*[a if _is_index(a) else a.astype(np.float32) for a in arrays]).astype(np.float16)
+    got = out.numpy()
+    assert got.shape == expected.shape
+    # the engine and numpy compute in float32 and round once: at most one ulp apart
+    assert np.abs(_ordered(got) - _ordered(expected)).max() <= 1, (got, expected)
+
+
+def test_f16_default_dtype():
+    previous = rc.dtype("f16")
+    try:
+        t = rc.tensor(np.array([[1.0, 2.0], [3.0, 4.0]]))
+        y = rc.sigmoid(t)
+    finally:
+        rc.dtype(previous)
+    assert t.dtype == y.dtype == "f16"
+    expected = (1 / (1 + np.exp(-np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)))).astype(np.float16)
+    assert np.abs(_ordered(y.numpy()) - _ordered(expected)).max() <= 1
+
+
+# ---- operators and reflected operands ---------------------------------------------------------------
+
+def test_operators_with_numbers_and_arrays():
+    a = np.array([[1.0, -2.0], [0.5, 4.0]])
+    t = rc.tensor(a, dtype="f64")
+    m = np.array([[2.0], [3.0]])
+    for got, want in [
+        (2.0 - t, 2.0 - a), (3.0 / t, 3.0 / a), (t * 2, a * 2), (m * t, m * a), (m - t, m - a),
+        (t + m, a + m), (-t, -a), (t ** 2, a ** 2), (t @ t, a @ a), (t.T, a.T), (1.0 + t, 1.0 + a),
+    ]:
+        assert isinstance(got, rc.Tensor)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
+# ---- bad arguments, derived from the table (first case of each op) ----------------------------------
+
+def _first_case_per_op():
+    seen = {}
+    for c in CASES:
+        seen.setdefault(c.op, c)
+    return list(seen.values())
+
+
+def _bad_variants():
+    """(case, position, replacement, exception, label) for every input of the first case of each op."""
+    out = []
+    for c in _first_case_per_op():
+        arrays = _arrays(c, 0)
+        floats = [k for k, a in enumerate(arrays) if not _is_index(a)]
+        for k, a in enumerate(arrays):
+            if _is_index(a):
+                out += [
+                    (c, k, "abc", TypeError, "str"),
+                    (c, k, {"a": 1}, TypeError, "dict"),
+                    (c, k, _tensor(a.astype(np.float64), "f32"), TypeError, "f32_index"),
+                    (c, k, np.zeros((0,), np.int32), ValueError, "empty"),
+                ]
+                continue
+            out += [
+                (c, k, "abc", TypeError, "str"),
+                (c, k, [[1.0, 2.0]], TypeError, "list"),
+                (c, k, {"a": 1}, TypeError, "dict"),
+                (c, k, None, TypeError, "None"),
+                (c, k, np.zeros((0, 3)), ValueError, "empty"),
+                (c, k, np.zeros((3, 0)), ValueError, "empty_cols"),
+            ]
+            if not c.int_ok and k not in c.index_args:
+                out.append((c, k, rc.tensor(np.ones(a.shape, np.int32)), TypeError, "i32"))
+            if len(floats) >= 2:
+                out.append((c, k, "f64_among_f32", TypeError, "mixed"))
+    return [pytest.param(*v[:4], id=f"{v[0].op}-arg{v[1]}-{v[4]}") for v in out]
+
+
+@pytest.mark.parametrize("case, k, replacement, exc", _bad_variants())
+def test_bad_argument(case: Case, k: int, replacement, exc):
+    arrays = _arrays(case, 0)
+    args = [_tensor(a, "f32") for a in arrays]
+    if isinstance(replacement, str) and replacement == "f64_among_f32":
+        args[k] = _tensor(arrays[k], "f64")
+    else:
+        args[k] = replacement
+    with pytest.raises(exc, match=rf"^{case.op}:"):
+        case.fn(*args)
+
+
+# ---- bad shapes and values, by op -------------------------------------------------------------------
+
+def _t(*shape, dtype="f32"):
+    return rc.tensor(np.asfortranarray(np.ones(shape), dtype=NP_DTYPE[dtype]), dtype=dtype)
+
+
+_BAD_IDS = itertools.count()
+
+
+def _bad(op, call, exc, *needles):
+    return pytest.param(op, call, exc, needles, id=f"{op}-{next(_BAD_IDS)}")
+
+
+_BAD: list = []
+for _op in ("add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt"):
+    _BAD.append(_bad(_op, lambda f=getattr(rc, _op): f(_t(3, 4), _t(2, 4)), ValueError, "[3, 4]", "[2, 4]"))
+    _BAD.append(_bad(_op, lambda f=getattr(rc, _op): f(_t(3, 2, 2), _t(3, 2, 3)), ValueError, "[3, 2, 2]", "[3, 2, 3]"))
+_BAD += [
+    _bad("matmul", lambda: rc.matmul(_t(3, 2), _t(3, 4)), ValueError, "[3, 2]", "[3, 4]"),
+    _bad("matmul", lambda: rc.matmul(_t(3, 2), _t(3, 4), transpose_a=True, transpose_b=True), ValueError, "[3, 2]", "[3, 4]"),
+    _bad("matmul", lambda: rc.matmul(_t(3, 2, 2), _t(2, 4, 3)), ValueError, "[3, 2, 2]", "[2, 4, 3]"),
+    _bad("scale", lambda: rc.scale(_t(2, 2), "2"), TypeError, "s"),
+    _bad("scale", lambda: rc.scale(_t(2, 2), True), TypeError, "s"),
+    _bad("pow", lambda: rc.pow(_t(2, 2), None), TypeError, "p"),
+    _bad("clamp", lambda: rc.clamp(_t(2, 2), 1.0, -1.0), ValueError, "lo", "hi"),
+    _bad("clamp", lambda: rc.clamp(_t(2, 2), "a"), TypeError, "lo"),
+    _bad("cast", lambda: rc.cast(_t(2, 2), "f8"), ValueError, "f8"),
+    _bad("sum", lambda: rc.sum(_t(3, 4), dim=2), ValueError, "dim 2", "(3, 4)"),
+    _bad("sum", lambda: rc.sum(_t(2, 3, 2), dim=-4), ValueError, "dim -4", "(2, 3, 2)"),
+    _bad("sum", lambda: rc.sum(_t(3, 4), dim=1.0), TypeError, "dim"),
+    _bad("mean", lambda: rc.mean(_t(3, 4), dim=5), ValueError, "dim 5", "(3, 4)"),
+    _bad("sum_to", lambda: rc.sum_to(_t(3, 4), (2, 1)), ValueError, "[3, 4]", "[2, 1]"),
+    _bad("expand", lambda: rc.expand(_t(3, 2), (3, 5)), ValueError, "[3, 2]", "[3, 5]"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), (5, 2)), ValueError, "[3, 4]", "10"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), (5, -1)), ValueError, "(5, -1)", "12"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), (-1, -1)), ValueError, "-1"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), (0, 12)), ValueError, "(0, 12)"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), (1, 1, 1, 3, 4)), ValueError, "5"),
+    _bad("reshape", lambda: rc.reshape(_t(3, 4), "12"), TypeError, "shape"),
+    _bad("slice_rows", lambda: rc.slice_rows(_t(3, 4), 2, 2), ValueError, "[3, 4]"),
+    _bad("slice_rows", lambda: rc.slice_rows(_t(3, 4), -1, 1), ValueError, "[3, 4]"),
+    _bad("slice_rows", lambda: rc.slice_rows(_t(3, 4), 0, 0), ValueError, "[3, 4]"),
+    _bad("slice_rows", lambda: rc.slice_rows(_t(3, 4), 0.5, 1), TypeError, "start"),
+    _bad("pad_rows", lambda: rc.pad_rows(_t(3, 4), -1, 0), ValueError, "-1"),
+    _bad("pad_rows", lambda: rc.pad_rows(_t(3, 4), 1, "2"), TypeError, "after"),
+    _bad("concat_rows", lambda: rc.concat_rows(_t(2, 3), _t(2, 4)), ValueError, "[2, 3]", "[2, 4]"),
+    _bad("concat_rows", lambda: rc.concat_rows(_t(2, 3, 2), _t(2, 3)), ValueError, "[2, 3, 2]", "[2, 3]"),
+    _bad("gather", lambda: rc.gather(_t(3, 4), [0, 1, 2]), ValueError, "3 elements", "[3, 4]"),
+    _bad("gather", lambda: rc.gather(_t(3, 2, 2), [0, 1]), ValueError, "[3, 2, 2]"),
+    _bad("gather", lambda: rc.gather(_t(3, 4), [0, 1, 3, 0]), IndexError, "index 3", "valid: 0..2"),
+    _bad("gather", lambda: rc.gather(_t(3, 4), [0, -1, 0, 0]), IndexError, "index -1", "valid: 0..2"),
+    _bad("gather", lambda: rc.gather(_t(3, 4), np.array([0.0, 1.0, 2.0, 0.0])), TypeError, "index"),
+    _bad("gather", lambda: rc.gather(_t(3, 2), [2**40, 0]), IndexError, "32 bits"),
+    _bad("one_hot", lambda: rc.one_hot([0, 1], 0), ValueError, "classes"),
+    _bad("one_hot", lambda: rc.one_hot([0, 3], 3), IndexError, "index 3", "valid: 0..2"),
+    _bad("one_hot", lambda: rc.one_hot([-2], 3), IndexError, "index -2", "valid: 0..2"),
+    _bad("one_hot", lambda: rc.one_hot([0, 1], 2.0), TypeError, "classes"),
+    _bad("one_hot", lambda: rc.one_hot([0, 1], 2, dtype="i32"), ValueError, "dtype"),
+    _bad("get_rows", lambda: rc.get_rows(_t(2, 3, 2), [0]), ValueError, "[2, 3, 2]"),
+    _bad("get_rows", lambda: rc.get_rows(_t(3, 4), [1, 4]), IndexError, "index 4", "valid: 0..3"),
+    _bad("get_rows", lambda: rc.get_rows(_t(3, 4), [-1]), IndexError, "index -1", "valid: 0..3"),
+    _bad("get_rows", lambda: rc.get_rows(_t(3, 4), [0.5]), TypeError, "index"),
+    _bad("scatter_cols", lambda: rc.scatter_cols(_t(3, 4), [0, 1, 2], 5), ValueError, "3 elements", "[3, 4]"),
+    _bad("scatter_cols", lambda: rc.scatter_cols(_t(3, 4), [0, 1, 2, 5], 5), IndexError, "index 5", "valid: 0..4"),
+    _bad("scatter_cols", lambda: rc.scatter_cols(_t(3, 1), [-1], 5), IndexError, "index -1", "valid: 0..4"),
+    _bad("scatter_cols", lambda: rc.scatter_cols(_t(3, 2), [0, 1], 0), ValueError, "column"),
+    _bad("scatter_cols", lambda: rc.scatter_cols(_t(3, 2), [0, 1], 2.5), TypeError, "columns"),
+    _bad("sample_normal", lambda: rc.sample_normal(_t(3, 4), _t(2, 4)), ValueError, "(3, 4)", "(2, 4)"),
+    _bad("mse_loss", lambda: rc.mse_loss(_t(3, 4), _t(4, 3)), ValueError, "(3, 4)", "(4, 3)"),
+    _bad("mse_loss", lambda: rc.mse_loss(_t(4, 1), _t(1, 4)), ValueError, "(4, 1)", "(1, 4)"),
+    _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 1)), ValueError, "(3, 4)", "(3, 1)"),
+    _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 4), delta=0.0), ValueError, "delta"),
+    _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 4), delta=-1.0), ValueError, "delta"),
+    _bad("cross_entropy_loss", lambda: rc.cross_entropy_loss(_t(3, 4), _t(3, 5)), ValueError, "(3, 4)", "(3, 5)"),
+    _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), _t(4, 4)), ValueError, "(3, 4)", "(4, 4)"),
+    _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), [0, 1, 2]), ValueError, "3 class indices", "4 columns"),
+    _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 2, dtype="i32"), [0, 1]), TypeError, "i32"),
+    _bad("rand", lambda: rc.rand((0, 3)), ValueError, "(0, 3)"),
+    _bad("rand", lambda: rc.rand((1, 2, 3, 4, 5)), ValueError, "(1, 2, 3, 4, 5)"),
+    _bad("rand", lambda: rc.rand((3, "a")), TypeError, "shape"),
+    _bad("rand", lambda: rc.rand((3, 2), dtype="i32"), ValueError, "dtype"),
+    _bad("randn", lambda: rc.randn((3, -1)), ValueError, "(3, -1)"),
+    _bad("randn", lambda: rc.randn("ab"), TypeError, "shape"),
+    _bad("randn", lambda: rc.randn(4, dtype="f8"), ValueError, "dtype"),
+    _bad("sample_categorical", lambda: rc.sample_categorical(_t(3, 4, dtype="i32")), TypeError, "i32"),
+    _bad("sample_categorical", lambda: rc.sample_categorical("logits"), TypeError, "str"),
+    _bad("sample_categorical", lambda: rc.sample_categorical(np.zeros((0, 3))), ValueError, "(0, 3)"),
+    _bad("sample_categorical", lambda: rc.sample_categorical([[0.0, 1.0]]), TypeError, "list"),
+]
+
+
+@pytest.mark.parametrize("op, call, exc, needles", _BAD)
+def test_bad_shape_or_value(op, call, exc, needles):
+    with pytest.raises(exc, match=rf"^{op}:") as info:
+        call()
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {str(info.value)!r}"
+
+
+def test_every_op_has_bad_input_checks():
+    ops_with_bad = {p.values[0] for p in _BAD} | {c.op for c in _first_case_per_op()}
+    assert COVERED_OPS <= ops_with_bad, COVERED_OPS - ops_with_bad
+
+
+# ---- random ops --------------------------------------------------------------------------------------
+
+def test_rand_distribution():
+    rc.manual_seed(123)
+    t = rc.rand((100, 200), dtype="f64")
+    assert t.shape == (100, 200) and t.dtype == "f64"
+    x = t.numpy()
+    assert x.min() >= 0.0 and x.max() < 1.0
+    n = x.size
+    assert abs(x.mean() - 0.5) < 4 * math.sqrt(1 / 12 / n)
+    assert abs(x.std() - math.sqrt(1 / 12)) < 0.005
+    counts = np.histogram(x, bins=10, range=(0, 1))[0]
+    chi2 = ((counts - n / 10) ** 2 / (n / 10)).sum()
+    assert chi2 < 40, chi2  # 9 degrees of freedom: p < 1e-5
+    # neighbouring elements are not correlated
+    assert abs(np.corrcoef(x.ravel()[:-1], x.ravel()[1:])[0, 1]) < 4 / math.sqrt(n)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_rand_stays_below_one_in_narrow_dtypes(dtype):
+    rc.manual_seed(1)
+    x = rc.rand((300, 300), dtype=dtype).numpy()
+    assert x.dtype == NP_DTYPE[dtype]
+    assert x.min() >= 0 and x.max() < 1, x.max()
+    assert abs(x.astype(np.float64).mean() - 0.5) < 0.005
+
+
+def test_randn_distribution():
+    rc.manual_seed(321)
+    x = rc.randn((100, 200), dtype="f64").numpy()
+    n = x.size
+    assert abs(x.mean()) < 4 / math.sqrt(n)
+    assert abs(x.std() - 1) < 0.02
+    assert abs(np.mean(np.abs(x) < 1) - 0.6827) < 0.015
+    assert abs(np.mean(x ** 4) - 3) < 0.2  # kurtosis of a normal
+    assert abs(np.mean(x ** 3)) < 0.1
+
+
+@pytest.mark.parametrize("op", ["rand", "randn"])
+def test_random_reproducible_and_advancing(op):
+    f = getattr(rc, op)
+    rc.manual_seed(7)
+    a, b = f((3, 5)).numpy(), f((3, 5)).numpy()
+    rc.manual_seed(7)
+    a2, b2 = f((3, 5)).numpy(), f((3, 5)).numpy()
+    np.testing.assert_array_equal(a, a2)
+    np.testing.assert_array_equal(b, b2)
+    assert not np.array_equal(a, b)  # every call draws a fresh stream
+    rc.manual_seed(8)
+    assert not np.array_equal(f((3, 5)).numpy(), a)
+    assert f(4).shape == (4, 1) and f((2, 3, 2)).shape == (2, 3, 2)
+    assert f((2, 2)).dtype == "f32" and f((2, 2), dtype="f16").dtype == "f16"
+
+
+@pytest.mark.parametrize("op", ["rand", "randn"])
+def test_random_values_do_not_depend_on_threads(op):
+    before = rc.get_num_threads()
+    try:
+        rc.set_num_threads(1)
+        rc.manual_seed(3)
+        one = getattr(rc, op)((300, 200)).numpy()
+        rc.set_num_threads(2)
+        rc.manual_seed(3)
+        two = getattr(rc, op)((300, 200)).numpy()
+    finally:
+        rc.set_num_threads(before)
+    np.testing.assert_array_equal(one, two)
+
+
+def _chi2(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_sample_categorical_frequencies():
+    logits = np.array([[0.5], [-1.0], [2.0], [0.0]])
+    n = 20000
+    rc.manual_seed(99)
+    s = rc.sample_categorical(rc.tensor(np.repeat(logits, n, axis=1))).numpy()
+    assert s.shape == (1, n) and s.dtype == np.int32
+    counts = np.bincount(s.ravel(), minlength=4)
+    assert counts.size == 4
+    assert _chi2(counts, np_softmax(logits).ravel()) < 25  # 3 degrees of freedom: p < 5e-5
+
+
+def test_sample_categorical_per_column_logits():
+    # columns alternate between two different distributions; each must follow its own
+    groups = np.array([[3.0, -2.0], [0.0, 0.0], [-3.0, 1.0]])
+    n = 6000
+    logits = np.tile(groups, (1, n))
+    rc.manual_seed(4)
+    s = rc.sample_categorical(rc.tensor(logits, dtype="f64")).numpy().ravel()
+    for g in range(2):
+        counts = np.bincount(s[g::2], minlength=3)
+        assert _chi2(counts, np_softmax(groups[:, g : g + 1]).ravel()) < 25
+
+
+def test_sample_categorical_reproducible_and_certain():
+    logits = rc.tensor(np.zeros((5, 50)))
+    rc.manual_seed(12)
+    a, b = rc.sample_categorical(logits).numpy(), rc.sample_categorical(logits).numpy()
+    rc.manual_seed(12)
+    np.testing.assert_array_equal(rc.sample_categorical(logits).numpy(), a)
+    assert not np.array_equal(a, b)
+    assert a.min() >= 0 and a.max() <= 4
+    sure = np.full((3, 7), -1e4)
+    sure[[2, 0, 1, 1, 0, 2, 2], np.arange(7)] = 0.0
+    np.testing.assert_array_equal(rc.sample_categorical(rc.tensor(sure)).numpy(), [[2, 0, 1, 1, 0, 2, 2]])
+
+
+def test_sample_normal_distribution():
+    mu = np.array([[1.0], [-2.0]])
+    log_std = np.array([[0.0], [np.log(0.5)]])
+    n = 20000
+    rc.manual_seed(31)
+    x = rc.sample_normal(rc.tensor(np.repeat(mu, n, axis=1), dtype="f64"), rc.tensor(log_std, dtype="f64")).numpy()
+    assert x.shape == (2, n)
+    np.testing.assert_allclose(x.mean(axis=1), mu.ravel(), atol=4 / math.sqrt(n))
+    np.testing.assert_allclose(x.std(axis=1), np.exp(log_std).ravel(), rtol=0.02)
+    # a broadcast mu still draws independent noise for every element
+    rc.manual_seed(31)
+    y = rc.sample_normal(rc.tensor(mu, dtype="f64"), rc.tensor(np.zeros((2, n)), dtype="f64")).numpy()
+    assert y.shape == (2, n)
+    np.testing.assert_allclose(y.std(axis=1), [1.0, 1.0], rtol=0.02)
