@@ -289,3 +289,96 @@ def test_zero_grad_clears_every_parameter():
     assert a.grad is not None and b.grad is not None
     opt.zero_grad()
     assert a.grad is None and b.grad is None
+
+
+# ---- parameter groups, accumulation, state dicts -----------------------------------------
+
+def _linear_problem(dtype="f64"):
+    W = rc.param(W0, name="W", dtype=dtype)
+    b = rc.param(B0, name="b", dtype=dtype)
+    return W, b, rc.tensor(X, dtype=dtype), rc.tensor(T, dtype=dtype)
+
+
+def _step(opt, W, b, x, t):
+    with rc.grad_tape():
+        loss = rc.mse_loss(W @ x + b, t)
+    updated = opt.step(rc.backward(loss))
+    opt.zero_grad()
+    return updated
+
+
+def test_parameter_groups_use_their_own_settings():
+    W, b, x, t = _linear_problem()
+    opt = optim.SGD([{"params": [W], "lr": 0.5}, {"params": [b]}], lr=0.1)
+    gW, gb = numpy_grads(W0, B0)
+    _step(opt, W, b, x, t)
+    np.testing.assert_allclose(W.numpy(), W0 - 0.5 * gW, rtol=1e-12)
+    np.testing.assert_allclose(b.numpy(), B0 - 0.1 * gb, rtol=1e-12)
+
+
+def test_setting_lr_keeps_the_ratio_between_groups():
+    W, b, _, _ = _linear_problem()
+    opt = optim.Adam([{"params": [W], "lr": 0.02}, {"params": [b], "lr": 0.01}])
+    opt.lr = 0.04
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.04, 0.02])
+    with pytest.raises(ValueError, match="lr"):
+        opt.lr = -1.0
+    with pytest.raises(ValueError, match="lr"):
+        opt.lr = float("nan")
+
+
+def test_bad_groups_are_refused():
+    W, b, _, _ = _linear_problem()
+    with pytest.raises(ValueError, match="unknown settings \\['lr_scale'\\]"):
+        optim.SGD([{"params": [W], "lr_scale": 2.0}])
+    with pytest.raises(ValueError, match="accumulate_steps"):
+        optim.SGD([W], accumulate_steps=0)
+    with pytest.raises(TypeError, match="gradients"):
+        optim.SGD([W]).step({"W": np.zeros((3, 4))})
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_accumulate_steps_updates_once_with_the_mean_gradient(average):
+    W, b, x, t = _linear_problem()
+    opt = optim.SGD([W, b], lr=0.1, accumulate_steps=2, average=average)
+    x2 = rc.tensor(X[:, ::-1].copy(order="F"), dtype="f64")
+    assert _step(opt, W, b, x, t) is False
+    np.testing.assert_array_equal(W.numpy(), W0)  # nothing moved yet
+    assert _step(opt, W, b, x2, t) is True
+    g1 = numpy_grads(W0, B0)[0]
+    r = 2 * (W0 @ X[:, ::-1] + B0 - T) / T.size
+    g2 = r @ X[:, ::-1].T
+    factor = 0.5 if average else 1.0
+    np.testing.assert_allclose(W.numpy(), W0 - 0.1 * factor * (g1 + g2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("opt_cls, kw", [(optim.SGD, dict(lr=0.1, momentum=0.9)), (optim.Adam, dict(lr=0.05)),
+                                         (optim.AdamW, dict(lr=0.05, weight_decay=0.1))])
+def test_state_dict_round_trip_continues_identically(opt_cls, kw):
+    W, b, x, t = _linear_problem()
+    opt = opt_cls([W, b], **kw)
+    for _ in range(3):
+        _step(opt, W, b, x, t)
+    saved, weights = opt.state_dict(), (W.numpy(), b.numpy())
+    W2, b2 = rc.param(weights[0], dtype="f64"), rc.param(weights[1], dtype="f64")
+    opt2 = opt_cls([W2, b2], lr=123.0)  # hyperparameters come back from the state too
+    opt2.load_state_dict(saved)
+    assert opt2.lr == opt.lr
+    for _ in range(2):
+        _step(opt, W, b, x, t)
+        _step(opt2, W2, b2, x, t)
+    np.testing.assert_array_equal(W.numpy(), W2.numpy())
+    np.testing.assert_array_equal(b.numpy(), b2.numpy())
+
+
+def test_load_state_dict_refuses_foreign_states():
+    W, b, x, t = _linear_problem()
+    adam = optim.Adam([W, b])
+    _step(adam, W, b, x, t)
+    with pytest.raises(ValueError, match="Adam state cannot load into SGD"):
+        optim.SGD([W, b]).load_state_dict(adam.state_dict())
+    with pytest.raises(ValueError, match="groups differ"):
+        optim.Adam([W]).load_state_dict(adam.state_dict())
+    other = rc.param(np.zeros((2, 2)), dtype="f64")
+    with pytest.raises(ValueError, match="m of parameter 0 has shape"):
+        optim.Adam([other, b]).load_state_dict(adam.state_dict())

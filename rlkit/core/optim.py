@@ -1,137 +1,264 @@
-"""Optimizers: each update rule is one fused native call over the whole parameter set.
+"""Optimizers: each update rule is written once, as one fused native call per parameter set.
 
 Hyperparameters are plain numbers passed at every step, so changing ``lr`` (a schedule) never
-rebuilds anything.
+rebuilds anything. Parameters may be split into groups with their own settings, PyTorch style:
+``Adam([{"params": body, "lr": 1e-4}, {"params": head}], lr=1e-3)``. ``optimizer.lr`` reads the
+first group's rate; setting it rescales every group by the same factor, so their ratios stay.
+
+With ``accumulate_steps=k`` the optimizer sums the gradients of k calls of ``step()`` and
+updates on the k-th (by their mean when ``average``); ``step()`` returns whether it updated.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from rlkit import _native
 from rlkit.core import ops
 from rlkit.core.autograd import Gradients
-from rlkit.core.tensor import Tensor
+from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
-def _param_list(params) -> list[Tensor]:
+def _param_list(params, where: str) -> list[Tensor]:
     if isinstance(params, Mapping):
         params = params.values()
     if isinstance(params, Tensor):
-        raise TypeError("optimizer: pass a list (or dict) of parameters, not a single tensor")
+        raise TypeError(f"{where}: pass a list (or dict) of parameters, not a single tensor")
     params = list(params)
-    if not params:
-        raise ValueError("optimizer: got an empty parameter list")
-    unique: list[Tensor] = []
     for p in params:
         if not isinstance(p, Tensor) or not p.requires_grad or not p.is_leaf:
-            raise TypeError(f"optimizer: expected parameters made by rc.param, got {p!r}")
-        if all(p is not q for q in unique):
-            unique.append(p)
-    return unique
+            raise TypeError(f"{where}: expected parameters made by rc.param, got {p!r}")
+    return params
 
 
 def _non_negative(value, what: str) -> float:
-    if not value >= 0:
-        raise ValueError(f"optimizer: {what} must be >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+        raise ValueError(f"optimizer: {what} must be a finite number >= 0, got {value!r}")
     return float(value)
-
-
-class Optimizer:
-    """Shared parts: the parameter list, the learning rate, gradient lookup and zero_grad."""
-
-    def __init__(self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float):
-        if not lr >= 0:
-            raise ValueError(f"optimizer: lr must be >= 0, got {lr!r}")
-        self.params = _param_list(params)
-        self.lr = float(lr)
-        self.step_count = 0
-
-    def _gradients(self, grads: Gradients | None) -> tuple[list[Tensor], list[Tensor]]:
-        """(parameters, gradient tensors) of the parameters that have a gradient."""
-        with_grad, grad_tensors = [], []
-        for p in self.params:
-            g = p._grad if grads is None else (grads.tensor(p) if p in grads else None)
-            if g is not None:
-                with_grad.append(p)
-                grad_tensors.append(g)
-        return with_grad, grad_tensors
-
-    def zero_grad(self) -> None:
-        """Forgets the accumulated gradients of every parameter."""
-        for p in self.params:
-            p._grad = None
 
 
 def _zeros_like(p: Tensor) -> Tensor:
     return ops.zeros(p.shape, dtype=p.dtype)
 
 
+class Optimizer:
+    """Parameter groups, gradient lookup and accumulation, zero_grad and the state dict.
+
+    Subclasses set ``defaults`` (hyperparameter name -> default), ``slots`` (per-parameter
+    state tensors) and implement ``_update(group, params, grads)``.
+    """
+
+    defaults: dict = {}
+    slots: tuple[str, ...] = ()
+
+    def __init__(self, params, accumulate_steps: int = 1, average: bool = True, **hyper):
+        if isinstance(accumulate_steps, bool) or not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+            raise ValueError(f"optimizer: accumulate_steps must be a positive int, got {accumulate_steps!r}")
+        self.accumulate_steps = accumulate_steps
+        self.average = bool(average)
+        settings = {name: self._check(name, hyper[name]) for name in self.defaults}
+        self.param_groups: list[dict] = []
+        entries = list(params.values()) if isinstance(params, Mapping) else params
+        if isinstance(entries, Tensor):
+            raise TypeError("optimizer: pass a list (or dict) of parameters, not a single tensor")
+        entries = list(entries)
+        groups = entries if entries and all(isinstance(e, dict) for e in entries) else [{"params": entries}]
+        seen: set[int] = set()
+        for group in groups:
+            unknown = set(group) - {"params"} - set(self.defaults)
+            if unknown:
+                raise ValueError(f"optimizer: unknown settings {sorted(unknown)} in a parameter group")
+            members = []
+            for p in _param_list(group["params"], "optimizer"):
+                if id(p) not in seen:  # a parameter listed twice is updated once
+                    seen.add(id(p))
+                    members.append(p)
+            full = {**settings, **{k: self._check(k, v) for k, v in group.items() if k != "params"}}
+            self.param_groups.append({"params": members, **full})
+        if not seen:
+            raise ValueError("optimizer: got an empty parameter list")
+        self._base_lrs = [g["lr"] for g in self.param_groups]
+        self.state: dict[int, dict] = {
+            id(p): {"step": 0, **{slot: _zeros_like(p) for slot in self.slots}} for p in self.params
+        }
+        self._pending = 0  # calls of step() accumulated so far
+        self._sums: dict[int, Tensor] = {}
+
+    def _check(self, name: str, value) -> float:
+        if name == "betas":
+            if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(0 <= b < 1 for b in value)):
+                raise ValueError(f"optimizer: betas must be two numbers in [0, 1), got {value!r}")
+            return (float(value[0]), float(value[1]))
+        return _non_negative(value, name)
+
+    @property
+    def params(self) -> list[Tensor]:
+        """Every parameter, in group order."""
+        return [p for g in self.param_groups for p in g["params"]]
+
+    @property
+    def lr(self) -> float:
+        """The first group's learning rate."""
+        return self.param_groups[0]["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        value = _non_negative(value, "lr")
+        base = self._base_lrs[0]
+        for group, group_base in zip(self.param_groups, self._base_lrs):
+            group["lr"] = value if base == 0 else value * group_base / base
+
+    def _current_gradients(self, grads: Gradients | None) -> dict[int, Tensor]:
+        if grads is not None and not isinstance(grads, Gradients):
+            raise TypeError(f"step: expected the gradients backward() returned (or None), got {type(grads).__name__}")
+        found = {}
+        for p in self.params:
+            g = p._grad if grads is None else (grads.tensor(p) if p in grads else None)
+            if g is not None:
+                found[id(p)] = g
+        return found
+
+    def step(self, grads: Gradients | None = None) -> bool:
+        """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
+        accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did."""
+        current = self._current_gradients(grads)
+        if self.accumulate_steps > 1:
+            for key, g in current.items():
+                self._sums[key] = g if key not in self._sums else ops.add(self._sums[key], g)
+            self._pending += 1
+            if self._pending < self.accumulate_steps:
+                return False
+            scale = 1.0 / self._pending if self.average else 1.0
+            current = {k: ops.scale(g, scale) for k, g in self._sums.items()}
+            self._pending, self._sums = 0, {}
+        for group in self.param_groups:
+            members = [p for p in group["params"] if id(p) in current]
+            if members:
+                for p in members:
+                    self.state[id(p)]["step"] += 1
+                self._update(group, members, [current[id(p)] for p in members])
+        return True
+
+    def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        """Forgets the accumulated ``.grad`` of every parameter."""
+        for p in self.params:
+            p._grad = None
+
+    # ---- state dict ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Hyperparameters of each group, and per parameter (by position) its step count and
+        state tensors as numpy arrays."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
+                  for g in self.param_groups]
+        state = {str(i): {"step": self.state[id(p)]["step"], **{s: self.state[id(p)][s].numpy() for s in self.slots}}
+                 for i, p in enumerate(self.params)}
+        return {"type": type(self).__name__, "param_groups": groups, "state": state,
+                "accumulate_steps": self.accumulate_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores what state_dict returned (hyperparameters included), after checking that it
+        belongs to an optimizer of this type over parameters of the same shapes."""
+        if state.get("type") != type(self).__name__:
+            raise ValueError(f"load_state_dict: a {state.get('type')} state cannot load into {type(self).__name__}")
+        params = self.params
+        groups = state["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError("load_state_dict: the parameter groups differ in number or size from this optimizer's")
+        per_param = state["state"]
+        for i, p in enumerate(params):
+            entry = per_param.get(str(i))
+            if entry is None:
+                raise KeyError(f"load_state_dict: no state for parameter {i}")
+            for slot in self.slots:
+                if tuple(entry[slot].shape) != p.shape:
+                    raise ValueError(f"load_state_dict: {slot} of parameter {i} has shape {entry[slot].shape}, "
+                                     f"the parameter is {p.shape}")
+        for group, saved in zip(self.param_groups, groups):
+            group.update({k: self._check(k, v) for k, v in saved.items() if k != "params"})
+        for i, p in enumerate(params):
+            entry = per_param[str(i)]
+            self.state[id(p)]["step"] = int(entry["step"])
+            for slot in self.slots:
+                self.state[id(p)][slot]._impl.write(entry[slot].astype(_NUMPY_DTYPES[p.dtype], order="F"))
+        self._pending, self._sums = 0, {}
+
+
 class SGD(Optimizer):
-    """Stochastic gradient descent: v = momentum v + (g + weight_decay w); w -= lr v."""
+    """Stochastic gradient descent: v = momentum v + (g + weight_decay w); w -= lr v
+    (with momentum 0, w -= lr (g + weight_decay w))."""
 
-    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0):
-        super().__init__(params, lr)
-        self.momentum = _non_negative(momentum, "momentum")
-        self.weight_decay = _non_negative(weight_decay, "weight_decay")
-        self._velocity = {id(p): _zeros_like(p) for p in self.params}
+    defaults = {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.0}
+    slots = ("velocity",)
 
-    def step(self, grads: Gradients | None = None) -> None:
-        """Updates the parameters from ``grads`` (or their accumulated ``.grad``)."""
-        params, g = self._gradients(grads)
-        _native.sgd_update(
-            [p._impl for p in params], [t._impl for t in g], [self._velocity[id(p)]._impl for p in params],
-            self.lr, self.momentum, self.weight_decay,
-        )
-        self.step_count += 1
+    def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
+                 accumulate_steps: int = 1, average: bool = True):
+        super().__init__(params, accumulate_steps, average, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    @property
+    def momentum(self) -> float:
+        """The first group's momentum (OneCycleLR cycles it)."""
+        return self.param_groups[0]["momentum"]
+
+    @momentum.setter
+    def momentum(self, value: float) -> None:
+        for group in self.param_groups:
+            group["momentum"] = _non_negative(value, "momentum")
+
+    def _update(self, group, params, grads):
+        _native.sgd_update([p._impl for p in params], [g._impl for g in grads],
+                           [self.state[id(p)]["velocity"]._impl for p in params],
+                           group["lr"], group["momentum"], group["weight_decay"])
 
 
 class Adam(Optimizer):
-    """Adam (Kingma and Ba, 2015) with bias correction; weight_decay adds wd * w to the gradient."""
+    """Adam (Kingma and Ba, 2015) with bias correction counted per parameter (as PyTorch);
+    weight_decay adds wd * w to the gradient."""
 
+    defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+    slots = ("m", "v")
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
-        super().__init__(params, lr)
-        beta1, beta2 = betas
-        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
-            raise ValueError(f"Adam: betas must lie in [0, 1), got {betas!r}")
-        self.betas = (float(beta1), float(beta2))
-        self.eps = _non_negative(eps, "eps")
-        self.weight_decay = _non_negative(weight_decay, "weight_decay")
-        self._m = {id(p): _zeros_like(p) for p in self.params}
-        self._v = {id(p): _zeros_like(p) for p in self.params}
-        # Steps taken by each parameter (PyTorch's per-parameter state["step"]): a parameter
-        # without a gradient in a step keeps its bias correction where it was.
-        self._steps = {id(p): 0 for p in self.params}
+                 weight_decay: float = 0.0, accumulate_steps: int = 1, average: bool = True):
+        super().__init__(params, accumulate_steps, average, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def step(self, grads: Gradients | None = None) -> None:
-        """Updates the parameters from ``grads`` (or their accumulated ``.grad``)."""
-        params, g = self._gradients(grads)
-        self.step_count += 1
-        beta1, beta2 = self.betas
-        groups: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
-        for p, gp in zip(params, g):
-            self._steps[id(p)] += 1
-            group = groups.setdefault(self._steps[id(p)], ([], []))
-            group[0].append(p)
-            group[1].append(gp)
-        for t, (ps, gs) in groups.items():
+    @property
+    def betas(self) -> tuple[float, float]:
+        """The first group's (beta1, beta2) (OneCycleLR cycles beta1)."""
+        return self.param_groups[0]["betas"]
+
+    @betas.setter
+    def betas(self, value: tuple[float, float]) -> None:
+        for group in self.param_groups:
+            group["betas"] = self._check("betas", value)
+
+    def _update(self, group, params, grads):
+        beta1, beta2 = group["betas"]
+        by_step: dict[int, list[int]] = {}  # parameters at the same step share one fused call
+        for k, p in enumerate(params):
+            by_step.setdefault(self.state[id(p)]["step"], []).append(k)
+        for t, members in by_step.items():
             _native.adam_update(
-                [p._impl for p in ps], [x._impl for x in gs],
-                [self._m[id(p)]._impl for p in ps], [self._v[id(p)]._impl for p in ps],
-                lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps, weight_decay=self.weight_decay,
-                bias_correction1=1.0 - beta1**t, bias_correction2=1.0 - beta2**t,
-                decoupled=self.decoupled,
+                [params[k]._impl for k in members], [grads[k]._impl for k in members],
+                [self.state[id(params[k])]["m"]._impl for k in members],
+                [self.state[id(params[k])]["v"]._impl for k in members],
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                bias_correction1=1.0 - beta1**t, bias_correction2=1.0 - beta2**t, decoupled=self.decoupled,
             )
 
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019): w *= 1 - lr * wd."""
 
+    defaults = {**Adam.defaults, "weight_decay": 0.01}
     decoupled = True
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
-        super().__init__(params, lr, betas, eps, weight_decay)
+                 weight_decay: float = 0.01, accumulate_steps: int = 1, average: bool = True):
+        super().__init__(params, lr, betas, eps, weight_decay, accumulate_steps, average)
