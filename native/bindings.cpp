@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "backend.hpp"
 #include "blas.hpp"
 #include "ops.hpp"
 #include "optim.hpp"
@@ -29,7 +30,7 @@ py::dtype numpy_dtype(DType d) {
 
 // Wraps a Fortran-ordered numpy array. Without `copy`, the tensor shares the array's memory
 // and keeps the array alive.
-TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy) {
+TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy, const std::string& device_name_) {
     const DType dtype = dtype_from_name(dtype_name_);
     if (!arr.dtype().is(numpy_dtype(dtype)))
         throw TypeError("from_numpy: array dtype " + std::string(py::str(arr.dtype())) + " does not match " + dtype_name_);
@@ -47,6 +48,12 @@ TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy) {
                                             arr.shape(), arr.shape() + arr.ndim()))))));
     }
     const int ndim = std::max<int>(2, int(arr.ndim()));
+    if (device_name_ == "gpu") {  // a device copy: uploaded through staging memory
+        TensorPtr t = make_on(Device::gpu, ne, ndim, dtype);
+        backend(Device::gpu).upload(*t, arr.data());
+        return t;
+    }
+    if (device_name_ != "cpu") throw std::invalid_argument("unknown device '" + device_name_ + "'");
     if (copy) {
         TensorPtr t = make_tensor(ne, ndim, dtype);
         std::memcpy(t->data(), arr.data(), t->nbytes());
@@ -73,16 +80,17 @@ py::array to_numpy(const TensorImpl& t) {
         stride *= t.ne[d];
     }
     py::array arr(numpy_dtype(t.dtype), shape, strides);
-    std::memcpy(arr.mutable_data(), t.data(), t.nbytes());
+    if (t.pending()) throw std::runtime_error("tensor " + t.shape_str() + " is pending: the graph that computes it has not run");
+    backend(t.device).download(t, arr.mutable_data());
     return arr;
 }
 
 // Overwrites a tensor's values in place (same shape and dtype); bumps its version.
 void write_values(TensorImpl& t, py::array arr) {
-    TensorPtr src = from_numpy(arr, dtype_name(t.dtype), false);
+    TensorPtr src = from_numpy(arr, dtype_name(t.dtype), false, "cpu");
     if (src->numel() != t.numel())
         throw std::invalid_argument("write: " + std::to_string(src->numel()) + " values for a tensor " + t.shape_str());
-    std::memcpy(t.data(), src->data(), t.nbytes());
+    backend(t.device).upload(t, src->data());
     ++t.version;
 }
 
@@ -109,15 +117,18 @@ PYBIND11_MODULE(_native, m) {
         })
         .def_property_readonly("ndim", [](const TensorImpl& t) { return t.ndim; })
         .def_property_readonly("dtype", [](const TensorImpl& t) { return dtype_name(t.dtype); })
+        .def_property_readonly("device", [](const TensorImpl& t) { return device_name(t.device); })
         .def_property_readonly("numel", &TensorImpl::numel)
         .def_property_readonly("nbytes", &TensorImpl::nbytes)
         .def_property_readonly("pending", &TensorImpl::pending)
         .def_property_readonly("version", [](const TensorImpl& t) { return t.version; })
-        .def_property_readonly("data_ptr", [](const TensorImpl& t) { return reinterpret_cast<uintptr_t>(t.data()); })
+        .def_property_readonly("data_ptr", [](const TensorImpl& t) {
+            return t.device == Device::gpu ? uintptr_t(t.address()) : reinterpret_cast<uintptr_t>(t.data());
+        })
         .def("numpy", &to_numpy, "A Fortran-ordered copy of the values.")
         .def("write", &write_values, "Overwrites the values in place from an array of the same size and dtype.");
 
-    m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("dtype"), py::arg("copy"));
+    m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("dtype"), py::arg("copy"), py::arg("device") = "cpu");
     m.def("op_names", [] {
         std::vector<std::string> names;
         for (int i = 0; i < int(Op::count); ++i) names.push_back(op_info(Op(i)).name);
@@ -127,12 +138,14 @@ PYBIND11_MODULE(_native, m) {
     m.def("op_arity", [](int op) { return op_info(Op(op)).n_inputs; });
     m.def(
         "apply",
-        [](int op, const std::vector<TensorPtr>& inputs, std::vector<int64_t> ints, std::vector<double> floats) {
+        [](int op, const std::vector<TensorPtr>& inputs, std::vector<int64_t> ints, std::vector<double> floats,
+           const std::string& device) {
             if (op < 0 || op >= int(Op::count)) throw std::invalid_argument("apply: unknown op id " + std::to_string(op));
-            return apply(Op(op), inputs, OpAttrs{std::move(ints), std::move(floats)});
+            const Device d = device == "gpu" ? Device::gpu : Device::cpu;
+            return apply(Op(op), inputs, OpAttrs{std::move(ints), std::move(floats)}, d);
         },
         py::arg("op"), py::arg("inputs"), py::arg("ints") = std::vector<int64_t>{},
-        py::arg("floats") = std::vector<double>{});
+        py::arg("floats") = std::vector<double>{}, py::arg("device") = "cpu");
 
     py::class_<Graph>(m, "Graph")
         .def(py::init<>())
@@ -150,6 +163,30 @@ PYBIND11_MODULE(_native, m) {
              "Plans memory by liveness and executes every recorded node; returns planner statistics.");
     m.def("is_recording", [] { return recording_graph() != nullptr; });
 
+    m.def("gpu_unavailable_reason", &gpu_unavailable_reason,
+          "Why the GPU backend cannot be used here (empty when it can); creates the Vulkan context on first use.");
+    m.def("gpu_info", []() -> py::object {
+        GpuInfo info;
+        if (!gpu_info(&info)) return py::none();
+        py::dict d;
+        d["name"] = info.name;
+        d["memory"] = info.memory;
+        d["subgroup_size"] = info.subgroup_size;
+        d["max_shared_memory"] = info.max_shared_memory;
+        d["memory_in_use"] = info.memory_in_use;
+        d["memory_reserved"] = info.memory_reserved;
+        d["validation"] = info.validation;
+        return d;
+    });
+    m.def("gpu_counters", [](bool reset) {
+        py::dict d;
+        for (const auto& [k, v] : gpu_counters(reset)) d[k.c_str()] = v;
+        return d;
+    }, py::arg("reset") = false);
+    m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
+    m.def("synchronize", [](const std::string& device) {
+        backend(device == "gpu" ? Device::gpu : Device::cpu).synchronize();
+    }, py::arg("device"));
     m.def("set_num_threads", [](int n) {
         set_num_threads(n);
         blas_set_num_threads(n);

@@ -60,22 +60,58 @@ double uniform_at(uint64_t stream, uint64_t i) {
     return double(splitmix64(stream ^ splitmix64(i)) >> 11) * 0x1.0p-53;
 }
 
+float uniform24_at(uint64_t stream, uint64_t i) {
+    return float(uint32_t(splitmix64(stream ^ splitmix64(i)) >> 40)) * 0x1.0p-24f;
+}
+
 double normal_at(uint64_t stream, uint64_t i) {
     const double u1 = 1.0 - uniform_at(stream, 2 * i), u2 = uniform_at(stream, 2 * i + 1);  // u1 in (0, 1]
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
+float normal24_at(uint64_t stream, uint64_t i) {
+    const float u1 = 1.0f - uniform24_at(stream, 2 * i), u2 = uniform24_at(stream, 2 * i + 1);
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
+}
+
+OutSpec shape_full(const Inputs&, const OpAttrs& attrs) {
+    if (attrs.ints.size() != kMaxDims + 2 || attrs.floats.size() != 1)
+        throw std::invalid_argument("full: expected a shape, a dtype and a value");
+    const int64_t dtype = attrs.ints[kMaxDims + 1];
+    if (dtype < 0 || dtype > int64_t(DType::f64)) throw TypeError("full: unknown dtype");
+    return shape_from_attrs("full", attrs, 0, DType(dtype));
+}
+
+void cpu_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
+    const double value = attrs.floats[0];
+    if (out.dtype == DType::i32) {
+        std::fill(out.ptr<int32_t>(), out.ptr<int32_t>() + out.numel(), int32_t(value));
+        return;
+    }
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        std::fill(out.ptr<T>(), out.ptr<T>() + out.numel(), T(value));
+    });
+}
+
 OutSpec shape_rand(const Inputs&, const OpAttrs& attrs) { return random_spec("rand", attrs); }
 void cpu_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
-    // Rounding to the requested dtype (f32, or f16 through f32) must not reach 1: cap at the
-    // largest value below 1 of that dtype.
+    // f64 draws 53 bits; f32 and f16 draw the 24-bit values the GPU shader draws. Rounding to
+    // f16 must not reach 1: cap at its largest value below 1.
     const DType dtype = DType(attrs.ints[kMaxDims + 1]);
-    const double below_one = dtype == DType::f16 ? 1.0 - 0x1.0p-11 : dtype == DType::f32 ? 1.0 - 0x1.0p-24 : 1.0;
-    fill_random(out, [below_one](uint64_t stream, uint64_t i) { return std::min(uniform_at(stream, i), below_one); });
+    if (dtype == DType::f64) {
+        fill_random(out, uniform_at);
+        return;
+    }
+    const float below_one = dtype == DType::f16 ? 1.0f - 0x1.0p-11f : 1.0f;
+    fill_random(out, [below_one](uint64_t stream, uint64_t i) { return std::min(uniform24_at(stream, i), below_one); });
 }
 
 OutSpec shape_randn(const Inputs&, const OpAttrs& attrs) { return random_spec("randn", attrs); }
-void cpu_randn(const Inputs&, const OpAttrs&, TensorImpl& out) { fill_random(out, normal_at); }
+void cpu_randn(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
+    if (DType(attrs.ints[kMaxDims + 1]) == DType::f64) fill_random(out, normal_at);
+    else fill_random(out, normal24_at);
+}
 
 OutSpec shape_sample_categorical(const Inputs& in, const OpAttrs&) {
     require_float("sample_categorical", *in[0], "logits");
@@ -99,8 +135,8 @@ void cpu_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                 int64_t best = 0;
                 double best_value = -INFINITY;
                 for (int64_t i = 0; i < rows; ++i) {
-                    const double u = uniform_at(stream, uint64_t(c * rows + i));
-                    const double value = double(px[c * rows + i]) - std::log(-std::log(u + 0x1.0p-60));
+                    const double u = uniform24_at(stream, uint64_t(c * rows + i));  // as the GPU draws
+                    const double value = double(px[c * rows + i]) - std::log(-std::log(u + 0x1.0p-24));
                     if (value > best_value) best_value = value, best = i;
                 }
                 po[c] = int32_t(best);

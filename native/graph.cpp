@@ -3,7 +3,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "ops.hpp"
+#include "backend.hpp"
 
 namespace rk {
 namespace {
@@ -80,6 +80,11 @@ GraphStats Graph::run() {
         }
     }
 
+    const Device device = nodes.empty() ? Device::cpu : nodes[0].out->device;
+    for (const auto& node : nodes)
+        if (node.out->device != device)
+            throw std::invalid_argument("a graph's nodes must all run on one device");
+
     // An output referenced by anything besides this graph (node.out plus its reader slots)
     // outlives the graph. Nodes that neither produce such an output nor feed a live node are
     // dead (every op is pure) and are skipped: a vjp rule may compute a gradient nobody needs.
@@ -95,7 +100,11 @@ GraphStats Graph::run() {
     }
 
     // Live intermediates share one arena by liveness; a block is free again after its last reader.
-    ArenaPlanner planner;
+    // Tiny tensors (scalars, constants) get a region of their own: placed in the holes large
+    // intermediates leave, they would split those holes and push the next large one past them.
+    constexpr size_t kSmall = 256;
+    ArenaPlanner planner, small_planner;
+    auto planner_for = [&](size_t nbytes) -> ArenaPlanner& { return nbytes <= kSmall ? small_planner : planner; };
     std::vector<size_t> offset(nodes.size(), 0);
     std::vector<bool> in_arena(nodes.size(), false);
     std::vector<std::vector<size_t>> frees_after(nodes.size());
@@ -103,21 +112,24 @@ GraphStats Graph::run() {
         if (!live[k]) continue;
         TensorImpl* out = nodes[k].out.get();
         if (external[k]) {
-            out->storage = Storage::allocate(out->nbytes());
+            out->storage = backend(out->device).allocate(out->nbytes());
             stats.kept_bytes += out->nbytes();
         } else {
             in_arena[k] = true;
-            offset[k] = planner.allocate(out->nbytes());
+            offset[k] = planner_for(out->nbytes()).allocate(out->nbytes());
             stats.intermediate_bytes += out->nbytes();
             auto lu = last_use.find(out);  // a live intermediate always has a live reader
             frees_after[lu == last_use.end() ? k : lu->second].push_back(k);
         }
-        for (size_t j : frees_after[k]) planner.release(offset[j], nodes[j].out->nbytes());
+        for (size_t j : frees_after[k]) planner_for(nodes[j].out->nbytes()).release(offset[j], nodes[j].out->nbytes());
     }
-    stats.arena_bytes = planner.high_water();
+    for (size_t k = 0; k < nodes.size(); ++k)  // the small region follows the large one
+        if (in_arena[k] && nodes[k].out->nbytes() <= kSmall) offset[k] += planner.high_water();
+    stats.arena_bytes = planner.high_water() + small_planner.high_water();
     stats.n_skipped = std::count(live.begin(), live.end(), false);
 
-    std::shared_ptr<Storage> arena = Storage::allocate(stats.arena_bytes);
+    Backend& be = backend(device);
+    std::shared_ptr<Storage> arena = be.allocate(stats.arena_bytes);
     for (size_t k = 0; k < nodes.size(); ++k) {
         if (!in_arena[k]) continue;
         nodes[k].out->storage = arena;
@@ -126,7 +138,7 @@ GraphStats Graph::run() {
     for (size_t k = 0; k < nodes.size(); ++k) {
         if (!live[k]) continue;
         try {
-            run_cpu(nodes[k].op, nodes[k].inputs, nodes[k].attrs, *nodes[k].out);
+            execute(nodes[k].op, nodes[k].inputs, nodes[k].attrs, *nodes[k].out);
         } catch (...) {
             // This node's output and every later one were never computed: make them pending
             // again instead of leaving uninitialised memory readable.

@@ -1,27 +1,24 @@
 #include <cstring>
 
-#include "ops.hpp"
+#include "backend.hpp"
 
 namespace rk {
 namespace {
 
+#ifdef RLKIT_VULKAN
+#define RK_VK_KERNEL(name) vk_##name
+#else
+#define RK_VK_KERNEL(name) nullptr
+#endif
+
 const OpInfo kOps[] = {
-#define RK_OP(name, n_inputs) {#name, n_inputs, shape_##name, cpu_##name},
+#define RK_OP(name, n_inputs) {#name, n_inputs, shape_##name, cpu_##name, RK_VK_KERNEL(name)},
 #include "ops.def"
 #undef RK_OP
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == size_t(Op::count), "every op in ops.def has one table entry");
 
 thread_local Graph* t_recording = nullptr;
-
-// Copies a tensor into a new one of another float dtype (f16 <-> f32 <-> f64).
-TensorPtr converted(const TensorImpl& src, DType dtype) {
-    TensorPtr dst = make_tensor(src.ne, src.ndim, dtype);
-    OpAttrs attrs;
-    attrs.ints = {int64_t(dtype)};
-    cpu_cast({std::make_shared<TensorImpl>(src)}, attrs, *dst);
-    return dst;
-}
 
 }  // namespace
 
@@ -36,39 +33,102 @@ Op op_from_name(const std::string& name) {
 Graph* recording_graph() { return t_recording; }
 void set_recording_graph(Graph* g) { t_recording = g; }
 
-void run_cpu(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) {
-    const OpInfo& info = op_info(op);
+namespace {
+
+class CpuBackend final : public Backend {
+  public:
+    std::shared_ptr<Storage> allocate(size_t nbytes) override { return Storage::allocate(nbytes); }
+    void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) override {
+        op_info(op).cpu(inputs, attrs, out);
+    }
+    void upload(TensorImpl& dst, const void* host) override { std::memcpy(dst.data(), host, dst.nbytes()); }
+    void download(const TensorImpl& src, void* host) override { std::memcpy(host, src.data(), src.nbytes()); }
+    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) override {
+        adam_cpu(w, g, m, v, h);
+    }
+    void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
+             double weight_decay) override {
+        sgd_cpu(w, g, velocity, lr, momentum, weight_decay);
+    }
+};
+
+// A copy of t in another dtype, on t's device.
+TensorPtr converted(const TensorPtr& t, DType dtype) {
+    TensorPtr dst = make_on(t->device, t->ne, t->ndim, dtype);
+    backend(t->device).run(Op::cast, {t}, OpAttrs{{int64_t(dtype)}, {}}, *dst);
+    return dst;
+}
+
+}  // namespace
+
+#ifndef RLKIT_VULKAN
+Backend* vulkan_backend(std::string* why) {
+    *why = "this build of rlkit has no Vulkan backend: it was built where the Vulkan headers or glslc were "
+           "missing (Debian: apt-get install libvulkan-dev glslc, then reinstall rlkit)";
+    return nullptr;
+}
+bool gpu_info(GpuInfo*) { return false; }
+void set_gpu_poison(bool) {}
+std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }
+#endif
+
+Backend& backend(Device device) {
+    static CpuBackend cpu;
+    if (device == Device::cpu) return cpu;
+    std::string why;
+    Backend* gpu = vulkan_backend(&why);
+    if (!gpu) throw std::runtime_error("no GPU: " + why);
+    return *gpu;
+}
+
+std::string gpu_unavailable_reason() {
+    std::string why;
+    return vulkan_backend(&why) ? std::string() : why;
+}
+
+TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype) {
+    TensorPtr t = make_pending(ne, ndim, dtype, device);
+    t->storage = backend(device).allocate(t->nbytes());
+    return t;
+}
+
+void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) {
+    Backend& be = backend(out.device);
     bool any_half = out.dtype == DType::f16;
     for (const auto& t : inputs) any_half |= t->dtype == DType::f16;
     if (!any_half || op == Op::cast) {
-        info.cpu(inputs, attrs, out);
+        be.run(op, inputs, attrs, out);
         return;
     }
-    // On the CPU, f16 is a storage format: compute in f32 and round the result once.
+    // f16 is a storage format here: compute in f32 and round the result once.
     Inputs wide;
     wide.reserve(inputs.size());
-    for (const auto& t : inputs) wide.push_back(t->dtype == DType::f16 ? converted(*t, DType::f32) : t);
+    for (const auto& t : inputs) wide.push_back(t->dtype == DType::f16 ? converted(t, DType::f32) : t);
     if (out.dtype != DType::f16) {
-        info.cpu(wide, attrs, out);
+        be.run(op, wide, attrs, out);
         return;
     }
-    TensorPtr wide_out = make_tensor(out.ne, out.ndim, DType::f32);
-    info.cpu(wide, attrs, *wide_out);
-    OpAttrs to_half;
-    to_half.ints = {int64_t(DType::f16)};
-    cpu_cast({wide_out}, to_half, out);
+    TensorPtr wide_out = make_on(out.device, out.ne, out.ndim, DType::f32);
+    be.run(op, wide, attrs, *wide_out);
+    be.run(Op::cast, {wide_out}, OpAttrs{{int64_t(DType::f16)}, {}}, out);
 }
 
-TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs) {
+TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device) {
     const OpInfo& info = op_info(op);
     if (int(inputs.size()) != info.n_inputs)
         throw std::invalid_argument(std::string(info.name) + ": expected " + std::to_string(info.n_inputs) +
                                     " tensor inputs, got " + std::to_string(inputs.size()));
     for (const auto& t : inputs)
         if (!t) throw TypeError(std::string(info.name) + ": an input tensor is missing (None)");
+    if (!inputs.empty()) device = inputs[0]->device;
+    for (const auto& t : inputs)
+        if (t->device != device)
+            throw std::invalid_argument(std::string(info.name) + ": inputs are on different devices (" +
+                                        device_name(device) + " and " + device_name(t->device) +
+                                        "); move one with .to()");
     OutSpec spec = info.shape(inputs, attrs);
     if (Graph* g = recording_graph()) {
-        TensorPtr out = make_pending(spec.ne, spec.ndim, spec.dtype);
+        TensorPtr out = make_pending(spec.ne, spec.ndim, spec.dtype, device);
         g->record(Node{op, inputs, attrs, out});
         return out;
     }
@@ -76,8 +136,8 @@ TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs) {
         if (t->pending())
             throw std::runtime_error(std::string(info.name) + ": input " + t->shape_str() +
                                      " is pending: run the graph that records it first");
-    TensorPtr out = make_tensor(spec.ne, spec.ndim, spec.dtype);
-    run_cpu(op, inputs, attrs, *out);
+    TensorPtr out = make_on(device, spec.ne, spec.ndim, spec.dtype);
+    execute(op, inputs, attrs, *out);
     return out;
 }
 

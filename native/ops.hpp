@@ -39,21 +39,23 @@ using Inputs = std::vector<TensorPtr>;
 using ShapeRule = OutSpec (*)(const Inputs& in, const OpAttrs& attrs);
 using CpuKernel = void (*)(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
 
+// Records (Vulkan) an op's shader into an output on the GPU; same signature as the CPU kernel.
+using VkKernel = CpuKernel;
+
 struct OpInfo {
     const char* name;
     int n_inputs;
     ShapeRule shape;
     CpuKernel cpu;
+    VkKernel vk;  // null in a build without Vulkan
 };
 
 const OpInfo& op_info(Op op);
 Op op_from_name(const std::string& name);
 
-// Validates and then runs (or records) one op.
-TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs);
-
-// Runs one op's CPU kernel into an already-sized output (f16 is computed in f32).
-void run_cpu(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out);
+// Validates and then runs (or records) one op on its inputs' device (`device` for ops
+// without inputs).
+TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device = Device::cpu);
 
 // Declarations of every shape rule and kernel named in ops.def.
 #define RK_OP(name, n_inputs)                                       \
@@ -61,6 +63,11 @@ void run_cpu(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out)
     void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
 #include "ops.def"
 #undef RK_OP
+#ifdef RLKIT_VULKAN
+#define RK_OP(name, n_inputs) void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
+#include "ops.def"
+#undef RK_OP
+#endif
 
 // A graph of recorded nodes, planned and executed at run(). While a graph is recording on a
 // thread, apply() appends to it and returns pending tensors.

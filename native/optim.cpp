@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend.hpp"
 #include "kernel_util.hpp"
 
 namespace rk {
@@ -17,6 +18,10 @@ void check_set(const char* op, const std::vector<TensorPtr>& params, std::initia
             throw TypeError(op_err(op, std::string("parameters must be f32 or f64, got ") + dtype_name(p.dtype)));
         for (const auto* other : others) {
             const TensorImpl& t = *(*other)[i];
+            if (t.device != p.device)
+                throw std::invalid_argument(op_err(op, "parameter " + std::to_string(i) + " is on the " +
+                                                           device_name(p.device) + " but its state/gradient is on the " +
+                                                           device_name(t.device)));
             if (t.ne != p.ne || t.dtype != p.dtype)
                 throw std::invalid_argument(op_err(op, "parameter " + std::to_string(i) + " is " + p.shape_str() + " " +
                                                            dtype_name(p.dtype) + " but its state/gradient is " +
@@ -52,16 +57,35 @@ void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __r
 
 }  // namespace
 
+void adam_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) {
+    dispatch_float(w.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        adam_kernel<T>(w.ptr<T>(), g.ptr<T>(), m.ptr<T>(), v.ptr<T>(), w.numel(), h);
+    });
+}
+
+void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay) {
+    dispatch_float(w.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T *pw = w.ptr<T>(), *vel = velocity.ptr<T>();
+        const T* pg = g.ptr<T>();
+        const T mu = T(momentum), wd = T(weight_decay), rate = T(lr);
+        parallel_for(w.numel(), kElementGrain, [=](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) {
+                const T gi = pg[i] + wd * pw[i];
+                vel[i] = mu * vel[i] + gi;
+                pw[i] -= rate * vel[i];
+            }
+        });
+    });
+}
+
 void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                  const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
     check_set("adam_update", params, {&grads, &m, &v});
     for (size_t k = 0; k < params.size(); ++k) {
-        TensorImpl& p = *params[k];
-        dispatch_float(p.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            adam_kernel<T>(p.ptr<T>(), grads[k]->ptr<T>(), m[k]->ptr<T>(), v[k]->ptr<T>(), p.numel(), h);
-        });
-        ++p.version;
+        backend(params[k]->device).adam(*params[k], *grads[k], *m[k], *v[k], h);
+        ++params[k]->version;
         ++m[k]->version;
         ++v[k]->version;
     }
@@ -71,21 +95,8 @@ void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPt
                 const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay) {
     check_set("sgd_update", params, {&grads, &velocity});
     for (size_t k = 0; k < params.size(); ++k) {
-        TensorImpl& p = *params[k];
-        dispatch_float(p.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            T *w = p.ptr<T>(), *vel = velocity[k]->ptr<T>();
-            const T* g = grads[k]->ptr<T>();
-            const T mu = T(momentum), wd = T(weight_decay), rate = T(lr);
-            parallel_for(p.numel(), kElementGrain, [=](int64_t lo, int64_t hi) {
-                for (int64_t i = lo; i < hi; ++i) {
-                    const T gi = g[i] + wd * w[i];
-                    vel[i] = mu * vel[i] + gi;
-                    w[i] -= rate * vel[i];
-                }
-            });
-        });
-        ++p.version;
+        backend(params[k]->device).sgd(*params[k], *grads[k], *velocity[k], lr, momentum, weight_decay);
+        ++params[k]->version;
         ++velocity[k]->version;
     }
 }

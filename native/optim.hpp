@@ -21,4 +21,8 @@ void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorP
 void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                 const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay);
 
+// The CPU kernels of one parameter (the CPU backend's adam and sgd).
+void adam_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h);
+void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay);
+
 }  // namespace rk

@@ -19,5 +19,8 @@ uint64_t next_stream();  // a fresh stream key for one op execution
 // Uniform in [0, 1) and standard normal values of element i of a stream.
 double uniform_at(uint64_t stream, uint64_t i);
 double normal_at(uint64_t stream, uint64_t i);
+// The f32 draws: 24 random bits (exact in f32), the values the GPU shaders draw too.
+float uniform24_at(uint64_t stream, uint64_t i);
+float normal24_at(uint64_t stream, uint64_t i);
 
 }  // namespace rk

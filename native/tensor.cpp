@@ -26,6 +26,8 @@ const char* dtype_name(DType dtype) {
     return "?";
 }
 
+const char* device_name(Device device) { return device == Device::gpu ? "gpu" : "cpu"; }
+
 DType dtype_from_name(const std::string& name) {
     if (name == "f32") return DType::f32;
     if (name == "f16") return DType::f16;
@@ -50,7 +52,15 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
 
 void* TensorImpl::data() const {
     if (!storage) throw std::runtime_error("tensor " + shape_str() + " is pending: the graph that computes it has not run");
+    if (storage->device != Device::cpu)
+        throw std::runtime_error("tensor " + shape_str() + " is on the GPU: its values are read with numpy()");
     return static_cast<char*>(storage->data) + offset;
+}
+
+uint64_t TensorImpl::address() const {
+    if (!storage) throw std::runtime_error("tensor " + shape_str() + " is pending: the graph that computes it has not run");
+    if (storage->device != Device::gpu) throw std::logic_error("address() of a CPU tensor");
+    return storage->address + offset;
 }
 
 std::string TensorImpl::shape_str() const {
@@ -61,11 +71,12 @@ std::string TensorImpl::shape_str() const {
     return os.str();
 }
 
-TensorPtr make_pending(const Shape& ne, int ndim, DType dtype) {
+TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device) {
     auto t = std::make_shared<TensorImpl>();
     t->ne = ne;
     t->ndim = ndim;
     t->dtype = dtype;
+    t->device = device;
     return t;
 }
 

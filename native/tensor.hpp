@@ -13,6 +13,8 @@
 namespace rk {
 
 enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3 };
+enum class Device : int { cpu = 0, gpu = 1 };
+const char* device_name(Device device);
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -22,10 +24,13 @@ inline bool is_float(DType d) { return d != DType::i32; }
 constexpr int kMaxDims = 4;
 using Shape = std::array<int64_t, kMaxDims>;  // ne[0..3]; unused trailing dims are 1
 
-// A block of host memory. `keep_alive` holds whatever owns it (an aligned allocation, a numpy
-// array shared without a copy, or a graph's arena).
+// A block of memory on a device: host memory (`data`) on the CPU, a range of device memory
+// (`address`, a Vulkan buffer device address) on the GPU. `keep_alive` holds whatever owns it
+// (an aligned allocation, a numpy array shared without a copy, a device sub-allocation).
 struct Storage {
+    Device device = Device::cpu;
     void* data = nullptr;
+    uint64_t address = 0;
     size_t nbytes = 0;
     std::shared_ptr<void> keep_alive;
 
@@ -39,6 +44,7 @@ struct TensorImpl {
     Shape ne{1, 1, 1, 1};
     int ndim = 2;  // 2..4; a 1-D input becomes one column
     DType dtype = DType::f32;
+    Device device = Device::cpu;
     std::shared_ptr<Storage> storage;  // null while pending
     size_t offset = 0;                 // bytes into storage
     uint64_t version = 0;              // bumped by every in-place write
@@ -46,7 +52,8 @@ struct TensorImpl {
     int64_t numel() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
     bool pending() const { return !storage; }
-    void* data() const;
+    void* data() const;  // host memory (CPU tensors only)
+    uint64_t address() const;  // device address (GPU tensors only)
     template <typename T> T* ptr() const { return static_cast<T*>(data()); }
     std::string shape_str() const;
 };
@@ -55,7 +62,7 @@ using TensorPtr = std::shared_ptr<TensorImpl>;
 // A new tensor with its own storage (uninitialised unless `zero`).
 TensorPtr make_tensor(const Shape& ne, int ndim, DType dtype, bool zero = false);
 // A new pending tensor (storage assigned later by a graph).
-TensorPtr make_pending(const Shape& ne, int ndim, DType dtype);
+TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device = Device::cpu);
 
 // Half-precision conversion (IEEE 754 binary16, round to nearest even).
 uint16_t float_to_half(float f);

@@ -429,7 +429,7 @@ CASE_BY_ID = {c.id: c for c in CASES}
 assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 
 # Ops covered by dedicated tests below rather than by table cases.
-DEDICATED = {"rand", "randn", "sample_categorical"}
+DEDICATED = {"rand", "randn", "sample_categorical", "full"}
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
 
@@ -817,6 +817,8 @@ _BAD += [
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), _t(4, 4)), ValueError, "(3, 4)", "(4, 4)"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), [0, 1, 2]), ValueError, "3 class indices", "4 columns"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 2, dtype="i32"), [0, 1]), TypeError, "i32"),
+    _bad("full", lambda: rc.full((0, 3), 1.0), ValueError, "(0, 3)"),
+    _bad("full", lambda: rc.full((2, 3), [1.0]), TypeError, "value"),
     _bad("rand", lambda: rc.rand((0, 3)), ValueError, "(0, 3)"),
     _bad("rand", lambda: rc.rand((1, 2, 3, 4, 5)), ValueError, "(1, 2, 3, 4, 5)"),
     _bad("rand", lambda: rc.rand((3, "a")), TypeError, "shape"),
@@ -968,3 +970,19 @@ def test_sample_normal_distribution():
     y = rc.sample_normal(rc.tensor(mu, dtype="f64"), rc.tensor(np.zeros((2, n)), dtype="f64")).numpy()
     assert y.shape == (2, n)
     np.testing.assert_allclose(y.std(axis=1), [1.0, 1.0], rtol=0.02)
+
+
+def test_full_makes_constants_of_every_dtype():
+    for dtype, np_dtype in (("f32", np.float32), ("f64", np.float64), ("f16", np.float16), ("i32", np.int32)):
+        t = rc.full((3, 2), 2.5 if dtype != "i32" else 7, dtype=dtype)
+        assert t.dtype == dtype and t.shape == (3, 2)
+        np.testing.assert_array_equal(t.numpy(), np.full((3, 2), 2.5 if dtype != "i32" else 7, dtype=np_dtype))
+    assert rc.full(4, -1.0).shape == (4, 1)
+    np.testing.assert_array_equal(rc.zeros((2, 2, 3)).numpy(), np.zeros((2, 2, 3)))
+    np.testing.assert_array_equal(rc.ones((2, 3)).numpy(), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="full: shape"):
+        rc.full((0, 2), 1.0)
+    with pytest.raises(TypeError, match="full: value"):
+        rc.full((2, 2), "1")
+    with pytest.raises(ValueError, match="full: unknown dtype"):
+        rc.full((2, 2), 1.0, dtype="u8")

@@ -442,7 +442,6 @@ def test_zeros_and_ones():
 
 def test_device_argument():
     assert rc.tensor(A, device="cpu").device == "cpu"
-    with pytest.raises(RuntimeError, match="GPU"):
-        rc.tensor(A, device="gpu")
     with pytest.raises(ValueError, match="unknown device"):
         rc.param(A, device="tpu")
+    assert rc.device() == "cpu"  # making a tensor never changes the default device

@@ -8,7 +8,8 @@ contract.
 # tensor first: it pulls in ops, autograd and vjp in the order they build on one another.
 from rlkit.core.tensor import Tensor, ones, param, tensor, zeros
 from rlkit.core._runtime import (
-    device, devices, dtype, get_num_threads, get_rng_state, manual_seed, set_num_threads, set_rng_state, transfer_stats,
+    device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
+    synchronize, transfer_stats,
 )
 from rlkit.core.autograd import Gradients, backward, grad_tape, no_grad, tape_memory
 from rlkit.core.data import Batch, DataLoader
@@ -16,7 +17,7 @@ from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
 from rlkit.core.ops import (
-    abs, add, argmax, as_tensor, cast, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
+    abs, add, argmax, as_tensor, cast, full, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
     log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
     reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, stop_gradient, sub, sum, sum_to, tanh, transpose,
@@ -24,7 +25,7 @@ from rlkit.core.ops import (
 from rlkit.core import nn, optim, sched
 
 __all__ = [
-    "Tensor", "tensor", "param", "zeros", "ones", "as_tensor",
+    "Tensor", "tensor", "param", "zeros", "ones", "full", "as_tensor", "synchronize", "gpu_stats",
     "grad_tape", "no_grad", "backward", "Gradients", "tape_memory", "gradcheck", "GradcheckError",
     "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
     "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",

@@ -15,8 +15,8 @@ DTYPES = ("f32", "f16", "i32", "f64")
 MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
-_state = {"device": "cpu", "dtype": "f32"}
-_transfers = {"uploads": 0, "downloads": 0, "upload_bytes": 0, "download_bytes": 0}
+# gpu_used: the Vulkan context exists (it is created on the first use of the GPU, not at import)
+_state = {"device": "cpu", "dtype": "f32", "gpu_used": False}
 
 
 def _load_blas() -> str:
@@ -50,14 +50,22 @@ def device(name: str | None = None) -> str:
     previous = _state["device"]
     if name is None:
         return previous
+    check_device(name)
+    _state["device"] = name
+    return previous
+
+
+def check_device(name: str) -> str:
+    """Raises ValueError for an unknown device name and RuntimeError, saying what to install,
+    for a GPU that cannot be used here."""
     if name not in DEVICES:
         raise ValueError(f"unknown device {name!r}; expected one of {DEVICES}")
     if name == "gpu":
-        raise RuntimeError(
-            "the GPU (Vulkan) backend is not part of this build of rlkit yet; only 'cpu' is available"
-        )
-    _state["device"] = name
-    return previous
+        reason = _native.gpu_unavailable_reason()
+        if reason:
+            raise RuntimeError(f"no GPU: {reason}")
+        _state["gpu_used"] = True
+    return name
 
 
 def dtype(name: str | None = None) -> str:
@@ -73,9 +81,22 @@ def dtype(name: str | None = None) -> str:
 
 
 def devices() -> list[dict]:
-    """What exists: one row per device with its name, backend and memory in bytes."""
+    """What exists: one row per device ("cpu", and "gpu" where Vulkan finds one) with its
+    name, backend and memory in bytes."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return [{"name": "cpu", "backend": "cpu", "memory": memory, "threads": _native.num_threads()}]
+    rows = [{"device": "cpu", "name": "cpu", "backend": "cpu", "memory": memory, "threads": _native.num_threads()}]
+    if not _native.gpu_unavailable_reason():
+        _state["gpu_used"] = True
+        info = _native.gpu_info()
+        rows.append({"device": "gpu", "name": info["name"], "backend": "vulkan", "memory": info["memory"],
+                     "subgroup_size": info["subgroup_size"], "memory_in_use": info["memory_in_use"]})
+    return rows
+
+
+def synchronize() -> None:
+    """Waits until the GPU has run everything recorded so far (a no-op on the CPU)."""
+    if _state["gpu_used"]:
+        _native.synchronize("gpu")
 
 
 def set_num_threads(n: int) -> None:
@@ -127,14 +148,28 @@ def host_rng() -> np.random.Generator:
     return _host_rng
 
 
-def transfer_stats(reset: bool = False) -> dict:
-    """Counts and bytes of host<->device crossings since the last reset.
+_TRANSFER_KEYS = ("uploads", "downloads", "upload_bytes", "download_bytes")
 
-    The CPU backend computes where the data lives, so it never crosses: every count stays 0
-    there. The Vulkan backend adds its uploads and downloads here.
-    """
-    stats = dict(_transfers)
-    if reset:
-        for key in _transfers:
-            _transfers[key] = 0
-    return stats
+
+def transfer_stats(reset: bool = False) -> dict:
+    """Counts and bytes of host<->device crossings since the last reset: uploads, downloads,
+    upload_bytes and download_bytes. The CPU backend computes where the data lives, so it
+    never crosses: its counts stay 0. ``reset`` also resets the counters of gpu_stats()."""
+    counters = _native.gpu_counters(reset) if _state["gpu_used"] else {}
+    return {key: int(counters.get(key, 0)) for key in _TRANSFER_KEYS}
+
+
+def gpu_stats(reset: bool = False) -> dict:
+    """The GPU's counters since the last reset: transfers as in transfer_stats, and submits,
+    dispatches, barriers and validation_errors (an empty dict where the GPU is unused)."""
+    return {k: int(v) for k, v in _native.gpu_counters(reset).items()} if _state["gpu_used"] else {}
+
+
+def _default_from_environment() -> None:
+    """RLKIT_DEVICE=gpu (or cpu) sets the default device at import."""
+    requested = os.environ.get("RLKIT_DEVICE")
+    if requested:
+        _state["device"] = check_device(requested.strip().lower())
+
+
+_default_from_environment()

@@ -90,11 +90,67 @@ def no_grad():
         TAPE.recording = was_recording
 
 
+class DeviceGradient:
+    """A gradient that lives on the GPU, valid until the next tape opens.
+
+    It is a handle, not an array: ``numpy()`` downloads it (as does ``np.asarray``), and
+    arithmetic on it raises TypeError rather than computing something from a pointer. Hold the
+    values (``numpy()``) before the next ``grad_tape`` if they are needed later.
+    """
+
+    __slots__ = ("_tensor", "_tape_id")
+
+    def __init__(self, tensor: Tensor):
+        self._tensor = tensor
+        self._tape_id = TAPE.tape_id
+
+    def _live(self) -> Tensor:
+        if self._tape_id != TAPE.tape_id:
+            raise RuntimeError(
+                "this GPU gradient belonged to an earlier pass: a new grad_tape has opened since, and "
+                "gradients live only until then. Call .numpy() on it before the next tape opens"
+            )
+        return self._tensor
+
+    def numpy(self) -> np.ndarray:
+        """The values, downloaded to a Fortran-ordered array."""
+        return self._live().numpy()
+
+    def tensor(self) -> Tensor:
+        """The gradient as an engine tensor on the GPU."""
+        return self._live()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The gradient's shape."""
+        return self._tensor.shape
+
+    @property
+    def device(self) -> str:
+        """Always "gpu"."""
+        return self._tensor.device
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def _no_arithmetic(self, *args):
+        raise TypeError("a GPU gradient is a handle without arithmetic: call .numpy() to download it, "
+                        "or use it through the optimizer")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arithmetic
+    __truediv__ = __rtruediv__ = __matmul__ = __rmatmul__ = __neg__ = __pow__ = _no_arithmetic
+
+    def __repr__(self) -> str:
+        return f"DeviceGradient(shape={self.shape}, tape={self._tape_id})"
+
+
 class Gradients(Mapping):
     """Gradients of one backward pass, keyed by parameter and by parameter name.
 
-    ``grads[W]`` and ``grads["W"]`` are numpy arrays (Fortran-ordered, shaped like W);
-    :meth:`tensor` gives the gradient as an engine tensor without a copy.
+    ``grads[W]`` and ``grads["W"]`` are numpy arrays (Fortran-ordered, shaped like W) on the
+    CPU and :class:`DeviceGradient` handles on the GPU; :meth:`tensor` gives the gradient as an
+    engine tensor without a copy.
     """
 
     def __init__(self, by_param: dict):
@@ -119,8 +175,9 @@ class Gradients(Mapping):
             return p
         raise TypeError(f"gradients are keyed by parameter or name, got {type(key).__name__}")
 
-    def __getitem__(self, key) -> np.ndarray:
-        return self._by_param[self._param(key)].numpy()
+    def __getitem__(self, key):
+        g = self._by_param[self._param(key)]
+        return g.numpy() if g.device == "cpu" else DeviceGradient(g)
 
     def tensor(self, key) -> Tensor:
         """The gradient as an engine tensor (no copy)."""
@@ -188,7 +245,7 @@ def backward(loss: Tensor, grad=None) -> Gradients:
     from rlkit.core.vjp import VJP
 
     _check_loss(loss, grad)
-    seed = ops.ones(loss.shape, dtype=loss.dtype) if grad is None else ops.as_tensor(grad, like=loss)
+    seed = ops.ones(loss.shape, dtype=loss.dtype, device=loss.device) if grad is None else ops.as_tensor(grad, like=loss)
     if seed.shape != loss.shape:
         raise ValueError(f"backward: grad has shape {seed.shape}, expected the loss's {loss.shape}")
 

@@ -66,6 +66,6 @@ def softmax_cross_entropy_loss(logits, target) -> Tensor:
             raise ValueError(
                 f"softmax_cross_entropy_loss: {n_index} class indices for {logits.shape[1]} columns of logits"
             )
-        target = ops.reshape(ops.one_hot(target, logits.shape[0], dtype=logits.dtype), logits.shape)
+        target = ops.reshape(ops.one_hot(target, logits.shape[0], dtype=logits.dtype, device=logits.device), logits.shape)
     logits, target = _pred_target(logits, target, "softmax_cross_entropy_loss")
     return ops.apply("softmax_cross_entropy", (logits, target))

@@ -77,6 +77,15 @@ class Module:
         for child in self._modules.values():
             yield from child.modules()
 
+    def to(self, device: str) -> "Module":
+        """Moves every parameter and buffer to ``device`` in place (the same Python objects, so
+        names and references stay valid). Move a model before making its optimizer."""
+        for _, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if t.device != device:
+                t._impl = t.to(device)._impl
+                t._grad = None
+        return self
+
     def train(self, mode: bool = True) -> "Module":
         """Training mode (dropout active, batch norm on batch statistics) for every sub-module."""
         for m in self.modules():
@@ -320,7 +329,7 @@ class Dropout(Module):
         x = ops.as_tensor(x, op="Dropout")
         if not self.training or self.rate == 0:
             return x
-        keep = ops.ge(ops.rand(x.shape, dtype=x.dtype), self.rate)  # 1 with probability 1 - rate
+        keep = ops.ge(ops.rand(x.shape, dtype=x.dtype, device=x.device), self.rate)  # 1 with probability 1 - rate
         return ops.mul(x, ops.scale(keep, 1.0 / (1.0 - self.rate)))
 
     def extra_repr(self) -> str:
@@ -370,7 +379,7 @@ class MultiheadAttention(Module):
         if k.shape[1:] != v.shape[1:]:
             raise ValueError(f"MultiheadAttention: k {k.shape} and v {v.shape} must have the same tokens")
         Q, K, V = ops.matmul(self.W_q, q), ops.matmul(self.W_k, k), ops.matmul(self.W_v, v)  # [d, seq, (batch)]
-        mask = self._causal_mask(K.shape[1], Q.shape[1], q.dtype) if causal else None
+        mask = self._causal_mask(K.shape[1], Q.shape[1], q.dtype, q.device) if causal else None
         heads = []
         for h in range(self.n_heads):
             rows = (h * self.head_dim, self.head_dim)
@@ -386,10 +395,10 @@ class MultiheadAttention(Module):
         return ops.add(out, self.b_o) if self.b_o is not None else out
 
     @staticmethod
-    def _causal_mask(n_keys: int, n_queries: int, dtype: str) -> Tensor:
+    def _causal_mask(n_keys: int, n_queries: int, dtype: str, device: str) -> Tensor:
         """0 where key i may be seen by query j (i <= j), -inf elsewhere: [keys, queries]."""
         keys, queries = np.arange(n_keys)[:, None], np.arange(n_queries)[None, :]
-        return tensor(np.where(keys <= queries, 0.0, -np.inf), dtype=dtype)
+        return tensor(np.where(keys <= queries, 0.0, -np.inf), dtype=dtype, device=device)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}"

@@ -29,7 +29,8 @@ _DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3}
 def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
     """Runs one op of the native table; records it on the open tape when it is
     differentiable and an input requires gradients. ``attrs`` are what its vjp rule reads."""
-    out = Tensor(_native.apply(_OP_ID[op], [t._impl for t in inputs], list(ints), list(floats)))
+    device = _runtime.device() if not inputs else "cpu"  # an op with inputs runs on theirs
+    out = Tensor(_native.apply(_OP_ID[op], [t._impl for t in inputs], list(ints), list(floats), device))
     if TAPE.recording and op in VJP and any(t.requires_grad for t in inputs):
         TAPE.record(out, op, inputs, attrs)
     return out
@@ -37,15 +38,20 @@ def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
 
 def as_tensor(x, like: Tensor | None = None, op: str = "op", arg: str = "x") -> Tensor:
     """x as a Tensor: tensors pass through; numbers and numpy arrays become constants of
-    ``like``'s dtype (or the default dtype)."""
+    ``like``'s dtype and device (or the defaults). A number is made on the device, never
+    uploaded."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (numbers.Number, np.ndarray)) and not isinstance(x, bool):
+        device = like.device if like is not None else None
+        dtype = like.dtype if like is not None and like.dtype != "i32" else None
+        if isinstance(x, numbers.Number) and not isinstance(x, complex):
+            return full((1, 1), float(x), dtype=dtype, device=device)
         if isinstance(x, np.ndarray) and x.size == 0:
             raise ValueError(f"{op}: {arg} is empty (shape {x.shape}); tensors need at least one element in every dimension")
         if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and like is None:
             return tensor(x)
-        return tensor(x, dtype=like.dtype if like is not None and like.dtype != "i32" else None)
+        return tensor(x, dtype=dtype, device=device)
     raise TypeError(f"{op}: {arg} must be a Tensor, a numpy array or a number, got {type(x).__name__}")
 
 
@@ -54,8 +60,10 @@ def _pair(a, b, op: str) -> tuple[Tensor, Tensor]:
     return as_tensor(a, like, op, "a"), as_tensor(b, like, op, "b")
 
 
-def _index(index, op: str) -> Tensor:
-    """Index arguments: i32 tensors or integer arrays (0-based)."""
+def _index(index, op: str, device: str | None = None, limit: int | None = None, what: str = "") -> Tensor:
+    """Index arguments: i32 tensors or integer arrays (0-based). Host arrays are checked
+    against [0, limit) before they go to ``device`` (indices computed on the GPU are clamped
+    there instead)."""
     if isinstance(index, Tensor):
         if index.dtype != "i32":
             raise TypeError(f"{op}: index must be an i32 tensor, got {index.dtype}")
@@ -65,9 +73,14 @@ def _index(index, op: str) -> Tensor:
     if isinstance(index, np.ndarray) and index.dtype.kind in "iu":
         if index.size == 0:
             raise ValueError(f"{op}: index is empty (shape {index.shape})")
-        if index.size and (index.max() > np.iinfo(np.int32).max or index.min() < np.iinfo(np.int32).min):
+        if index.max() > np.iinfo(np.int32).max or index.min() < np.iinfo(np.int32).min:
             raise IndexError(f"{op}: index values must fit in 32 bits")
-        return tensor(index.astype(np.int32))
+        if limit is not None and limit >= 1 and (index.min() < 0 or index.max() >= limit):
+            flat = index.reshape(-1, order="F")
+            j = int(np.flatnonzero((flat < 0) | (flat >= limit))[0])
+            raise IndexError(f"{op}: index {int(flat[j])} at position {j} is out of range for {limit} {what} "
+                             f"(valid: 0..{limit - 1})")
+        return tensor(index.astype(np.int32), device=device)
     raise TypeError(f"{op}: index must be an i32 tensor or an integer array, got {type(index).__name__}")
 
 
@@ -96,7 +109,11 @@ def sub(a, b) -> Tensor:
 
 
 def mul(a, b) -> Tensor:
-    """a * b elementwise, broadcasting."""
+    """a * b elementwise, broadcasting (a tensor times a number is one scale op)."""
+    if isinstance(a, Tensor) and isinstance(b, numbers.Real) and not isinstance(b, bool):
+        return scale(a, b)
+    if isinstance(b, Tensor) and isinstance(a, numbers.Real) and not isinstance(a, bool):
+        return scale(b, a)
     return apply("mul", _pair(a, b, "mul"))
 
 
@@ -325,34 +342,53 @@ def concat_rows(a, b) -> Tensor:
 
 def gather(x, index) -> Tensor:
     """out[0, j] = x[index[j], j]: one row per column, 0-based. Gives [1, batch]."""
-    return apply("gather", (as_tensor(x, op="gather"), _index(index, "gather")))
+    x = as_tensor(x, op="gather")
+    return apply("gather", (x, _index(index, "gather", x.device, x.shape[0], "rows")))
 
 
-def one_hot(index, classes: int, dtype: str | None = None) -> Tensor:
-    """[classes, n] with a 1 at row index[j] of column j (not differentiable)."""
+def one_hot(index, classes: int, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """[classes, n] with a 1 at row index[j] of column j (not differentiable). A host index
+    array goes to ``device`` (the default device when None); a tensor index decides itself."""
     classes = _int_arg(classes, "one_hot", "classes")
     dtype = dtype or _runtime.dtype()
     if dtype not in ("f32", "f16", "f64"):
         raise ValueError(f"one_hot: dtype must be a float dtype, got {dtype!r}")
-    return apply("one_hot", (_index(index, "one_hot"),), ints=(classes, _DTYPE_CODE[dtype]))
+    return apply("one_hot", (_index(index, "one_hot", device, classes, "classes"),), ints=(classes, _DTYPE_CODE[dtype]))
 
 
 def get_rows(x, index) -> Tensor:
     """Columns of x [rows, n] chosen by 0-based index (ggml's get_rows): [rows, len(index)].
     The gradient flows into a tensor x (summed over repeated indices)."""
     x = as_tensor(x, op="get_rows")
-    return apply("get_rows", (x, _index(index, "get_rows")), columns=x.shape[1])
+    return apply("get_rows", (x, _index(index, "get_rows", x.device, x.shape[1], "columns")), columns=x.shape[1])
 
 
 def scatter_cols(g, index, columns: int) -> Tensor:
     """The adjoint of get_rows: [rows, columns] with column index[j] += g[:, j]."""
     columns = _int_arg(columns, "scatter_cols", "columns")
-    return apply("scatter_cols", (as_tensor(g, op="scatter_cols"), _index(index, "scatter_cols")), ints=(columns,))
+    g = as_tensor(g, op="scatter_cols")
+    return apply("scatter_cols", (g, _index(index, "scatter_cols", g.device, columns, "columns")), ints=(columns,))
 
 
-# ---- random ----------------------------------------------------------------------------
+# ---- constants and random values -------------------------------------------------------
 
-def _random(op: str, shape, dtype: str | None) -> Tensor:
+def full(shape, value: float, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload)."""
+    if isinstance(shape, numbers.Integral):
+        shape = (shape, 1)
+    shape = tuple(_int_arg(n, "full", "shape") for n in shape)
+    if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
+        raise ValueError(f"full: shape must have 1 to 4 positive sizes, got {shape}")
+    dtype = dtype or _runtime.dtype()
+    if dtype not in _DTYPE_CODE:
+        raise ValueError(f"full: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
+    value = _number(value, "full", "value")
+    device = _runtime.check_device(device if device is not None else _runtime.device())
+    ints = _shape_attrs(shape) + [_DTYPE_CODE[dtype]]
+    return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))
+
+
+def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
     if isinstance(shape, numbers.Integral):
         shape = (shape, 1)
     shape = tuple(_int_arg(n, op, "shape") for n in shape)
@@ -361,17 +397,18 @@ def _random(op: str, shape, dtype: str | None) -> Tensor:
     dtype = dtype or _runtime.dtype()
     if dtype not in ("f32", "f16", "f64"):
         raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
-    return apply(op, (), ints=_shape_attrs(shape) + [_DTYPE_CODE[dtype]])
+    device = _runtime.check_device(device if device is not None else _runtime.device())
+    return Tensor(_native.apply(_OP_ID[op], [], _shape_attrs(shape) + [_DTYPE_CODE[dtype]], [], device))
 
 
-def rand(shape, dtype: str | None = None) -> Tensor:
+def rand(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
     """Uniform values in [0, 1) from the engine's generator (``rc.manual_seed``)."""
-    return _random("rand", shape, dtype)
+    return _random("rand", shape, dtype, device)
 
 
-def randn(shape, dtype: str | None = None) -> Tensor:
+def randn(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
     """Standard normal values from the engine's generator."""
-    return _random("randn", shape, dtype)
+    return _random("randn", shape, dtype, device)
 
 
 def sample_categorical(logits) -> Tensor:
@@ -390,7 +427,7 @@ def sample_normal(mu, log_std) -> Tensor:
     sizes = [(a, b) for a, b in zip(mu.shape + (1,) * (ndim - mu.ndim), log_std.shape + (1,) * (ndim - log_std.ndim))]
     if builtins.any(a != b and 1 not in (a, b) for a, b in sizes):
         raise ValueError(f"sample_normal: mu {mu.shape} and log_std {log_std.shape} do not broadcast")
-    eps = randn(tuple(builtins.max(a, b) for a, b in sizes), dtype=mu.dtype)  # one draw per output element
+    eps = randn(tuple(builtins.max(a, b) for a, b in sizes), dtype=mu.dtype, device=mu.device)  # one per output element
     return add(mu, mul(exp(log_std), eps))
 
 

@@ -39,7 +39,7 @@ def _non_negative(value, what: str) -> float:
 
 
 def _zeros_like(p: Tensor) -> Tensor:
-    return ops.zeros(p.shape, dtype=p.dtype)
+    return ops.zeros(p.shape, dtype=p.dtype, device=p.device)
 
 
 class Optimizer:

@@ -51,8 +51,8 @@ class Tensor:
 
     @property
     def device(self) -> str:
-        """The device holding the values."""
-        return "cpu"
+        """The device holding the values: "cpu" or "gpu"."""
+        return self._impl.device
 
     @property
     def numel(self) -> int:
@@ -75,9 +75,16 @@ class Tensor:
         return self.numpy().reshape(-1)[0].item()
 
     @property
-    def grad(self) -> np.ndarray | None:
-        """The accumulated gradient after backward (None before, and after zero_grad)."""
-        return None if self._grad is None else self._grad.numpy()
+    def grad(self):
+        """The accumulated gradient after backward (None before, and after zero_grad): a numpy
+        array on the CPU; on the GPU a DeviceGradient handle (``.numpy()`` downloads it)."""
+        if self._grad is None:
+            return None
+        if self._grad.device == "cpu":
+            return self._grad.numpy()
+        from rlkit.core.autograd import DeviceGradient
+
+        return DeviceGradient(self._grad)
 
     @grad.setter
     def grad(self, value) -> None:
@@ -85,10 +92,19 @@ class Tensor:
             self._grad = None
             return
         arr = _to_fortran(value, self.dtype)
-        g = Tensor(_native.from_numpy(arr, _dtype_of(arr), True))  # a copy: never aliases the caller's array
+        g = Tensor(_native.from_numpy(arr, _dtype_of(arr), True, self.device))  # a copy: never aliases the array
         if g.shape != self.shape:
             raise ValueError(f"grad: shape {g.shape} does not match the tensor's {self.shape}")
         self._grad = g
+
+    def to(self, device: str) -> "Tensor":
+        """A copy on ``device`` (the same tensor when it is already there). A parameter's copy is
+        a parameter with the same name; the copy is not recorded on the tape."""
+        device = _runtime.check_device(device)
+        if device == self.device:
+            return self
+        impl = _native.from_numpy(self.numpy(), self.dtype, True, device)
+        return Tensor(impl, requires_grad=self.requires_grad and self.is_leaf, name=self.name)
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -182,21 +198,22 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
     return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
 
 
-def _check_device(device: str | None) -> None:
-    if device is not None and device != "cpu":
-        _runtime.device(device)  # raises a clear error for an unknown or unavailable device
+def _resolve_device(device: str | None) -> str:
+    """The device to make a tensor on: the given one or the default, checked."""
+    return _runtime.check_device(device if device is not None else _runtime.device())
 
 
 def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
     """A non-trainable tensor. A 1-D array becomes one column ``[n, 1]``.
 
-    A Fortran-ordered numpy array of the target dtype is shared, not copied: writing to the
-    array afterwards changes the tensor. Integer data becomes i32 unless ``dtype`` says
-    otherwise; float data takes the default dtype (``rc.dtype()``).
+    On the CPU a Fortran-ordered numpy array of the target dtype is shared, not copied:
+    writing to the array afterwards changes the tensor (on the GPU the values are uploaded).
+    Integer data becomes i32 unless ``dtype`` says otherwise; float data takes the default
+    dtype (``rc.dtype()``); the device defaults to ``rc.device()``.
     """
-    _check_device(device)
+    device = _resolve_device(device)
     arr = _to_fortran(data, dtype)
-    return Tensor(_native.from_numpy(arr, _dtype_of(arr), False))
+    return Tensor(_native.from_numpy(arr, _dtype_of(arr), False, device))
 
 
 def param(data, name: str | None = None, dtype: str | None = None, device: str | None = None) -> Tensor:
@@ -204,13 +221,13 @@ def param(data, name: str | None = None, dtype: str | None = None, device: str |
 
     ``name`` keys its gradient in the mapping :func:`backward` returns.
     """
-    _check_device(device)
+    device = _resolve_device(device)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"param: name must be a str, got {type(name).__name__}")
     arr = _to_fortran(data, dtype if dtype is not None else _float_dtype_of(data))
     if arr.dtype == np.int32:
         raise TypeError("param: a trainable tensor must be float (f32, f16 or f64), got i32 data")
-    return Tensor(_native.from_numpy(arr, _dtype_of(arr), True), requires_grad=True, name=name)
+    return Tensor(_native.from_numpy(arr, _dtype_of(arr), True, device), requires_grad=True, name=name)
 
 
 def _float_dtype_of(data) -> str:
@@ -224,16 +241,14 @@ def _dtype_of(arr: np.ndarray) -> str:
     raise TypeError(f"unsupported array dtype {arr.dtype}")
 
 
-def zeros(shape, dtype: str | None = None) -> Tensor:
-    """A tensor of zeros of the given shape (ne order)."""
-    dtype = dtype or _runtime.dtype()
-    return tensor(np.zeros(shape, dtype=_NUMPY_DTYPES[dtype], order="F"), dtype=dtype)
+def zeros(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A tensor of zeros of the given shape (ne order), made on the device (no upload)."""
+    return ops.full(shape, 0.0, dtype=dtype, device=device)
 
 
-def ones(shape, dtype: str | None = None) -> Tensor:
-    """A tensor of ones of the given shape (ne order)."""
-    dtype = dtype or _runtime.dtype()
-    return tensor(np.ones(shape, dtype=_NUMPY_DTYPES[dtype], order="F"), dtype=dtype)
+def ones(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A tensor of ones of the given shape (ne order), made on the device (no upload)."""
+    return ops.full(shape, 1.0, dtype=dtype, device=device)
 
 
 from rlkit.core import ops  # noqa: E402  (ops build on Tensor)

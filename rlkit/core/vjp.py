@@ -74,7 +74,7 @@ VJP = {
 
 NOT_DIFFERENTIABLE = frozenset(
     {
-        "ge", "gt", "sign", "argmax", "one_hot", "rand", "randn", "sample_categorical",
+        "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "sample_categorical",
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
         "softmax_back", "log_softmax_back",

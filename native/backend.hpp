@@ -1,0 +1,64 @@
+// A backend computes ops on one device: it allocates storage there and runs (or records) one
+// op's kernel into an output of that device. apply() and Graph::run() pick the backend from
+// the tensors' device; everything above this interface is device-agnostic.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops.hpp"
+#include "optim.hpp"
+
+namespace rk {
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
+    // Runs op into `out` (already sized, storage assigned). Kernels see f32/f64/i32 only.
+    virtual void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) = 0;
+    // Host <-> device copies of a whole tensor (counted in transfer_stats on the GPU).
+    virtual void upload(TensorImpl& dst, const void* host) = 0;
+    virtual void download(const TensorImpl& src, void* host) = 0;
+    // The fused optimizer updates of one parameter, in place.
+    virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) = 0;
+    virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
+                     double weight_decay) = 0;
+    // Waits for everything recorded so far.
+    virtual void synchronize() {}
+};
+
+// The Vulkan backend, created on first use; null (and `why` says what is missing) where no
+// Vulkan loader, driver or device exists, or the build has no Vulkan.
+Backend* vulkan_backend(std::string* why);
+
+// The backend of a device; for the GPU, raises a clear error where Vulkan is unavailable.
+Backend& backend(Device device);
+
+// Whether the GPU backend can be used here, and if not, why (empty when it can).
+std::string gpu_unavailable_reason();
+
+// What the GPU backend reports: its device, and its counters since the last reset (uploads,
+// downloads and their bytes, submits, dispatches, barriers, validation errors). Empty where
+// there is no GPU backend.
+struct GpuInfo {
+    std::string name;
+    uint64_t memory = 0;
+    uint32_t subgroup_size = 0, max_shared_memory = 0;
+    uint64_t memory_in_use = 0, memory_reserved = 0;
+    bool validation = false;  // the Khronos validation layer is on (RLKIT_VK_VALIDATION=1)
+};
+bool gpu_info(GpuInfo* info);
+// Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.
+void set_gpu_poison(bool on);
+std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
+
+// A new tensor with storage on `device`.
+TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype);
+
+// Runs op on the backend of out's device; f16 is computed in f32 (cast in, cast out).
+void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out);
+
+}  // namespace rk

@@ -1,0 +1,551 @@
+#include "vulkan/vk_context.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "vulkan/vk_shaders.hpp"
+
+namespace rk::vk {
+
+void check(VkResult result, const char* what) {
+    if (result != VK_SUCCESS)
+        throw std::runtime_error(std::string("Vulkan: ") + what + " failed (VkResult " + std::to_string(int(result)) + ")");
+}
+
+namespace {
+
+constexpr uint64_t kAlignment = 256;       // >= minStorageBufferOffsetAlignment everywhere
+constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push block fits in it
+constexpr uint32_t kMaxRecorded = 4096;    // dispatches recorded before an early submit
+constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
+
+uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+bool env_flag(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v && std::strcmp(v, "0") != 0;
+}
+
+bool overlaps(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
+
+bool any_overlap(const std::vector<Range>& xs, const std::vector<Range>& ys) {
+    for (const auto& x : xs)
+        for (const auto& y : ys)
+            if (overlaps(x, y)) return true;
+    return false;
+}
+
+}  // namespace
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                    VkDebugUtilsMessageTypeFlagsEXT,
+                                                    const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
+    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        auto* ctx = static_cast<Context*>(user);
+        if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ++ctx->validation_errors_;
+        std::fprintf(stderr, "[rlkit vulkan validation] %s\n", data->pMessage);
+    }
+    return VK_FALSE;
+}
+
+// ---- memory ----------------------------------------------------------------------------
+
+Allocation::~Allocation() {
+    if (pool) pool->release(block, offset, size);
+}
+
+MemoryPool::MemoryPool(const Api& api, VkDevice device, uint32_t memory_type, bool mapped, uint64_t block_size,
+                       uint64_t alignment)
+    : api_(api), device_(device), memory_type_(memory_type), mapped_(mapped), block_size_(block_size),
+      alignment_(alignment) {}
+
+MemoryPool::~MemoryPool() {
+    for (auto& b : blocks_) {
+        if (b.mapped) api_.vkUnmapMemory(device_, b.memory);
+        api_.vkDestroyBuffer(device_, b.buffer, nullptr);
+        api_.vkFreeMemory(device_, b.memory, nullptr);
+    }
+}
+
+int MemoryPool::add_block(uint64_t size) {
+    Block b;
+    b.size = size;
+    VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    info.size = size;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
+    check(api_.vkCreateBuffer(device_, &info, nullptr, &b.buffer), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    api_.vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+    VkMemoryAllocateFlagsInfo flags{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO};
+    flags.flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT;
+    VkMemoryAllocateInfo alloc{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, &flags};
+    alloc.allocationSize = req.size;
+    alloc.memoryTypeIndex = memory_type_;
+    VkResult r = api_.vkAllocateMemory(device_, &alloc, nullptr, &b.memory);
+    if (r != VK_SUCCESS) {
+        api_.vkDestroyBuffer(device_, b.buffer, nullptr);
+        throw std::runtime_error("out of GPU memory: could not allocate a block of " + std::to_string(size >> 20) +
+                                 " MiB (VkResult " + std::to_string(int(r)) + ")");
+    }
+    check(api_.vkBindBufferMemory(device_, b.buffer, b.memory, 0), "vkBindBufferMemory");
+    if (mapped_) check(api_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
+    VkBufferDeviceAddressInfo addr{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};
+    addr.buffer = b.buffer;
+    b.address = api_.vkGetBufferDeviceAddress(device_, &addr);
+    b.free[0] = size;
+    blocks_.push_back(std::move(b));
+    return int(blocks_.size()) - 1;
+}
+
+std::shared_ptr<Allocation> MemoryPool::allocate(uint64_t size) {
+    std::lock_guard<std::mutex> lk(mutex_);
+    size = align_up(std::max<uint64_t>(size, 1), alignment_);
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int bi = 0; bi < int(blocks_.size()); ++bi) {
+            auto& free = blocks_[bi].free;
+            for (auto it = free.begin(); it != free.end(); ++it) {
+                if (it->second < size) continue;
+                auto a = std::make_shared<Allocation>();
+                a->pool = this;
+                a->block = bi;
+                a->offset = it->first;
+                a->size = size;
+                const uint64_t rest = it->second - size, next = it->first + size;
+                free.erase(it);
+                if (rest) free[next] = rest;
+                in_use_ += size;
+                return a;
+            }
+        }
+        add_block(std::max(block_size_, size));  // a tensor larger than a block gets its own
+    }
+    throw std::logic_error("MemoryPool: a fresh block could not hold the allocation");
+}
+
+void MemoryPool::release(int block, uint64_t offset, uint64_t size) {
+    std::lock_guard<std::mutex> lk(mutex_);
+    auto& free = blocks_[block].free;
+    auto it = free.emplace(offset, size).first;
+    auto next = std::next(it);
+    if (next != free.end() && it->first + it->second == next->first) {
+        it->second += next->second;
+        free.erase(next);
+    }
+    if (it != free.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second == it->first) {
+            prev->second += it->second;
+            free.erase(it);
+        }
+    }
+    in_use_ -= size;
+}
+
+uint64_t MemoryPool::bytes_reserved() const {
+    uint64_t total = 0;
+    for (const auto& b : blocks_) total += b.size;
+    return total;
+}
+
+// ---- setup -----------------------------------------------------------------------------
+
+Context* Context::get(std::string* why) {
+    // Never destroyed: tensors may outlive any static destructor, and their storage returns to
+    // the context's pools; the process's exit releases the device.
+    static Context* ctx = nullptr;
+    static std::string failure;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        auto* c = new Context();
+        try {
+            c->init(&failure);
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+        if (failure.empty()) ctx = c;
+    });
+    if (!ctx) *why = failure;
+    return ctx;
+}
+
+void Context::init(std::string* why) {
+    loader_ = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!loader_) loader_ = dlopen("libvulkan.so", RTLD_NOW | RTLD_LOCAL);
+    if (!loader_) {
+        *why = "the Vulkan loader (libvulkan.so.1) is not installed: install it and a driver (Debian: apt-get "
+               "install libvulkan1 mesa-vulkan-drivers for a CPU software device; on an NVIDIA or AMD GPU its "
+               "vendor driver)";
+        return;
+    }
+    api_.vkGetInstanceProcAddr = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(loader_, "vkGetInstanceProcAddr"));
+#define RK_LOAD_GLOBAL(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetInstanceProcAddr(nullptr, #name));
+    RK_VK_GLOBAL_FUNCTIONS(RK_LOAD_GLOBAL)
+#undef RK_LOAD_GLOBAL
+
+    const bool validate = env_flag("RLKIT_VK_VALIDATION");
+    std::vector<const char*> layers, extensions;
+    if (validate) {
+        uint32_t n = 0;
+        api_.vkEnumerateInstanceLayerProperties(&n, nullptr);
+        std::vector<VkLayerProperties> props(n);
+        api_.vkEnumerateInstanceLayerProperties(&n, props.data());
+        bool found = std::any_of(props.begin(), props.end(), [](const VkLayerProperties& p) {
+            return std::strcmp(p.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+        });
+        if (!found) {
+            *why = "RLKIT_VK_VALIDATION is set but VK_LAYER_KHRONOS_validation is not installed "
+                   "(Debian: apt-get install vulkan-validationlayers)";
+            return;
+        }
+        layers.push_back("VK_LAYER_KHRONOS_validation");
+        extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    }
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+    app.pApplicationName = "rlkit";
+    app.apiVersion = VK_API_VERSION_1_2;
+    VkValidationFeatureEnableEXT sync_validation = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT;
+    VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+    features.enabledValidationFeatureCount = 1;
+    features.pEnabledValidationFeatures = &sync_validation;
+    VkInstanceCreateInfo ici{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, validate ? &features : nullptr};
+    ici.pApplicationInfo = &app;
+    ici.enabledLayerCount = uint32_t(layers.size());
+    ici.ppEnabledLayerNames = layers.data();
+    ici.enabledExtensionCount = uint32_t(extensions.size());
+    ici.ppEnabledExtensionNames = extensions.data();
+    VkResult r = api_.vkCreateInstance(&ici, nullptr, &instance_);
+    if (r != VK_SUCCESS) {
+        *why = "vkCreateInstance failed (VkResult " + std::to_string(int(r)) +
+               "): no Vulkan driver is installed (Debian: apt-get install mesa-vulkan-drivers, or the GPU vendor's)";
+        return;
+    }
+#define RK_LOAD_INSTANCE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetInstanceProcAddr(instance_, #name));
+    RK_VK_INSTANCE_FUNCTIONS(RK_LOAD_INSTANCE)
+#undef RK_LOAD_INSTANCE
+    if (validate) {
+        auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+            api_.vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+        VkDebugUtilsMessengerCreateInfoEXT mci{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+        mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+        mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                          VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+        mci.pfnUserCallback = on_validation_message;
+        mci.pUserData = this;
+        check(create(instance_, &mci, nullptr, &messenger_), "vkCreateDebugUtilsMessengerEXT");
+    }
+
+    uint32_t n = 0;
+    api_.vkEnumeratePhysicalDevices(instance_, &n, nullptr);
+    std::vector<VkPhysicalDevice> devices(n);
+    api_.vkEnumeratePhysicalDevices(instance_, &n, devices.data());
+    if (devices.empty()) {
+        *why = "the Vulkan loader found no device: install a driver (Debian: apt-get install mesa-vulkan-drivers)";
+        return;
+    }
+    // A discrete GPU first, then integrated, virtual, and software (lavapipe) last; or RLKIT_VK_DEVICE.
+    auto rank = [&](VkPhysicalDevice d) {
+        VkPhysicalDeviceProperties p;
+        api_.vkGetPhysicalDeviceProperties(d, &p);
+        switch (p.deviceType) {
+            case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+            case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+            case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+            default: return 3;
+        }
+    };
+    std::stable_sort(devices.begin(), devices.end(), [&](auto a, auto b) { return rank(a) < rank(b); });
+    if (const char* pick = std::getenv("RLKIT_VK_DEVICE")) {
+        const int i = std::atoi(pick);
+        if (i < 0 || i >= int(devices.size())) {
+            *why = "RLKIT_VK_DEVICE=" + std::string(pick) + " but there are " + std::to_string(devices.size()) + " devices";
+            return;
+        }
+        physical_ = devices[i];
+    } else {
+        physical_ = devices[0];
+    }
+
+    VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &subgroup};
+    api_.vkGetPhysicalDeviceProperties2(physical_, &props2);
+    const VkPhysicalDeviceLimits& lim = props2.properties.limits;
+    device_name_ = props2.properties.deviceName;
+    limits_.subgroup_size = subgroup.subgroupSize;
+    limits_.max_shared_memory = lim.maxComputeSharedMemorySize;
+    limits_.max_push_constants = lim.maxPushConstantsSize;
+    limits_.max_group_count_x = lim.maxComputeWorkGroupCount[0];
+    if (lim.maxPushConstantsSize < kPushConstantBytes) {
+        *why = device_name_ + " offers " + std::to_string(lim.maxPushConstantsSize) + " bytes of push constants; rlkit needs 128";
+        return;
+    }
+
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    api_.vkGetPhysicalDeviceFeatures2(physical_, &f2);
+    if (!f12.bufferDeviceAddress || !f2.features.shaderInt64) {
+        *why = device_name_ + " lacks bufferDeviceAddress or shaderInt64, which rlkit's shaders use";
+        return;
+    }
+
+    uint32_t nq = 0;
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
+    std::vector<VkQueueFamilyProperties> families(nq);
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, families.data());
+    queue_family_ = nq;
+    for (uint32_t i = 0; i < nq; ++i)
+        if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            queue_family_ = i;
+            break;
+        }
+    if (queue_family_ == nq) {
+        *why = device_name_ + " has no compute queue";
+        return;
+    }
+
+    float priority = 1.0f;
+    VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+    qci.queueFamilyIndex = queue_family_;
+    qci.queueCount = 1;
+    qci.pQueuePriorities = &priority;
+    VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    enable12.bufferDeviceAddress = VK_TRUE;
+    VkPhysicalDeviceFeatures2 enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &enable12};
+    enable.features.shaderInt64 = VK_TRUE;
+    VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &enable};
+    dci.queueCreateInfoCount = 1;
+    dci.pQueueCreateInfos = &qci;
+    check(api_.vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
+#define RK_LOAD_DEVICE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetDeviceProcAddr(device_, #name));
+    RK_VK_DEVICE_FUNCTIONS(RK_LOAD_DEVICE)
+#undef RK_LOAD_DEVICE
+    api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+
+    VkPhysicalDeviceMemoryProperties mem;
+    api_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem);
+    auto find_type = [&](VkMemoryPropertyFlags want, VkMemoryPropertyFlags avoid) -> int {
+        for (uint32_t i = 0; i < mem.memoryTypeCount; ++i) {
+            const auto f = mem.memoryTypes[i].propertyFlags;
+            if ((f & want) == want && !(f & avoid)) return int(i);
+        }
+        return -1;
+    };
+    int device_type = find_type(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT);
+    if (device_type < 0) device_type = find_type(VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0);
+    // Staging serves uploads and reads: host-visible, coherent, and cached where offered.
+    int staging_type = find_type(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                     VK_MEMORY_PROPERTY_HOST_CACHED_BIT, 0);
+    if (staging_type < 0)
+        staging_type = find_type(VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, 0);
+    if (device_type < 0 || staging_type < 0) {
+        *why = device_name_ + " offers no usable device-local and host-visible memory types";
+        return;
+    }
+    device_memory_ = mem.memoryHeaps[mem.memoryTypes[device_type].heapIndex].size;
+    const uint64_t block = std::min<uint64_t>(uint64_t(256) << 20, device_memory_ / 8);
+    device_pool_ = std::make_unique<MemoryPool>(api_, device_, uint32_t(device_type), false, block, kAlignment);
+    staging_pool_ = std::make_unique<MemoryPool>(api_, device_, uint32_t(staging_type), true, uint64_t(64) << 20, kAlignment);
+
+    VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    pci.queueFamilyIndex = queue_family_;
+    check(api_.vkCreateCommandPool(device_, &pci, nullptr, &pool_), "vkCreateCommandPool");
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = pool_;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    check(api_.vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    check(api_.vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
+
+    VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes};
+    VkPipelineLayoutCreateInfo lci{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+    lci.pushConstantRangeCount = 1;
+    lci.pPushConstantRanges = &push;
+    check(api_.vkCreatePipelineLayout(device_, &lci, nullptr, &layout_), "vkCreatePipelineLayout");
+}
+
+Context::~Context() {
+    if (!device_) return;
+    api_.vkDeviceWaitIdle(device_);
+    in_flight_.clear();
+    for (auto& [name, p] : pipelines_) api_.vkDestroyPipeline(device_, p, nullptr);
+    api_.vkDestroyPipelineLayout(device_, layout_, nullptr);
+    api_.vkDestroyFence(device_, fence_, nullptr);
+    api_.vkDestroyCommandPool(device_, pool_, nullptr);
+    device_pool_.reset();
+    staging_pool_.reset();
+    api_.vkDestroyDevice(device_, nullptr);
+    if (messenger_) {
+        auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+            api_.vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+        destroy(instance_, messenger_, nullptr);
+    }
+    api_.vkDestroyInstance(instance_, nullptr);
+}
+
+// ---- pipelines -------------------------------------------------------------------------
+
+VkPipeline Context::pipeline(const std::string& shader) {
+    auto it = pipelines_.find(shader);
+    if (it != pipelines_.end()) return it->second;
+    const ShaderCode* code = find_shader(shader);
+    if (!code) throw std::logic_error("no embedded shader named " + shader);
+    VkShaderModuleCreateInfo smci{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+    smci.codeSize = code->size;
+    smci.pCode = code->words;
+    VkShaderModule module;
+    check(api_.vkCreateShaderModule(device_, &smci, nullptr, &module), "vkCreateShaderModule");
+    VkComputePipelineCreateInfo cpci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    cpci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+    cpci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    cpci.stage.module = module;
+    cpci.stage.pName = "main";
+    cpci.layout = layout_;
+    VkPipeline p;
+    VkResult r = api_.vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
+    api_.vkDestroyShaderModule(device_, module, nullptr);
+    check(r, ("vkCreateComputePipelines(" + shader + ")").c_str());
+    pipelines_[shader] = p;
+    return p;
+}
+
+// ---- recording -------------------------------------------------------------------------
+
+std::shared_ptr<Storage> Context::allocate(uint64_t nbytes) {
+    auto a = device_pool_->allocate(nbytes);
+    if (poison_) fill_range(device_pool_->buffer(*a), a->offset, device_pool_->address(*a), a->size, 0x7fc00000u);
+    auto s = std::make_shared<Storage>();
+    s->device = Device::gpu;
+    s->address = device_pool_->address(*a);
+    s->nbytes = nbytes;
+    s->keep_alive = a;
+    return s;
+}
+
+std::pair<VkBuffer, uint64_t> Context::locate(const TensorImpl& t) const {
+    auto* a = static_cast<Allocation*>(t.storage->keep_alive.get());
+    return {a->pool->buffer(*a), a->offset + t.offset};
+}
+
+void Context::begin_if_needed() {
+    if (recording_) return;
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(api_.vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+    recording_ = true;
+    unsynced_reads_.clear();
+    unsynced_writes_.clear();
+}
+
+void Context::access(const std::vector<Range>& reads, const std::vector<Range>& writes) {
+    begin_if_needed();
+    // A read after an unsynced write, or a write after an unsynced read or write, needs a barrier.
+    if (any_overlap(reads, unsynced_writes_) || any_overlap(writes, unsynced_writes_) ||
+        any_overlap(writes, unsynced_reads_)) {
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                           VK_ACCESS_TRANSFER_WRITE_BIT;
+        const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+        api_.vkCmdPipelineBarrier(cmd_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+        unsynced_reads_.clear();
+        unsynced_writes_.clear();
+        ++stats_.barriers;
+    }
+    unsynced_reads_.insert(unsynced_reads_.end(), reads.begin(), reads.end());
+    unsynced_writes_.insert(unsynced_writes_.end(), writes.begin(), writes.end());
+}
+
+void Context::dispatch(const std::string& shader, const void* push, uint32_t push_size, uint64_t groups,
+                       const std::vector<Range>& reads, const std::vector<Range>& writes, uint32_t groups_z) {
+    if (push_size > kPushConstantBytes) throw std::logic_error(shader + ": push constants exceed 128 bytes");
+    if (groups == 0) return;
+    VkPipeline p = pipeline(shader);
+    access(reads, writes);
+    api_.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+    api_.vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
+    const uint64_t max_x = limits_.max_group_count_x;
+    const uint32_t gx = uint32_t(std::min<uint64_t>(groups, max_x));
+    const uint32_t gy = uint32_t((groups + gx - 1) / gx);  // shaders fold (x, y) back into one index
+    api_.vkCmdDispatch(cmd_, gx, gy, groups_z);
+    ++stats_.dispatches;
+    if (++recorded_ >= kMaxRecorded) flush();
+}
+
+void Context::fill(const TensorImpl& dst, uint32_t pattern) {
+    const auto [buffer, offset] = locate(dst);
+    fill_range(buffer, offset, dst.address(), align_up(dst.nbytes(), 4), pattern);
+}
+
+void Context::fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern) {
+    access({}, {{address, address + size}});
+    api_.vkCmdFillBuffer(cmd_, buffer, offset, size, pattern);
+}
+
+void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
+    const auto [sb, so] = locate(src);
+    const auto [db, doff] = locate(dst);
+    const uint64_t size = std::min(src.nbytes(), dst.nbytes());
+    access({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}});
+    VkBufferCopy region{so, doff, size};
+    api_.vkCmdCopyBuffer(cmd_, sb, db, 1, &region);
+}
+
+void Context::upload(const TensorImpl& dst, const void* host) {
+    const uint64_t size = dst.nbytes();
+    auto staging = staging_pool_->allocate(size);
+    std::memcpy(staging_pool_->host(*staging), host, size);
+    const auto [db, doff] = locate(dst);
+    access({}, {{dst.address(), dst.address() + size}});
+    VkBufferCopy region{staging->offset, doff, size};
+    api_.vkCmdCopyBuffer(cmd_, staging_pool_->buffer(*staging), db, 1, &region);
+    in_flight_.push_back(std::move(staging));
+    in_flight_bytes_ += size;
+    ++stats_.uploads;
+    stats_.upload_bytes += size;
+    if (in_flight_bytes_ > kMaxInFlightStaging) flush();
+}
+
+void Context::download(const TensorImpl& src, void* host) {
+    const uint64_t size = src.nbytes();
+    auto staging = staging_pool_->allocate(size);
+    const auto [sb, so] = locate(src);
+    access({{src.address(), src.address() + size}}, {});
+    VkBufferCopy region{so, staging->offset, size};
+    api_.vkCmdCopyBuffer(cmd_, sb, staging_pool_->buffer(*staging), 1, &region);
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
+    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    api_.vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr,
+                              0, nullptr);
+    flush();
+    std::memcpy(host, staging_pool_->host(*staging), size);
+    ++stats_.downloads;
+    stats_.download_bytes += size;
+}
+
+void Context::flush() {
+    if (!recording_) return;
+    check(api_.vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+    recording_ = false;
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd_;
+    check(api_.vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+    ++stats_.submits;
+    VkResult r = api_.vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX);
+    check(r, "vkWaitForFences (the GPU did not finish: device lost?)");
+    check(api_.vkResetFences(device_, 1, &fence_), "vkResetFences");
+    check(api_.vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
+    in_flight_.clear();
+    in_flight_bytes_ = 0;
+    recorded_ = 0;
+}
+
+}  // namespace rk::vk

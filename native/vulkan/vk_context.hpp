@@ -1,0 +1,154 @@
+// The Vulkan device rlkit computes on: instance and device setup, memory (large blocks
+// sub-allocated, addressed by buffer device address), shader pipelines, and the recorder that
+// puts dispatches and copies into one command buffer with barriers only between dependent
+// work, submitted when the host reads a value (or the recording grows large).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor.hpp"
+#include "vulkan/vk_api.hpp"
+
+namespace rk::vk {
+
+// A byte range of device memory, by device address.
+struct Range {
+    uint64_t begin, end;
+};
+
+struct Limits {
+    uint32_t subgroup_size = 0;
+    uint32_t max_shared_memory = 0;
+    uint32_t max_push_constants = 0;
+    uint32_t max_group_count_x = 0;
+    uint64_t max_allocation = 0;
+};
+
+struct TransferStats {
+    uint64_t uploads = 0, downloads = 0, upload_bytes = 0, download_bytes = 0;
+    uint64_t submits = 0, dispatches = 0, barriers = 0;
+};
+
+class MemoryPool;
+
+// One sub-allocation; returns its range to the pool when destroyed.
+struct Allocation {
+    MemoryPool* pool = nullptr;
+    int block = -1;
+    uint64_t offset = 0, size = 0;
+    ~Allocation();
+};
+
+// Blocks of one memory type, each one VkBuffer over one VkDeviceMemory, sub-allocated first-fit.
+class MemoryPool {
+  public:
+    MemoryPool(const Api& api, VkDevice device, uint32_t memory_type, bool mapped, uint64_t block_size,
+               uint64_t alignment);
+    ~MemoryPool();
+    std::shared_ptr<Allocation> allocate(uint64_t size);
+    void release(int block, uint64_t offset, uint64_t size);
+    uint64_t address(const Allocation& a) const { return blocks_[a.block].address + a.offset; }
+    VkBuffer buffer(const Allocation& a) const { return blocks_[a.block].buffer; }
+    void* host(const Allocation& a) const { return static_cast<char*>(blocks_[a.block].mapped) + a.offset; }
+    uint64_t bytes_in_use() const { return in_use_; }
+    uint64_t bytes_reserved() const;
+
+  private:
+    struct Block {
+        VkDeviceMemory memory = VK_NULL_HANDLE;
+        VkBuffer buffer = VK_NULL_HANDLE;
+        uint64_t address = 0, size = 0;
+        void* mapped = nullptr;
+        std::map<uint64_t, uint64_t> free;  // offset -> size
+    };
+    int add_block(uint64_t size);
+    const Api& api_;
+    VkDevice device_;
+    uint32_t memory_type_;
+    bool mapped_;
+    uint64_t block_size_, alignment_, in_use_ = 0;
+    std::vector<Block> blocks_;
+    std::mutex mutex_;
+};
+
+class Context {
+  public:
+    // The process's Vulkan context, created on first use; null with `why` set where Vulkan or a
+    // suitable device is missing.
+    static Context* get(std::string* why);
+    ~Context();
+
+    const Limits& limits() const { return limits_; }
+    const std::string& device_name() const { return device_name_; }
+    uint64_t device_memory() const { return device_memory_; }
+    TransferStats& stats() { return stats_; }
+    uint32_t validation_errors() const { return validation_errors_; }
+    bool validating() const { return messenger_ != VK_NULL_HANDLE; }
+    uint64_t memory_in_use() const { return device_pool_->bytes_in_use(); }
+    uint64_t memory_reserved() const { return device_pool_->bytes_reserved(); }
+
+    // Device-local storage of n bytes (a sub-allocation), addressed by its device address.
+    // With poisoning on (tests), new storage is filled with NaN so unwritten elements show.
+    std::shared_ptr<Storage> allocate(uint64_t nbytes);
+    void set_poison(bool on) { poison_ = on; }
+
+    // Records one compute dispatch of `shader` over `groups` workgroups (x may exceed the device
+    // limit: it is folded into y); the shader reads `reads` and writes `writes`.
+    void dispatch(const std::string& shader, const void* push, uint32_t push_size, uint64_t groups,
+                  const std::vector<Range>& reads, const std::vector<Range>& writes, uint32_t groups_z = 1);
+    void fill(const TensorImpl& dst, uint32_t pattern);
+    void fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern);
+    void copy(const TensorImpl& src, const TensorImpl& dst);
+
+    void upload(const TensorImpl& dst, const void* host);
+    void download(const TensorImpl& src, void* host);
+    // Submits what is recorded and waits for it.
+    void flush();
+
+  private:
+    Context() = default;
+    void init(std::string* why);
+    void begin_if_needed();
+    void access(const std::vector<Range>& reads, const std::vector<Range>& writes);
+    VkPipeline pipeline(const std::string& shader);
+    std::pair<VkBuffer, uint64_t> locate(const TensorImpl& t) const;
+
+    Api api_;
+    void* loader_ = nullptr;
+    VkInstance instance_ = VK_NULL_HANDLE;
+    VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+    VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+    VkDevice device_ = VK_NULL_HANDLE;
+    VkQueue queue_ = VK_NULL_HANDLE;
+    uint32_t queue_family_ = 0;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+    VkFence fence_ = VK_NULL_HANDLE;
+    VkPipelineLayout layout_ = VK_NULL_HANDLE;
+    std::unordered_map<std::string, VkPipeline> pipelines_;
+    std::unique_ptr<MemoryPool> device_pool_, staging_pool_;
+    Limits limits_;
+    std::string device_name_;
+    uint64_t device_memory_ = 0;
+    TransferStats stats_;
+    uint32_t validation_errors_ = 0;
+
+    bool poison_ = false;
+    bool recording_ = false;
+    uint32_t recorded_ = 0;
+    std::vector<Range> unsynced_reads_, unsynced_writes_;
+    std::vector<std::shared_ptr<Allocation>> in_flight_;  // staging kept until the submit completes
+    uint64_t in_flight_bytes_ = 0;
+
+    friend VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT,
+                                                               VkDebugUtilsMessageTypeFlagsEXT,
+                                                               const VkDebugUtilsMessengerCallbackDataEXT*, void*);
+};
+
+}  // namespace rk::vk

@@ -1,0 +1,48 @@
+// Shared by every rlkit shader: tensors are addressed by buffer device address (no
+// descriptors, no binding-size limits), shapes and scalars travel in push constants
+// (at most 128 bytes), and a long 1-D dispatch is folded into (x, y) workgroups by the host.
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+
+// Every rlkit shader runs 256 invocations per workgroup (declared here, before anything below
+// reads gl_WorkGroupSize).
+layout(local_size_x = 256) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Floats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Ints { int v[]; };
+
+// The workgroup's index in the folded (x, y) grid.
+uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+
+// This invocation's index in the folded grid.
+uint flat_invocation() { return flat_group() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
+
+float sigmoid_of(float x) {
+    if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+    float e = exp(x);
+    return e / (1.0 + e);
+}
+
+// min/max that propagate NaN (GLSL leaves them undefined there), as numpy does.
+float nan_min(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : min(a, b); }
+float nan_max(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : max(a, b); }
+
+float quiet_nan() { return uintBitsToFloat(0x7fc00000u); }
+float infinity() { return uintBitsToFloat(0x7f800000u); }
+
+// x ** p as C's pow: negative bases with integer exponents, and 0 ** p, are defined there
+// (GLSL's pow is undefined for x < 0 and for x = 0, p <= 0).
+float c_pow(float x, float p) {
+    if (p == 0.0) return 1.0;
+    if (x == 0.0) return p > 0.0 ? 0.0 : infinity();
+    float r = pow(abs(x), p);
+    if (x > 0.0) return r;
+    if (p != floor(p)) return quiet_nan();
+    return mod(p, 2.0) == 1.0 ? -r : r;
+}
+
+float safe_tanh(float x) {
+    float e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}

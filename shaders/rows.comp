@@ -1,0 +1,28 @@
+// Copies a window of rows: out[dst0 + r, c] = x[src0 + r, c] for r < n; elsewhere out is zero
+// (zero_outside) or left as it is (so two dispatches can fill the two halves of a concat).
+// Any 4-byte dtype.
+#version 450
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Words x;
+    Words o;
+    uint x_rows;
+    uint out_rows;
+    uint src0;
+    uint dst0;
+    uint n;
+    uint zero_outside;
+    uint total;  // elements of out
+} pc;
+
+void main() {
+    uint e = flat_invocation();
+    if (e >= pc.total) return;
+    uint r = e % pc.out_rows, c = e / pc.out_rows;
+    if (r >= pc.dst0 && r < pc.dst0 + pc.n) {
+        pc.o.v[e] = pc.x.v[pc.src0 + (r - pc.dst0) + c * pc.x_rows];
+    } else if (pc.zero_outside != 0) {
+        pc.o.v[e] = 0u;
+    }
+}
