@@ -73,6 +73,8 @@ TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy, c
 }
 
 py::array to_numpy(const TensorImpl& t) {
+    // Checked before any Python object exists in this frame.
+    if (t.pending()) throw std::runtime_error("tensor " + t.shape_str() + " is pending: the graph that computes it has not run");
     std::vector<py::ssize_t> shape(t.ne.begin(), t.ne.begin() + t.ndim), strides(t.ndim);
     py::ssize_t stride = py::ssize_t(dtype_size(t.dtype));
     for (int d = 0; d < t.ndim; ++d) {
@@ -80,7 +82,6 @@ py::array to_numpy(const TensorImpl& t) {
         stride *= t.ne[d];
     }
     py::array arr(numpy_dtype(t.dtype), shape, strides);
-    if (t.pending()) throw std::runtime_error("tensor " + t.shape_str() + " is pending: the graph that computes it has not run");
     backend(t.device).download(t, arr.mutable_data());
     return arr;
 }

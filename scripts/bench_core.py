@@ -1,6 +1,7 @@
 """Benchmarks of the CPU engine against numpy and PyTorch, measured side by side in one run.
 
     python scripts/bench_core.py [--quick] [--markdown BENCHMARKS.md]
+    python scripts/bench_core.py --gpu [--markdown BENCHMARKS.md]   # the GPU column, on a GPU machine
 
 Figures: dispatch overhead of a tiny eager op; matmul GFLOP/s at 64, 256 and 1024 (f32);
 forward + backward + Adam of a 4-256-256-2 MLP at batch 64. Every figure is the median of
@@ -83,10 +84,10 @@ def mlp_init(rng) -> list[tuple[np.ndarray, np.ndarray]]:
     return layers
 
 
-def rlkit_step_fn(layers, x_np, y_np):
-    params = [(rc.param(W), rc.param(b)) for W, b in layers]
+def rlkit_step_fn(layers, x_np, y_np, device="cpu"):
+    params = [(rc.param(W, device=device), rc.param(b, device=device)) for W, b in layers]
     opt = rc.optim.Adam([p for pair in params for p in pair], lr=1e-3)
-    x, y = rc.tensor(x_np), rc.tensor(y_np)
+    x, y = rc.tensor(x_np, device=device), rc.tensor(y_np, device=device)
 
     def step():
         with rc.grad_tape():
@@ -138,7 +139,7 @@ def numpy_step_fn(layers, x, y):
     return step
 
 
-def torch_step_fn(layers, x, y):
+def torch_step_fn(layers, x, y, device="cpu"):
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2)
     )
@@ -146,8 +147,10 @@ def torch_step_fn(layers, x, y):
         for lin, (W, b) in zip([model[0], model[2], model[4]], layers):
             lin.weight.copy_(torch.from_numpy(W))
             lin.bias.copy_(torch.from_numpy(b[:, 0]))
+    model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    tx, ty = torch.from_numpy(np.ascontiguousarray(x.T)), torch.from_numpy(np.ascontiguousarray(y.T))
+    tx = torch.from_numpy(np.ascontiguousarray(x.T)).to(device)
+    ty = torch.from_numpy(np.ascontiguousarray(y.T)).to(device)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -211,12 +214,83 @@ def report(dispatch: dict, matmuls: dict, mlp: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- the GPU column (rlkit's Vulkan backend against PyTorch CUDA on the same machine) -----------
+
+def gpu_seconds(fn, sync, iters: int, rounds: int) -> float:
+    """Median over rounds of the time per call, the device drained before and after a round."""
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        times.append((time.perf_counter() - start) / iters)
+    return statistics.median(times)
+
+
+def bench_gpu(rounds: int) -> str:
+    has_cuda = torch is not None and torch.cuda.is_available()
+    cuda_sync = torch.cuda.synchronize if has_cuda else None
+    lines = [f"GPU: {rc.devices()[1]['name']} (Vulkan) against "
+             + (f"PyTorch {torch.__version__} CUDA on {torch.cuda.get_device_name()}" if has_cuda else "no PyTorch CUDA"), ""]
+
+    a = rc.tensor(np.ones((4, 1), np.float32), device="gpu")
+    ours = gpu_seconds(lambda: rc.add(a, a), rc.synchronize, 2000, rounds) * 1e6
+    row = f"| op dispatch, add of 4 elements (us per op) | {ours:.2f} |"
+    if has_cuda:
+        ta = torch.ones(4, device="cuda")
+        theirs = gpu_seconds(lambda: torch.add(ta, ta), cuda_sync, 2000, rounds) * 1e6
+        row += f" {theirs:.2f} | {ours / theirs:.2f}x |"
+    else:
+        row += " - | - |"
+    lines += ["| | rlkit Vulkan | PyTorch CUDA | rlkit / torch |", "|---|---|---|---|", row]
+
+    lines += ["", "| matmul f32, n x n @ n x n | rlkit TFLOP/s | cuBLAS TFLOP/s | rlkit / cuBLAS |", "|---|---|---|---|"]
+    for n in (1024, 2048, 4096, 8192):
+        x = np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)
+        ga, gb = rc.tensor(x, device="gpu"), rc.tensor(x.T.copy(order="F"), device="gpu")
+        iters = max(2, int(4e11 / n**3))
+        ours = 2.0 * n**3 / gpu_seconds(lambda: rc.matmul(ga, gb), rc.synchronize, iters, rounds) / 1e12
+        if has_cuda:
+            torch.backends.cuda.matmul.allow_tf32 = False  # a true f32 reference
+            tx = torch.from_numpy(x).cuda()
+            theirs = 2.0 * n**3 / gpu_seconds(lambda: torch.mm(tx, tx), cuda_sync, iters, rounds) / 1e12
+            lines.append(f"| n = {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
+        else:
+            lines.append(f"| n = {n} | {ours:.2f} | - | - |")
+
+    rng = np.random.default_rng(0)
+    layers = mlp_init(rng)
+    x = rng.standard_normal((4, BATCH)).astype(np.float32)
+    y = rng.standard_normal((2, BATCH)).astype(np.float32)
+    ours = gpu_seconds(rlkit_step_fn(layers, np.asfortranarray(x), np.asfortranarray(y), "gpu"), rc.synchronize,
+                       200, rounds) * 1e3
+    lines += ["", "| MLP 4-256-256-2, batch 64: forward + backward + Adam (ms per step) | rlkit Vulkan | torch CUDA eager | torch / rlkit |",
+              "|---|---|---|---|"]
+    if has_cuda:
+        theirs = gpu_seconds(torch_step_fn(layers, x, y, "cuda"), cuda_sync, 200, rounds) * 1e3
+        lines.append(f"| time per step | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x |")
+    else:
+        lines.append(f"| time per step | {ours:.3f} | - | - |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--markdown", help="also write the tables into this file, between the bench_core markers")
+    parser.add_argument("--gpu", action="store_true", help="measure the Vulkan backend against PyTorch CUDA instead")
     args = parser.parse_args()
     rounds = 3 if args.quick else 9
+    if args.gpu:
+        text = bench_gpu(rounds)
+        print(text)
+        if args.markdown:
+            write_section(args.markdown, text, "bench_gpu")
+        return
     if torch is not None:
         torch.set_num_threads(rc.get_num_threads())
 
@@ -226,11 +300,11 @@ def main() -> None:
     text = report(dispatch, matmuls, mlp)
     print(text)
     if args.markdown:
-        write_section(args.markdown, text)
+        write_section(args.markdown, text, "bench_core")
 
 
-def write_section(path: str, text: str) -> None:
-    begin, end = "<!-- bench_core begin -->", "<!-- bench_core end -->"
+def write_section(path: str, text: str, marker: str) -> None:
+    begin, end = f"<!-- {marker} begin -->", f"<!-- {marker} end -->"
     with open(path) as f:
         doc = f.read()
     if begin not in doc or end not in doc:
