@@ -26,6 +26,8 @@ class Backend {
     virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) = 0;
     virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
                      double weight_decay) = 0;
+    // Starts what is recorded so far without waiting (the end of a training step).
+    virtual void submit() {}
     // Waits for everything recorded so far.
     virtual void synchronize() {}
 };

@@ -185,6 +185,9 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, py::arg("reset") = false);
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
+    m.def("submit", [](const std::string& device) {
+        backend(device == "gpu" ? Device::gpu : Device::cpu).submit();
+    }, py::arg("device"), "Starts the recorded GPU work without waiting for it.");
     m.def("synchronize", [](const std::string& device) {
         backend(device == "gpu" ? Device::gpu : Device::cpu).synchronize();
     }, py::arg("device"));

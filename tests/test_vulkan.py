@@ -252,3 +252,21 @@ def test_f16_tensors_compute_in_f32_on_the_gpu(on_gpu):
         if device == "cpu":
             expected = out.numpy()
     np.testing.assert_allclose(out.numpy().astype(np.float32), expected.astype(np.float32), atol=1e-3)
+
+
+def test_submission_points(on_gpu):
+    model, opt = _mlp("gpu")
+    x = rc.tensor(np.ones((8, 4), np.float32))
+    with rc.grad_tape():
+        loss = rc.mean(rc.square(model(x)))
+    rc.backward(loss)
+    before = rc.gpu_stats()["submits"]
+    opt.step()  # the end of a step submits the recorded work, without a host read
+    assert rc.gpu_stats()["submits"] == before + 1
+    # A long recording is submitted in pieces as it grows; the result is still exact.
+    t = rc.tensor(np.zeros((4, 1), np.float32))
+    before = rc.gpu_stats()["submits"]
+    for _ in range(5000):
+        t = t + 1.0
+    np.testing.assert_array_equal(t.numpy(), np.full((4, 1), 5000.0))
+    assert rc.gpu_stats()["submits"] >= before + 2  # 5000 add dispatches: one early submit at 4096, then the read

@@ -32,6 +32,7 @@ class VulkanBackend final : public Backend {
              double weight_decay) override {
         vk::sgd(w, g, velocity, lr, momentum, weight_decay);
     }
+    void submit() override { ctx_.submit(); }
     void synchronize() override { ctx_.flush(); }
 
   private:

@@ -22,6 +22,7 @@ namespace {
 constexpr uint64_t kAlignment = 256;       // >= minStorageBufferOffsetAlignment everywhere
 constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push block fits in it
 constexpr uint32_t kMaxRecorded = 4096;    // dispatches recorded before an early submit
+constexpr size_t kSlots = 3;               // command buffers in rotation
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
@@ -355,13 +356,16 @@ void Context::init(std::string* why) {
     pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
     pci.queueFamilyIndex = queue_family_;
     check(api_.vkCreateCommandPool(device_, &pci, nullptr, &pool_), "vkCreateCommandPool");
-    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    cai.commandPool = pool_;
-    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    cai.commandBufferCount = 1;
-    check(api_.vkAllocateCommandBuffers(device_, &cai, &cmd_), "vkAllocateCommandBuffers");
-    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    check(api_.vkCreateFence(device_, &fci, nullptr, &fence_), "vkCreateFence");
+    slots_.resize(kSlots);
+    for (auto& slot : slots_) {
+        VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+        cai.commandPool = pool_;
+        cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+        cai.commandBufferCount = 1;
+        check(api_.vkAllocateCommandBuffers(device_, &cai, &slot.cmd), "vkAllocateCommandBuffers");
+        VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        check(api_.vkCreateFence(device_, &fci, nullptr, &slot.fence), "vkCreateFence");
+    }
 
     VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes};
     VkPipelineLayoutCreateInfo lci{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
@@ -376,7 +380,10 @@ Context::~Context() {
     in_flight_.clear();
     for (auto& [name, p] : pipelines_) api_.vkDestroyPipeline(device_, p, nullptr);
     api_.vkDestroyPipelineLayout(device_, layout_, nullptr);
-    api_.vkDestroyFence(device_, fence_, nullptr);
+    for (auto& slot : slots_) {
+        slot.keep.clear();
+        api_.vkDestroyFence(device_, slot.fence, nullptr);
+    }
     api_.vkDestroyCommandPool(device_, pool_, nullptr);
     device_pool_.reset();
     staging_pool_.reset();
@@ -435,29 +442,47 @@ std::pair<VkBuffer, uint64_t> Context::locate(const TensorImpl& t) const {
 
 void Context::begin_if_needed() {
     if (recording_) return;
+    Slot& slot = slots_[slot_];
+    if (slot.busy) retire(slot);
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    check(api_.vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+    check(api_.vkBeginCommandBuffer(slot.cmd, &bi), "vkBeginCommandBuffer");
+    cmd_ = slot.cmd;
     recording_ = true;
     unsynced_reads_.clear();
     unsynced_writes_.clear();
+    // Earlier submissions may still run and their memory may be reused here: a barrier at the
+    // start orders this command buffer after everything submitted before it.
+    if (stats_.submits > 0) barrier();
+}
+
+void Context::retire(Slot& slot) {
+    check(api_.vkWaitForFences(device_, 1, &slot.fence, VK_TRUE, UINT64_MAX),
+          "vkWaitForFences (the GPU did not finish: device lost?)");
+    check(api_.vkResetFences(device_, 1, &slot.fence), "vkResetFences");
+    check(api_.vkResetCommandBuffer(slot.cmd, 0), "vkResetCommandBuffer");
+    slot.keep.clear();
+    slot.busy = false;
+}
+
+void Context::barrier() {
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT;
+    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    api_.vkCmdPipelineBarrier(cmd_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+    unsynced_reads_.clear();
+    unsynced_writes_.clear();
+    ++stats_.barriers;
 }
 
 void Context::access(const std::vector<Range>& reads, const std::vector<Range>& writes) {
     begin_if_needed();
     // A read after an unsynced write, or a write after an unsynced read or write, needs a barrier.
     if (any_overlap(reads, unsynced_writes_) || any_overlap(writes, unsynced_writes_) ||
-        any_overlap(writes, unsynced_reads_)) {
-        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                           VK_ACCESS_TRANSFER_WRITE_BIT;
-        const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
-        api_.vkCmdPipelineBarrier(cmd_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
-        unsynced_reads_.clear();
-        unsynced_writes_.clear();
-        ++stats_.barriers;
-    }
+        any_overlap(writes, unsynced_reads_))
+        barrier();
     unsynced_reads_.insert(unsynced_reads_.end(), reads.begin(), reads.end());
     unsynced_writes_.insert(unsynced_writes_.end(), writes.begin(), writes.end());
 }
@@ -475,7 +500,7 @@ void Context::dispatch(const std::string& shader, const void* push, uint32_t pus
     const uint32_t gy = uint32_t((groups + gx - 1) / gx);  // shaders fold (x, y) back into one index
     api_.vkCmdDispatch(cmd_, gx, gy, groups_z);
     ++stats_.dispatches;
-    if (++recorded_ >= kMaxRecorded) flush();
+    if (++recorded_ >= kMaxRecorded) submit();
 }
 
 void Context::fill(const TensorImpl& dst, uint32_t pattern) {
@@ -509,7 +534,7 @@ void Context::upload(const TensorImpl& dst, const void* host) {
     in_flight_bytes_ += size;
     ++stats_.uploads;
     stats_.upload_bytes += size;
-    if (in_flight_bytes_ > kMaxInFlightStaging) flush();
+    if (in_flight_bytes_ > kMaxInFlightStaging) submit();
 }
 
 void Context::download(const TensorImpl& src, void* host) {
@@ -530,22 +555,30 @@ void Context::download(const TensorImpl& src, void* host) {
     stats_.download_bytes += size;
 }
 
-void Context::flush() {
+void Context::submit() {
     if (!recording_) return;
-    check(api_.vkEndCommandBuffer(cmd_), "vkEndCommandBuffer");
+    Slot& slot = slots_[slot_];
+    check(api_.vkEndCommandBuffer(slot.cmd), "vkEndCommandBuffer");
     recording_ = false;
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd_;
-    check(api_.vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+    si.pCommandBuffers = &slot.cmd;
+    check(api_.vkQueueSubmit(queue_, 1, &si, slot.fence), "vkQueueSubmit");
     ++stats_.submits;
-    VkResult r = api_.vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX);
-    check(r, "vkWaitForFences (the GPU did not finish: device lost?)");
-    check(api_.vkResetFences(device_, 1, &fence_), "vkResetFences");
-    check(api_.vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer");
+    slot.busy = true;
+    slot.keep = std::move(in_flight_);
     in_flight_.clear();
     in_flight_bytes_ = 0;
     recorded_ = 0;
+    slot_ = (slot_ + 1) % slots_.size();
+}
+
+void Context::flush() {
+    submit();
+    for (size_t k = 1; k <= slots_.size(); ++k) {  // oldest first
+        Slot& slot = slots_[(slot_ + k - 1) % slots_.size()];
+        if (slot.busy) retire(slot);
+    }
 }
 
 }  // namespace rk::vk

@@ -108,13 +108,16 @@ class Context {
 
     void upload(const TensorImpl& dst, const void* host);
     void download(const TensorImpl& src, void* host);
-    // Submits what is recorded and waits for it.
+    // Submits what is recorded without waiting (the GPU starts while the host goes on).
+    void submit();
+    // Submits what is recorded and waits for every submission.
     void flush();
 
   private:
     Context() = default;
     void init(std::string* why);
     void begin_if_needed();
+    void barrier();
     void access(const std::vector<Range>& reads, const std::vector<Range>& writes);
     VkPipeline pipeline(const std::string& shader);
     std::pair<VkBuffer, uint64_t> locate(const TensorImpl& t) const;
@@ -128,8 +131,18 @@ class Context {
     VkQueue queue_ = VK_NULL_HANDLE;
     uint32_t queue_family_ = 0;
     VkCommandPool pool_ = VK_NULL_HANDLE;
-    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
-    VkFence fence_ = VK_NULL_HANDLE;
+    // A few command buffers in rotation: one records while earlier ones run. Each keeps the
+    // staging memory its copies read until its fence signals.
+    struct Slot {
+        VkCommandBuffer cmd = VK_NULL_HANDLE;
+        VkFence fence = VK_NULL_HANDLE;
+        bool busy = false;
+        std::vector<std::shared_ptr<Allocation>> keep;
+    };
+    std::vector<Slot> slots_;
+    size_t slot_ = 0;
+    void retire(Slot& slot);
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // the recording slot's command buffer
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     std::unordered_map<std::string, VkPipeline> pipelines_;
     std::unique_ptr<MemoryPool> device_pool_, staging_pool_;

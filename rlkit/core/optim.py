@@ -138,6 +138,8 @@ class Optimizer:
                 for p in members:
                     self.state[id(p)]["step"] += 1
                 self._update(group, members, [current[id(p)] for p in members])
+        if any(p.device == "gpu" for p in self.params):
+            _native.submit("gpu")  # a step ends: the GPU starts on it while the host goes on
         return True
 
     def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
