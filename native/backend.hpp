@@ -19,9 +19,10 @@ class Backend {
     virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
     // Runs op into `out` (already sized, storage assigned). Kernels see f32/f64/i32 only.
     virtual void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) = 0;
-    // Host <-> device copies of a whole tensor (counted in transfer_stats on the GPU).
-    virtual void upload(TensorImpl& dst, const void* host) = 0;
-    virtual void download(const TensorImpl& src, void* host) = 0;
+    // Host <-> device copies of n bytes at a byte offset into a tensor (counted in
+    // transfer_stats on the GPU): whole tensors, or a few columns of a buffer.
+    virtual void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) = 0;
+    virtual void download(const TensorImpl& src, size_t offset, void* host, size_t n) = 0;
     // The fused optimizer updates of one parameter, in place.
     virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) = 0;
     virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,

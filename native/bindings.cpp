@@ -24,6 +24,7 @@ py::dtype numpy_dtype(DType d) {
         case DType::f16: return py::dtype("float16");
         case DType::i32: return py::dtype::of<int32_t>();
         case DType::f64: return py::dtype::of<double>();
+        case DType::u8: return py::dtype::of<uint8_t>();
     }
     throw std::logic_error("unknown dtype");
 }
@@ -50,7 +51,7 @@ TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy, c
     const int ndim = std::max<int>(2, int(arr.ndim()));
     if (device_name_ == "gpu") {  // a device copy: uploaded through staging memory
         TensorPtr t = make_on(Device::gpu, ne, ndim, dtype);
-        backend(Device::gpu).upload(*t, arr.data());
+        backend(Device::gpu).upload(*t, 0, arr.data(), t->nbytes());
         return t;
     }
     if (device_name_ != "cpu") throw std::invalid_argument("unknown device '" + device_name_ + "'");
@@ -82,7 +83,7 @@ py::array to_numpy(const TensorImpl& t) {
         stride *= t.ne[d];
     }
     py::array arr(numpy_dtype(t.dtype), shape, strides);
-    backend(t.device).download(t, arr.mutable_data());
+    backend(t.device).download(t, 0, arr.mutable_data(), t.nbytes());
     return arr;
 }
 
@@ -91,8 +92,38 @@ void write_values(TensorImpl& t, py::array arr) {
     TensorPtr src = from_numpy(arr, dtype_name(t.dtype), false, "cpu");
     if (src->numel() != t.numel())
         throw std::invalid_argument("write: " + std::to_string(src->numel()) + " values for a tensor " + t.shape_str());
-    backend(t.device).upload(t, src->data());
+    backend(t.device).upload(t, 0, src->data(), t.nbytes());
     ++t.version;
+}
+
+// Columns [col0, col0 + k) of a 2-D tensor (a device buffer) as one contiguous byte range.
+std::pair<size_t, size_t> column_bytes(const TensorImpl& t, int64_t col0, int64_t k, const char* what) {
+    if (t.ndim != 2) throw std::invalid_argument(std::string(what) + ": the tensor must be 2-D, got " + t.shape_str());
+    if (col0 < 0) throw std::invalid_argument(std::string(what) + ": negative column offset " + std::to_string(col0));
+    if (k < 1 || col0 + k > t.ne[1])
+        throw std::out_of_range(std::string(what) + ": columns [" + std::to_string(col0) + ", " + std::to_string(col0 + k) +
+                                ") are past the end of " + std::to_string(t.ne[1]) + " columns");
+    const size_t column = size_t(t.ne[0]) * dtype_size(t.dtype);
+    return {size_t(col0) * column, size_t(k) * column};
+}
+
+// Writes a Fortran-ordered [rows, k] array into columns col0.. of t: only those bytes move.
+void write_columns(TensorImpl& t, py::array arr, int64_t col0) {
+    TensorPtr src = from_numpy(arr, dtype_name(t.dtype), false, "cpu");
+    if (src->ne[0] != t.ne[0] || src->ndim != 2)
+        throw std::invalid_argument("write_columns: data has shape " + src->shape_str() + ", expected [" +
+                                    std::to_string(t.ne[0]) + ", k] columns");
+    const auto [offset, n] = column_bytes(t, col0, src->ne[1], "write_columns");
+    backend(t.device).upload(t, offset, src->data(), n);
+    ++t.version;
+}
+
+py::array read_columns(const TensorImpl& t, int64_t col0, int64_t k) {
+    const auto [offset, n] = column_bytes(t, col0, k, "read_columns");
+    py::array arr(numpy_dtype(t.dtype), std::vector<py::ssize_t>{py::ssize_t(t.ne[0]), py::ssize_t(k)},
+                  std::vector<py::ssize_t>{py::ssize_t(dtype_size(t.dtype)), py::ssize_t(t.ne[0] * dtype_size(t.dtype))});
+    backend(t.device).download(t, offset, arr.mutable_data(), n);
+    return arr;
 }
 
 py::dict stats_dict(const GraphStats& s) {
@@ -127,7 +158,10 @@ PYBIND11_MODULE(_native, m) {
             return t.device == Device::gpu ? uintptr_t(t.address()) : reinterpret_cast<uintptr_t>(t.data());
         })
         .def("numpy", &to_numpy, "A Fortran-ordered copy of the values.")
-        .def("write", &write_values, "Overwrites the values in place from an array of the same size and dtype.");
+        .def("write", &write_values, "Overwrites the values in place from an array of the same size and dtype.")
+        .def("write_columns", &write_columns, py::arg("array"), py::arg("col0"),
+             "Writes a [rows, k] array into columns col0 .. col0 + k - 1 (only those bytes move).")
+        .def("read_columns", &read_columns, py::arg("col0"), py::arg("k"), "A copy of k columns from col0.");
 
     m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("dtype"), py::arg("copy"), py::arg("device") = "cpu");
     m.def("op_names", [] {

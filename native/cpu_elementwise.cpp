@@ -166,7 +166,7 @@ RK_BACK(clamp_back, 2, (v > T(attrs.floats[0]) && v < T(attrs.floats[1])) ? g : 
 #undef RK_BACK
 
 OutSpec shape_cast(const Inputs& in, const OpAttrs& attrs) {
-    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::f64))
+    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::u8))
         throw std::invalid_argument("cast: expected one dtype attribute");
     OutSpec spec = same_as(*in[0]);
     spec.dtype = DType(attrs.ints[0]);
@@ -179,6 +179,7 @@ double load(const TensorImpl& t, int64_t i) {
         case DType::f32: return t.ptr<float>()[i];
         case DType::f64: return t.ptr<double>()[i];
         case DType::i32: return t.ptr<int32_t>()[i];
+        case DType::u8: return t.ptr<uint8_t>()[i];
         case DType::f16: return half_to_float(t.ptr<uint16_t>()[i]);
     }
     return 0;
@@ -203,6 +204,9 @@ void store(TensorImpl& t, int64_t i, double v) {
             t.ptr<int32_t>()[i] = std::isnan(v) ? 0 : int32_t(std::clamp(v, -2147483648.0, 2147483647.0));
             return;
         case DType::f16: t.ptr<uint16_t>()[i] = float_to_half(to_odd_float(v)); return;
+        case DType::u8:  // rounded and saturated to 0..255; NaN becomes 0
+            t.ptr<uint8_t>()[i] = std::isnan(v) ? 0 : uint8_t(std::clamp(std::nearbyint(v), 0.0, 255.0));
+            return;
     }
 }
 }  // namespace

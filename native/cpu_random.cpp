@@ -78,7 +78,7 @@ OutSpec shape_full(const Inputs&, const OpAttrs& attrs) {
     if (attrs.ints.size() != kMaxDims + 2 || attrs.floats.size() != 1)
         throw std::invalid_argument("full: expected a shape, a dtype and a value");
     const int64_t dtype = attrs.ints[kMaxDims + 1];
-    if (dtype < 0 || dtype > int64_t(DType::f64)) throw TypeError("full: unknown dtype");
+    if (dtype < 0 || dtype > int64_t(DType::u8)) throw TypeError("full: unknown dtype");
     return shape_from_attrs("full", attrs, 0, DType(dtype));
 }
 
@@ -86,6 +86,10 @@ void cpu_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     const double value = attrs.floats[0];
     if (out.dtype == DType::i32) {
         std::fill(out.ptr<int32_t>(), out.ptr<int32_t>() + out.numel(), int32_t(value));
+        return;
+    }
+    if (out.dtype == DType::u8) {
+        std::fill(out.ptr<uint8_t>(), out.ptr<uint8_t>() + out.numel(), uint8_t(std::clamp(value, 0.0, 255.0)));
         return;
     }
     dispatch_float(out.dtype, [&](auto tag) {

@@ -41,8 +41,12 @@ class CpuBackend final : public Backend {
     void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) override {
         op_info(op).cpu(inputs, attrs, out);
     }
-    void upload(TensorImpl& dst, const void* host) override { std::memcpy(dst.data(), host, dst.nbytes()); }
-    void download(const TensorImpl& src, void* host) override { std::memcpy(host, src.data(), src.nbytes()); }
+    void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) override {
+        std::memcpy(static_cast<char*>(dst.data()) + offset, host, n);
+    }
+    void download(const TensorImpl& src, size_t offset, void* host, size_t n) override {
+        std::memcpy(host, static_cast<const char*>(src.data()) + offset, n);
+    }
     void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) override {
         adam_cpu(w, g, m, v, h);
     }

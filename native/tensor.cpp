@@ -12,6 +12,7 @@ size_t dtype_size(DType dtype) {
         case DType::f16: return 2;
         case DType::i32: return 4;
         case DType::f64: return 8;
+        case DType::u8: return 1;
     }
     throw std::logic_error("unknown dtype");
 }
@@ -22,6 +23,7 @@ const char* dtype_name(DType dtype) {
         case DType::f16: return "f16";
         case DType::i32: return "i32";
         case DType::f64: return "f64";
+        case DType::u8: return "u8";
     }
     return "?";
 }
@@ -33,7 +35,8 @@ DType dtype_from_name(const std::string& name) {
     if (name == "f16") return DType::f16;
     if (name == "i32") return DType::i32;
     if (name == "f64") return DType::f64;
-    throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, i32, f64");
+    if (name == "u8") return DType::u8;
+    throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, i32, f64, u8");
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {

@@ -12,14 +12,14 @@
 
 namespace rk {
 
-enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3 };
+enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3, u8 = 4 };  // u8: buffer storage (frames)
 enum class Device : int { cpu = 0, gpu = 1 };
 const char* device_name(Device device);
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 DType dtype_from_name(const std::string& name);
-inline bool is_float(DType d) { return d != DType::i32; }
+inline bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::f64; }
 
 constexpr int kMaxDims = 4;
 using Shape = std::array<int64_t, kMaxDims>;  // ne[0..3]; unused trailing dims are 1

@@ -1,4 +1,4 @@
-// dtype conversions. f16 travels as pairs of halves in 32-bit words: F32_TO_F16 writes one
+// dtype conversions. u8 travels as four bytes per 32-bit word; f16 travels as pairs of halves in 32-bit words: F32_TO_F16 writes one
 // word (two elements) per invocation; the buffer is padded to whole words.
 #version 450
 #include "common.glsl"
@@ -26,6 +26,9 @@ void main() {
     // toward zero, saturating; NaN becomes 0 (as the CPU kernel)
     int v = isnan(f) ? 0 : (f >= 2147483647.0 ? 2147483647 : (f <= -2147483648.0 ? int(0x80000000u) : int(f)));
     pc.o.v[i] = uint(v);
+#elif defined(U8_TO_F32)
+    if (i >= pc.n) return;
+    pc.o.v[i] = floatBitsToUint(float((pc.x.v[i / 4] >> (8 * (i % 4))) & 0xffu));
 #elif defined(I32_TO_F32)
     if (i >= pc.n) return;
     pc.o.v[i] = floatBitsToUint(float(int(pc.x.v[i])));

@@ -8,7 +8,7 @@ foreach(op NEG RELU SIGMOID TANH SOFTPLUS SILU EXP LOG SQRT SQUARE ABS SIGN SCAL
   string(TOLOWER ${op} name)
   rk_shader(unary_${name} unary.comp OP_${op})
 endforeach()
-foreach(kind F32_TO_F16 F16_TO_F32 F32_TO_I32 I32_TO_F32)
+foreach(kind F32_TO_F16 F16_TO_F32 F32_TO_I32 I32_TO_F32 U8_TO_F32)
   string(TOLOWER ${kind} name)
   rk_shader(cast_${name} cast.comp ${kind})
 endforeach()

@@ -973,10 +973,12 @@ def test_sample_normal_distribution():
 
 
 def test_full_makes_constants_of_every_dtype():
-    for dtype, np_dtype in (("f32", np.float32), ("f64", np.float64), ("f16", np.float16), ("i32", np.int32)):
-        t = rc.full((3, 2), 2.5 if dtype != "i32" else 7, dtype=dtype)
+    for dtype, np_dtype in (("f32", np.float32), ("f64", np.float64), ("f16", np.float16), ("i32", np.int32),
+                            ("u8", np.uint8)):
+        value = 7 if dtype in ("i32", "u8") else 2.5
+        t = rc.full((3, 2), value, dtype=dtype)
         assert t.dtype == dtype and t.shape == (3, 2)
-        np.testing.assert_array_equal(t.numpy(), np.full((3, 2), 2.5 if dtype != "i32" else 7, dtype=np_dtype))
+        np.testing.assert_array_equal(t.numpy(), np.full((3, 2), value, dtype=np_dtype))
     assert rc.full(4, -1.0).shape == (4, 1)
     np.testing.assert_array_equal(rc.zeros((2, 2, 3)).numpy(), np.zeros((2, 2, 3)))
     np.testing.assert_array_equal(rc.ones((2, 3)).numpy(), np.ones((2, 3)))
@@ -985,4 +987,4 @@ def test_full_makes_constants_of_every_dtype():
     with pytest.raises(TypeError, match="full: value"):
         rc.full((2, 2), "1")
     with pytest.raises(ValueError, match="full: unknown dtype"):
-        rc.full((2, 2), 1.0, dtype="u8")
+        rc.full((2, 2), 1.0, dtype="u16")

@@ -7,6 +7,11 @@
 namespace rk {
 namespace {
 
+// u8 is a storage dtype on the GPU: gathered by whole 32-bit words, copied, or widened to f32.
+bool u8_supported(Op op, const TensorImpl& t) {
+    return op == Op::reshape || op == Op::cast || (op == Op::get_rows && t.ne[0] % 4 == 0);
+}
+
 class VulkanBackend final : public Backend {
   public:
     explicit VulkanBackend(vk::Context& ctx) : ctx_(ctx) {}
@@ -19,11 +24,19 @@ class VulkanBackend final : public Backend {
                 throw TypeError(std::string(op_info(op).name) + ": f64 tensors are CPU-only (for gradient checks)");
         if (out.dtype == DType::f64)
             throw TypeError(std::string(op_info(op).name) + ": f64 tensors are CPU-only (for gradient checks)");
+        for (const auto& t : inputs)
+            if (t->dtype == DType::u8 && !u8_supported(op, *t))
+                throw TypeError(std::string(op_info(op).name) + ": u8 tensors on the GPU support get_rows (rows a "
+                                "multiple of 4), reshape and cast to f32; got " + t->shape_str());
         op_info(op).vk(inputs, attrs, out);
     }
 
-    void upload(TensorImpl& dst, const void* host) override { ctx_.upload(dst, host); }
-    void download(const TensorImpl& src, void* host) override { ctx_.download(src, host); }
+    void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) override {
+        ctx_.upload(dst, offset, host, n);
+    }
+    void download(const TensorImpl& src, size_t offset, void* host, size_t n) override {
+        ctx_.download(src, offset, host, n);
+    }
 
     void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) override {
         vk::adam(w, g, m, v, h);

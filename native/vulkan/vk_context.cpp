@@ -522,13 +522,13 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     api_.vkCmdCopyBuffer(cmd_, sb, db, 1, &region);
 }
 
-void Context::upload(const TensorImpl& dst, const void* host) {
-    const uint64_t size = dst.nbytes();
+void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
     auto staging = staging_pool_->allocate(size);
     std::memcpy(staging_pool_->host(*staging), host, size);
     const auto [db, doff] = locate(dst);
-    access({}, {{dst.address(), dst.address() + size}});
-    VkBufferCopy region{staging->offset, doff, size};
+    const uint64_t begin = dst.address() + offset;
+    access({}, {{begin, begin + size}});
+    VkBufferCopy region{staging->offset, doff + offset, size};
     api_.vkCmdCopyBuffer(cmd_, staging_pool_->buffer(*staging), db, 1, &region);
     in_flight_.push_back(std::move(staging));
     in_flight_bytes_ += size;
@@ -537,12 +537,12 @@ void Context::upload(const TensorImpl& dst, const void* host) {
     if (in_flight_bytes_ > kMaxInFlightStaging) submit();
 }
 
-void Context::download(const TensorImpl& src, void* host) {
-    const uint64_t size = src.nbytes();
+void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
     auto staging = staging_pool_->allocate(size);
     const auto [sb, so] = locate(src);
-    access({{src.address(), src.address() + size}}, {});
-    VkBufferCopy region{so, staging->offset, size};
+    const uint64_t begin = src.address() + offset;
+    access({{begin, begin + size}}, {});
+    VkBufferCopy region{so + offset, staging->offset, size};
     api_.vkCmdCopyBuffer(cmd_, sb, staging_pool_->buffer(*staging), 1, &region);
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
     mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;

@@ -106,8 +106,8 @@ class Context {
     void fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern);
     void copy(const TensorImpl& src, const TensorImpl& dst);
 
-    void upload(const TensorImpl& dst, const void* host);
-    void download(const TensorImpl& src, void* host);
+    void upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size);
+    void download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size);
     // Submits what is recorded without waiting (the GPU starts while the host goes on).
     void submit();
     // Submits what is recorded and waits for every submission.

@@ -1,5 +1,6 @@
 // The Vulkan column of the op table: for each op, the shader variant it records and the push
 // constants it passes (each struct mirrors the push_constant block of its shader, std430).
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -91,15 +92,18 @@ void cast_into(const TensorImpl& x, TensorImpl& out) {
         if (from == DType::f16 && to == DType::f32) return "cast_f16_to_f32";
         if (from == DType::f32 && to == DType::i32) return "cast_f32_to_i32";
         if (from == DType::i32 && to == DType::f32) return "cast_i32_to_f32";
+        if (from == DType::u8 && to == DType::f32) return "cast_u8_to_f32";
         return nullptr;
     };
+    if (out.dtype == DType::u8)
+        throw TypeError("cast: converting to u8 on the GPU is not supported (u8 is a storage dtype for buffers)");
     if (const char* shader = one_step(x.dtype, out.dtype)) {
         CastPush p{x.address(), out.address(), u32(out.numel(), "cast")};
         const uint64_t threads = out.dtype == DType::f16 ? (out.numel() + 1) / 2 : out.numel();
         record(shader, p, groups(threads), {span(x)}, {span(out)});
         return;
     }
-    TensorPtr wide = make_on(Device::gpu, x.ne, x.ndim, DType::f32);  // i32 <-> f16 goes through f32
+    TensorPtr wide = make_on(Device::gpu, x.ne, x.ndim, DType::f32);  // i32 / u8 <-> f16 goes through f32
     cast_into(x, *wide);
     cast_into(*wide, out);
 }
@@ -302,7 +306,10 @@ void vk_one_hot(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
 }
 
 void vk_get_rows(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    index_op("get_rows", in[0].get(), *in[1], out, in[0]->ne[0], in[0]->ne[1]);
+    const TensorImpl& x = *in[0];
+    // Columns move as 32-bit words: a u8 column of 4k bytes is k words.
+    const int64_t words_per_column = x.dtype == DType::u8 ? x.ne[0] / 4 : x.ne[0];
+    index_op("get_rows", &x, *in[1], out, words_per_column, x.ne[1]);
 }
 
 void vk_scatter_cols(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -315,6 +322,8 @@ void vk_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     if (out.dtype == DType::i32) {
         const int32_t v = int32_t(value);
         std::memcpy(&pattern, &v, 4);
+    } else if (out.dtype == DType::u8) {
+        pattern = uint32_t(std::clamp(value, 0.0, 255.0)) * 0x01010101u;  // the byte in all four lanes
     } else {
         const float v = float(value);
         std::memcpy(&pattern, &v, 4);

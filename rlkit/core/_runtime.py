@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
+import weakref
 
 import numpy as np
 
@@ -52,7 +53,35 @@ def device(name: str | None = None) -> str:
         return previous
     check_device(name)
     _state["device"] = name
+    if name != previous:
+        for ref in list(_device_followers):  # device buffers move with the default device
+            method = ref()
+            if method is None:
+                _device_followers.discard(ref)
+            else:
+                method(name)
     return previous
+
+
+# Weak references to methods of objects that live "on the current device" (device buffers),
+# called with the new device when it changes; a collected object drops out by itself.
+_device_followers: set = set()
+
+
+def follow_device(method) -> None:
+    """Calls ``method(new_device)`` whenever the default device changes, while its object lives."""
+    _device_followers.add(weakref.WeakMethod(method))
+
+
+def free_memory(device: str) -> int:
+    """Bytes a new allocation on ``device`` can use: the host's available memory, or the GPU's
+    device-local heap less what rlkit holds there."""
+    if device == "gpu":
+        info = _native.gpu_info()
+        return int(info["memory"] - info["memory_in_use"])
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].strip().split()[0]) * 1024
 
 
 def check_device(name: str) -> str:

@@ -23,7 +23,7 @@ from rlkit.core.autograd import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
 _OP_ID = {name: i for i, name in enumerate(_native.op_names())}
-_DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3}
+_DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3, "u8": 4}
 
 
 def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
@@ -358,7 +358,10 @@ def one_hot(index, classes: int, dtype: str | None = None, device: str | None = 
 
 def get_rows(x, index) -> Tensor:
     """Columns of x [rows, n] chosen by 0-based index (ggml's get_rows): [rows, len(index)].
-    The gradient flows into a tensor x (summed over repeated indices)."""
+    x may be a tensor (the gradient flows into it, summed over repeated indices) or a device
+    buffer (no gradient; only the indices are sent)."""
+    if hasattr(x, "__rlkit_buffer__"):
+        x = x.__rlkit_buffer__()
     x = as_tensor(x, op="get_rows")
     return apply("get_rows", (x, _index(index, "get_rows", x.device, x.shape[1], "columns")), columns=x.shape[1])
 

@@ -14,7 +14,7 @@ import numpy as np
 from rlkit import _native
 from rlkit.core import _runtime
 
-_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "f64": np.float64}
+_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "f64": np.float64, "u8": np.uint8}
 
 
 class Tensor:
