@@ -1,0 +1,189 @@
+"""ReplayBuffer: transitions from n_envs vector environments, stored on the device.
+
+Layout: one column per transition, in lanes: column ``t * n_envs + e`` holds environment e's
+transition at ring time t, so one step of every environment is one contiguous write. Observations,
+next observations and actions live in DeviceBuffers on the device; rewards and the terminated /
+truncated flags are small and are mirrored on the host, where n-step returns and episode
+boundaries are computed. ``sample`` draws indices from a seeded generator and gathers the
+columns on the device.
+
+Terminated and truncated are stored apart: bootstrapping stops only at termination. With
+``optimize_memory`` each observation is stored once (the next observation is the lane's next
+column), and the true final observation of a truncated episode is kept in a side table, so
+truncation still bootstraps from the right state (the bug Stable-Baselines3 forbids instead).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.buffers.device_buffer import DeviceBuffer
+from rlkit.core.tensor import Tensor
+
+
+class ReplaySamples(NamedTuple):
+    """A sampled batch, every field a device tensor in [features, batch] layout."""
+
+    obs: Tensor
+    action: Tensor
+    reward: Tensor    # [1, B]: the (n-step) discounted return
+    next_obs: Tensor  # the observation to bootstrap from (after the last summed step)
+    done: Tensor      # [1, B]: 1 when an episode terminated within the summed steps
+    discount: Tensor  # [1, B]: gamma ** k for the k steps summed
+    index: np.ndarray  # the sampled columns (for priority updates)
+
+
+def _shape(value, what: str) -> tuple[int, ...]:
+    shape = (value,) if isinstance(value, numbers.Integral) else tuple(value)
+    if not shape or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1 for n in shape):
+        raise ValueError(f"ReplayBuffer: {what} must be a positive int or a tuple of them, got {value!r}")
+    return tuple(int(n) for n in shape)
+
+
+class ReplayBuffer:
+    """A ring of ``capacity`` transitions (rounded down to a multiple of ``n_envs``).
+
+    ``add(obs, action, reward, next_obs, terminated, truncated)`` takes arrays as Gymnasium's
+    vector environments return them (leading dimension n_envs; next_obs is the true next
+    observation, the final one at episode ends). ``sample(batch_size)`` returns ReplaySamples.
+    """
+
+    def __init__(self, capacity: int, obs_shape, action_shape, n_envs: int = 1, device: str | None = None,
+                 seed: int | None = None, obs_dtype: str = "f32", action_dtype: str = "f32",
+                 optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99):
+        for name, value in (("capacity", capacity), ("n_envs", n_envs), ("n_step", n_step)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"ReplayBuffer: {name} must be a positive int, got {value!r}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"ReplayBuffer: gamma must lie in [0, 1], got {gamma!r}")
+        self.obs_shape = _shape(obs_shape, "obs_shape")
+        self.action_shape = _shape(action_shape, "action_shape")
+        self.n_envs, self.n_step, self.gamma = int(n_envs), int(n_step), float(gamma)
+        self.lane_length = int(capacity) // self.n_envs  # ring steps per environment
+        if self.lane_length < 2:
+            raise ValueError(f"ReplayBuffer: capacity {capacity} holds fewer than 2 steps of {n_envs} environments")
+        self.capacity = self.lane_length * self.n_envs
+        self.optimize_memory = bool(optimize_memory)
+        obs_rows, action_rows = int(np.prod(self.obs_shape)), int(np.prod(self.action_shape))
+        self._obs = DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
+        self._next_obs = None if self.optimize_memory else DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
+        self._action = DeviceBuffer(action_rows, self.capacity, action_dtype, device)
+        self._reward = np.zeros((self.lane_length, self.n_envs), np.float32)
+        self._terminated = np.zeros((self.lane_length, self.n_envs), bool)
+        self._truncated = np.zeros((self.lane_length, self.n_envs), bool)
+        self._final_obs: dict[int, np.ndarray] = {}  # optimize_memory: true next obs at truncations
+        self._rng = np.random.default_rng(seed)
+        self.pos = 0          # the next ring step to write
+        self.full = False
+
+    # ---- adding ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Transitions stored."""
+        return (self.lane_length if self.full else self.pos) * self.n_envs
+
+    def _lanes(self, value, shape: tuple[int, ...], what: str, dtype=np.float32) -> np.ndarray:
+        arr = np.asarray(value, dtype=dtype)
+        expected = (self.n_envs, *shape)
+        if arr.shape != expected and not (shape == () and arr.shape == (self.n_envs, 1)):
+            raise ValueError(f"ReplayBuffer.add: {what} has shape {arr.shape}, expected {expected} "
+                             f"(leading dimension n_envs={self.n_envs})")
+        return arr.reshape(self.n_envs, -1)
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        """Stores one step of every environment (column ``pos * n_envs + e`` for env e)."""
+        obs_cols = self._lanes(obs, self.obs_shape, "obs").T  # [obs_rows, n_envs]
+        next_cols = self._lanes(next_obs, self.obs_shape, "next_obs").T
+        action_cols = self._lanes(action, self.action_shape, "action").T
+        rewards = self._lanes(reward, (), "reward").reshape(-1)
+        terminated = self._lanes(terminated, (), "terminated", bool).reshape(-1)
+        truncated = self._lanes(truncated, (), "truncated", bool).reshape(-1)
+        column = self.pos * self.n_envs
+        self._obs.write(obs_cols, column)
+        self._action.write(action_cols, column)
+        if self._next_obs is not None:
+            self._next_obs.write(next_cols, column)
+        else:
+            for e in range(self.n_envs):  # the lane's next column will hold the next episode's start
+                self._final_obs.pop(column + e, None)
+                if truncated[e] and not terminated[e]:
+                    self._final_obs[column + e] = next_cols[:, e].copy()
+        self._reward[self.pos] = rewards
+        self._terminated[self.pos] = terminated
+        self._truncated[self.pos] = truncated
+        self.pos = (self.pos + 1) % self.lane_length
+        self.full = self.full or self.pos == 0
+
+    # ---- sampling --------------------------------------------------------------------------
+
+    def _valid_steps(self) -> np.ndarray:
+        """Ring steps that can be sampled: stored, and (with optimize_memory) not the newest,
+        whose next observation is not stored yet."""
+        steps = np.arange(self.lane_length if self.full else self.pos)
+        if self.optimize_memory:
+            steps = steps[steps != (self.pos - 1) % self.lane_length]
+        return steps
+
+    def sample(self, batch_size: int) -> ReplaySamples:
+        """A uniform batch of transitions with their n-step returns."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"ReplayBuffer.sample: batch_size must be a positive int, got {batch_size!r}")
+        steps = self._valid_steps()
+        if steps.size == 0:
+            raise ValueError("ReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
+        t = steps[self._rng.integers(0, steps.size, batch_size)]
+        e = self._rng.integers(0, self.n_envs, batch_size)
+        return self._gather(t, e)
+
+    def _gather(self, t: np.ndarray, e: np.ndarray) -> ReplaySamples:
+        ret, done, discount, last = self._n_step(t, e)
+        index = (t * self.n_envs + e).astype(np.int32)
+        last_index = (last * self.n_envs + e).astype(np.int32)
+        device = self._obs.device
+        return ReplaySamples(
+            obs=rc.get_rows(self._obs, index),
+            action=rc.get_rows(self._action, index),
+            reward=rc.tensor(ret[None, :], device=device),
+            next_obs=self._next_obs_at(last, e, last_index),
+            done=rc.tensor(done[None, :].astype(np.float32), device=device),
+            discount=rc.tensor(discount[None, :], device=device),
+            index=index,
+        )
+
+    def _n_step(self, t: np.ndarray, e: np.ndarray):
+        """Discounted sums over up to n steps of the lane, stopping after a terminated or
+        truncated step, or at the newest step stored: (return, done, gamma^k, last step)."""
+        newest = (self.pos - 1) % self.lane_length
+        ret = np.zeros(t.size, np.float32)
+        discount = np.ones(t.size, np.float32)
+        done = np.zeros(t.size, bool)
+        last = t.copy()
+        alive = np.ones(t.size, bool)
+        for k in range(self.n_step):
+            step = (t + k) % self.lane_length
+            if self.optimize_memory:  # the newest step's successor is not stored yet
+                alive &= (step != newest) | (k == 0)
+            ret += np.where(alive, discount * self._reward[step, e], 0.0).astype(np.float32)
+            last = np.where(alive, step, last)
+            discount = np.where(alive, discount * self.gamma, discount).astype(np.float32)
+            ended = self._terminated[step, e] | self._truncated[step, e]
+            done |= alive & self._terminated[step, e]
+            alive &= ~ended & (step != newest)
+        return ret, done, discount, last
+
+    def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray) -> Tensor:
+        if self._next_obs is not None:
+            return rc.get_rows(self._next_obs, last_index)
+        successor = ((last + 1) % self.lane_length * self.n_envs + e).astype(np.int32)
+        next_obs = rc.get_rows(self._obs, successor)
+        patches = [(j, self._final_obs[int(c)]) for j, c in enumerate(last_index) if int(c) in self._final_obs]
+        if not patches:
+            return next_obs
+        values = next_obs.numpy()  # truncated episodes: the true final observations from the side table
+        for j, column in patches:
+            values[:, j] = column
+        return rc.tensor(values, device=next_obs.device)

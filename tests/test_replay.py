@@ -1,0 +1,142 @@
+"""ReplayBuffer: ring wrap, terminated vs truncated, n-step returns at both kinds of episode end
+(against a reference written out here), next-observation sharing that keeps the true final
+observation of truncated episodes, and bad input, on both backends."""
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+from rlkit import _native
+from rlkit.buffers import ReplayBuffer
+
+DEVICES = ["cpu"] + ([] if _native.gpu_unavailable_reason() else ["gpu"])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    previous = rc.device(request.param)
+    yield request.param
+    rc.device(previous)
+
+
+def _rollout(buffers, steps, n_envs, seed=0):
+    """Feeds the same synthetic episodes to every buffer; returns the per-lane history
+    (obs, reward, next_obs, terminated, truncated) for reference computations."""
+    rng = np.random.default_rng(seed)
+    obs = rng.standard_normal((n_envs, 3)).astype(np.float32)
+    history = []
+    for _ in range(steps):
+        action = rng.standard_normal((n_envs, 2)).astype(np.float32)
+        reward = rng.standard_normal(n_envs).astype(np.float32)
+        next_obs = rng.standard_normal((n_envs, 3)).astype(np.float32)  # the true next observation
+        terminated = rng.random(n_envs) < 0.15
+        truncated = ~terminated & (rng.random(n_envs) < 0.15)
+        for buf in buffers:
+            buf.add(obs, action, reward, next_obs, terminated, truncated)
+        history.append((obs, action, reward, next_obs, terminated, truncated))
+        reset = rng.standard_normal((n_envs, 3)).astype(np.float32)
+        obs = np.where((terminated | truncated)[:, None], reset, next_obs)
+    return history
+
+
+def _reference(history, t, e, n, gamma):
+    """n-step return, done, discount and bootstrap observation for step t of lane e."""
+    ret, discount = 0.0, 1.0
+    for k in range(n):
+        if t + k >= len(history):
+            break
+        _, _, reward, next_obs, terminated, truncated = history[t + k]
+        ret += discount * float(reward[e])
+        discount *= gamma
+        last_next = next_obs[e]
+        if terminated[e]:
+            return ret, 1.0, discount, last_next
+        if truncated[e]:
+            break
+    return ret, 0.0, discount, last_next
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_samples_match_the_reference(device, n_step):
+    steps, n_envs, gamma = 30, 3, 0.9
+    buf = ReplayBuffer(200, 3, 2, n_envs=n_envs, seed=1, n_step=n_step, gamma=gamma)
+    history = _rollout([buf], steps, n_envs)
+    batch = buf.sample(64)
+    assert batch.obs.device == device and batch.obs.shape == (3, 64)
+    obs, action, reward = batch.obs.numpy(), batch.action.numpy(), batch.reward.numpy()
+    next_obs, done, discount = batch.next_obs.numpy(), batch.done.numpy(), batch.discount.numpy()
+    for j, column in enumerate(batch.index):
+        t, e = divmod(int(column), n_envs)
+        np.testing.assert_array_equal(obs[:, j], history[t][0][e])
+        np.testing.assert_array_equal(action[:, j], history[t][1][e])
+        ret, d, disc, boot = _reference(history, t, e, n_step, gamma)
+        assert reward[0, j] == pytest.approx(ret, rel=1e-5, abs=1e-6)
+        assert done[0, j] == d and discount[0, j] == pytest.approx(disc, rel=1e-6)
+        np.testing.assert_array_equal(next_obs[:, j], boot)
+
+
+def test_n_step_one_equals_the_plain_transition(device):
+    plain = ReplayBuffer(100, 3, 2, n_envs=2, seed=7)
+    one = ReplayBuffer(100, 3, 2, n_envs=2, seed=7, n_step=1, gamma=0.5)
+    history = _rollout([plain, one], 20, 2)
+    a, b = plain.sample(40), one.sample(40)
+    np.testing.assert_array_equal(a.index, b.index)
+    for field in ("obs", "action", "reward", "next_obs", "done"):
+        np.testing.assert_array_equal(getattr(a, field).numpy(), getattr(b, field).numpy())
+    for j, column in enumerate(a.index):
+        t, e = divmod(int(column), 2)
+        assert a.done.numpy()[0, j] == float(history[t][4][e])  # terminated only, never truncated
+
+
+def test_the_ring_wraps(device):
+    buf = ReplayBuffer(8, 3, 2, n_envs=2, seed=0)  # 4 steps per lane
+    history = _rollout([buf], 6, 2)
+    assert len(buf) == 8 and buf.full
+    batch = buf.sample(100)
+    kept = {tuple(history[t][0][e]) for t in range(2, 6) for e in range(2)}
+    assert {tuple(c) for c in batch.obs.numpy().T} <= kept  # steps 0 and 1 were overwritten
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_shared_next_observations_keep_truncated_final_observations(device, n_step):
+    plain = ReplayBuffer(60, 3, 2, n_envs=2, seed=3, n_step=n_step)
+    shared = ReplayBuffer(60, 3, 2, n_envs=2, seed=3, n_step=n_step, optimize_memory=True)
+    history = _rollout([plain, shared], 45, 2, seed=4)  # wraps the 30-step lanes
+    assert any(h[5].any() for h in history)  # there are truncations to get right
+    newest = (shared.pos - 1) % shared.lane_length
+    t, e = np.meshgrid(np.arange(shared.lane_length), np.arange(2), indexing="ij")
+    # windows that stop short of the newest step (whose successor the shared buffer lacks)
+    keep = (newest - t.ravel()) % shared.lane_length >= n_step
+    t, e = t.ravel()[keep], e.ravel()[keep]
+    a, b = plain._gather(t, e), shared._gather(t, e)
+    for field in ("obs", "action", "reward", "done", "discount"):
+        np.testing.assert_array_equal(getattr(b, field).numpy(), getattr(a, field).numpy(), err_msg=field)
+    # the bootstrap observation matters where the episode did not terminate: there it must be
+    # the true next observation, the final one of a truncated episode included
+    live = a.done.numpy()[0] == 0
+    np.testing.assert_array_equal(b.next_obs.numpy()[:, live], a.next_obs.numpy()[:, live])
+    for _ in range(20):
+        assert not np.any(shared.sample(16).index // 2 == newest)  # its successor is not stored yet
+
+
+def test_bad_input():
+    buf = ReplayBuffer(10, (2, 2), 1, n_envs=2)
+    good = dict(obs=np.zeros((2, 2, 2)), action=np.zeros((2, 1)), reward=np.zeros(2), next_obs=np.zeros((2, 2, 2)),
+                terminated=np.zeros(2), truncated=np.zeros(2))
+    with pytest.raises(ValueError, match="the buffer holds no transition"):
+        buf.sample(4)
+    with pytest.raises(ValueError, match=r"obs has shape \(2, 4\), expected \(2, 2, 2\)"):
+        buf.add(**{**good, "obs": np.zeros((2, 4))})
+    with pytest.raises(ValueError, match="reward has shape"):
+        buf.add(**{**good, "reward": np.zeros(3)})
+    with pytest.raises(ValueError, match="n_envs=2"):
+        buf.add(**{**good, "action": np.zeros((1, 1))})
+    buf.add(**good)
+    with pytest.raises(ValueError, match="batch_size"):
+        buf.sample(0)
+    for kwargs, message in ((dict(capacity=0), "capacity"), (dict(n_envs=0), "n_envs"), (dict(n_step=0), "n_step"),
+                            (dict(gamma=1.5), "gamma"), (dict(obs_shape=(0,)), "obs_shape"),
+                            (dict(capacity=3, n_envs=2), "fewer than 2 steps")):
+        args = {"capacity": 10, "obs_shape": 2, "action_shape": 1, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            ReplayBuffer(**args)
