@@ -24,7 +24,7 @@ class Backend {
     virtual void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) = 0;
     virtual void download(const TensorImpl& src, size_t offset, void* host, size_t n) = 0;
     // The fused optimizer updates of one parameter, in place.
-    virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) = 0;
+    virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) = 0;
     virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
                      double weight_decay) = 0;
     // Starts what is recorded so far without waiting (the end of a training step).

@@ -47,8 +47,8 @@ class CpuBackend final : public Backend {
     void download(const TensorImpl& src, size_t offset, void* host, size_t n) override {
         std::memcpy(host, static_cast<const char*>(src.data()) + offset, n);
     }
-    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) override {
-        adam_cpu(w, g, m, v, h);
+    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) override {
+        adam_cpu(w, g, m, v, c);
     }
     void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
              double weight_decay) override {

@@ -37,15 +37,13 @@ namespace {
 // One parameter's Adam update; restrict-qualified so that the loop vectorises.
 template <typename T>
 void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
-                 const AdamHyper& h) {
-    const T b1 = T(h.beta1), b2 = T(h.beta2), eps = T(h.eps);
-    const T coupled_wd = h.decoupled ? T(0) : T(h.weight_decay);
-    const T decay = h.decoupled ? T(1.0 - h.lr * h.weight_decay) : T(1);
-    const T step = T(h.lr / h.bias_correction1), inv_bc2 = T(1.0 / h.bias_correction2);
+                 const AdamCoefficients& c, T grad_scale) {
+    const T b1 = T(c.beta1), b2 = T(c.beta2), eps = T(c.eps), coupled_wd = T(c.coupled_wd), decay = T(c.decay);
+    const T step = T(c.step), inv_bc2 = T(c.inv_bc2);
     // Captured by value: constants held by reference could alias the stores and block vectorising.
     parallel_for(n, kElementGrain, [=](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
-            const T gi = g[i] + coupled_wd * w[i];
+            const T gi = grad_scale * g[i] + coupled_wd * w[i];
             const T mi = b1 * m[i] + (T(1) - b1) * gi;
             const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
             m[i] = mi;
@@ -57,22 +55,36 @@ void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __r
 
 }  // namespace
 
-void adam_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) {
+AdamCoefficients adam_coefficients(const AdamHyper& h) {
+    AdamCoefficients c;
+    c.beta1 = h.beta1;
+    c.beta2 = h.beta2;
+    c.eps = h.eps;
+    c.coupled_wd = h.decoupled ? 0.0 : h.weight_decay;
+    c.decay = h.decoupled ? 1.0 - h.lr * h.weight_decay : 1.0;
+    c.step = h.lr / h.bias_correction1;
+    c.inv_bc2 = 1.0 / h.bias_correction2;
+    return c;
+}
+
+void adam_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c,
+              float grad_scale) {
     dispatch_float(w.dtype, [&](auto tag) {
         using T = decltype(tag);
-        adam_kernel<T>(w.ptr<T>(), g.ptr<T>(), m.ptr<T>(), v.ptr<T>(), w.numel(), h);
+        adam_kernel<T>(w.ptr<T>(), g.ptr<T>(), m.ptr<T>(), v.ptr<T>(), w.numel(), c, T(grad_scale));
     });
 }
 
-void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay) {
+void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay,
+             float grad_scale) {
     dispatch_float(w.dtype, [&](auto tag) {
         using T = decltype(tag);
         T *pw = w.ptr<T>(), *vel = velocity.ptr<T>();
         const T* pg = g.ptr<T>();
-        const T mu = T(momentum), wd = T(weight_decay), rate = T(lr);
+        const T mu = T(momentum), wd = T(weight_decay), rate = T(lr), scale = T(grad_scale);
         parallel_for(w.numel(), kElementGrain, [=](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i) {
-                const T gi = pg[i] + wd * pw[i];
+                const T gi = scale * pg[i] + wd * pw[i];
                 vel[i] = mu * vel[i] + gi;
                 pw[i] -= rate * vel[i];
             }
@@ -83,8 +95,9 @@ void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr
 void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                  const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
     check_set("adam_update", params, {&grads, &m, &v});
+    const AdamCoefficients c = adam_coefficients(h);
     for (size_t k = 0; k < params.size(); ++k) {
-        backend(params[k]->device).adam(*params[k], *grads[k], *m[k], *v[k], h);
+        backend(params[k]->device).adam(*params[k], *grads[k], *m[k], *v[k], c);
         ++params[k]->version;
         ++m[k]->version;
         ++v[k]->version;

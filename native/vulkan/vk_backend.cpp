@@ -38,8 +38,8 @@ class VulkanBackend final : public Backend {
         ctx_.download(src, offset, host, n);
     }
 
-    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) override {
-        vk::adam(w, g, m, v, h);
+    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) override {
+        vk::adam(w, g, m, v, c);
     }
     void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
              double weight_decay) override {

@@ -356,15 +356,15 @@ struct OptimPush {
     float beta1, beta2, eps, coupled_wd, decay, step, inv_bc2;
 };
 
-void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamHyper& h) {
+void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) {
     OptimPush p{w.address(), g.address(), m.address(), v.address(), u32(w.numel(), "adam")};
-    p.beta1 = float(h.beta1);
-    p.beta2 = float(h.beta2);
-    p.eps = float(h.eps);
-    p.coupled_wd = h.decoupled ? 0.0f : float(h.weight_decay);
-    p.decay = h.decoupled ? float(1.0 - h.lr * h.weight_decay) : 1.0f;
-    p.step = float(h.lr / h.bias_correction1);
-    p.inv_bc2 = float(1.0 / h.bias_correction2);
+    p.beta1 = float(c.beta1);
+    p.beta2 = float(c.beta2);
+    p.eps = float(c.eps);
+    p.coupled_wd = float(c.coupled_wd);
+    p.decay = float(c.decay);
+    p.step = float(c.step);
+    p.inv_bc2 = float(c.inv_bc2);
     record("optim_adam", p, groups(p.n), {span(w), span(g), span(m), span(v)}, {span(w), span(m), span(v)});
 }
 
