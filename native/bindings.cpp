@@ -10,6 +10,7 @@
 #include "blas.hpp"
 #include "ops.hpp"
 #include "optim.hpp"
+#include "program.hpp"
 #include "random.hpp"
 #include "thread_pool.hpp"
 
@@ -197,6 +198,51 @@ PYBIND11_MODULE(_native, m) {
         .def("run", [](Graph& g) { return stats_dict(g.run()); },
              "Plans memory by liveness and executes every recorded node; returns planner statistics.");
     m.def("is_recording", [] { return recording_graph() != nullptr; });
+
+    m.def("placeholder", [](std::vector<int64_t> shape, const std::string& dtype, const std::string& device) {
+        if (shape.empty() || shape.size() > size_t(kMaxDims)) throw std::invalid_argument("placeholder: 1 to 4 sizes");
+        Shape ne{1, 1, 1, 1};
+        for (size_t d = 0; d < shape.size(); ++d) ne[d] = shape[d];
+        return make_pending(ne, std::max<int>(2, int(shape.size())), dtype_from_name(dtype),
+                            device == "gpu" ? Device::gpu : Device::cpu);
+    }, "A pending tensor a Program fills at every replay (a captured function's input).");
+
+    py::class_<Program>(m, "Program")
+        .def(py::init([](Graph& g, const Inputs& inputs, const Inputs& outputs) {
+            return new Program(g.take_nodes(), inputs, outputs);
+        }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"))
+        .def("replay", [](Program& p, const std::vector<py::array>& arrays, const Inputs& inputs, const Inputs& outputs) {
+            std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
+            std::vector<const void*> in_ptrs;
+            for (size_t i = 0; i < arrays.size() && i < inputs.size(); ++i) {
+                TensorPtr host = from_numpy(arrays[i], dtype_name(inputs[i]->dtype), false, "cpu");
+                if (host->ne != inputs[i]->ne)
+                    throw std::invalid_argument("replay: input " + std::to_string(i) + " has shape " + host->shape_str() +
+                                                ", the capture expects " + inputs[i]->shape_str());
+                in_ptrs.push_back(host->data());
+                keep.push_back(host);
+            }
+            py::list results;
+            std::vector<py::array> out_arrays;
+            std::vector<void*> out_ptrs;
+            for (const auto& t : outputs) {
+                std::vector<py::ssize_t> shape(t->ne.begin(), t->ne.begin() + t->ndim), strides(t->ndim);
+                py::ssize_t stride = py::ssize_t(dtype_size(t->dtype));
+                for (int d = 0; d < t->ndim; ++d) {
+                    strides[d] = stride;
+                    stride *= t->ne[d];
+                }
+                out_arrays.emplace_back(numpy_dtype(t->dtype), shape, strides);
+                out_ptrs.push_back(out_arrays.back().mutable_data());
+            }
+            p.replay(in_ptrs, out_ptrs);
+            for (auto& a : out_arrays) results.append(a);
+            return results;
+        }, py::arg("arrays"), py::arg("inputs"), py::arg("outputs"),
+           "Replays with the given input arrays; returns the outputs as Fortran-ordered arrays.")
+        .def_property_readonly("n_nodes", &Program::n_nodes)
+        .def_property_readonly("n_live", &Program::n_live)
+        .def_property_readonly("arena_bytes", &Program::arena_bytes);
 
     m.def("gpu_unavailable_reason", &gpu_unavailable_reason,
           "Why the GPU backend cannot be used here (empty when it can); creates the Vulkan context on first use.");

@@ -1,58 +1,12 @@
-// Graph execution: a liveness-based memory planner and an in-order executor.
+// Graph execution: planning memory by liveness (planner.hpp) and an in-order executor.
 #include <algorithm>
 #include <map>
 #include <unordered_map>
 
 #include "backend.hpp"
+#include "planner.hpp"
 
 namespace rk {
-namespace {
-
-constexpr size_t kAlign = 64;
-size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// First-fit offsets in one arena; freed blocks are merged with their neighbours.
-class ArenaPlanner {
-  public:
-    size_t allocate(size_t size) {
-        size = aligned(std::max<size_t>(size, 1));
-        for (auto it = free_.begin(); it != free_.end(); ++it) {
-            if (it->second < size) continue;
-            size_t offset = it->first, rest = it->second - size;
-            free_.erase(it);
-            if (rest) free_[offset + size] = rest;
-            return offset;
-        }
-        size_t offset = top_;
-        top_ += size;
-        return offset;
-    }
-
-    void release(size_t offset, size_t size) {
-        size = aligned(std::max<size_t>(size, 1));
-        auto it = free_.emplace(offset, size).first;
-        auto next = std::next(it);
-        if (next != free_.end() && it->first + it->second == next->first) {
-            it->second += next->second;
-            free_.erase(next);
-        }
-        if (it != free_.begin()) {
-            auto prev = std::prev(it);
-            if (prev->first + prev->second == it->first) {
-                prev->second += it->second;
-                free_.erase(it);
-            }
-        }
-    }
-
-    size_t high_water() const { return top_; }
-
-  private:
-    std::map<size_t, size_t> free_;  // offset -> size
-    size_t top_ = 0;
-};
-
-}  // namespace
 
 GraphStats Graph::run() {
     std::vector<Node> nodes = std::move(nodes_);
@@ -91,7 +45,7 @@ GraphStats Graph::run() {
     std::vector<bool> external(nodes.size()), live(nodes.size());
     for (size_t k = nodes.size(); k-- > 0;) {
         external[k] = nodes[k].out.use_count() > long(1 + readers[nodes[k].out.get()]);
-        live[k] = live[k] || external[k];
+        live[k] = live[k] || external[k] || has_side_effects(nodes[k].op);
         if (!live[k]) continue;
         for (const auto& in : nodes[k].inputs) {
             auto p = producer.find(in.get());

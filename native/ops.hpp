@@ -53,6 +53,9 @@ struct OpInfo {
 const OpInfo& op_info(Op op);
 Op op_from_name(const std::string& name);
 
+// Ops that write into their inputs (the captured optimizer updates): a graph never skips them.
+inline bool has_side_effects(Op op) { return op == Op::adam_step || op == Op::sgd_step; }
+
 // Validates and then runs (or records) one op on its inputs' device (`device` for ops
 // without inputs).
 TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device = Device::cpu);
@@ -94,6 +97,8 @@ class Graph {
     // empty afterwards.
     GraphStats run();
     size_t size() const { return nodes_.size(); }
+    // Hands the recorded nodes over (to a Program); the graph is empty afterwards.
+    std::vector<Node> take_nodes() { return std::move(nodes_); }
 
   private:
     std::vector<Node> nodes_;

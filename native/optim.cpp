@@ -114,4 +114,47 @@ void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPt
     }
 }
 
+// ---- the captured updates (ops adam_step and sgd_step) ------------------------------------
+
+namespace {
+
+OutSpec update_spec(const char* op, const Inputs& in, size_t n_state) {
+    const TensorImpl& w = *in[0];
+    if (w.dtype != DType::f32 && w.dtype != DType::f64)
+        throw TypeError(op_err(op, std::string("parameters must be f32 or f64, got ") + dtype_name(w.dtype)));
+    for (size_t k = 1; k <= n_state; ++k)
+        if (in[k]->ne != w.ne || in[k]->dtype != w.dtype)
+            throw std::invalid_argument(op_err(op, "input " + std::to_string(k) + " " + in[k]->shape_str() +
+                                                       " must match the parameter " + w.shape_str()));
+    const TensorImpl &hyper = *in[n_state + 1], &scale = *in[n_state + 2];
+    if (hyper.dtype != DType::f32 || hyper.numel() != kHyperSize)
+        throw std::invalid_argument(op_err(op, "hyper must be f32 with 8 values, got " + hyper.shape_str()));
+    if (scale.dtype != DType::f32 || scale.numel() != 1)
+        throw std::invalid_argument(op_err(op, "scale must be an f32 [1, 1], got " + scale.shape_str()));
+    return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
+}
+
+}  // namespace
+
+OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, 3); }
+
+void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const float* h = in[4]->ptr<float>();
+    const float scale = in[5]->ptr<float>()[0];
+    out.ptr<float>()[0] = scale;
+    if (!std::isfinite(scale)) return;
+    const AdamCoefficients c{h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
+    adam_cpu(*in[0], *in[1], *in[2], *in[3], c, scale);
+}
+
+OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, 2); }
+
+void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const float* h = in[3]->ptr<float>();
+    const float scale = in[4]->ptr<float>()[0];
+    out.ptr<float>()[0] = scale;
+    if (!std::isfinite(scale)) return;
+    sgd_cpu(*in[0], *in[1], *in[2], h[2], h[0], h[1], scale);
+}
+
 }  // namespace rk

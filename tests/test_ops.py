@@ -429,7 +429,10 @@ CASE_BY_ID = {c.id: c for c in CASES}
 assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 
 # Ops covered by dedicated tests below rather than by table cases.
-DEDICATED = {"rand", "randn", "sample_categorical", "full"}
+# Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
+# them against eager updates; the bad-input table below covers their checks.
+INTERNAL_OPS = {"adam_step", "sgd_step"}
+DEDICATED = {"rand", "randn", "sample_categorical", "full"} | INTERNAL_OPS
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
 
@@ -817,6 +820,12 @@ _BAD += [
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), _t(4, 4)), ValueError, "(3, 4)", "(4, 4)"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), [0, 1, 2]), ValueError, "3 class indices", "4 columns"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 2, dtype="i32"), [0, 1]), TypeError, "i32"),
+    _bad("adam_step", lambda: rc.ops.apply("adam_step", (rc.param(np.ones((2, 2))), rc.ones((2, 3)), rc.zeros((2, 2)),
+                                                          rc.zeros((2, 2)), rc.zeros((8, 1)), rc.ones((1, 1)))),
+         ValueError, "must match the parameter"),
+    _bad("sgd_step", lambda: rc.ops.apply("sgd_step", (rc.param(np.ones((2, 2))), rc.ones((2, 2)), rc.zeros((2, 2)),
+                                                        rc.zeros((7, 1)), rc.ones((1, 1)))),
+         ValueError, "hyper must be f32 with 8 values"),
     _bad("full", lambda: rc.full((0, 3), 1.0), ValueError, "(0, 3)"),
     _bad("full", lambda: rc.full((2, 3), [1.0]), TypeError, "value"),
     _bad("rand", lambda: rc.rand((0, 3)), ValueError, "(0, 3)"),

@@ -354,6 +354,7 @@ struct OptimPush {
     uint64_t w, g, m, v;
     uint32_t n;
     float beta1, beta2, eps, coupled_wd, decay, step, inv_bc2;
+    uint64_t hyper, scale;  // the captured steps' buffers
 };
 
 void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) {
@@ -370,11 +371,32 @@ void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, cons
 
 void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay) {
     OptimPush p{w.address(), g.address(), velocity.address(), velocity.address(), u32(w.numel(), "sgd")};
-    p.beta1 = float(momentum);
-    p.coupled_wd = float(weight_decay);
-    p.step = float(lr);
+    p.beta1 = float(momentum);  // the SGD slots: momentum, weight decay, lr
+    p.beta2 = float(weight_decay);
+    p.eps = float(lr);
     record("optim_sgd", p, groups(p.n), {span(w), span(g), span(velocity)}, {span(w), span(velocity)});
 }
 
 }  // namespace vk
+
+void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &w = *in[0], &g = *in[1], &m = *in[2], &v = *in[3], &hyper = *in[4], &scale = *in[5];
+    vk::OptimPush p{w.address(), g.address(), m.address(), v.address(), u32(w.numel(), "adam_step")};
+    p.hyper = hyper.address();
+    p.scale = scale.address();
+    record("optim_adam_step", p, groups(p.n), {span(w), span(g), span(m), span(v), span(hyper), span(scale)},
+           {span(w), span(m), span(v)});
+    ctx().copy(scale, out);
+}
+
+void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &w = *in[0], &g = *in[1], &vel = *in[2], &hyper = *in[3], &scale = *in[4];
+    vk::OptimPush p{w.address(), g.address(), vel.address(), vel.address(), u32(w.numel(), "sgd_step")};
+    p.hyper = hyper.address();
+    p.scale = scale.address();
+    record("optim_sgd_step", p, groups(p.n), {span(w), span(g), span(vel), span(hyper), span(scale)},
+           {span(w), span(vel)});
+    ctx().copy(scale, out);
+}
+
 }  // namespace rk

@@ -13,6 +13,7 @@ from rlkit.core._runtime import (
 )
 from rlkit.core.autograd import Gradients, backward, grad_tape, no_grad, tape_memory
 from rlkit.core.data import Batch, DataLoader
+from rlkit.core.capturing import CaptureError, capture, capture_step
 from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
@@ -34,5 +35,5 @@ __all__ = [
     "slice_rows", "pad_rows", "concat_rows", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "stop_gradient",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
-    "DataLoader", "Batch", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "nn", "optim", "sched",
+    "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "nn", "optim", "sched",
 ]

@@ -17,7 +17,7 @@ MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
 # gpu_used: the Vulkan context exists (it is created on the first use of the GPU, not at import)
-_state = {"device": "cpu", "dtype": "f32", "gpu_used": False}
+_state = {"device": "cpu", "dtype": "f32", "gpu_used": False, "tracing": False}
 
 
 def _load_blas() -> str:

@@ -252,7 +252,8 @@ def backward(loss: Tensor, grad=None) -> Gradients:
     order = _topological_order(loss)
     grads: dict[int, Tensor] = {id(loss): seed}
     leaves: dict[int, Tensor] = {}
-    graph = _native.Graph()
+    captured = _native.is_recording()  # inside a capture: the ops join its program, nothing runs now
+    graph = contextlib.nullcontext() if captured else _native.Graph()
     with no_grad(), graph:
         for t in reversed(order):
             g = grads.pop(id(t), None)
@@ -270,6 +271,8 @@ def backward(loss: Tensor, grad=None) -> Gradients:
                 if inp._node is None:
                     leaves[id(inp)] = inp
         this_pass = {leaf: grads[key] for key, leaf in leaves.items()}
+        if captured:  # a captured step uses this pass's gradients; .grad keeps what it had
+            return Gradients(this_pass)
         accumulated = {
             leaf: g if leaf._grad is None else ops.add(leaf._grad, g) for leaf, g in this_pass.items()
         }

@@ -14,10 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from rlkit import _native
-from rlkit.core import ops
+from rlkit.core import _runtime, capturing, ops
 from rlkit.core.autograd import Gradients
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+
+capture_hyper_size = 8  # floats of a captured update's coefficients (native/optim.hpp kHyperSize)
 
 
 def _param_list(params, where: str) -> list[Tensor]:
@@ -121,7 +125,11 @@ class Optimizer:
 
     def step(self, grads: Gradients | None = None) -> bool:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
-        accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did."""
+        accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did.
+        Inside a capture, records the update into the captured program instead."""
+        trace = capturing.tracing()
+        if trace is not None:
+            return self._record_step(trace, grads)
         current = self._current_gradients(grads)
         if self.accumulate_steps > 1:
             for key, g in current.items():
@@ -143,6 +151,45 @@ class Optimizer:
         return True
 
     def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    # ---- inside a capture --------------------------------------------------------------------
+
+    def _record_step(self, trace, grads: Gradients | None) -> bool:
+        """Records one in-place update op per parameter, reading coefficients the capture
+        computes on the host before every replay; steps are counted after replays whose
+        gradient scale was finite."""
+        if self.accumulate_steps > 1:
+            raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
+        current = self._current_gradients(grads)
+        scale = trace.grad_scale
+        if scale is None:
+            scale = ops.full((1, 1), 1.0, dtype="f32", device=_runtime.device())
+        updated = []
+        for group in self.param_groups:
+            members = [p for p in group["params"] if id(p) in current]
+            if not members:
+                continue
+            if len({self.state[id(p)]["step"] for p in members}) > 1:
+                raise capturing.CaptureError("capture: the parameters of a group must share their step count")
+            hyper = trace.host_input((capture_hyper_size, 1),
+                                     lambda group=group, first=members[0]: self._coefficients(group, first))
+            for p in members:
+                self._record_update(p, current[id(p)], hyper, scale)
+            updated += members
+
+        def count_steps(value, updated=updated):
+            if capturing.is_finite(value):
+                for p in updated:
+                    self.state[id(p)]["step"] += 1
+
+        trace.extra_output(scale, count_steps)
+        return True
+
+    def _coefficients(self, group: dict, p: Tensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def _record_update(self, p: Tensor, g: Tensor, hyper: Tensor, scale: Tensor) -> None:
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -212,6 +259,12 @@ class SGD(Optimizer):
         for group in self.param_groups:
             group["momentum"] = _non_negative(value, "momentum")
 
+    def _coefficients(self, group, p):
+        return np.array([group["momentum"], group["weight_decay"], group["lr"], 0, 0, 0, 0, 0], np.float32)
+
+    def _record_update(self, p, g, hyper, scale):
+        ops.apply("sgd_step", (p, g, self.state[id(p)]["velocity"], hyper, scale))
+
     def _update(self, group, params, grads):
         _native.sgd_update([p._impl for p in params], [g._impl for g in grads],
                            [self.state[id(p)]["velocity"]._impl for p in params],
@@ -239,6 +292,18 @@ class Adam(Optimizer):
     def betas(self, value: tuple[float, float]) -> None:
         for group in self.param_groups:
             group["betas"] = self._check("betas", value)
+
+    def _coefficients(self, group, p):
+        beta1, beta2 = group["betas"]
+        t = self.state[id(p)]["step"] + 1  # the step this replay takes
+        coupled = 0.0 if self.decoupled else group["weight_decay"]
+        decay = 1.0 - group["lr"] * group["weight_decay"] if self.decoupled else 1.0
+        return np.array([beta1, beta2, group["eps"], coupled, decay, group["lr"] / (1.0 - beta1**t),
+                         1.0 / (1.0 - beta2**t), 0.0], np.float32)
+
+    def _record_update(self, p, g, hyper, scale):
+        state = self.state[id(p)]
+        ops.apply("adam_step", (p, g, state["m"], state["v"], hyper, scale))
 
     def _update(self, group, params, grads):
         beta1, beta2 = group["betas"]

@@ -66,6 +66,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A Fortran-ordered copy of the values, shaped like ``shape``."""
+        if _runtime._state["tracing"]:
+            _refuse("reads a value on the host (Tensor.numpy() or item())")
         return self._impl.numpy()
 
     def item(self) -> float | int:
@@ -198,6 +200,12 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
     return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
 
 
+def _refuse(what: str) -> None:
+    from rlkit.core.capturing import refuse_host_work
+
+    refuse_host_work(what)
+
+
 def _resolve_device(device: str | None) -> str:
     """The device to make a tensor on: the given one or the default, checked."""
     return _runtime.check_device(device if device is not None else _runtime.device())
@@ -212,6 +220,8 @@ def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
     dtype (``rc.dtype()``); the device defaults to ``rc.device()``.
     """
     device = _resolve_device(device)
+    if _runtime._state["tracing"]:
+        _refuse("makes a tensor from host data (rc.tensor)")
     arr = _to_fortran(data, dtype)
     return Tensor(_native.from_numpy(arr, _dtype_of(arr), False, device))
 

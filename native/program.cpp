@@ -1,0 +1,118 @@
+#include "program.hpp"
+
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend.hpp"
+#include "planner.hpp"
+
+namespace rk {
+namespace {
+
+// Byte offsets of tensors packed one after another (64-byte aligned), and the total.
+size_t pack(const Inputs& tensors, std::vector<size_t>& offsets) {
+    size_t total = 0;
+    for (const auto& t : tensors) {
+        offsets.push_back(total);
+        total += arena_aligned(t->nbytes());
+    }
+    return std::max<size_t>(total, kArenaAlign);
+}
+
+void place(const TensorPtr& t, const TensorPtr& block, size_t offset) {
+    t->storage = block->storage;
+    t->offset = block->offset + offset;
+}
+
+}  // namespace
+
+Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
+    : nodes_(std::move(nodes)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {
+    if (nodes_.empty()) throw std::invalid_argument("capture: the traced function ran no op");
+    if (outputs_.empty()) throw std::invalid_argument("capture: the traced function has no output");
+    device_ = nodes_[0].out->device;
+    std::unordered_map<const TensorImpl*, size_t> producer;
+    std::unordered_set<const TensorImpl*> placeholders;
+    for (const auto& t : inputs_) placeholders.insert(t.get());
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        if (nodes_[k].out->device != device_) throw std::invalid_argument("capture: ops ran on more than one device");
+        for (const auto& in : nodes_[k].inputs) {
+            const bool known = producer.count(in.get()) || placeholders.count(in.get()) || !in->pending();
+            if (!known)
+                throw std::invalid_argument(std::string("capture: an input of ") + op_info(nodes_[k].op).name +
+                                            " comes from outside the trace and was never computed");
+        }
+        producer[nodes_[k].out.get()] = k;
+    }
+    std::unordered_set<const TensorImpl*> is_output;
+    for (const auto& t : outputs_) {
+        if (!producer.count(t.get())) throw std::invalid_argument("capture: an output was not computed by the traced ops");
+        is_output.insert(t.get());
+    }
+
+    // Live: the outputs, the in-place updates, and everything they read.
+    live_.assign(nodes_.size(), false);
+    for (size_t k = nodes_.size(); k-- > 0;) {
+        live_[k] = live_[k] || is_output.count(nodes_[k].out.get()) || has_side_effects(nodes_[k].op);
+        if (!live_[k]) continue;
+        for (const auto& in : nodes_[k].inputs) {
+            auto p = producer.find(in.get());
+            if (p != producer.end()) live_[p->second] = true;
+        }
+    }
+    std::unordered_map<const TensorImpl*, size_t> last_use;
+    for (size_t k = 0; k < nodes_.size(); ++k)
+        if (live_[k])
+            for (const auto& in : nodes_[k].inputs) last_use[in.get()] = k;
+
+    // Inputs and outputs get blocks of their own (one transfer each way); intermediates share
+    // an arena by liveness, planned once for every replay.
+    Backend& be = backend(device_);
+    const size_t in_bytes = pack(inputs_, input_offsets_), out_bytes = pack(outputs_, output_offsets_);
+    input_block_ = make_on(device_, {int64_t(in_bytes), 1, 1, 1}, 2, DType::u8);
+    output_block_ = make_on(device_, {int64_t(out_bytes), 1, 1, 1}, 2, DType::u8);
+    for (size_t i = 0; i < inputs_.size(); ++i) place(inputs_[i], input_block_, input_offsets_[i]);
+    for (size_t i = 0; i < outputs_.size(); ++i) place(outputs_[i], output_block_, output_offsets_[i]);
+
+    ArenaPlanner planner;
+    std::vector<size_t> offset(nodes_.size(), 0);
+    std::vector<std::vector<size_t>> frees_after(nodes_.size());
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        if (!live_[k]) continue;
+        if (!is_output.count(nodes_[k].out.get())) {
+            offset[k] = planner.allocate(nodes_[k].out->nbytes());
+            auto lu = last_use.find(nodes_[k].out.get());
+            frees_after[lu == last_use.end() ? k : lu->second].push_back(k);
+        }
+        for (size_t j : frees_after[k]) planner.release(offset[j], nodes_[j].out->nbytes());
+    }
+    arena_bytes_ = planner.high_water();
+    arena_ = be.allocate(std::max<size_t>(arena_bytes_, kArenaAlign));
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        if (!live_[k] || is_output.count(nodes_[k].out.get())) continue;
+        nodes_[k].out->storage = arena_;
+        nodes_[k].out->offset = offset[k];
+    }
+}
+
+size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
+
+void Program::replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
+    if (host_inputs.size() != inputs_.size() || host_outputs.size() != outputs_.size())
+        throw std::invalid_argument("replay: expected " + std::to_string(inputs_.size()) + " inputs and " +
+                                    std::to_string(outputs_.size()) + " outputs");
+    Backend& be = backend(device_);
+    std::vector<char> packed(size_t(input_block_->numel()), 0);
+    for (size_t i = 0; i < inputs_.size(); ++i)
+        std::memcpy(packed.data() + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
+    be.upload(*input_block_, 0, packed.data(), packed.size());
+    for (size_t k = 0; k < nodes_.size(); ++k)
+        if (live_[k]) execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
+    std::vector<char> results(size_t(output_block_->numel()));
+    be.download(*output_block_, 0, results.data(), results.size());
+    for (size_t i = 0; i < outputs_.size(); ++i)
+        std::memcpy(host_outputs[i], results.data() + output_offsets_[i], outputs_[i]->nbytes());
+}
+
+}  // namespace rk

@@ -1,0 +1,234 @@
+"""Capture: trace a function once per input signature into a native program, then replay it
+with no Python per op.
+
+``rc.capture(fn, params=[...])`` traces ``fn(**inputs)`` (any ops, a backward pass, optimizer
+steps, gathers from device buffers) and returns a callable taking the same named numpy inputs
+and returning ``fn``'s outputs as numpy arrays. ``rc.capture_step(loss_fn, params, optimizer,
+max_grad_norm=None)`` captures a whole training step: forward, backward, the global gradient
+norm (and clipping), and the optimizer update; it returns the loss and the norm. On the GPU a
+replay is one upload of all inputs, one submission and one download of all outputs.
+
+A replay re-records when an input's shape or dtype, the device, or a listed parameter or buffer
+(freed, moved, or written from the host with load_state_dict) changes. Host work inside the
+trace that a replay would not repeat (reading a value, making a tensor from host data) raises
+CaptureError naming it. A non-finite gradient norm skips the update: weights, moments and the
+step counter stay as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from rlkit import _native
+from rlkit.core import _runtime
+from rlkit.core.tensor import Tensor
+
+
+class CaptureError(RuntimeError):
+    """The traced function did something a replay would not repeat."""
+
+
+class Trace:
+    """What a trace collects besides its ops: inputs computed on the host at every replay
+    (optimizer coefficients), extra outputs, and what to do with them after each replay."""
+
+    def __init__(self):
+        self.host_inputs: list[tuple[Tensor, Callable[[], np.ndarray]]] = []
+        self.extra_outputs: list[Tensor] = []
+        self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
+        self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
+
+    def host_input(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray]) -> Tensor:
+        """A placeholder filled with ``compute()`` before every replay (f32)."""
+        t = Tensor(_native.placeholder(list(shape), "f32", _runtime.device()))
+        self.host_inputs.append((t, compute))
+        return t
+
+    def extra_output(self, t: Tensor, after: Callable[[np.ndarray], None]) -> None:
+        """Downloads ``t`` with the outputs and calls ``after(value)`` after each replay."""
+        index = len(self.extra_outputs)
+        self.extra_outputs.append(t)
+        self.after_replay.append(lambda values: after(values[index]))
+
+
+_active: Trace | None = None
+
+
+def tracing() -> Trace | None:
+    """The trace being recorded, or None."""
+    return _active
+
+
+def refuse_host_work(what: str) -> None:
+    """Raises CaptureError while tracing: called by host reads and uploads."""
+    if _active is not None:
+        raise CaptureError(
+            f"capture: the traced function {what}; a replay runs only the recorded ops and would not repeat it "
+            "(pass host data as a named input, and read values from the captured function's outputs)"
+        )
+
+
+def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
+    """The tensors of fn's result and a function rebuilding its structure from values."""
+    if isinstance(result, Tensor):
+        return [result], lambda values: values[0]
+    if isinstance(result, (tuple, list)) and all(isinstance(t, Tensor) for t in result):
+        kind = type(result)
+        return list(result), lambda values: kind(values)
+    if isinstance(result, dict) and all(isinstance(t, Tensor) for t in result.values()):
+        keys = list(result)
+        return [result[k] for k in keys], lambda values: dict(zip(keys, values))
+    raise CaptureError(f"capture: the traced function must return a Tensor, or a tuple, list or dict of them; "
+                       f"got {type(result).__name__}")
+
+
+def _host_array(name: str, value) -> tuple[np.ndarray, str]:
+    arr = np.asarray(value)
+    if arr.dtype.kind == "b":
+        arr = arr.astype(np.float32)
+    if arr.dtype.kind in "iu":
+        return np.asfortranarray(arr, dtype=np.int32).reshape(_tensor_shape(arr), order="F"), "i32"
+    if arr.dtype.kind != "f":
+        raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
+    dtype = _runtime.dtype()
+    np_dtype = {"f32": np.float32, "f16": np.float16, "f64": np.float64}[dtype]
+    return np.asfortranarray(arr, dtype=np_dtype).reshape(_tensor_shape(arr), order="F"), dtype
+
+
+def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
+    if arr.ndim == 0:
+        return (1, 1)
+    if arr.ndim == 1:
+        return (arr.shape[0], 1)
+    if arr.ndim > 4:
+        raise ValueError(f"capture: inputs have at most 4 dimensions, got shape {arr.shape}")
+    return arr.shape
+
+
+class _Recording:
+    """One traced program and what its replays need."""
+
+    def __init__(self, program, names, placeholders, host_inputs, outputs, n_user_outputs, rebuild, after_replay):
+        self.program, self.names, self.placeholders = program, names, placeholders
+        self.host_inputs, self.outputs = host_inputs, outputs
+        self.n_user_outputs, self.rebuild, self.after_replay = n_user_outputs, rebuild, after_replay
+
+
+class Captured:
+    """A captured function: call it with the traced function's inputs, by name."""
+
+    def __init__(self, fn: Callable, params=()):
+        if not callable(fn):
+            raise TypeError(f"capture: fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.params = list(params.values()) if isinstance(params, dict) else list(params)
+        for p in self.params:
+            if not (isinstance(p, Tensor) or hasattr(p, "__rlkit_buffer__")):
+                raise TypeError(f"capture: params lists parameters and device buffers, got {type(p).__name__}")
+        self._recordings: dict[tuple, _Recording] = {}
+        self.traces = 0  # how many times fn was traced (re-recordings included)
+
+    def _identity(self) -> tuple:
+        """What a listed parameter or buffer is now: its storage, and for a parameter its
+        host-write version (a buffer's column writes are its data, read where it is)."""
+        parts = []
+        for p in self.params:
+            if isinstance(p, Tensor):
+                parts.append((id(p._impl), p._impl.version))
+            else:
+                parts.append((id(p.__rlkit_buffer__()._impl),))  # a freed buffer raises here
+        return tuple(parts)
+
+    def __call__(self, **inputs):
+        arrays = {name: _host_array(name, value) for name, value in sorted(inputs.items())}
+        signature = (_runtime.device(), tuple((n, a.shape, d) for n, (a, d) in arrays.items()), self._identity())
+        recording = self._recordings.get(signature)
+        if recording is None:
+            self._recordings = {k: v for k, v in self._recordings.items() if k[:2] != signature[:2]}
+            recording = self._record(arrays)
+            self._recordings[signature] = recording
+        values = [arrays[n][0] for n in recording.names]
+        values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
+        inputs_impl = [t._impl for t in recording.placeholders] + [t._impl for t, _ in recording.host_inputs]
+        results = recording.program.replay(values, inputs_impl, [t._impl for t in recording.outputs])
+        extra = results[recording.n_user_outputs:]
+        for after in recording.after_replay:
+            after(extra)
+        return recording.rebuild(results[:recording.n_user_outputs])
+
+    def _record(self, arrays) -> _Recording:
+        global _active
+        device = _runtime.device()
+        names = list(arrays)
+        placeholders = [Tensor(_native.placeholder(list(arrays[n][0].shape), arrays[n][1], device)) for n in names]
+        trace = Trace()
+        graph = _native.Graph()
+        if _active is not None:
+            raise CaptureError("capture: captures do not nest")
+        _active = trace
+        _runtime._state["tracing"] = True
+        try:
+            with graph:
+                result = self.fn(**dict(zip(names, placeholders)))
+        finally:
+            _active = None
+            _runtime._state["tracing"] = False
+        outputs, rebuild = _flatten(result)
+        all_outputs = outputs + trace.extra_outputs
+        inputs = placeholders + [t for t, _ in trace.host_inputs]
+        program = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
+        self.traces += 1
+        return _Recording(program, names, placeholders, trace.host_inputs, all_outputs, len(outputs), rebuild,
+                          trace.after_replay)
+
+
+def capture(fn: Callable, params=()) -> Captured:
+    """Traces ``fn(**inputs)`` on its first call (and again for a new input signature) into a
+    native program; later calls replay it. ``params`` lists the parameters and device buffers
+    the trace reads, so that freeing, moving or reloading one records the program anew."""
+    return Captured(fn, params)
+
+
+def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> Captured:
+    """A captured training step: ``loss_fn(**inputs)`` (a scalar loss), its backward pass, the
+    global gradient norm (clipped to ``max_grad_norm`` when given) and ``optimizer``'s update.
+    Calling it returns ``(loss, grad_norm)`` as floats; a non-finite norm skips the update."""
+    from rlkit.core import autograd, ops
+
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"capture_step: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    param_list = list(params.values()) if isinstance(params, dict) else list(params)
+
+    def step(**inputs):
+        with autograd.grad_tape():
+            loss = loss_fn(**inputs)
+        grads = autograd.backward(loss)
+        squares = [ops.sum(ops.square(grads.tensor(p))) for p in param_list if p in grads]
+        if not squares:
+            raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
+        total = squares[0]
+        for s in squares[1:]:
+            total = ops.add(total, s)
+        norm = ops.sqrt(total)  # [1, 1]
+        # 1 (or the clipping factor), made NaN by a non-finite norm so the update skips itself
+        factor = ops.minimum(ops.div(float(max_grad_norm), ops.add(norm, 1e-6)), 1.0) if max_grad_norm else 1.0
+        _active.grad_scale = ops.add(ops.scale(norm, 0.0), factor)
+        optimizer.step(grads)
+        return ops.reshape(loss, (1, 1)), norm
+
+    captured = Captured(step, param_list)
+
+    def run(**inputs) -> tuple[float, float]:
+        loss, norm = captured(**inputs)
+        return float(np.asarray(loss).reshape(-1)[0]), float(np.asarray(norm).reshape(-1)[0])
+
+    run.captured = captured
+    return run
+
+
+def is_finite(value: np.ndarray) -> bool:
+    """Whether a downloaded scalar is finite."""
+    return math.isfinite(float(np.asarray(value).reshape(-1)[0]))
