@@ -104,6 +104,33 @@ def rlkit_step_fn(layers, x_np, y_np, device="cpu"):
     return step
 
 
+def rlkit_captured_step_fn(layers, x_np, y_np, device="cpu"):
+    """The same step as one captured program (rc.capture_step): the batch is uploaded and the
+    loss read back at every call, as in a training loop."""
+    previous = rc.device(device)
+    params = [(rc.param(W), rc.param(b)) for W, b in layers]
+    flat = [p for pair in params for p in pair]
+    opt = rc.optim.Adam(flat, lr=1e-3)
+
+    def forward(x):
+        h = x
+        for i, (W, b) in enumerate(params):
+            h = W @ h + b
+            if i < len(params) - 1:
+                h = rc.relu(h)
+        return h
+
+    step = rc.capture_step(lambda x, y: rc.mse_loss(forward(x), y), flat, opt)
+    rc.device(previous)
+
+    def run():
+        previous = rc.device(device)
+        step(x=x_np, y=y_np)
+        rc.device(previous)
+
+    return run
+
+
 def numpy_step_fn(layers, x, y):
     """The same step written by hand in numpy: forward, backward, Adam."""
     params = [p.copy() for pair in layers for p in pair]
@@ -139,7 +166,7 @@ def numpy_step_fn(layers, x, y):
     return step
 
 
-def torch_step_fn(layers, x, y, device="cpu"):
+def torch_step_fn(layers, x, y, device="cpu", upload_and_read=False):
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2)
     )
@@ -149,14 +176,17 @@ def torch_step_fn(layers, x, y, device="cpu"):
             lin.bias.copy_(torch.from_numpy(b[:, 0]))
     model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    tx = torch.from_numpy(np.ascontiguousarray(x.T)).to(device)
-    ty = torch.from_numpy(np.ascontiguousarray(y.T)).to(device)
+    hx, hy = torch.from_numpy(np.ascontiguousarray(x.T)), torch.from_numpy(np.ascontiguousarray(y.T))
+    tx, ty = hx.to(device), hy.to(device)
 
     def step():
+        bx, by = (hx.to(device), hy.to(device)) if upload_and_read else (tx, ty)
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(tx), ty)
+        loss = torch.nn.functional.mse_loss(model(bx), by)
         loss.backward()
         opt.step()
+        if upload_and_read:
+            loss.item()
 
     return step
 
@@ -166,10 +196,13 @@ def bench_mlp(iters: int, rounds: int) -> dict:
     layers = mlp_init(rng)
     x = rng.standard_normal((4, BATCH)).astype(np.float32)
     y = rng.standard_normal((2, BATCH)).astype(np.float32)
-    row = {"rlkit": median_seconds(rlkit_step_fn(layers, np.asfortranarray(x), np.asfortranarray(y)), iters, rounds),
-           "numpy": median_seconds(numpy_step_fn(layers, x, y), iters, rounds)}
+    xf, yf = np.asfortranarray(x), np.asfortranarray(y)
+    row = {"rlkit": median_seconds(rlkit_step_fn(layers, xf, yf), iters, rounds),
+           "numpy": median_seconds(numpy_step_fn(layers, x, y), iters, rounds),
+           "captured": median_seconds(rlkit_captured_step_fn(layers, xf, yf), iters, rounds)}
     if torch is not None:
         row["torch"] = median_seconds(torch_step_fn(layers, x, y), iters, rounds)
+        row["torch_read"] = median_seconds(torch_step_fn(layers, x, y, upload_and_read=True), iters, rounds)
     return row
 
 
@@ -211,6 +244,9 @@ def report(dispatch: dict, matmuls: dict, mlp: dict) -> str:
     torch_cells = (f"{ms['torch']:.3f}", f"{ms['torch'] / ms['rlkit']:.2f}x") if has_torch else ("-", "-")
     lines.append(f"| time per step (ms) | {ms['rlkit']:.3f} | {ms['numpy']:.3f} | {torch_cells[0]} | "
                  f"{ms['numpy'] / ms['rlkit']:.2f}x | {torch_cells[1]} |")
+    read_cells = (f"{ms['torch_read']:.3f}", f"{ms['torch_read'] / ms['captured']:.2f}x") if has_torch else ("-", "-")
+    lines.append(f"| captured step (rc.capture_step; batch sent, loss read each step) vs torch eager doing the same "
+                 f"(ms) | {ms['captured']:.3f} | - | {read_cells[0]} | - | {read_cells[1]} |")
     return "\n".join(lines)
 
 
@@ -270,11 +306,18 @@ def bench_gpu(rounds: int) -> str:
                        200, rounds) * 1e3
     lines += ["", "| MLP 4-256-256-2, batch 64: forward + backward + Adam (ms per step) | rlkit Vulkan | torch CUDA eager | torch / rlkit |",
               "|---|---|---|---|"]
+    captured = gpu_seconds(rlkit_captured_step_fn(layers, np.asfortranarray(x), np.asfortranarray(y), "gpu"),
+                           rc.synchronize, 200, rounds) * 1e3
     if has_cuda:
         theirs = gpu_seconds(torch_step_fn(layers, x, y, "cuda"), cuda_sync, 200, rounds) * 1e3
+        theirs_read = gpu_seconds(torch_step_fn(layers, x, y, "cuda", upload_and_read=True), cuda_sync, 200,
+                                  rounds) * 1e3
         lines.append(f"| time per step | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x |")
+        lines.append(f"| captured step (batch sent, loss read each step) vs torch eager doing the same | "
+                     f"{captured:.3f} | {theirs_read:.3f} | {theirs_read / captured:.2f}x |")
     else:
         lines.append(f"| time per step | {ours:.3f} | - | - |")
+        lines.append(f"| captured step (batch sent, loss read each step) | {captured:.3f} | - | - |")
     return "\n".join(lines)
 
 
