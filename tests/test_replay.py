@@ -140,3 +140,101 @@ def test_bad_input():
         args = {"capacity": 10, "obs_shape": 2, "action_shape": 1, **kwargs}
         with pytest.raises(ValueError, match=message):
             ReplayBuffer(**args)
+
+
+# ---- sequences ---------------------------------------------------------------------------------
+
+def test_sequences_are_consecutive_and_masked_after_episode_ends(device):
+    n_envs = 2
+    buf = ReplayBuffer(40, 3, 2, n_envs=n_envs, seed=5)
+    history = _rollout([buf], 28, n_envs, seed=6)  # wraps the 20-step lanes
+    burn_in, length, batch = 2, 4, 32
+    seq = buf.sample_sequences(batch, length, burn_in=burn_in)
+    window = burn_in + length
+    assert seq.obs.shape == (3, window, batch) and seq.mask.shape == (1, window, batch)
+    obs, mask, reward = seq.obs.numpy(), seq.mask.numpy()[0], seq.reward.numpy()[0]
+    stored = {tuple(history[t][0][e]): (t, e) for t in range(8, 28) for e in range(n_envs)}
+    for b in range(batch):
+        t0, e = stored[tuple(obs[:, 0, b])]
+        assert t0 + window <= 28  # never past the newest step
+        alive = True
+        for k in range(window):
+            np.testing.assert_array_equal(obs[:, k, b], history[t0 + k][0][e])  # one lane, consecutive steps
+            assert reward[k, b] == history[t0 + k][2][e]
+            assert mask[k, b] == float(alive)
+            alive = alive and not (history[t0 + k][4][e] or history[t0 + k][5][e])
+
+
+def test_sequence_errors():
+    buf = ReplayBuffer(10, 1, 1, seed=0)
+    buf.add(np.zeros((1, 1)), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    with pytest.raises(ValueError, match="needs that many stored steps"):
+        buf.sample_sequences(2, 3)
+    with pytest.raises(ValueError, match="length must be an int >= 1"):
+        buf.sample_sequences(2, 0)
+    with pytest.raises(ValueError, match="burn_in must be an int >= 0"):
+        buf.sample_sequences(2, 1, burn_in=-1)
+
+
+# ---- saving ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimize_memory", [False, True])
+def test_save_and_load_round_trip(device, tmp_path, monkeypatch, optimize_memory):
+    monkeypatch.setattr(ReplayBuffer, "CHUNK_BYTES", 64)  # many small chunks: the chunked path
+    buf = ReplayBuffer(30, 3, 2, n_envs=2, seed=2, optimize_memory=optimize_memory, n_step=2)
+    _rollout([buf], 19, 2, seed=8)  # wraps
+    path = str(tmp_path / "replay")
+    buf.save(path)
+    buf.save(path)  # a second save replaces the first
+    loaded = ReplayBuffer.load(path, device="cpu")
+    assert (len(loaded), loaded.pos, loaded.full) == (len(buf), buf.pos, buf.full)
+    a, b = buf.sample(24), loaded.sample(24)  # the generator state travels too
+    np.testing.assert_array_equal(a.index, b.index)
+    for field in ("obs", "action", "reward", "next_obs", "done", "discount"):
+        np.testing.assert_array_equal(getattr(a, field).numpy(), getattr(b, field).numpy(), err_msg=field)
+    with pytest.raises(ValueError, match="not a saved replay buffer"):
+        ReplayBuffer.load(str(tmp_path / "missing"))
+
+
+# ---- prioritized -------------------------------------------------------------------------------
+
+def test_prioritized_sampling_follows_priorities(device):
+    from rlkit.buffers import PrioritizedReplayBuffer
+
+    buf = PrioritizedReplayBuffer(8, 1, 1, alpha=0.7, beta=0.5, eps=0.0, seed=0)
+    for t in range(8):
+        buf.add(np.full((1, 1), t), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    priorities = np.array([1.0, 2.0, 0.5, 4.0, 1.0, 3.0, 0.25, 2.0])
+    buf.update_priorities(np.arange(8), priorities)
+    expected = priorities**0.7 / np.sum(priorities**0.7)
+    counts = np.zeros(8)
+    for _ in range(300):
+        s = buf.sample(64)
+        counts += np.bincount(s.index, minlength=8)
+    n = counts.sum()
+    assert np.all(np.abs(counts / n - expected) < 4 * np.sqrt(expected * (1 - expected) / n))
+    s = buf.sample(64)
+    w = (8 * expected[s.index]) ** -0.5
+    np.testing.assert_allclose(s.weights.numpy()[0], w / w.max(), rtol=1e-5)
+    np.testing.assert_array_equal(s.obs.numpy()[0], s.index)  # the sampled columns' data
+
+
+def test_prioritized_new_transitions_get_the_largest_priority_and_bad_updates_fail():
+    from rlkit.buffers import PrioritizedReplayBuffer
+
+    buf = PrioritizedReplayBuffer(4, 1, 1, alpha=1.0, seed=0)
+    for t in range(3):
+        buf.add(np.zeros((1, 1)), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    buf.update_priorities([0, 1, 2], [5.0, 1.0, 1.0])
+    buf.add(np.zeros((1, 1)), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    assert buf._tree.leaves(np.array([3]))[0] == pytest.approx(5.0 + 1e-6)
+    with pytest.raises(ValueError, match="2 indices but 1 priorities"):
+        buf.update_priorities([0, 1], [1.0])
+    with pytest.raises(IndexError, match="0..3"):
+        buf.update_priorities([9], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        buf.update_priorities([0], [np.nan])
+    with pytest.raises(ValueError, match="optimize_memory"):
+        PrioritizedReplayBuffer(4, 1, 1, optimize_memory=True)
+    with pytest.raises(ValueError, match="alpha"):
+        PrioritizedReplayBuffer(4, 1, 1, alpha=-1)

@@ -15,14 +15,31 @@ truncation still bootstraps from the right state (the bug Stable-Baselines3 forb
 
 from __future__ import annotations
 
+import json
 import numbers
+import os
+import shutil
+import tempfile
 from typing import NamedTuple
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
-from rlkit.core.tensor import Tensor
+from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+
+
+class SequenceSamples(NamedTuple):
+    """A batch of sequences: obs [obs_rows, T, B], action [action_rows, T, B], reward,
+    terminated and mask [1, T, B] with T = burn_in + length. mask is 1 on the steps of the
+    sampled episode and 0 after it ended, so no sequence crosses an episode boundary unmasked."""
+
+    obs: Tensor
+    action: Tensor
+    reward: Tensor
+    terminated: Tensor
+    mask: Tensor
+    burn_in: int
 
 
 class ReplaySamples(NamedTuple):
@@ -35,6 +52,7 @@ class ReplaySamples(NamedTuple):
     done: Tensor      # [1, B]: 1 when an episode terminated within the summed steps
     discount: Tensor  # [1, B]: gamma ** k for the k steps summed
     index: np.ndarray  # the sampled columns (for priority updates)
+    weights: Tensor | None = None  # [1, B] importance weights (prioritized sampling only)
 
 
 def _shape(value, what: str) -> tuple[int, ...]:
@@ -174,6 +192,113 @@ class ReplayBuffer:
             done |= alive & self._terminated[step, e]
             alive &= ~ended & (step != newest)
         return ret, done, discount, last
+
+    def sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> SequenceSamples:
+        """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment
+        each, starting anywhere in the stored data (never wrapping past the write position);
+        steps after an episode's end inside a window are masked out."""
+        for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"ReplayBuffer.sample_sequences: {name} must be an int >= {low}, got {value!r}")
+        window = int(burn_in) + int(length)
+        stored = self.lane_length if self.full else self.pos
+        if window > stored:
+            raise ValueError(f"ReplayBuffer.sample_sequences: a window of {window} steps needs that many stored "
+                             f"steps per environment; {stored} are stored")
+        oldest = self.pos if self.full else 0  # starts run from the oldest step to the last full window
+        start = (oldest + self._rng.integers(0, stored - window + 1, batch_size)) % self.lane_length
+        e = self._rng.integers(0, self.n_envs, batch_size)
+        steps = (start[None, :] + np.arange(window)[:, None]) % self.lane_length  # [T, B]
+        ended = self._terminated[steps, e] | self._truncated[steps, e]
+        # a step is masked once an earlier step of the window ended its episode
+        mask = np.concatenate([np.ones((1, batch_size), bool), np.cumsum(ended, axis=0)[:-1] == 0])
+        index = (steps * self.n_envs + e).reshape(-1, order="F").astype(np.int32)  # t fastest, then b
+        device = self._obs.device
+
+        def gathered(buffer: DeviceBuffer) -> Tensor:
+            return rc.reshape(rc.get_rows(buffer, index), (buffer.rows, window, batch_size))
+
+        def host(values: np.ndarray) -> Tensor:
+            return rc.tensor(values.astype(np.float32).reshape(1, window, batch_size), device=device)
+
+        return SequenceSamples(
+            obs=gathered(self._obs), action=gathered(self._action),
+            reward=host(self._reward[steps, e]), terminated=host(self._terminated[steps, e]),
+            mask=host(mask), burn_in=int(burn_in),
+        )
+
+    # ---- saving ----------------------------------------------------------------------------
+
+    CHUNK_BYTES = 64 << 20
+
+    def save(self, path: str) -> None:
+        """Writes the buffer to the folder ``path``: one .npy per field, copied in chunks of at
+        most 64 MiB (memory stays bounded), replacing an earlier save only once complete."""
+        parent = os.path.dirname(os.path.abspath(path)) or "."
+        tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)
+        try:
+            for name, buffer in self._device_fields().items():
+                out = np.lib.format.open_memmap(os.path.join(tmp, f"{name}.npy"), mode="w+",
+                                                dtype=_NUMPY_DTYPES[buffer.dtype], shape=(buffer.rows, buffer.capacity),
+                                                fortran_order=True)
+                step = max(1, self.CHUNK_BYTES // max(1, buffer.rows * out.itemsize))
+                for col in range(0, buffer.capacity, step):
+                    k = min(step, buffer.capacity - col)
+                    out[:, col:col + k] = buffer.read(col, k)
+                out.flush()
+                del out
+            columns = sorted(self._final_obs)
+            final_obs = np.zeros((len(columns), self._obs.rows), np.float32)
+            for row, column in enumerate(columns):
+                final_obs[row] = self._final_obs[column]
+            np.savez(os.path.join(tmp, "host.npz"), reward=self._reward, terminated=self._terminated,
+                     truncated=self._truncated, final_columns=np.array(columns, np.int64), final_obs=final_obs)
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(self._settings(), f)
+            if os.path.exists(path):
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str, device: str | None = None) -> "ReplayBuffer":
+        """A buffer saved by save(), on ``device`` (the default device when None), filled in
+        chunks of at most 64 MiB."""
+        try:
+            with open(os.path.join(path, "meta.json")) as f:
+                settings = json.load(f)
+            host = np.load(os.path.join(path, "host.npz"))
+        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            raise ValueError(f"ReplayBuffer.load: {path!r} is not a saved replay buffer ({exc})") from None
+        state = settings.pop("state")
+        buf = cls(**settings, device=device)
+        for name, buffer in buf._device_fields().items():
+            data = np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r")
+            if data.shape != (buffer.rows, buffer.capacity):
+                raise ValueError(f"ReplayBuffer.load: {name}.npy has shape {data.shape}, expected "
+                                 f"{(buffer.rows, buffer.capacity)}")
+            step = max(1, cls.CHUNK_BYTES // max(1, buffer.rows * data.itemsize))
+            for col in range(0, buffer.capacity, step):
+                buffer.write(np.asfortranarray(data[:, col:col + step]), col)
+        buf._reward, buf._terminated, buf._truncated = host["reward"], host["terminated"], host["truncated"]
+        buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
+        buf.pos, buf.full = state["pos"], state["full"]
+        buf._rng.bit_generator.state = state["rng"]
+        return buf
+
+    def _device_fields(self) -> dict[str, DeviceBuffer]:
+        fields = {"obs": self._obs, "action": self._action}
+        if self._next_obs is not None:
+            fields["next_obs"] = self._next_obs
+        return fields
+
+    def _settings(self) -> dict:
+        return {"capacity": self.capacity, "obs_shape": list(self.obs_shape), "action_shape": list(self.action_shape),
+                "n_envs": self.n_envs, "obs_dtype": self._obs.dtype, "action_dtype": self._action.dtype,
+                "optimize_memory": self.optimize_memory, "n_step": self.n_step, "gamma": self.gamma,
+                "state": {"pos": self.pos, "full": self.full, "rng": self._rng.bit_generator.state}}
 
     def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray) -> Tensor:
         if self._next_obs is not None:

@@ -1,0 +1,109 @@
+"""Prioritized experience replay (Schaul et al., 2016) over the ReplayBuffer's columns.
+
+Each column (transition) has a priority p; it is sampled with probability p^alpha / sum p^alpha
+(stratified over the batch) and weighted by (N P)^-beta / max (the importance correction).
+New transitions get the largest priority seen so far. The sum tree lives on the host; its
+updates are batched (no Python loop over the batch).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
+from rlkit.core.tensor import Tensor
+
+
+class SumTree:
+    """Leaf values and the sums of every subtree, in one array (the root at 1)."""
+
+    def __init__(self, capacity: int):
+        self.size = 1 << max(0, (capacity - 1).bit_length())
+        self.tree = np.zeros(2 * self.size, np.float64)
+
+    def update(self, index: np.ndarray, value: np.ndarray) -> None:
+        """Sets leaves (the last value wins for a repeated index) and their ancestors' sums."""
+        nodes = np.asarray(index, np.int64) + self.size
+        self.tree[nodes] = value
+        nodes = np.unique(nodes // 2)
+        while nodes[0] >= 1:
+            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
+            if nodes[0] == 1:
+                break
+            nodes = np.unique(nodes // 2)
+
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def leaves(self, index: np.ndarray) -> np.ndarray:
+        return self.tree[np.asarray(index, np.int64) + self.size]
+
+    def find(self, prefix: np.ndarray) -> np.ndarray:
+        """The leaf whose cumulative range holds each prefix sum."""
+        node = np.ones(prefix.shape, np.int64)
+        prefix = prefix.astype(np.float64).copy()
+        while node[0] < self.size:
+            left = self.tree[2 * node]
+            right = prefix >= left
+            prefix -= np.where(right, left, 0.0)
+            node = 2 * node + right
+        return node - self.size
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """A ReplayBuffer sampled by priority. ``alpha`` shapes the priorities, ``beta`` the
+    importance weights (anneal it towards 1 by setting ``buffer.beta``), ``eps`` keeps every
+    priority positive. ``update_priorities(samples.index, td_errors)`` after each update."""
+
+    def __init__(self, capacity: int, obs_shape, action_shape, alpha: float = 0.6, beta: float = 0.4,
+                 eps: float = 1e-6, **kwargs):
+        super().__init__(capacity, obs_shape, action_shape, **kwargs)
+        if self.optimize_memory:
+            raise ValueError("PrioritizedReplayBuffer: optimize_memory is not supported with priorities")
+        for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+                raise ValueError(f"PrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self._tree = SumTree(self.capacity)
+        self._max_priority = 1.0
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        column = self.pos * self.n_envs
+        super().add(obs, action, reward, next_obs, terminated, truncated)
+        self._tree.update(np.arange(column, column + self.n_envs), self._max_priority**self.alpha)
+
+    def sample(self, batch_size: int) -> ReplaySamples:
+        """A batch drawn in proportion to priority^alpha, with importance weights [1, B]."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"PrioritizedReplayBuffer.sample: batch_size must be a positive int, got {batch_size!r}")
+        total = self._tree.total()
+        if len(self) == 0 or total <= 0:
+            raise ValueError("PrioritizedReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
+        segment = total / batch_size
+        prefix = (np.arange(batch_size) + self._rng.random(batch_size)) * segment
+        column = np.minimum(self._tree.find(np.minimum(prefix, np.nextafter(total, 0))), self.capacity - 1)
+        probability = self._tree.leaves(column) / total
+        weights = (len(self) * probability) ** (-self.beta)
+        weights = (weights / weights.max()).astype(np.float32)
+        t, e = np.divmod(column, self.n_envs)
+        samples = self._gather(t, e)
+        return samples._replace(weights=rc.tensor(weights[None, :], device=self._obs.device))
+
+    def update_priorities(self, index, priorities) -> None:
+        """New priorities (for example |TD error|) of the sampled columns ``index``."""
+        if isinstance(priorities, Tensor):
+            priorities = priorities.numpy()
+        index = np.asarray(index).reshape(-1)
+        priorities = np.abs(np.asarray(priorities, np.float64).reshape(-1))
+        if index.size != priorities.size:
+            raise ValueError(f"update_priorities: {index.size} indices but {priorities.size} priorities")
+        if index.size and (index.min() < 0 or index.max() >= self.capacity):
+            raise IndexError(f"update_priorities: indices must lie in 0..{self.capacity - 1}")
+        if not np.all(np.isfinite(priorities)):
+            raise ValueError("update_priorities: priorities must be finite")
+        priorities = priorities + self.eps
+        self._max_priority = max(self._max_priority, float(priorities.max(initial=0.0)))
+        self._tree.update(index, priorities**self.alpha)
