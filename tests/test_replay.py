@@ -238,3 +238,45 @@ def test_prioritized_new_transitions_get_the_largest_priority_and_bad_updates_fa
         PrioritizedReplayBuffer(4, 1, 1, optimize_memory=True)
     with pytest.raises(ValueError, match="alpha"):
         PrioritizedReplayBuffer(4, 1, 1, alpha=-1)
+
+
+# ---- sampling on the device --------------------------------------------------------------------
+
+def _filled(n_steps=13, seed=0):
+    buf = ReplayBuffer(40, 3, 2, n_envs=2, seed=seed)
+    history = _rollout([buf], n_steps, 2, seed=seed)
+    return buf, history
+
+
+def test_device_sampling_draws_stored_transitions_identically_on_both_backends():
+    results = []
+    for device in DEVICES:
+        previous = rc.device(device)
+        try:
+            buf, history = _filled()
+            rc.manual_seed(42)
+            s = buf.sample_on_device(64)
+            index = s.index.numpy()[0]
+            assert index.min() >= 0 and index.max() < len(buf)
+            obs, reward, done = s.obs.numpy(), s.reward.numpy()[0], s.done.numpy()[0]
+            for j, column in enumerate(index):
+                t, e = divmod(int(column), 2)
+                np.testing.assert_array_equal(obs[:, j], history[t][0][e])
+                assert reward[j] == history[t][2][e] and done[j] == float(history[t][4][e])
+            np.testing.assert_array_equal(s.next_obs.numpy()[:, 0], history[index[0] // 2][3][index[0] % 2])
+            results.append(index)
+        finally:
+            rc.device(previous)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other, results[0])  # the same seed, the same samples
+
+
+def test_device_sampling_inside_a_capture_needs_no_index_upload(device):
+    buf, _ = _filled()
+    draw = rc.capture(lambda stored: buf.sample_on_device(16, stored).index, params=[buf._obs])
+    first = draw(stored=np.array([[len(buf)]], np.float32))
+    second = draw(stored=np.array([[len(buf)]], np.float32))
+    assert draw.traces == 1 and not np.array_equal(first, second)  # fresh draws every replay
+    assert first.max() < len(buf)
+    with pytest.raises(ValueError, match="only for n_step=1"):
+        ReplayBuffer(10, 1, 1, n_step=3).sample_on_device(4)

@@ -51,7 +51,7 @@ class ReplaySamples(NamedTuple):
     next_obs: Tensor  # the observation to bootstrap from (after the last summed step)
     done: Tensor      # [1, B]: 1 when an episode terminated within the summed steps
     discount: Tensor  # [1, B]: gamma ** k for the k steps summed
-    index: np.ndarray  # the sampled columns (for priority updates)
+    index: np.ndarray | Tensor  # the sampled columns (a device tensor from sample_on_device)
     weights: Tensor | None = None  # [1, B] importance weights (prioritized sampling only)
 
 
@@ -90,6 +90,9 @@ class ReplayBuffer:
         self._obs = DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
         self._next_obs = None if self.optimize_memory else DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
         self._action = DeviceBuffer(action_rows, self.capacity, action_dtype, device)
+        # rewards and terminations on the device too, for sampling without the host
+        self._reward_row = DeviceBuffer(1, self.capacity, "f32", device)
+        self._terminated_row = DeviceBuffer(1, self.capacity, "f32", device)
         self._reward = np.zeros((self.lane_length, self.n_envs), np.float32)
         self._terminated = np.zeros((self.lane_length, self.n_envs), bool)
         self._truncated = np.zeros((self.lane_length, self.n_envs), bool)
@@ -123,6 +126,8 @@ class ReplayBuffer:
         column = self.pos * self.n_envs
         self._obs.write(obs_cols, column)
         self._action.write(action_cols, column)
+        self._reward_row.write(rewards[None, :], column)
+        self._terminated_row.write(terminated[None, :].astype(np.float32), column)
         if self._next_obs is not None:
             self._next_obs.write(next_cols, column)
         else:
@@ -138,22 +143,24 @@ class ReplayBuffer:
 
     # ---- sampling --------------------------------------------------------------------------
 
-    def _valid_steps(self) -> np.ndarray:
-        """Ring steps that can be sampled: stored, and (with optimize_memory) not the newest,
-        whose next observation is not stored yet."""
-        steps = np.arange(self.lane_length if self.full else self.pos)
-        if self.optimize_memory:
-            steps = steps[steps != (self.pos - 1) % self.lane_length]
+    def _draw_steps(self, batch_size: int) -> np.ndarray:
+        """Uniform ring steps among those that can be sampled: the stored ones, less (with
+        optimize_memory) the newest, whose next observation is not stored yet."""
+        stored = self.lane_length if self.full else self.pos
+        newest = (self.pos - 1) % self.lane_length
+        n_valid = stored - 1 if self.optimize_memory and stored > 0 else stored
+        if n_valid <= 0:
+            raise ValueError("ReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
+        steps = self._rng.integers(0, n_valid, batch_size)
+        if self.optimize_memory:  # skip over the newest step (which lies inside 0 .. stored - 1)
+            steps = np.where(steps >= newest, steps + 1, steps)
         return steps
 
     def sample(self, batch_size: int) -> ReplaySamples:
         """A uniform batch of transitions with their n-step returns."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"ReplayBuffer.sample: batch_size must be a positive int, got {batch_size!r}")
-        steps = self._valid_steps()
-        if steps.size == 0:
-            raise ValueError("ReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
-        t = steps[self._rng.integers(0, steps.size, batch_size)]
+        t = self._draw_steps(batch_size)
         e = self._rng.integers(0, self.n_envs, batch_size)
         return self._gather(t, e)
 
@@ -162,11 +169,12 @@ class ReplayBuffer:
         index = (t * self.n_envs + e).astype(np.int32)
         last_index = (last * self.n_envs + e).astype(np.int32)
         device = self._obs.device
+        columns = rc.tensor(index[None, :], device=device)  # in range by construction: sent once, reused
         return ReplaySamples(
-            obs=rc.get_rows(self._obs, index),
-            action=rc.get_rows(self._action, index),
+            obs=rc.get_rows(self._obs, columns),
+            action=rc.get_rows(self._action, columns),
             reward=rc.tensor(ret[None, :], device=device),
-            next_obs=self._next_obs_at(last, e, last_index),
+            next_obs=self._next_obs_at(last, e, last_index, columns if self.n_step == 1 else None),
             done=rc.tensor(done[None, :].astype(np.float32), device=device),
             discount=rc.tensor(discount[None, :], device=device),
             index=index,
@@ -192,6 +200,33 @@ class ReplayBuffer:
             done |= alive & self._terminated[step, e]
             alive &= ~ended & (step != newest)
         return ret, done, discount, last
+
+    def sample_on_device(self, batch_size: int, stored=None) -> ReplaySamples:
+        """A uniform batch drawn on the device from the engine's counter-based generator
+        (``rc.manual_seed``): the same draws on both backends, and nothing crosses from the host,
+        so it can sit inside a captured update. ``stored`` is the number of transitions stored,
+        a [1, 1] tensor (pass it as an input of a captured function) or a number (default: now).
+        One-step transitions without next-observation sharing only."""
+        if self.n_step != 1 or self.optimize_memory:
+            raise ValueError("ReplayBuffer.sample_on_device: only for n_step=1 without optimize_memory")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"ReplayBuffer.sample_on_device: batch_size must be a positive int, got {batch_size!r}")
+        device = self._obs.device
+        if stored is None:
+            if len(self) == 0:
+                raise ValueError("ReplayBuffer.sample_on_device: the buffer is empty")
+            stored = float(len(self))
+        # columns fill in order (t * n_envs + e), so the stored ones are 0 .. stored - 1
+        index = rc.cast(rc.mul(rc.rand((1, batch_size), dtype="f32", device=device), stored), "i32")  # [1, B]
+        return ReplaySamples(
+            obs=rc.get_rows(self._obs, index),
+            action=rc.get_rows(self._action, index),
+            reward=rc.get_rows(self._reward_row, index),
+            next_obs=rc.get_rows(self._next_obs, index),
+            done=rc.get_rows(self._terminated_row, index),
+            discount=rc.full((1, batch_size), self.gamma, dtype="f32", device=device),
+            index=index,
+        )
 
     def sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> SequenceSamples:
         """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment
@@ -300,9 +335,11 @@ class ReplayBuffer:
                 "optimize_memory": self.optimize_memory, "n_step": self.n_step, "gamma": self.gamma,
                 "state": {"pos": self.pos, "full": self.full, "rng": self._rng.bit_generator.state}}
 
-    def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray) -> Tensor:
+    def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray,
+                      columns: Tensor | None = None) -> Tensor:
+        """The bootstrap observations; ``columns`` is last_index already on the device."""
         if self._next_obs is not None:
-            return rc.get_rows(self._next_obs, last_index)
+            return rc.get_rows(self._next_obs, columns if columns is not None else last_index)
         successor = ((last + 1) % self.lane_length * self.n_envs + e).astype(np.int32)
         next_obs = rc.get_rows(self._obs, successor)
         patches = [(j, self._final_obs[int(c)]) for j, c in enumerate(last_index) if int(c) in self._final_obs]
