@@ -23,6 +23,7 @@ constexpr uint64_t kAlignment = 256;       // >= minStorageBufferOffsetAlignment
 constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push block fits in it
 constexpr uint32_t kMaxRecorded = 4096;    // dispatches recorded before an early submit
 constexpr size_t kSlots = 3;               // command buffers in rotation
+constexpr size_t kMaxUnsynced = 256;       // ranges tracked between barriers
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
@@ -480,8 +481,9 @@ void Context::barrier() {
 void Context::access(const std::vector<Range>& reads, const std::vector<Range>& writes) {
     begin_if_needed();
     // A read after an unsynced write, or a write after an unsynced read or write, needs a barrier.
+    // Long runs of independent work (many column writes) also get one, to keep the checks short.
     if (any_overlap(reads, unsynced_writes_) || any_overlap(writes, unsynced_writes_) ||
-        any_overlap(writes, unsynced_reads_))
+        any_overlap(writes, unsynced_reads_) || unsynced_reads_.size() + unsynced_writes_.size() > kMaxUnsynced)
         barrier();
     unsynced_reads_.insert(unsynced_reads_.end(), reads.begin(), reads.end());
     unsynced_writes_.insert(unsynced_writes_.end(), writes.begin(), writes.end());
@@ -520,6 +522,7 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     access({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}});
     VkBufferCopy region{so, doff, size};
     api_.vkCmdCopyBuffer(cmd_, sb, db, 1, &region);
+    if (++recorded_ >= kMaxRecorded) submit();
 }
 
 void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
@@ -534,7 +537,7 @@ void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, u
     in_flight_bytes_ += size;
     ++stats_.uploads;
     stats_.upload_bytes += size;
-    if (in_flight_bytes_ > kMaxInFlightStaging) submit();
+    if (in_flight_bytes_ > kMaxInFlightStaging || ++recorded_ >= kMaxRecorded) submit();
 }
 
 void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
