@@ -280,3 +280,13 @@ def test_device_sampling_inside_a_capture_needs_no_index_upload(device):
     assert first.max() < len(buf)
     with pytest.raises(ValueError, match="only for n_step=1"):
         ReplayBuffer(10, 1, 1, n_step=3).sample_on_device(4)
+
+
+def test_prioritized_beta_anneals_linearly():
+    from rlkit.buffers import PrioritizedReplayBuffer
+
+    buf = PrioritizedReplayBuffer(4, 1, 1, beta=0.4)
+    assert buf.anneal_beta(0.0) == pytest.approx(0.4)
+    assert buf.anneal_beta(0.5) == pytest.approx(0.7)
+    assert buf.anneal_beta(2.0) == pytest.approx(1.0)
+    assert buf.anneal_beta(0.25) == pytest.approx(0.55)  # always from the starting beta

@@ -92,6 +92,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         samples = self._gather(t, e)
         return samples._replace(weights=rc.tensor(weights[None, :], device=self._obs.device))
 
+    def anneal_beta(self, progress: float, beta_start: float | None = None, beta_end: float = 1.0) -> float:
+        """Sets beta linearly from ``beta_start`` (the constructor's beta) to ``beta_end`` as
+        ``progress`` goes from 0 to 1 (CleanRL's convention: progress = step / total steps);
+        returns the new beta."""
+        if not hasattr(self, "_beta_start"):
+            self._beta_start = self.beta
+        start = self._beta_start if beta_start is None else float(beta_start)
+        fraction = min(1.0, max(0.0, float(progress)))
+        self.beta = start + (beta_end - start) * fraction
+        return self.beta
+
     def update_priorities(self, index, priorities) -> None:
         """New priorities (for example |TD error|) of the sampled columns ``index``."""
         if isinstance(priorities, Tensor):
