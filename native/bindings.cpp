@@ -74,16 +74,21 @@ TensorPtr from_numpy(py::array arr, const std::string& dtype_name_, bool copy, c
     return t;
 }
 
-py::array to_numpy(const TensorImpl& t) {
-    // Checked before any Python object exists in this frame.
-    if (t.pending()) throw std::runtime_error("tensor " + t.shape_str() + " is pending: the graph that computes it has not run");
+// An uninitialised Fortran-ordered array shaped and typed like t.
+py::array fortran_array_like(const TensorImpl& t) {
     std::vector<py::ssize_t> shape(t.ne.begin(), t.ne.begin() + t.ndim), strides(t.ndim);
     py::ssize_t stride = py::ssize_t(dtype_size(t.dtype));
     for (int d = 0; d < t.ndim; ++d) {
         strides[d] = stride;
         stride *= t.ne[d];
     }
-    py::array arr(numpy_dtype(t.dtype), shape, strides);
+    return py::array(numpy_dtype(t.dtype), shape, strides);
+}
+
+py::array to_numpy(const TensorImpl& t) {
+    // Checked before any Python object exists in this frame.
+    if (t.pending()) throw std::runtime_error("tensor " + t.shape_str() + " is pending: the graph that computes it has not run");
+    py::array arr = fortran_array_like(t);
     backend(t.device).download(t, 0, arr.mutable_data(), t.nbytes());
     return arr;
 }
@@ -226,13 +231,7 @@ PYBIND11_MODULE(_native, m) {
             std::vector<py::array> out_arrays;
             std::vector<void*> out_ptrs;
             for (const auto& t : outputs) {
-                std::vector<py::ssize_t> shape(t->ne.begin(), t->ne.begin() + t->ndim), strides(t->ndim);
-                py::ssize_t stride = py::ssize_t(dtype_size(t->dtype));
-                for (int d = 0; d < t->ndim; ++d) {
-                    strides[d] = stride;
-                    stride *= t->ne[d];
-                }
-                out_arrays.emplace_back(numpy_dtype(t->dtype), shape, strides);
+                out_arrays.push_back(fortran_array_like(*t));
                 out_ptrs.push_back(out_arrays.back().mutable_data());
             }
             p.replay(in_ptrs, out_ptrs);

@@ -10,14 +10,16 @@ where they are not installed.
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import sys
-import time
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers import ReplayBuffer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_core import gpu_seconds, write_section  # noqa: E402  (the shared timing and report helpers)
 
 try:
     import torch
@@ -33,17 +35,8 @@ CAPACITY = 100_000
 
 
 def median_us(fn, iters: int, rounds: int, sync=lambda: None) -> float:
-    for _ in range(max(3, iters // 10)):
-        fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / iters * 1e6)
-    return statistics.median(times)
+    """Median over rounds of the microseconds per call (bench_core's timing loop)."""
+    return gpu_seconds(fn, sync, iters, rounds) * 1e6
 
 
 class NumpyRing:
@@ -249,9 +242,6 @@ def main() -> None:
         text += "\n" + bench_gather_bandwidth(rounds, sync)
     print(text)
     if args.markdown:
-        sys.path.insert(0, __file__.rsplit("/", 1)[0])
-        from bench_core import write_section
-
         write_section(args.markdown, text, f"bench_buffers_{args.device}")
 
 

@@ -27,17 +27,25 @@ except ImportError:
     torch = None
 
 
-def median_seconds(fn, iters: int, rounds: int) -> float:
-    """Median over rounds of the mean time per call of fn."""
+def median_seconds(fn, iters: int, rounds: int, sync=lambda: None) -> float:
+    """Median over rounds of the mean time per call of fn; ``sync`` drains a device before
+    and after each round (a GPU's queue), so queued work is counted where it is done."""
     for _ in range(max(3, iters // 10)):
         fn()
+    sync()
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(iters):
             fn()
+        sync()
         times.append((time.perf_counter() - start) / iters)
     return statistics.median(times)
+
+
+def gpu_seconds(fn, sync, iters: int, rounds: int) -> float:
+    """median_seconds with a device to drain."""
+    return median_seconds(fn, iters, rounds, sync)
 
 
 # ---- dispatch overhead -------------------------------------------------------------------
@@ -251,21 +259,6 @@ def report(dispatch: dict, matmuls: dict, mlp: dict) -> str:
 
 
 # ---- the GPU column (rlkit's Vulkan backend against PyTorch CUDA on the same machine) -----------
-
-def gpu_seconds(fn, sync, iters: int, rounds: int) -> float:
-    """Median over rounds of the time per call, the device drained before and after a round."""
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        times.append((time.perf_counter() - start) / iters)
-    return statistics.median(times)
-
 
 def bench_gpu(rounds: int) -> str:
     has_cuda = torch is not None and torch.cuda.is_available()

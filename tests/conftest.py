@@ -1,8 +1,29 @@
-"""Session-wide checks: with the Vulkan validation layer on (RLKIT_VK_VALIDATION=1, as CI runs),
-any validation error reported during the session fails it."""
+"""Shared fixtures and session-wide checks.
+
+``device`` runs a test once per backend (the GPU where Vulkan finds one; RLKIT_REQUIRE_GPU=1
+makes its absence an error, as CI sets). With the Vulkan validation layer on
+(RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during the session fails it.
+"""
+
+import os
+
+import pytest
 
 import rlkit.core as rc
+from rlkit import _native
 from rlkit.core import _runtime
+
+DEVICES = ["cpu"] + ([] if _native.gpu_unavailable_reason() else ["gpu"])
+if "gpu" not in DEVICES and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
+    raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {_native.gpu_unavailable_reason()}")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The default device for the test, restored afterwards."""
+    previous = rc.device(request.param)
+    yield request.param
+    rc.device(previous)
 
 
 def pytest_sessionfinish(session, exitstatus):

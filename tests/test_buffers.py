@@ -1,26 +1,15 @@
 """DeviceBuffer on both backends: column writes and reads against numpy, gathers that send only
 the indices, ring wrap by two writes, device switches, and every documented error."""
 
-import os
 
 import numpy as np
 import pytest
 
 import rlkit.core as rc
-from rlkit import _native
+from conftest import DEVICES
 from rlkit.buffers import DeviceBuffer
 
-DEVICES = ["cpu"] + ([] if _native.gpu_unavailable_reason() else ["gpu"])
-if "gpu" not in DEVICES and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
-    raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {_native.gpu_unavailable_reason()}")
 NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8}
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    previous = rc.device(request.param)
-    yield request.param
-    rc.device(previous)
 
 
 def _columns(rows, k, dtype, seed=0):

@@ -6,17 +6,9 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from rlkit import _native
+from conftest import DEVICES
 from rlkit.buffers import DeviceBuffer
 
-DEVICES = ["cpu"] + ([] if _native.gpu_unavailable_reason() else ["gpu"])
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    previous = rc.device(request.param)
-    yield request.param
-    rc.device(previous)
 
 
 def _model(opt_cls=rc.optim.Adam, **kw):

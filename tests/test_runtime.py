@@ -11,7 +11,6 @@ import pytest
 
 import rlkit
 import rlkit.core as rc
-from rlkit.core import _runtime
 
 
 @pytest.fixture(autouse=True)

@@ -100,7 +100,7 @@ int MemoryPool::add_block(uint64_t size) {
     VkBufferDeviceAddressInfo addr{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};
     addr.buffer = b.buffer;
     b.address = api_.vkGetBufferDeviceAddress(device_, &addr);
-    b.free[0] = size;
+    b.free.give(0, size);
     blocks_.push_back(std::move(b));
     return int(blocks_.size()) - 1;
 }
@@ -110,17 +110,12 @@ std::shared_ptr<Allocation> MemoryPool::allocate(uint64_t size) {
     size = align_up(std::max<uint64_t>(size, 1), alignment_);
     for (int pass = 0; pass < 2; ++pass) {
         for (int bi = 0; bi < int(blocks_.size()); ++bi) {
-            auto& free = blocks_[bi].free;
-            for (auto it = free.begin(); it != free.end(); ++it) {
-                if (it->second < size) continue;
+            if (auto offset = blocks_[bi].free.take(size)) {
                 auto a = std::make_shared<Allocation>();
                 a->pool = this;
                 a->block = bi;
-                a->offset = it->first;
+                a->offset = *offset;
                 a->size = size;
-                const uint64_t rest = it->second - size, next = it->first + size;
-                free.erase(it);
-                if (rest) free[next] = rest;
                 in_use_ += size;
                 return a;
             }
@@ -132,20 +127,7 @@ std::shared_ptr<Allocation> MemoryPool::allocate(uint64_t size) {
 
 void MemoryPool::release(int block, uint64_t offset, uint64_t size) {
     std::lock_guard<std::mutex> lk(mutex_);
-    auto& free = blocks_[block].free;
-    auto it = free.emplace(offset, size).first;
-    auto next = std::next(it);
-    if (next != free.end() && it->first + it->second == next->first) {
-        it->second += next->second;
-        free.erase(next);
-    }
-    if (it != free.begin()) {
-        auto prev = std::prev(it);
-        if (prev->first + prev->second == it->first) {
-            prev->second += it->second;
-            free.erase(it);
-        }
-    }
+    blocks_[block].free.give(offset, size);
     in_use_ -= size;
 }
 

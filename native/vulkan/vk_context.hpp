@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "planner.hpp"
 #include "tensor.hpp"
 #include "vulkan/vk_api.hpp"
 
@@ -65,7 +66,7 @@ class MemoryPool {
         VkBuffer buffer = VK_NULL_HANDLE;
         uint64_t address = 0, size = 0;
         void* mapped = nullptr;
-        std::map<uint64_t, uint64_t> free;  // offset -> size
+        FreeList free;
     };
     int add_block(uint64_t size);
     const Api& api_;

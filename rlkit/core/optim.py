@@ -12,7 +12,7 @@ updates on the k-th (by their mean when ``average``); ``step()`` returns whether
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
