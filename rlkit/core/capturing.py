@@ -192,7 +192,19 @@ def capture(fn: Callable, params=()) -> Captured:
     return Captured(fn, params)
 
 
-def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> Captured:
+class CapturedStep:
+    """A captured training step: call it with the loss function's inputs, by name; it returns
+    ``(loss, grad_norm)`` as floats. ``captured`` is the underlying Captured program."""
+
+    def __init__(self, captured: Captured):
+        self.captured = captured
+
+    def __call__(self, **inputs) -> tuple[float, float]:
+        loss, norm = self.captured(**inputs)
+        return float(np.asarray(loss).reshape(-1)[0]), float(np.asarray(norm).reshape(-1)[0])
+
+
+def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> CapturedStep:
     """A captured training step: ``loss_fn(**inputs)`` (a scalar loss), its backward pass, the
     global gradient norm (clipped to ``max_grad_norm`` when given) and ``optimizer``'s update.
     Calling it returns ``(loss, grad_norm)`` as floats; a non-finite norm skips the update."""
@@ -219,14 +231,7 @@ def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | No
         optimizer.step(grads)
         return ops.reshape(loss, (1, 1)), norm
 
-    captured = Captured(step, param_list)
-
-    def run(**inputs) -> tuple[float, float]:
-        loss, norm = captured(**inputs)
-        return float(np.asarray(loss).reshape(-1)[0]), float(np.asarray(norm).reshape(-1)[0])
-
-    run.captured = captured
-    return run
+    return CapturedStep(Captured(step, param_list))
 
 
 def is_finite(value: np.ndarray) -> bool:
