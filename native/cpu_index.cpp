@@ -220,4 +220,65 @@ void cpu_scatter_cols(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     });
 }
 
+OutSpec shape_cumsum(const Inputs& in, const OpAttrs&) {
+    require_float("cumsum", *in[0], "x");
+    return same_as(*in[0]);
+}
+
+void cpu_cumsum(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    const int64_t rows = x.ne[0];
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t c = 0; c < n_columns(x); ++c) {
+            double s = 0;  // accumulated in double, in order: both backends sum left to right
+            for (int64_t i = 0; i < rows; ++i) out.ptr<T>()[c * rows + i] = T(s += x.ptr<T>()[c * rows + i]);
+        }
+    });
+}
+
+OutSpec shape_searchsorted(const Inputs& in, const OpAttrs&) {
+    const TensorImpl &sorted = *in[0], &query = *in[1];
+    require_same_float("searchsorted", sorted, query);
+    if (n_columns(sorted) != 1)
+        throw std::invalid_argument("searchsorted: the sorted values must be one column [n, 1], got " + sorted.shape_str());
+    OutSpec spec = same_as(query);
+    spec.dtype = DType::i32;
+    return spec;
+}
+
+void cpu_searchsorted(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &sorted = *in[0], &query = *in[1];
+    const int64_t n = sorted.ne[0];
+    dispatch_float(query.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* s = sorted.ptr<T>();
+        for (int64_t j = 0; j < query.numel(); ++j) {
+            const int64_t count = std::upper_bound(s, s + n, query.ptr<T>()[j]) - s;
+            out.ptr<int32_t>()[j] = int32_t(std::min<int64_t>(count, n - 1));
+        }
+    });
+}
+
+OutSpec shape_put_cols(const Inputs& in, const OpAttrs&) {
+    const TensorImpl &x = *in[0], &index = *in[1], &values = *in[2];
+    require_float("put_cols", x, "x");
+    require_index("put_cols", index, "index");
+    require_2d("put_cols", x, "x");
+    if (values.dtype != x.dtype || values.ne[0] != x.ne[0] || n_columns(values) != index.numel())
+        throw std::invalid_argument("put_cols: values " + values.shape_str() + " must be " + dtype_name(x.dtype) + " [" +
+                                    std::to_string(x.ne[0]) + ", " + std::to_string(index.numel()) + "]");
+    return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
+}
+
+void cpu_put_cols(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &x = *in[0], &index = *in[1], &values = *in[2];
+    const size_t column = size_t(x.ne[0]) * dtype_size(x.dtype);
+    for (int64_t j = 0; j < index.numel(); ++j) {
+        const int64_t c = checked_index("put_cols", index, j, x.ne[1], "columns");
+        std::memcpy(bytes(x) + c * column, bytes(values) + j * column, column);
+    }
+    out.ptr<float>()[0] = 0.0f;
+}
+
 }  // namespace rk

@@ -54,7 +54,7 @@ const OpInfo& op_info(Op op);
 Op op_from_name(const std::string& name);
 
 // Ops that write into their inputs (the captured optimizer updates): a graph never skips them.
-inline bool has_side_effects(Op op) { return op == Op::adam_step || op == Op::sgd_step; }
+inline bool has_side_effects(Op op) { return op == Op::adam_step || op == Op::sgd_step || op == Op::put_cols; }
 
 // Validates and then runs (or records) one op on its inputs' device (`device` for ops
 // without inputs).

@@ -4,6 +4,7 @@
 // ONE_HOT:      out[r, j] = (index[j] == r)
 // GET_ROWS:     out[:, j] = x[:, index[j]]          (any 4-byte dtype)
 // SCATTER_COLS: out[:, c] = sum of g[:, j] over j with index[j] == c, in order of j
+// PUT_COLS:     o[:, index[j]] = x[:, j] in place (x: the values, o: the target; total = rows)
 #version 450
 #include "common.glsl"
 
@@ -30,6 +31,10 @@ void main() {
 #elif defined(GET_ROWS)
     uint r = e % pc.rows, j = e / pc.rows;
     pc.o.v[e] = pc.x.v[r + checked(pc.index.v[j]) * pc.rows];
+#elif defined(PUT_COLS)
+    // invocation e copies row e of every values column, in order of j (a later index wins)
+    for (uint j = 0; j < pc.n_index; ++j)
+        pc.o.v[e + checked(pc.index.v[j]) * pc.rows] = pc.x.v[e + j * pc.rows];
 #elif defined(SCATTER_COLS)
     uint r = e % pc.rows, c = e / pc.rows;
     float s = 0.0;

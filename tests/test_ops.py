@@ -39,6 +39,17 @@ def N(*shape, s=1.0):
     return lambda r: s * r.normal(size=shape)
 
 
+def SORTED(n):
+    """An ascending column [n, 1] (standard normal values, sorted)."""
+    return lambda r: np.sort(r.normal(size=(n, 1)), axis=0)
+
+
+def np_searchsorted(sorted_column, query):
+    n = sorted_column.shape[0]
+    found = np.searchsorted(sorted_column.ravel(), query.ravel(order="F"), side="right")
+    return np.minimum(found, n - 1).astype(np.int32).reshape(query.shape, order="F")
+
+
 def U(lo, hi, *shape):
     """Uniform values in [lo, hi)."""
     return lambda r: r.uniform(lo, hi, size=shape)
@@ -333,6 +344,10 @@ CASES: list[Case] = [
     Case("log_softmax_large", "log_softmax", rc.log_softmax, np_log_softmax,
          ((CONST([[1000.0, -1000.0], [999.0, -1001.0], [0.0, -2000.0]]),), (CONST([[50.0], [-50.0]]),)), grad=False),
     Case("max", "max", rc.max, lambda x: x.max(axis=0, keepdims=True), ((DISTINCT(4, 3),), (DISTINCT(3, 5),), (DISTINCT(3, 2, 2),))),
+    Case("cumsum", "cumsum", rc.cumsum, lambda x: np.cumsum(x, axis=0), ((U(0, 1, 7, 1),), (N(5, 3),), (N(300, 2),)),
+         grad=False),
+    Case("searchsorted", "searchsorted", rc.searchsorted, np_searchsorted,
+         ((SORTED(9), U(-3, 3, 1, 40)), (SORTED(1), N(3, 2)), (SORTED(50), U(-4, 4, 1, 300))), grad=False),
     Case("argmax", "argmax", rc.argmax, lambda x: np.argmax(x, axis=0)[None].astype(np.int32),
          ((DISTINCT(4, 3),), (DISTINCT(3, 2, 2),), (CONST([[1.0, 3.0, -1.0], [3.0, 3.0, -1.0], [2.0, 1.0, -1.0]]),)),
          grad=False),
@@ -430,7 +445,7 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # Ops covered by dedicated tests below rather than by table cases.
 # Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
 # them against eager updates; the bad-input table below covers their checks.
-INTERNAL_OPS = {"adam_step", "sgd_step"}
+INTERNAL_OPS = {"adam_step", "sgd_step", "put_cols"}  # put_cols: the device prioritized buffer
 DEDICATED = {"rand", "randn", "sample_categorical", "full"} | INTERNAL_OPS
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
@@ -479,7 +494,7 @@ def _params(cases, grad_only=False):
 # ---- forward ---------------------------------------------------------------------------------------
 
 # Ops whose result dtype is not their input's: the reference's dtype says which it must be.
-OWN_OUTPUT_DTYPE = {"argmax", "one_hot", "cast"}
+OWN_OUTPUT_DTYPE = {"argmax", "one_hot", "cast", "searchsorted"}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
@@ -825,6 +840,9 @@ _BAD += [
     _bad("sgd_step", lambda: rc.ops.apply("sgd_step", (rc.param(np.ones((2, 2))), rc.ones((2, 2)), rc.zeros((2, 2)),
                                                         rc.zeros((7, 1)), rc.ones((1, 1)))),
          ValueError, "hyper must be f32 with 8 values"),
+    _bad("put_cols", lambda: rc.ops.apply("put_cols", (rc.zeros((2, 5)), rc.tensor(np.array([[1, 2]], np.int32)),
+                                                        rc.ones((3, 2)))), ValueError, "put_cols", "[2, 2]"),
+    _bad("searchsorted", lambda: rc.searchsorted(_t(3, 2), _t(1, 4)), ValueError, "one column [n, 1]", "[3, 2]"),
     _bad("full", lambda: rc.full((0, 3), 1.0), ValueError, "(0, 3)"),
     _bad("full", lambda: rc.full((2, 3), [1.0]), TypeError, "value"),
     _bad("rand", lambda: rc.rand((0, 3)), ValueError, "(0, 3)"),

@@ -282,3 +282,75 @@ def test_prioritized_beta_anneals_linearly():
     assert buf.anneal_beta(0.5) == pytest.approx(0.7)
     assert buf.anneal_beta(2.0) == pytest.approx(1.0)
     assert buf.anneal_beta(0.25) == pytest.approx(0.55)  # always from the starting beta
+
+
+# ---- prioritized, on the device ----------------------------------------------------------------
+
+def _device_prioritized(alpha=0.7, n=8):
+    from rlkit.buffers import DevicePrioritizedReplayBuffer
+
+    buf = DevicePrioritizedReplayBuffer(n, 1, 1, alpha=alpha, eps=0.0)
+    for t in range(n):
+        buf.add(np.full((1, 1), t), np.zeros((1, 1)), [float(t)], np.zeros((1, 1)), [False], [False])
+    return buf
+
+
+def test_device_prioritized_sampling_weights_and_updates(device):
+    buf = _device_prioritized()
+    priorities = np.array([1.0, 2.0, 0.5, 4.0, 1.0, 3.0, 0.25, 2.0], np.float32)
+    index = rc.tensor(np.arange(8, dtype=np.int32)[None, :])
+    buf.update_priorities_on_device(index, rc.tensor(priorities[None, :]))
+    np.testing.assert_allclose(buf._priority.read()[0], priorities**0.7, rtol=1e-5)
+    assert buf._max.read()[0, 0] == pytest.approx(4.0**0.7, rel=1e-5)
+    expected = priorities**0.7 / np.sum(priorities**0.7)
+    rc.manual_seed(1)
+    counts = np.zeros(8)
+    for _ in range(300):
+        counts += np.bincount(buf.sample_on_device(64).index.numpy()[0], minlength=8)
+    n = counts.sum()
+    assert np.all(np.abs(counts / n - expected) < 4 * np.sqrt(expected * (1 - expected) / n))
+    s = buf.sample_on_device(64, beta=0.5)
+    chosen = s.index.numpy()[0]
+    np.testing.assert_array_equal(s.obs.numpy()[0], chosen)  # the sampled columns' data
+    w = (8 * expected[chosen]) ** -0.5
+    np.testing.assert_allclose(s.weights.numpy()[0], w / w.max(), rtol=1e-4)
+    buf.add(np.zeros((1, 1)), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])  # overwrites column 0
+    assert buf._priority.read()[0, 0] == pytest.approx(4.0**0.7, rel=1e-5)  # new: the largest so far
+
+
+def test_device_prioritized_draws_match_across_backends_and_capture():
+    draws = []
+    for dev in DEVICES:
+        previous = rc.device(dev)
+        try:
+            buf = _device_prioritized()
+            rc.manual_seed(3)
+            draws.append(buf.sample_on_device(32).index.numpy())
+
+            def step(stored, beta):
+                s = buf.sample_on_device(16, stored, beta)
+                buf.update_priorities_on_device(s.index, rc.mul(s.reward, 2.0))  # "TD errors" on the device
+                return s.index
+
+            captured = rc.capture(step, params=[buf._priority, buf._max])
+            inputs = dict(stored=np.array([[8.0]], np.float32), beta=np.array([[0.4]], np.float32))
+            captured(**inputs)
+            captured(**inputs)
+            assert captured.traces == 1
+            seen = np.unique(np.concatenate([captured(**inputs)[0] for _ in range(5)]))
+            np.testing.assert_allclose(buf._priority.read()[0, seen], (2.0 * seen) ** 0.7, rtol=1e-5)
+        finally:
+            rc.device(previous)
+    for other in draws[1:]:
+        np.testing.assert_array_equal(other, draws[0])
+
+
+def test_device_prioritized_bad_settings():
+    from rlkit.buffers import DevicePrioritizedReplayBuffer
+
+    with pytest.raises(ValueError, match="only for n_step=1"):
+        DevicePrioritizedReplayBuffer(8, 1, 1, n_step=2)
+    with pytest.raises(ValueError, match="alpha"):
+        DevicePrioritizedReplayBuffer(8, 1, 1, alpha=-0.5)
+    with pytest.raises(ValueError, match="batch_size"):
+        _device_prioritized().sample_on_device(0)

@@ -316,6 +316,33 @@ void vk_scatter_cols(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     index_op("scatter_cols", in[0].get(), *in[1], out, in[0]->ne[0], attrs.ints[0]);
 }
 
+struct PrefixPush {
+    uint64_t a, b, o;
+    uint32_t rows, n;
+};
+
+void vk_cumsum(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    PrefixPush p{x.address(), 0, out.address(), u32(x.ne[0], "cumsum"), u32(n_columns(x), "cumsum")};
+    record("prefix_cumsum", p, p.n, {span(x)}, {span(out)});
+}
+
+void vk_searchsorted(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &sorted = *in[0], &query = *in[1];
+    PrefixPush p{sorted.address(), query.address(), out.address(), u32(sorted.ne[0], "searchsorted"),
+                 u32(query.numel(), "searchsorted")};
+    record("prefix_searchsorted", p, groups(p.n), {span(sorted), span(query)}, {span(out)});
+}
+
+void vk_put_cols(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &x = *in[0], &index = *in[1], &values = *in[2];
+    // the values play "x" and the target plays "o" in index.comp
+    IndexPush p{values.address(), index.address(), x.address(), u32(x.ne[0], "put_cols"), u32(x.ne[1], "put_cols"),
+                u32(index.numel(), "put_cols"), u32(x.ne[0], "put_cols")};
+    record("index_put_cols", p, groups(p.total), {span(values), span(index), span(x)}, {span(x)});
+    ctx().fill(out, 0u);
+}
+
 void vk_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     const double value = attrs.floats[0];
     uint32_t pattern;

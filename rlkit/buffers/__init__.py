@@ -2,7 +2,8 @@
 columns, read by column indices), the ReplayBuffer built on it and its prioritized variant."""
 
 from rlkit.buffers.device_buffer import DeviceBuffer
-from rlkit.buffers.prioritized import PrioritizedReplayBuffer, SumTree
+from rlkit.buffers.prioritized import DevicePrioritizedReplayBuffer, PrioritizedReplayBuffer, SumTree
 from rlkit.buffers.replay import ReplayBuffer, ReplaySamples, SequenceSamples
 
-__all__ = ["DeviceBuffer", "ReplayBuffer", "ReplaySamples", "SequenceSamples", "PrioritizedReplayBuffer", "SumTree"]
+__all__ = ["DeviceBuffer", "ReplayBuffer", "ReplaySamples", "SequenceSamples", "PrioritizedReplayBuffer", "DevicePrioritizedReplayBuffer",
+           "SumTree"]

@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
 from rlkit.core.tensor import Tensor
 
@@ -118,3 +119,69 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         priorities = priorities + self.eps
         self._max_priority = max(self._max_priority, float(priorities.max(initial=0.0)))
         self._tree.update(index, priorities**self.alpha)
+
+
+class DevicePrioritizedReplayBuffer(ReplayBuffer):
+    """Prioritized replay entirely on the device: priorities^alpha in a device row, sampling by
+    prefix sums and a search (``sample_on_device``), importance weights, and priority updates
+    from TD errors (``update_priorities_on_device``), so a captured update samples and
+    re-prioritizes without crossing to the host. One-step transitions without next-observation
+    sharing (as ReplayBuffer.sample_on_device). New transitions get the largest priority so far."""
+
+    def __init__(self, capacity: int, obs_shape, action_shape, alpha: float = 0.6, eps: float = 1e-6, **kwargs):
+        super().__init__(capacity, obs_shape, action_shape, **kwargs)
+        if self.n_step != 1 or self.optimize_memory:
+            raise ValueError("DevicePrioritizedReplayBuffer: only for n_step=1 without optimize_memory")
+        for name, value in (("alpha", alpha), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+                raise ValueError(f"DevicePrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
+        self.alpha, self.eps = float(alpha), float(eps)
+        device = self._obs.device
+        self._priority = DeviceBuffer(1, self.capacity, "f32", device)  # priority^alpha per column
+        self._max = DeviceBuffer(1, 1, "f32", device)  # the largest priority^alpha so far
+        self._max.write(np.ones((1, 1), np.float32))
+
+    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        column = self.pos * self.n_envs
+        super().add(obs, action, reward, next_obs, terminated, truncated)
+        new = np.arange(column, column + self.n_envs, dtype=np.int32)[None, :]
+        top = rc.expand(self._max.__rlkit_buffer__(), (1, self.n_envs))  # [1, n_envs], on the device
+        rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), rc.tensor(new, device=self._obs.device), top))
+
+    def sample_on_device(self, batch_size: int, stored=None, beta=0.4) -> ReplaySamples:
+        """A batch drawn in proportion to priority^alpha with importance weights
+        (N P)^-beta / max, all on the device. ``stored`` and ``beta`` may be [1, 1] tensors
+        (inputs of a captured function, so that they change between replays) or numbers."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"sample_on_device: batch_size must be a positive int, got {batch_size!r}")
+        device = self._obs.device
+        if stored is None:
+            if len(self) == 0:
+                raise ValueError("sample_on_device: the buffer is empty")
+            stored = float(len(self))
+        priority = self._priority.__rlkit_buffer__()  # [1, C]
+        cdf = rc.cumsum(rc.reshape(priority, (self.capacity, 1)))  # [C, 1]
+        total = rc.slice_rows(cdf, self.capacity - 1, 1)  # [1, 1]
+        query = rc.mul(rc.rand((1, batch_size), dtype="f32", device=device), total)  # [1, B]
+        index = rc.searchsorted(cdf, query)  # [1, B] i32: columns in proportion to priority
+        probability = rc.div(rc.get_rows(priority, index), total)
+        # (N P)^-beta, as exp(-beta log(N P)) so that beta can be a tensor
+        weights = rc.exp(rc.mul(rc.neg(rc.as_tensor(beta, like=probability)), rc.log(rc.mul(probability, stored))))
+        weights = rc.div(weights, rc.max(rc.reshape(weights, (batch_size, 1))))
+        return ReplaySamples(
+            obs=rc.get_rows(self._obs, index), action=rc.get_rows(self._action, index),
+            reward=rc.get_rows(self._reward_row, index), next_obs=rc.get_rows(self._next_obs, index),
+            done=rc.get_rows(self._terminated_row, index),
+            discount=rc.full((1, batch_size), self.gamma, dtype="f32", device=device),
+            index=index, weights=weights,
+        )
+
+    def update_priorities_on_device(self, index: Tensor, td_error: Tensor) -> None:
+        """Priorities (|td_error| + eps)^alpha for the columns ``index`` (both [1, B] device
+        tensors, as sample_on_device and a TD computation give them)."""
+        values = rc.pow(rc.add(rc.abs(rc.stop_gradient(td_error)), self.eps), self.alpha)  # [1, B]
+        rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), index, values))
+        batch_max = rc.max(rc.reshape(values, (values.numel, 1)))  # [1, 1]
+        new_max = rc.maximum(self._max.__rlkit_buffer__(), batch_max)
+        zero = rc.full((1, 1), 0, dtype="i32", device=values.device)
+        rc.ops.apply("put_cols", (self._max.__rlkit_buffer__(), zero, new_max))

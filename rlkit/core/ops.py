@@ -356,6 +356,18 @@ def one_hot(index, classes: int, dtype: str | None = None, device: str | None = 
     return apply("one_hot", (_index(index, "one_hot", device, classes, "classes"),), ints=(classes, _DTYPE_CODE[dtype]))
 
 
+def cumsum(x) -> Tensor:
+    """Inclusive prefix sums down each column (dim 0), accumulated in order (not differentiable)."""
+    return apply("cumsum", (as_tensor(x, op="cumsum"),))
+
+
+def searchsorted(sorted_column, query) -> Tensor:
+    """For each query value, how many values of the ascending column [n, 1] are <= it (at most
+    n - 1): i32, shaped like the query (not differentiable)."""
+    sorted_column = as_tensor(sorted_column, op="searchsorted", arg="sorted_column")
+    return apply("searchsorted", (sorted_column, as_tensor(query, like=sorted_column, op="searchsorted", arg="query")))
+
+
 def get_rows(x, index) -> Tensor:
     """Columns of x [rows, n] chosen by 0-based index (ggml's get_rows): [rows, len(index)].
     x may be a tensor (the gradient flows into it, summed over repeated indices) or a device
