@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import rlkit.core as rc
 from rlkit.agents import DQN, DQNConfig, evaluate
 
 FAST = DQNConfig(learning_starts=200, train_freq=64, gradient_steps=32, exploration_fraction=0.3,
