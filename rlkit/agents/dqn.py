@@ -59,9 +59,11 @@ class DQNConfig:
 
 
 def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...]) -> rc.nn.Sequential:
+    """An MLP initialised as PyTorch initialises nn.Linear (the scale the RL Zoo settings were
+    tuned with)."""
     sizes = (n_obs, *hidden)
-    layers = [rc.nn.Linear(a, b, activation="relu") for a, b in zip(sizes[:-1], sizes[1:])]
-    return rc.nn.Sequential(*layers, rc.nn.Linear(sizes[-1], n_actions))
+    layers = [rc.nn.Linear(a, b, activation="relu", init="fan_in_uniform") for a, b in zip(sizes[:-1], sizes[1:])]
+    return rc.nn.Sequential(*layers, rc.nn.Linear(sizes[-1], n_actions, init="fan_in_uniform"))
 
 
 class DQN:

@@ -156,7 +156,14 @@ def _orthogonal(n_out: int, n_in: int, gain: float, rng) -> np.ndarray:
     return gain * (q if n_out >= n_in else q.T)
 
 
-INITIALISERS: dict[str, Callable] = {"glorot_uniform": _glorot_uniform, "he": _he_normal, "orthogonal": _orthogonal}
+def _fan_in_uniform(n_out: int, n_in: int, gain: float, rng) -> np.ndarray:
+    """PyTorch's default for nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) (its bias too)."""
+    bound = gain / math.sqrt(n_in)
+    return rng.uniform(-bound, bound, size=(n_out, n_in))
+
+
+INITIALISERS: dict[str, Callable] = {"glorot_uniform": _glorot_uniform, "he": _he_normal, "orthogonal": _orthogonal,
+                                     "fan_in_uniform": _fan_in_uniform}
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": ops.relu, "sigmoid": ops.sigmoid, "tanh": ops.tanh, "softmax": ops.softmax,
@@ -180,7 +187,8 @@ def _check_rows(layer: str, x: Tensor, n: int) -> None:
 class Linear(Module):
     """y = activation(W x + b) with W [out, in] and b [out, 1].
 
-    ``init`` is "glorot_uniform", "orthogonal", "he" (normal, std sqrt(2 / in)), a function
+    ``init`` is "glorot_uniform", "orthogonal", "he" (normal, std sqrt(2 / in)),
+    "fan_in_uniform" (PyTorch's default: W and b uniform in +-1/sqrt(in)), a function
     (out, in) -> array, or an array; ``gain`` scales the named initialisers.
     """
 
@@ -193,7 +201,11 @@ class Linear(Module):
             raise ValueError(f"Linear: unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}")
         self.activation = activation
         self.W = param(self._initial_weight(init, gain))  # [out, in]
-        self.b = param(np.zeros((self.out_features, 1))) if bias else None  # [out, 1]
+        bias_values = np.zeros((self.out_features, 1))
+        if init == "fan_in_uniform":
+            bound = gain / math.sqrt(self.in_features)
+            bias_values = _runtime.host_rng().uniform(-bound, bound, size=(self.out_features, 1))
+        self.b = param(bias_values) if bias else None  # [out, 1]
 
     def _initial_weight(self, init, gain: float) -> np.ndarray:
         shape = (self.out_features, self.in_features)

@@ -1,0 +1,46 @@
+"""The main job: DQN learns CartPole-v1 on the CPU, then its evaluation return is printed with
+where the TensorBoard logs are.
+
+    python scripts/train_dqn.py [--steps 50000] [--seed 0] [--logdir runs] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from rlkit.agents import DQN, evaluate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--logdir", default="runs")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    agent = DQN("CartPole-v1", seed=args.seed, logdir=args.logdir, device=args.device)
+    print(f"DQN on CartPole-v1 ({args.device}), {args.steps} steps, seed {args.seed}")
+    start = time.perf_counter()
+
+    def report(agent, _locals):
+        if agent.num_timesteps % 5000 == 0:
+            returns = _locals["stats"].means()
+            shown = f"{returns[0]:7.1f}" if returns else "    -  "
+            print(f"step {agent.num_timesteps:6d}  mean episode return (last 100) {shown}  "
+                  f"{agent.num_timesteps / (time.perf_counter() - start):6.0f} steps/s")
+
+    agent.learn(args.steps, callback=report)
+    mean, std = evaluate(agent, "CartPole-v1", 10, seed=args.seed + 100)
+    runs = sorted(os.listdir(args.logdir))
+    print(f"evaluation return over 10 episodes: {mean:.1f} +- {std:.1f}")
+    print(f"TensorBoard logs: {os.path.abspath(os.path.join(args.logdir, runs[-1]))}  "
+          f"(tensorboard --logdir {args.logdir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
