@@ -202,7 +202,7 @@ class Linear(Module):
         self.activation = activation
         self.W = param(self._initial_weight(init, gain))  # [out, in]
         bias_values = np.zeros((self.out_features, 1))
-        if init == "fan_in_uniform":
+        if isinstance(init, str) and init == "fan_in_uniform":
             bound = gain / math.sqrt(self.in_features)
             bias_values = _runtime.host_rng().uniform(-bound, bound, size=(self.out_features, 1))
         self.b = param(bias_values) if bias else None  # [out, 1]
