@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import rlkit.core as rc
 from rlkit.agents import DQN, DQNConfig, evaluate
+from rlkit.buffers import ReplaySamples
 
 FAST = DQNConfig(learning_starts=200, train_freq=64, gradient_steps=32, exploration_fraction=0.3,
                  net_arch=(64, 64), log_interval=500)
@@ -37,6 +39,42 @@ def test_saved_agent_acts_identically(tmp_path):
     obs = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(obs), agent.predict(obs))
     assert loaded.num_timesteps == 800
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_dqn_loss_matches_numpy_td_target(double):
+    """The loss on a fixed batch against the target written out in numpy: max of the target
+    network (DQN), or the target network at the online argmax (double DQN); Huber, mean."""
+    agent = DQN("CartPole-v1", DQNConfig(net_arch=(16,), double=double), seed=4)
+    rng = np.random.default_rng(0)
+    agent.target.load_state_dict({name: (value + rng.standard_normal(value.shape)).astype(np.float32)
+                                  for name, value in agent.q.state_dict().items()})  # make the nets differ
+    batch = 32
+    obs, next_obs = (np.asfortranarray(rng.standard_normal((4, batch)), np.float32) for _ in range(2))
+    action = rng.integers(0, 2, (1, batch)).astype(np.int32)
+    reward = rng.standard_normal((1, batch)).astype(np.float32)
+    done = (rng.random((1, batch)) < 0.3).astype(np.float32)
+    gamma = agent.config.gamma
+    fixed = ReplaySamples(obs=rc.tensor(obs), action=rc.tensor(action), reward=rc.tensor(reward),
+                          next_obs=rc.tensor(next_obs), done=rc.tensor(done),
+                          discount=rc.tensor(np.full((1, batch), gamma, np.float32)), index=None)
+    agent.buffer.sample_on_device = lambda batch_size, stored: fixed
+    with rc.no_grad():
+        q_online = agent.q(rc.tensor(obs)).numpy()  # [2, B]
+        q_next_online = agent.q(rc.tensor(next_obs)).numpy()
+        q_next_target = agent.target(rc.tensor(next_obs)).numpy()
+        loss = float(agent._loss(None).numpy().ravel()[0])
+    columns = np.arange(batch)
+    if double:
+        best_next = q_next_target[q_next_online.argmax(axis=0), columns]
+    else:
+        best_next = q_next_target.max(axis=0)
+    target = reward[0] + gamma * (1 - done[0]) * best_next
+    diff = np.abs(q_online[action[0], columns] - target)
+    expected = np.mean(np.where(diff <= 1, 0.5 * diff ** 2, diff - 0.5))
+    assert loss == pytest.approx(expected, rel=1e-5)
+    if double:  # the two targets differ on this batch, so the test tells them apart
+        assert not np.allclose(best_next, q_next_target.max(axis=0))
 
 
 def test_dqn_bad_input():
