@@ -77,6 +77,25 @@ def test_dqn_loss_matches_numpy_td_target(double):
         assert not np.allclose(best_next, q_next_target.max(axis=0))
 
 
+def test_dueling_q_is_value_plus_centred_advantage(tmp_path):
+    agent = DQN("CartPole-v1", DQNConfig(net_arch=(32, 16), dueling=True), seed=5)
+    q = agent.q
+    obs = rc.tensor(np.asfortranarray(np.random.default_rng(1).standard_normal((4, 20)), np.float32))
+    with rc.no_grad():
+        features = q.trunk(obs)
+        value, advantage = q.value(features).numpy(), q.advantage(features).numpy()  # [1, B], [2, B]
+        np.testing.assert_allclose(q(obs).numpy(), value + advantage - advantage.mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert sorted(q.state_dict()) == ["advantage.0.W", "advantage.0.b", "trunk.0.W", "trunk.0.b",
+                                      "trunk.1.W", "trunk.1.b", "value.0.W", "value.0.b"]
+    agent.learn(600)  # the captured update runs through the dueling head; save/load rebuilds it
+    path = str(tmp_path / "dueling.safetensors")
+    agent.save(path)
+    actions = np.random.default_rng(2).standard_normal((30, 4)).astype(np.float32)
+    np.testing.assert_array_equal(DQN.load(path).predict(actions), agent.predict(actions))
+    with pytest.raises(ValueError, match="dueling needs at least one hidden layer"):
+        DQN("CartPole-v1", DQNConfig(net_arch=(), dueling=True))
+
+
 def test_dqn_bad_input():
     with pytest.raises(ValueError, match="Discrete action space"):
         DQN("Pendulum-v1")

@@ -54,16 +54,46 @@ class DQNConfig:
     """Hidden layer sizes of the Q-network."""
     double: bool = False
     """Double DQN: the online network chooses the next action, the target network values it."""
+    dueling: bool = False
+    """Dueling heads (Wang et al., 2016): Q = V + A - mean(A) over the actions, on a shared trunk."""
     log_interval: int = 1000
     """Environment steps between TensorBoard writes."""
 
 
-def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...]) -> rc.nn.Sequential:
-    """An MLP initialised as PyTorch initialises nn.Linear (the scale the RL Zoo settings were
-    tuned with)."""
-    sizes = (n_obs, *hidden)
-    layers = [rc.nn.Linear(a, b, activation="relu", init="fan_in_uniform") for a, b in zip(sizes[:-1], sizes[1:])]
-    return rc.nn.Sequential(*layers, rc.nn.Linear(sizes[-1], n_actions, init="fan_in_uniform"))
+def _mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
+    """Linear layers between ``sizes``, ReLU between them, initialised as PyTorch initialises
+    nn.Linear (the scale the RL Zoo settings were tuned with)."""
+    pairs = list(zip(sizes[:-1], sizes[1:]))
+    return rc.nn.Sequential(*[
+        rc.nn.Linear(a, b, activation="relu" if final_activation or i < len(pairs) - 1 else None,
+                     init="fan_in_uniform")
+        for i, (a, b) in enumerate(pairs)])
+
+
+class DuelingQNetwork(rc.nn.Module):
+    """A shared trunk, then a state value V [1, B] and advantages A [actions, B] combined as
+    Q = V + A - mean(A): the mean pins V and A down (any constant could move between them)."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.trunk = _mlp((n_obs, *hidden), final_activation=True)
+        self.value = _mlp((hidden[-1], 1), final_activation=False)
+        self.advantage = _mlp((hidden[-1], n_actions), final_activation=False)
+
+    def forward(self, obs):
+        features = self.trunk(obs)  # [hidden, B]
+        advantage = self.advantage(features)  # [actions, B]
+        centred = rc.sub(advantage, rc.mean(advantage, dim=0))  # [actions, B]
+        return rc.add(self.value(features), centred)  # [actions, B]
+
+
+def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...], dueling: bool) -> rc.nn.Module:
+    """The Q-network: an MLP, or a dueling network on the same hidden layers."""
+    if dueling:
+        if not hidden:
+            raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
+        return DuelingQNetwork(n_obs, n_actions, hidden)
+    return _mlp((n_obs, *hidden, n_actions), final_activation=False)
 
 
 class DQN:
@@ -91,8 +121,8 @@ class DQN:
             if seed is not None:
                 rc.manual_seed(seed)
             cfg = self.config
-            self.q = _q_network(self.n_obs, self.n_actions, cfg.net_arch)
-            self.target = _q_network(self.n_obs, self.n_actions, cfg.net_arch)
+            self.q = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
+            self.target = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
             self.target.load_state_dict(self.q.state_dict())
             self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
             self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, action_dtype="i32", gamma=cfg.gamma, seed=seed)
