@@ -13,16 +13,11 @@ import numpy as np
 
 from rlkit.core import _runtime
 from rlkit.core import ops
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 DTYPES = ("f32", "f16", "i32", "u8")
 MAX_FRACTION_OF_FREE_MEMORY = 0.85
-
-
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"DeviceBuffer: {what} must be a positive int, got {value!r}")
-    return int(value)
 
 
 class DeviceBuffer:
@@ -34,8 +29,8 @@ class DeviceBuffer:
     """
 
     def __init__(self, rows: int, capacity: int, dtype: str = "f32", device: str | None = None):
-        self.rows = _positive_int(rows, "rows")
-        self.capacity = _positive_int(capacity, "capacity")
+        self.rows = positive_int(rows, "DeviceBuffer: rows")
+        self.capacity = positive_int(capacity, "DeviceBuffer: capacity")
         if dtype not in DTYPES:
             raise ValueError(f"DeviceBuffer: dtype must be one of {DTYPES}, got {dtype!r}")
         self.dtype = dtype

@@ -15,6 +15,7 @@ import numpy as np
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import Tensor
 
 
@@ -78,8 +79,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def sample(self, batch_size: int) -> ReplaySamples:
         """A batch drawn in proportion to priority^alpha, with importance weights [1, B]."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"PrioritizedReplayBuffer.sample: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, "PrioritizedReplayBuffer.sample: batch_size")
         total = self._tree.total()
         if len(self) == 0 or total <= 0:
             raise ValueError("PrioritizedReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
@@ -152,13 +152,9 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         """A batch drawn in proportion to priority^alpha with importance weights
         (N P)^-beta / max, all on the device. ``stored`` and ``beta`` may be [1, 1] tensors
         (inputs of a captured function, so that they change between replays) or numbers."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"sample_on_device: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, "sample_on_device: batch_size")
         device = self._obs.device
-        if stored is None:
-            if len(self) == 0:
-                raise ValueError("sample_on_device: the buffer is empty")
-            stored = float(len(self))
+        stored = self._stored_for_device_sampling(stored, "sample_on_device")
         priority = self._priority.__rlkit_buffer__()  # [1, C]
         cdf = rc.cumsum(rc.reshape(priority, (self.capacity, 1)))  # [C, 1]
         total = rc.slice_rows(cdf, self.capacity - 1, 1)  # [1, 1]

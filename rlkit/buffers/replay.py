@@ -26,6 +26,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
@@ -74,8 +75,7 @@ class ReplayBuffer:
                  seed: int | None = None, obs_dtype: str = "f32", action_dtype: str = "f32",
                  optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99):
         for name, value in (("capacity", capacity), ("n_envs", n_envs), ("n_step", n_step)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"ReplayBuffer: {name} must be a positive int, got {value!r}")
+            positive_int(value, f"ReplayBuffer: {name}")
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"ReplayBuffer: gamma must lie in [0, 1], got {gamma!r}")
         self.obs_shape = _shape(obs_shape, "obs_shape")
@@ -158,8 +158,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> ReplaySamples:
         """A uniform batch of transitions with their n-step returns."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"ReplayBuffer.sample: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, "ReplayBuffer.sample: batch_size")
         t = self._draw_steps(batch_size)
         e = self._rng.integers(0, self.n_envs, batch_size)
         return self._gather(t, e)
@@ -209,13 +208,9 @@ class ReplayBuffer:
         One-step transitions without next-observation sharing only."""
         if self.n_step != 1 or self.optimize_memory:
             raise ValueError("ReplayBuffer.sample_on_device: only for n_step=1 without optimize_memory")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"ReplayBuffer.sample_on_device: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, "ReplayBuffer.sample_on_device: batch_size")
         device = self._obs.device
-        if stored is None:
-            if len(self) == 0:
-                raise ValueError("ReplayBuffer.sample_on_device: the buffer is empty")
-            stored = float(len(self))
+        stored = self._stored_for_device_sampling(stored, "ReplayBuffer.sample_on_device")
         # columns fill in order (t * n_envs + e), so the stored ones are 0 .. stored - 1
         index = rc.cast(rc.mul(rc.rand((1, batch_size), dtype="f32", device=device), stored), "i32")  # [1, B]
         return ReplaySamples(
@@ -227,6 +222,14 @@ class ReplayBuffer:
             discount=rc.full((1, batch_size), self.gamma, dtype="f32", device=device),
             index=index,
         )
+
+    def _stored_for_device_sampling(self, stored, where: str):
+        """``stored`` as given (a [1, 1] tensor or a number), or the count stored now."""
+        if stored is not None:
+            return stored
+        if len(self) == 0:
+            raise ValueError(f"{where}: the buffer is empty")
+        return float(len(self))
 
     def sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> SequenceSamples:
         """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment

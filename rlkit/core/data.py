@@ -6,13 +6,13 @@ The whole data set is held as engine tensors once; a batch is a gather of column
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 
 from rlkit.core import ops
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import Tensor, tensor
 
 
@@ -55,8 +55,7 @@ class DataLoader:
                 raise ValueError(f"DataLoader: x has {n} columns but y has {self.y.shape[1]}; expected one per example")
         else:
             self.y = None
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"DataLoader: batch_size must be a positive int, got {batch_size!r}")
+        positive_int(batch_size, "DataLoader: batch_size")
         if drop_last and batch_size > n:
             raise ValueError(f"DataLoader: batch_size {batch_size} exceeds the {n} examples and drop_last is set")
         self.n = n

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from rlkit.core import _runtime, ops
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor, param, tensor
 
 
@@ -171,12 +172,6 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return int(value)
-
-
 def _check_rows(layer: str, x: Tensor, n: int) -> None:
     if x.shape[0] != n:
         raise ValueError(f"{layer}: input has {x.shape[0]} features (rows), expected {n}; shape {x.shape}")
@@ -195,8 +190,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, activation: str | None = None,
                  init="glorot_uniform", gain: float = 1.0, bias: bool = True):
         super().__init__()
-        self.in_features = _positive_int(in_features, "Linear: in_features")
-        self.out_features = _positive_int(out_features, "Linear: out_features")
+        self.in_features = positive_int(in_features, "Linear: in_features")
+        self.out_features = positive_int(out_features, "Linear: out_features")
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"Linear: unknown activation {activation!r}; expected one of {sorted(ACTIVATIONS)}")
         self.activation = activation
@@ -262,7 +257,7 @@ class BatchNorm(Module):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
-        self.num_features = _positive_int(num_features, "BatchNorm: num_features")
+        self.num_features = positive_int(num_features, "BatchNorm: num_features")
         if not eps > 0:
             raise ValueError(f"BatchNorm: eps must be positive, got {eps!r}")
         if not 0 <= momentum <= 1:
@@ -306,7 +301,7 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5, affine: bool = True):
         super().__init__()
-        self.normalized_shape = _positive_int(normalized_shape, "LayerNorm: normalized_shape")
+        self.normalized_shape = positive_int(normalized_shape, "LayerNorm: normalized_shape")
         if not eps > 0:
             raise ValueError(f"LayerNorm: eps must be positive, got {eps!r}")
         self.eps = float(eps)
@@ -353,8 +348,8 @@ class Embedding(Module):
 
     def __init__(self, vocab_size: int, dim: int):
         super().__init__()
-        self.vocab_size = _positive_int(vocab_size, "Embedding: vocab_size")
-        self.dim = _positive_int(dim, "Embedding: dim")
+        self.vocab_size = positive_int(vocab_size, "Embedding: vocab_size")
+        self.dim = positive_int(dim, "Embedding: dim")
         limit = math.sqrt(1.0 / vocab_size)
         self.W = param(_runtime.host_rng().uniform(-limit, limit, size=(dim, vocab_size)))  # [dim, vocab]
 
@@ -372,8 +367,8 @@ class MultiheadAttention(Module):
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True):
         super().__init__()
-        self.d_model = _positive_int(d_model, "MultiheadAttention: d_model")
-        self.n_heads = _positive_int(n_heads, "MultiheadAttention: n_heads")
+        self.d_model = positive_int(d_model, "MultiheadAttention: d_model")
+        self.n_heads = positive_int(n_heads, "MultiheadAttention: n_heads")
         if d_model % n_heads:
             raise ValueError(f"MultiheadAttention: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.head_dim = d_model // n_heads
