@@ -107,6 +107,23 @@ def test_dqn_bad_input():
         evaluate(DQN("CartPole-v1", FAST), "CartPole-v1", 0)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("train_freq", 0, "train_freq must be a positive int, got 0"),
+    ("target_update_interval", 0, "target_update_interval must be a positive int"),
+    ("batch_size", 2.5, "batch_size must be a positive int"),
+    ("learning_starts", -1, r"learning_starts must be an int >= 0"),
+    ("exploration_fraction", 0.0, r"exploration_fraction must lie in \(0.0, 1.0\], got 0.0"),
+    ("exploration_final_eps", 1.5, r"exploration_final_eps must lie in \[0.0, 1.0\]"),
+    ("tau", 0, r"tau must lie in \(0.0, 1.0\]"),
+    ("gamma", "0.9", r"gamma must lie in \[0.0, 1.0\]"),
+    ("max_grad_norm", 0.0, "max_grad_norm must be a positive number"),
+    ("net_arch", (64, 0), "each net_arch width must be a positive int, got 0"),
+])
+def test_dqn_config_refuses_bad_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        DQNConfig(**{field: value})
+
+
 def test_the_same_seed_gives_the_same_run_twice():
     weights = []
     for _ in range(2):

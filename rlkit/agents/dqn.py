@@ -17,6 +17,7 @@ import rlkit.core as rc
 from rlkit.agents.common import EpisodeStats, Polyak, make_env
 from rlkit.buffers import ReplayBuffer
 from rlkit.checkpoint import load_checkpoint, save_checkpoint
+from rlkit.core._checks import positive_int
 from rlkit.logger import SummaryWriter, run_dir
 
 
@@ -59,6 +60,28 @@ class DQNConfig:
     log_interval: int = 1000
     """Environment steps between TensorBoard writes."""
 
+    def __post_init__(self):
+        for name in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "target_update_interval",
+                     "log_interval"):
+            positive_int(getattr(self, name), f"DQNConfig: {name}")
+        if isinstance(self.learning_starts, bool) or not isinstance(self.learning_starts, int) or self.learning_starts < 0:
+            raise ValueError(f"DQNConfig: learning_starts must be an int >= 0, got {self.learning_starts!r}")
+        for name, low, high, low_open in (("gamma", 0.0, 1.0, False), ("tau", 0.0, 1.0, True),
+                                          ("exploration_fraction", 0.0, 1.0, True),
+                                          ("exploration_initial_eps", 0.0, 1.0, False),
+                                          ("exploration_final_eps", 0.0, 1.0, False)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                    low < value <= high if low_open else low <= value <= high):
+                interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+                raise ValueError(f"DQNConfig: {name} must lie in {interval}, got {value!r}")
+        if not isinstance(self.max_grad_norm, (int, float)) or not self.max_grad_norm > 0:
+            raise ValueError(f"DQNConfig: max_grad_norm must be a positive number, got {self.max_grad_norm!r}")
+        for width in self.net_arch:
+            positive_int(width, "DQNConfig: each net_arch width")
+        if self.dueling and not self.net_arch:
+            raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
+
 
 def _mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
     """Linear layers between ``sizes``, ReLU between them, initialised as PyTorch initialises
@@ -90,8 +113,6 @@ class DuelingQNetwork(rc.nn.Module):
 def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...], dueling: bool) -> rc.nn.Module:
     """The Q-network: an MLP, or a dueling network on the same hidden layers."""
     if dueling:
-        if not hidden:
-            raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
         return DuelingQNetwork(n_obs, n_actions, hidden)
     return _mlp((n_obs, *hidden, n_actions), final_activation=False)
 
