@@ -1,14 +1,26 @@
-"""What the off-policy agents share: environments, the polyak update on the device, episode
-statistics, TensorBoard run folders and evaluation."""
+"""What the off-policy agents share: environments stepped as lanes, the environment loop,
+logging, saving, the polyak update on the device, config checks and evaluation.
+
+An agent subclasses :class:`OffPolicyAgent` and supplies its networks (``_build``), how it
+explores (``_explore``) and acts (``_policy``), its gradient steps (``_train``) and what it
+saves (``_state_objects``); everything between the environment and those pieces is here.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
 from collections import deque
+from dataclasses import asdict, fields
 
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import Tensor
+from rlkit.logger import SummaryWriter, run_dir
 
 
 def make_env(env_or_id, seed: int | None = None):
@@ -24,9 +36,68 @@ def make_env(env_or_id, seed: int | None = None):
     return env
 
 
+class EnvLanes:
+    """One environment, or a Gymnasium vector environment, stepped as ``n`` lanes. ``step``
+    returns the observations to act on next and, apart, each lane's true next observation (the
+    final one where an episode ended), so the buffer never pairs steps of two episodes."""
+
+    def __init__(self, env_or_id, seed: int | None, n_envs: int = 1):
+        import gymnasium as gym
+
+        self.seed = seed
+        if isinstance(env_or_id, gym.vector.VectorEnv):
+            if env_or_id.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+                raise ValueError("a vector environment must reset finished episodes in the same step: make it with "
+                                 "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}")
+            if n_envs not in (1, env_or_id.num_envs):
+                raise ValueError(f"n_envs is {n_envs} but the vector environment has {env_or_id.num_envs}")
+            self.env, self.vector = env_or_id, True
+        elif n_envs > 1:
+            if not isinstance(env_or_id, str):
+                raise ValueError("n_envs > 1 needs an environment id (or pass a Gymnasium vector environment)")
+            self.env = gym.make_vec(env_or_id, num_envs=n_envs, vectorization_mode="sync",
+                                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+            self.vector = True
+        else:
+            self.env, self.vector = make_env(env_or_id), False
+        self.n = self.env.num_envs if self.vector else 1
+        self.observation_space = self.env.single_observation_space if self.vector else self.env.observation_space
+        self.action_space = self.env.single_action_space if self.vector else self.env.action_space
+        if seed is not None:
+            self.action_space.seed(seed)
+            self.observation_space.seed(seed)
+
+    @property
+    def env_id(self) -> str | None:
+        """The registered id of the environment, if it has one."""
+        spec = self.env.spec
+        return spec.id if spec is not None else None
+
+    def reset(self) -> np.ndarray:
+        """The first observation of every lane: [n, *obs_shape]."""
+        obs, _ = self.env.reset(seed=self.seed)
+        return np.asarray(obs) if self.vector else np.asarray(obs)[None]
+
+    def step(self, actions: np.ndarray):
+        """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
+        if not self.vector:
+            obs, reward, terminated, truncated, _ = self.env.step(actions[0])
+            true_next = np.asarray(obs)[None]
+            if terminated or truncated:
+                obs, _ = self.env.reset()
+            return (np.asarray(obs)[None], np.array([reward], np.float32), np.array([terminated]),
+                    np.array([truncated]), true_next)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        true_next = np.array(obs, copy=True)
+        for lane in np.flatnonzero(info.get("_final_obs", ())):
+            true_next[lane] = info["final_obs"][lane]
+        return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
+
+
 class Polyak:
     """target <- tau * source + (1 - tau) * target for paired parameters, in place on the
-    device (the target's storage stays the same, so captured programs reading it see the update)."""
+    device (the target's storage stays the same, so captured programs reading it see the
+    update). Usable inside a captured update."""
 
     def __init__(self, target: dict[str, Tensor], source: dict[str, Tensor]):
         if list(target) != list(source):
@@ -42,25 +113,289 @@ class Polyak:
 
 
 class EpisodeStats:
-    """Returns and lengths of the last 100 finished episodes (rollout/ep_rew_mean, ep_len_mean)."""
+    """Returns and lengths of the last 100 finished episodes of all lanes (rollout/ep_rew_mean,
+    rollout/ep_len_mean)."""
 
-    def __init__(self, window: int = 100):
+    def __init__(self, n_envs: int = 1, window: int = 100):
         self.returns: deque = deque(maxlen=window)
         self.lengths: deque = deque(maxlen=window)
-        self.current_return, self.current_length = 0.0, 0
+        self.current_return = np.zeros(n_envs)
+        self.current_length = np.zeros(n_envs, np.int64)
 
-    def step(self, reward: float, done: bool) -> None:
-        self.current_return += float(reward)
+    def step(self, reward, done) -> None:
+        """Counts one step of every lane; ``done`` marks lanes whose episode ended."""
+        self.current_return += np.asarray(reward, np.float64).reshape(-1)
         self.current_length += 1
-        if done:
-            self.returns.append(self.current_return)
-            self.lengths.append(self.current_length)
-            self.current_return, self.current_length = 0.0, 0
+        for lane in np.flatnonzero(np.asarray(done).reshape(-1)):
+            self.returns.append(float(self.current_return[lane]))
+            self.lengths.append(int(self.current_length[lane]))
+            self.current_return[lane], self.current_length[lane] = 0.0, 0
 
     def means(self) -> tuple[float, float] | None:
+        """(mean return, mean length) of the window, or None before the first episode ends."""
         if not self.returns:
             return None
         return float(np.mean(self.returns)), float(np.mean(self.lengths))
+
+
+def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
+    """Linear layers between ``sizes``, ReLU between them, initialised as PyTorch initialises
+    nn.Linear (the scale the RL Zoo settings were tuned with)."""
+    pairs = list(zip(sizes[:-1], sizes[1:]))
+    return rc.nn.Sequential(*[
+        rc.nn.Linear(a, b, activation="relu" if final_activation or i < len(pairs) - 1 else None,
+                     init="fan_in_uniform")
+        for i, (a, b) in enumerate(pairs)])
+
+
+# ---- config checks ------------------------------------------------------------------------------
+
+def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:
+    """``config.name`` is a number in [low, high] (or (low, high] when ``low_open``)."""
+    value = getattr(config, name)
+    inside = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        low < value <= high if low_open else low <= value <= high)
+    if not inside:
+        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"{type(config).__name__}: {name} must lie in {interval}, got {value!r}")
+
+
+def check_positive_number(config, name: str) -> None:
+    """``config.name`` is a finite number > 0."""
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"{type(config).__name__}: {name} must be a positive number, got {value!r}")
+
+
+def check_common_fields(config) -> None:
+    """The checks every off-policy config shares: counts, rates, the discount, tau and the
+    network widths."""
+    prefix = type(config).__name__
+    for name in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "log_interval", "n_envs"):
+        positive_int(getattr(config, name), f"{prefix}: {name}")
+    starts = config.learning_starts
+    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 0:
+        raise ValueError(f"{prefix}: learning_starts must be an int >= 0, got {starts!r}")
+    check_positive_number(config, "learning_rate")
+    check_in_range(config, "gamma", 0.0, 1.0)
+    check_in_range(config, "tau", 0.0, 1.0, low_open=True)
+    for width in config.net_arch:
+        positive_int(width, f"{prefix}: each net_arch width")
+
+
+# ---- the agent ------------------------------------------------------------------------------------
+
+class OffPolicyAgent:
+    """The environment loop, logging and saving of an off-policy agent.
+
+    Subclasses set ``algo`` and ``config_class`` and define ``_build`` (networks, optimizers,
+    the replay buffer ``self.buffer`` and the captured updates), ``_explore`` (actions while
+    training), ``_policy`` (actions of ``predict``), ``_train`` (gradient steps) and
+    ``_state_objects`` (what ``save`` writes).
+    """
+
+    algo = ""
+    config_class: type = type(None)
+
+    def __init__(self, env, config=None, device: str | None = None, seed: int | None = None,
+                 logdir: str | None = None):
+        if config is None:
+            config = self.config_class()
+        elif not isinstance(config, self.config_class):
+            raise TypeError(f"{self.algo}: config must be a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+        self.lanes = EnvLanes(env, seed, config.n_envs)
+        self.env = self.lanes.env
+        self.observation_space, self.action_space = self.lanes.observation_space, self.lanes.action_space
+        self._check_spaces()
+        self.device = device or rc.device()
+        self.seed, self.logdir = seed, logdir
+        self.n_obs = int(np.prod(self.observation_space.shape))
+        self.num_timesteps = 0
+        self._n_calls = 0  # vector-environment steps taken
+        self._last_obs: np.ndarray | None = None
+        self._train_scalars: dict[str, float] = {}
+        self._rng = np.random.default_rng(seed)
+        with self.on_device():
+            if seed is not None:
+                rc.manual_seed(seed)
+            self._build()
+
+    # ---- what a subclass supplies -------------------------------------------------------------
+
+    def _check_spaces(self) -> None:
+        raise NotImplementedError
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        """Actions (in the buffer's space) for a batch of observations [n, n_obs] while training."""
+        raise NotImplementedError
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        """Actions (in the buffer's space) for observations [n, n_obs]."""
+        raise NotImplementedError
+
+    def _train(self, gradient_steps: int) -> dict[str, float]:
+        """Runs gradient steps; returns the scalars to log (SB3's train/ tags)."""
+        raise NotImplementedError
+
+    def _state_objects(self) -> dict:
+        """{name: object with state_dict()} that save writes and load restores."""
+        raise NotImplementedError
+
+    def _after_env_step(self) -> None:
+        """Work after every vector-environment step (a target update, for DQN)."""
+
+    def _extra_scalars(self) -> dict[str, float]:
+        """Scalars besides the shared ones to log (the exploration rate, for DQN)."""
+        return {}
+
+    # ---- devices and action spaces ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def on_device(self):
+        """Makes the agent's device current for the block."""
+        previous = rc.device(self.device)
+        try:
+            yield
+        finally:
+            rc.device(previous)
+
+    @property
+    def discrete(self) -> bool:
+        """Whether actions are indices (a Discrete space) rather than vectors in a Box."""
+        import gymnasium as gym
+
+        return isinstance(self.action_space, gym.spaces.Discrete)
+
+    def _to_env_action(self, actions: np.ndarray) -> np.ndarray:
+        """Buffer actions to the environment's: Box actions live in [-1, 1] in the buffer and
+        are rescaled to [low, high] (the policy's tanh range mapped onto the space)."""
+        if self.discrete:
+            return actions.reshape(-1).astype(np.int64)
+        low, high = self.action_space.low, self.action_space.high
+        scaled = low + 0.5 * (np.clip(actions, -1.0, 1.0) + 1.0) * (high - low)
+        return scaled.reshape((-1, *self.action_space.shape)).astype(self.action_space.dtype)
+
+    def _random_actions(self, n: int) -> np.ndarray:
+        """Uniform actions in the buffer's space, for the steps before learning starts."""
+        if self.discrete:
+            return self._rng.integers(0, self.action_space.n, (n, 1)).astype(np.int32)
+        return self._rng.uniform(-1.0, 1.0, (n, int(np.prod(self.action_space.shape)))).astype(np.float32)
+
+    def _obs_batch(self, obs) -> tuple[np.ndarray, bool]:
+        """Observations as [n, n_obs] float32, and whether a single one was given."""
+        obs = np.asarray(obs, np.float32)
+        single = obs.ndim == len(self.observation_space.shape)
+        if obs.size % self.n_obs or (single and obs.size != self.n_obs):
+            raise ValueError(f"{self.algo}.predict: observations of shape {obs.shape} do not match the "
+                             f"observation space {self.observation_space.shape}")
+        return obs.reshape(-1, self.n_obs), single
+
+    # ---- acting -----------------------------------------------------------------------------------
+
+    def predict(self, obs, deterministic: bool = True):
+        """The action for one observation, or actions for a batch [n, *obs_shape], in the
+        environment's action space: an int (Discrete) or an array rescaled to [low, high] (Box)."""
+        batch, single = self._obs_batch(obs)
+        with self.on_device():
+            actions = self._to_env_action(self._policy(batch, deterministic))
+        if single:
+            return int(actions[0]) if self.discrete else actions[0]
+        return actions
+
+    # ---- training -----------------------------------------------------------------------------------
+
+    def learn(self, total_timesteps: int, progress_bar: bool = False, callback=None):
+        """Trains for ``total_timesteps`` environment steps (summed over the lanes);
+        ``callback(agent, locals)`` returning False stops early. Returns the agent."""
+        if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int) or total_timesteps < 1:
+            raise ValueError(f"learn: total_timesteps must be a positive int, got {total_timesteps!r}")
+        writer = SummaryWriter(run_dir(self.logdir, self.algo)) if self.logdir else None
+        if writer is not None:
+            writer.add_hparams({**asdict(self.config), "env": str(self.lanes.env_id or self.env)})
+        bar = None
+        if progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total_timesteps, desc=self.algo)
+        try:
+            with self.on_device():
+                self._loop(total_timesteps, writer, bar, callback)
+        finally:
+            if bar is not None:
+                bar.close()
+            if writer is not None:
+                writer.close()
+        return self
+
+    def _loop(self, total_timesteps: int, writer, bar, callback) -> None:
+        cfg, lanes = self.config, self.lanes
+        stats = EpisodeStats(lanes.n)
+        self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
+        start_time = time.perf_counter()
+        obs = lanes.reset() if self._last_obs is None else self._last_obs
+        while self.num_timesteps - self._learn_start < total_timesteps:
+            batch = obs.reshape(lanes.n, self.n_obs).astype(np.float32, copy=False)
+            if self.num_timesteps < cfg.learning_starts:
+                actions = self._random_actions(lanes.n)
+            else:
+                actions = self._explore(batch)
+            next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
+            self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
+            stats.step(reward, terminated | truncated)
+            obs = next_obs
+            before = self.num_timesteps
+            self.num_timesteps += lanes.n
+            self._n_calls += 1
+            if self.num_timesteps > cfg.learning_starts and self._n_calls % cfg.train_freq == 0:
+                self._train_scalars = self._train(cfg.gradient_steps)
+            self._after_env_step()
+            if writer is not None and self.num_timesteps // cfg.log_interval > before // cfg.log_interval:
+                fps = (self.num_timesteps - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
+                self._log(writer, stats, fps)
+            if bar is not None:
+                bar.update(lanes.n)
+            if callback is not None and callback(self, locals()) is False:
+                break
+        self._last_obs = obs
+
+    def _progress(self) -> float:
+        """The fraction of the current learn call done (0 to 1)."""
+        return min(1.0, (self.num_timesteps - self._learn_start) / self._learn_total)
+
+    def _log(self, writer: SummaryWriter, stats: EpisodeStats, fps: float) -> None:
+        step = self.num_timesteps
+        means = stats.means()
+        scalars = {"time/fps": fps, **self._extra_scalars(), **self._train_scalars}
+        if means is not None:
+            scalars["rollout/ep_rew_mean"], scalars["rollout/ep_len_mean"] = means
+        for tag, value in scalars.items():
+            if math.isfinite(value):
+                writer.add_scalar(tag, value, step)
+
+    # ---- saving -----------------------------------------------------------------------------------
+
+    def save(self, path: str) -> None:
+        """Networks and optimizers (safetensors) with the config and the algorithm (JSON)."""
+        meta = {"algo": self.algo, "config": asdict(self.config), "env": self.lanes.env_id,
+                "num_timesteps": self.num_timesteps}
+        save_checkpoint(path, self._state_objects(), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str, env=None, device: str | None = None):
+        """An agent that acts exactly as the saved one, on ``env`` (default: the saved env id)."""
+        meta = read_checkpoint(path)["metadata"]
+        if meta.get("algo") != cls.algo:
+            raise ValueError(f"{cls.algo}.load: {path!r} holds a {meta.get('algo')!r} agent, not {cls.algo}")
+        tuples = {f.name for f in fields(cls.config_class) if isinstance(f.default, tuple)}
+        config = cls.config_class(**{k: tuple(v) if k in tuples else v for k, v in meta["config"].items()})
+        agent = cls(env if env is not None else meta["env"], config, device=device)
+        load_checkpoint(path, agent._state_objects())
+        agent.num_timesteps = meta["num_timesteps"]
+        return agent
 
 
 def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None) -> tuple[float, float]:

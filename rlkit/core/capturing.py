@@ -204,32 +204,46 @@ class CapturedStep:
         return float(np.asarray(loss).reshape(-1)[0]), float(np.asarray(norm).reshape(-1)[0])
 
 
+def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm: float | None = None):
+    """Inside a traced function: ``loss_fn()`` on its own tape, its backward pass, the global
+    gradient norm of ``params`` (clipped to ``max_grad_norm`` when given) and ``optimizer``'s
+    update. Returns ``(loss [1, 1], norm [1, 1])`` as traced tensors. A traced function may
+    make several (critic, then actor, then entropy updates); a non-finite norm skips its own."""
+    from rlkit.core import autograd, ops
+
+    if _active is None:
+        raise CaptureError("update_step: only inside a captured function (rc.capture)")
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"update_step: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    param_list = list(params.values()) if isinstance(params, dict) else list(params)
+    with autograd.grad_tape():
+        loss = loss_fn()
+    grads = autograd.backward(loss)
+    squares = [ops.sum(ops.square(grads.tensor(p))) for p in param_list if p in grads]
+    if not squares:
+        raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
+    total = squares[0]
+    for s in squares[1:]:
+        total = ops.add(total, s)
+    norm = ops.sqrt(total)  # [1, 1]
+    # 1 (or the clipping factor), made NaN by a non-finite norm so the update skips itself
+    factor = ops.minimum(ops.div(float(max_grad_norm), ops.add(norm, 1e-6)), 1.0) if max_grad_norm else 1.0
+    _active.grad_scale = ops.add(ops.scale(norm, 0.0), factor)
+    optimizer.step(grads)
+    _active.grad_scale = None
+    return ops.reshape(loss, (1, 1)), norm
+
+
 def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> CapturedStep:
     """A captured training step: ``loss_fn(**inputs)`` (a scalar loss), its backward pass, the
     global gradient norm (clipped to ``max_grad_norm`` when given) and ``optimizer``'s update.
     Calling it returns ``(loss, grad_norm)`` as floats; a non-finite norm skips the update."""
-    from rlkit.core import autograd, ops
-
     if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
         raise ValueError(f"capture_step: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
 
     def step(**inputs):
-        with autograd.grad_tape():
-            loss = loss_fn(**inputs)
-        grads = autograd.backward(loss)
-        squares = [ops.sum(ops.square(grads.tensor(p))) for p in param_list if p in grads]
-        if not squares:
-            raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
-        total = squares[0]
-        for s in squares[1:]:
-            total = ops.add(total, s)
-        norm = ops.sqrt(total)  # [1, 1]
-        # 1 (or the clipping factor), made NaN by a non-finite norm so the update skips itself
-        factor = ops.minimum(ops.div(float(max_grad_norm), ops.add(norm, 1e-6)), 1.0) if max_grad_norm else 1.0
-        _active.grad_scale = ops.add(ops.scale(norm, 0.0), factor)
-        optimizer.step(grads)
-        return ops.reshape(loss, (1, 1)), norm
+        return update_step(lambda: loss_fn(**inputs), param_list, optimizer, max_grad_norm)
 
     return CapturedStep(Captured(step, param_list))
 
