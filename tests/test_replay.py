@@ -270,8 +270,33 @@ def test_device_sampling_inside_a_capture_needs_no_index_upload(device):
     second = draw(stored=np.array([[len(buf)]], np.float32))
     assert draw.traces == 1 and not np.array_equal(first, second)  # fresh draws every replay
     assert first.max() < len(buf)
-    with pytest.raises(ValueError, match="only for n_step=1"):
-        ReplayBuffer(10, 1, 1, n_step=3).sample_on_device(4)
+    with pytest.raises(ValueError, match="not with optimize_memory"):
+        ReplayBuffer(10, 1, 1, optimize_memory=True).sample_on_device(4)
+
+
+@pytest.mark.parametrize("capacity", [200, 60])
+def test_device_n_step_sums_match_the_reference(device, capacity):
+    """n-step returns summed on the device stop at terminations, truncations and the newest
+    step as the host reference does, also where the ring has wrapped (capacity 60: 20 steps per
+    lane, 30 written)."""
+    steps, n_envs, gamma = 30, 3, 0.9
+    buf = ReplayBuffer(capacity, 3, 2, n_envs=n_envs, seed=1, n_step=3, gamma=gamma)
+    history = _rollout([buf], steps, n_envs)
+    rc.manual_seed(5)
+    s = buf.sample_on_device(256)
+    index = s.index.numpy()[0]
+    reward, done, discount = s.reward.numpy()[0], s.done.numpy()[0], s.discount.numpy()[0]
+    next_obs, obs = s.next_obs.numpy(), s.obs.numpy()
+    lane_length = capacity // n_envs
+    for j, column in enumerate(index):
+        t, e = divmod(int(column), n_envs)
+        h = t + lane_length if steps > lane_length and t < buf.pos else t  # the history step in ring step t
+        np.testing.assert_array_equal(obs[:, j], history[h][0][e])
+        ret, d, disc, boot = _reference(history, h, e, 3, gamma)
+        assert reward[j] == pytest.approx(ret, rel=1e-5, abs=1e-6)
+        assert done[j] == d and discount[j] == pytest.approx(disc, rel=1e-6)
+        np.testing.assert_array_equal(next_obs[:, j], boot)
+    assert len(set(index)) > 0.8 * len(buf)  # the draws cover the buffer, episode ends and the newest step included
 
 
 def test_prioritized_beta_anneals_linearly():
@@ -348,8 +373,8 @@ def test_device_prioritized_draws_match_across_backends_and_capture():
 def test_device_prioritized_bad_settings():
     from rlkit.buffers import DevicePrioritizedReplayBuffer
 
-    with pytest.raises(ValueError, match="only for n_step=1"):
-        DevicePrioritizedReplayBuffer(8, 1, 1, n_step=2)
+    with pytest.raises(ValueError, match="not with optimize_memory"):
+        DevicePrioritizedReplayBuffer(8, 1, 1, optimize_memory=True)
     with pytest.raises(ValueError, match="alpha"):
         DevicePrioritizedReplayBuffer(8, 1, 1, alpha=-0.5)
     with pytest.raises(ValueError, match="batch_size"):

@@ -216,6 +216,7 @@ class OffPolicyAgent:
         self._last_obs: np.ndarray | None = None
         self._train_scalars: dict[str, float] = {}
         self._rng = np.random.default_rng(seed)
+        self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
             if seed is not None:
                 rc.manual_seed(seed)
@@ -313,7 +314,8 @@ class OffPolicyAgent:
         ``callback(agent, locals)`` returning False stops early. Returns the agent."""
         if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int) or total_timesteps < 1:
             raise ValueError(f"learn: total_timesteps must be a positive int, got {total_timesteps!r}")
-        writer = SummaryWriter(run_dir(self.logdir, self.algo)) if self.logdir else None
+        self.log_path = run_dir(self.logdir, self.algo) if self.logdir else None
+        writer = SummaryWriter(self.log_path) if self.log_path else None
         if writer is not None:
             writer.add_hparams({**asdict(self.config), "env": str(self.lanes.env_id or self.env)})
         bar = None
@@ -351,7 +353,7 @@ class OffPolicyAgent:
             self.num_timesteps += lanes.n
             self._n_calls += 1
             if self.num_timesteps > cfg.learning_starts and self._n_calls % cfg.train_freq == 0:
-                self._train_scalars = self._train(cfg.gradient_steps)
+                self._train_scalars.update(self._train(cfg.gradient_steps))
             self._after_env_step()
             if writer is not None and self.num_timesteps // cfg.log_interval > before // cfg.log_interval:
                 fps = (self.num_timesteps - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)

@@ -1,5 +1,5 @@
-"""DQN (Mnih et al., 2015) with the double-Q target (van Hasselt et al., 2016) as an option, on
-a discrete-action Gymnasium environment.
+"""DQN (Mnih et al., 2015) on a discrete-action Gymnasium environment, with options: the
+double-Q target (van Hasselt et al., 2016), dueling heads, n-step returns and prioritized replay.
 
 Every gradient step is one captured program: a batch sampled on the device from the replay
 buffer, the TD target from the target network, the Huber loss, backward, gradient clipping and
@@ -17,7 +17,7 @@ import rlkit.core as rc
 from rlkit.agents.common import (
     OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
 )
-from rlkit.buffers import ReplayBuffer
+from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core._checks import positive_int
 
 
@@ -57,6 +57,15 @@ class DQNConfig:
     """Double DQN: the online network chooses the next action, the target network values it."""
     dueling: bool = False
     """Dueling heads (Wang et al., 2016): Q = V + A - mean(A) over the actions, on a shared trunk."""
+    n_steps: int = 1
+    """Steps summed into each target (n-step returns, stopped at episode ends), on the device."""
+    prioritized: bool = False
+    """Prioritized replay (Schaul et al., 2016) on the device: sampling in proportion to
+    priority^alpha, the loss weighted by the importance weights, priorities set to |TD error|."""
+    prioritized_alpha: float = 0.6
+    """How strongly priorities shape sampling (0: uniform)."""
+    prioritized_beta: float = 0.4
+    """The importance-weight exponent at the start, annealed linearly to 1 over training."""
     n_envs: int = 1
     """Environments stepped together (a vector environment made from the id when > 1)."""
     log_interval: int = 1000
@@ -69,6 +78,9 @@ class DQNConfig:
         check_in_range(self, "exploration_initial_eps", 0.0, 1.0)
         check_in_range(self, "exploration_final_eps", 0.0, 1.0)
         check_positive_number(self, "max_grad_norm")
+        positive_int(self.n_steps, "DQNConfig: n_steps")
+        check_in_range(self, "prioritized_alpha", 0.0, 10.0)
+        check_in_range(self, "prioritized_beta", 0.0, 1.0)
         if self.dueling and not self.net_arch:
             raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
 
@@ -119,17 +131,27 @@ class DQN(OffPolicyAgent):
         self.target = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, action_dtype="i32",
-                                   gamma=cfg.gamma, seed=self.seed)
+        buffer_options = dict(n_envs=self.lanes.n, action_dtype="i32", gamma=cfg.gamma, seed=self.seed,
+                              n_step=cfg.n_steps)
+        if cfg.prioritized:
+            self.buffer = DevicePrioritizedReplayBuffer(cfg.buffer_size, self.n_obs, 1, alpha=cfg.prioritized_alpha,
+                                                        **buffer_options)
+        else:
+            self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
 
     # ---- the update (traced once, then replayed) ----------------------------------------------
 
-    def _loss(self, stored):
+    def _loss(self, stored, beta=None):
+        """The Huber loss of Q(s, a) against the (n-step) TD target; with prioritized replay,
+        weighted by the importance weights, the batch's priorities set from its TD errors."""
         cfg = self.config
-        s = self.buffer.sample_on_device(cfg.batch_size, stored)
+        if cfg.prioritized:
+            s = self.buffer.sample_on_device(cfg.batch_size, stored, beta)
+        else:
+            s = self.buffer.sample_on_device(cfg.batch_size, stored)
         with rc.no_grad():
             next_q = self.target(s.next_obs)  # [actions, B]
             if cfg.double:
@@ -138,12 +160,22 @@ class DQN(OffPolicyAgent):
                 best_next = rc.max(next_q)
             td_target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * best_next)  # [1, B]
         q_taken = rc.gather(self.q(s.obs), s.action)  # [1, B]
-        return rc.huber_loss(q_taken, td_target)
+        if not cfg.prioritized:
+            return rc.huber_loss(q_taken, td_target)
+        error = q_taken - td_target  # [1, B]
+        self.buffer.update_priorities_on_device(s.index, error)
+        size = rc.abs(error)
+        inside = rc.minimum(size, 1.0)
+        huber = 0.5 * rc.square(inside) + (size - inside)  # [1, B]: 0.5 d^2 up to |d| = 1, then linear
+        return rc.mean(s.weights * huber)
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
-        stored = np.array([[len(self.buffer)]], np.float32)
+        inputs = {"stored": np.array([[len(self.buffer)]], np.float32)}
+        if self.config.prioritized:  # beta rises linearly from its start to 1 over training
+            beta = self.config.prioritized_beta
+            inputs["beta"] = np.array([[beta + self._progress() * (1.0 - beta)]], np.float32)
         for _ in range(gradient_steps):
-            loss, _ = self._train_step(stored=stored)
+            loss, _ = self._train_step(**inputs)
         return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
 
     def _after_env_step(self) -> None:

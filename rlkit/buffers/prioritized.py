@@ -125,13 +125,13 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
     """Prioritized replay entirely on the device: priorities^alpha in a device row, sampling by
     prefix sums and a search (``sample_on_device``), importance weights, and priority updates
     from TD errors (``update_priorities_on_device``), so a captured update samples and
-    re-prioritizes without crossing to the host. One-step transitions without next-observation
-    sharing (as ReplayBuffer.sample_on_device). New transitions get the largest priority so far."""
+    re-prioritizes without crossing to the host. n-step returns as ReplayBuffer.sample_on_device
+    gives them; not with next-observation sharing. New transitions get the largest priority so far."""
 
     def __init__(self, capacity: int, obs_shape, action_shape, alpha: float = 0.6, eps: float = 1e-6, **kwargs):
         super().__init__(capacity, obs_shape, action_shape, **kwargs)
-        if self.n_step != 1 or self.optimize_memory:
-            raise ValueError("DevicePrioritizedReplayBuffer: only for n_step=1 without optimize_memory")
+        if self.optimize_memory:
+            raise ValueError("DevicePrioritizedReplayBuffer: not with optimize_memory")
         for name, value in (("alpha", alpha), ("eps", eps)):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
                 raise ValueError(f"DevicePrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
@@ -164,13 +164,7 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         # (N P)^-beta, as exp(-beta log(N P)) so that beta can be a tensor
         weights = rc.exp(rc.mul(rc.neg(rc.as_tensor(beta, like=probability)), rc.log(rc.mul(probability, stored))))
         weights = rc.div(weights, rc.max(rc.reshape(weights, (batch_size, 1))))
-        return ReplaySamples(
-            obs=rc.get_rows(self._obs, index), action=rc.get_rows(self._action, index),
-            reward=rc.get_rows(self._reward_row, index), next_obs=rc.get_rows(self._next_obs, index),
-            done=rc.get_rows(self._terminated_row, index),
-            discount=rc.full((1, batch_size), self.gamma, dtype="f32", device=device),
-            index=index, weights=weights,
-        )
+        return self._transitions_on_device(index, weights)
 
     def update_priorities_on_device(self, index: Tensor, td_error: Tensor) -> None:
         """Priorities (|td_error| + eps)^alpha for the columns ``index`` (both [1, B] device

@@ -93,6 +93,9 @@ class ReplayBuffer:
         # rewards and terminations on the device too, for sampling without the host
         self._reward_row = DeviceBuffer(1, self.capacity, "f32", device)
         self._terminated_row = DeviceBuffer(1, self.capacity, "f32", device)
+        # n-step sums on the device stop after a step flagged here: an episode's end, or the
+        # newest step (whose successor is not written yet)
+        self._stop_row = DeviceBuffer(1, self.capacity, "f32", device) if self.n_step > 1 else None
         self._reward = np.zeros((self.lane_length, self.n_envs), np.float32)
         self._terminated = np.zeros((self.lane_length, self.n_envs), bool)
         self._truncated = np.zeros((self.lane_length, self.n_envs), bool)
@@ -138,8 +141,18 @@ class ReplayBuffer:
         self._reward[self.pos] = rewards
         self._terminated[self.pos] = terminated
         self._truncated[self.pos] = truncated
+        if self._stop_row is not None:
+            self._write_stop_flags(column)
         self.pos = (self.pos + 1) % self.lane_length
         self.full = self.full or self.pos == 0
+
+    def _write_stop_flags(self, column: int) -> None:
+        """The new step is the newest (a stop); the one before it stops only where it ended."""
+        self._stop_row.write(np.ones((1, self.n_envs), np.float32), column)
+        if len(self) > 0:
+            previous = (self.pos - 1) % self.lane_length
+            ended = self._terminated[previous] | self._truncated[previous]
+            self._stop_row.write(ended[None, :].astype(np.float32), previous * self.n_envs)
 
     # ---- sampling --------------------------------------------------------------------------
 
@@ -205,23 +218,45 @@ class ReplayBuffer:
         (``rc.manual_seed``): the same draws on both backends, and nothing crosses from the host,
         so it can sit inside a captured update. ``stored`` is the number of transitions stored,
         a [1, 1] tensor (pass it as an input of a captured function) or a number (default: now).
-        One-step transitions without next-observation sharing only."""
-        if self.n_step != 1 or self.optimize_memory:
-            raise ValueError("ReplayBuffer.sample_on_device: only for n_step=1 without optimize_memory")
+        n-step returns are summed on the device; not with next-observation sharing."""
+        if self.optimize_memory:
+            raise ValueError("ReplayBuffer.sample_on_device: not with optimize_memory")
         positive_int(batch_size, "ReplayBuffer.sample_on_device: batch_size")
         device = self._obs.device
         stored = self._stored_for_device_sampling(stored, "ReplayBuffer.sample_on_device")
         # columns fill in order (t * n_envs + e), so the stored ones are 0 .. stored - 1
         index = rc.cast(rc.mul(rc.rand((1, batch_size), dtype="f32", device=device), stored), "i32")  # [1, B]
-        return ReplaySamples(
-            obs=rc.get_rows(self._obs, index),
-            action=rc.get_rows(self._action, index),
-            reward=rc.get_rows(self._reward_row, index),
-            next_obs=rc.get_rows(self._next_obs, index),
-            done=rc.get_rows(self._terminated_row, index),
-            discount=rc.full((1, batch_size), self.gamma, dtype="f32", device=device),
-            index=index,
-        )
+        return self._transitions_on_device(index)
+
+    def _transitions_on_device(self, index: Tensor, weights: Tensor | None = None) -> ReplaySamples:
+        """The (n-step) transitions starting at the columns ``index`` [1, B], gathered on the device."""
+        if self.n_step == 1:
+            last, reward = index, rc.get_rows(self._reward_row, index)
+            done = rc.get_rows(self._terminated_row, index)
+            discount = rc.full(index.shape, self.gamma, dtype="f32", device=index.device)
+        else:
+            reward, done, discount, last = self._n_step_on_device(index)
+        return ReplaySamples(obs=rc.get_rows(self._obs, index), action=rc.get_rows(self._action, index),
+                             reward=reward, next_obs=rc.get_rows(self._next_obs, last), done=done,
+                             discount=discount, index=index, weights=weights)
+
+    def _n_step_on_device(self, index: Tensor):
+        """As ``_n_step`` on the host, in column arithmetic: step k of a lane is column
+        index + k * n_envs (mod capacity), and the sum stops after a step whose stop flag is set.
+        Columns are exact in f32 (below 2^24). Returns (return, done, gamma^k, last column)."""
+        column = rc.cast(index, "f32")  # [1, B]
+        alive = rc.full(index.shape, 1.0, dtype="f32", device=index.device)  # 1 while the sum goes on
+        ret, done = rc.scale(alive, 0.0), rc.scale(alive, 0.0)
+        discount, last = alive, column
+        for k in range(self.n_step):
+            step = rc.add(column, float(k * self.n_envs))
+            step = rc.cast(rc.sub(step, rc.scale(rc.ge(step, float(self.capacity)), float(self.capacity))), "i32")
+            ret = ret + alive * discount * rc.get_rows(self._reward_row, step)
+            last = last + alive * (rc.cast(step, "f32") - last)
+            done = done + alive * rc.get_rows(self._terminated_row, step)
+            discount = discount * (1.0 - alive * (1.0 - self.gamma))
+            alive = alive * (1.0 - rc.get_rows(self._stop_row, step))
+        return ret, done, discount, rc.cast(last, "i32")
 
     def _stored_for_device_sampling(self, stored, where: str):
         """``stored`` as given (a [1, 1] tensor or a number), or the count stored now."""

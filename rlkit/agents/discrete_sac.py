@@ -1,0 +1,191 @@
+"""SAC for discrete actions (Christodoulou, 2019): a categorical policy over the actions,
+twin critics that value every action at once, expectations over the policy's probabilities in
+place of sampled actions, and the entropy coefficient tuned toward a fraction of the largest
+possible entropy; on a Gymnasium environment with a Discrete action space.
+
+Each gradient step is one captured program: a batch sampled on the device from the replay
+buffer, the critics', the actor's and the entropy coefficient's updates and the polyak update
+of the target critics. Acting is one forward of the actor per environment step, the action
+drawn on the device (Gumbel-max).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_in_range, mlp
+from rlkit.agents.sac import EntropyCoefficient, initial_ent_coef
+from rlkit.buffers import ReplayBuffer
+from rlkit.core._checks import positive_int
+
+
+@dataclass
+class DiscreteSACConfig:
+    """Hyperparameters (CleanRL's discrete SAC, with a polyak target, sized for classic control)."""
+
+    learning_rate: float = 3e-4
+    """Adam's learning rate, for the actor, the critics and the entropy coefficient."""
+    buffer_size: int = 100_000
+    """Transitions the replay buffer holds."""
+    learning_starts: int = 1000
+    """Environment steps taken with uniform random actions before the first gradient step."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics' update."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 1
+    """Environment steps between rounds of gradient steps."""
+    gradient_steps: int = 1
+    """Gradient steps per round."""
+    ent_coef: float | str = "auto"
+    """The entropy coefficient alpha: a fixed number, or "auto" (tuned, starting at 1) or
+    "auto_<x>" (tuned, starting at x)."""
+    target_entropy_scale: float = 0.89
+    """The tuning aims at this fraction of the largest entropy, log(number of actions)."""
+    target_update_interval: int = 1
+    """Gradient steps between target-critic updates."""
+    net_arch: tuple[int, ...] = field(default=(256, 256))
+    """Hidden layer sizes of the actor and of each critic."""
+    n_envs: int = 1
+    """Environments stepped together (a vector environment made from the id when > 1)."""
+    log_interval: int = 1000
+    """Environment steps between TensorBoard writes."""
+
+    def __post_init__(self):
+        check_common_fields(self)
+        positive_int(self.target_update_interval, "DiscreteSACConfig: target_update_interval")
+        initial_ent_coef(self.ent_coef)
+        check_in_range(self, "target_entropy_scale", 0.0, 1.0)
+
+
+class DiscreteCritics(rc.nn.Module):
+    """Two critics, each giving Q of every action: [actions, B]."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.q0 = mlp((n_obs, *hidden, n_actions), final_activation=False)
+        self.q1 = mlp((n_obs, *hidden, n_actions), final_activation=False)
+
+    def forward(self, obs) -> list:
+        return [self.q0(obs), self.q1(obs)]  # 2 x [actions, B]
+
+    def min(self, obs):
+        """The smaller of the two critics' values, per action: [actions, B]."""
+        return rc.minimum(self.q0(obs), self.q1(obs))
+
+
+class DiscreteSAC(OffPolicyAgent):
+    """Discrete SAC on ``env`` (a Gymnasium environment, its id, or a vector environment) with
+    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/DiscreteSAC_<N>``."""
+
+    algo = "DiscreteSAC"
+    config_class = DiscreteSACConfig
+
+    def _check_spaces(self) -> None:
+        import gymnasium as gym
+
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            raise ValueError(f"DiscreteSAC needs a Discrete action space, got {self.action_space}")
+        if not isinstance(self.observation_space, gym.spaces.Box):
+            raise ValueError(f"DiscreteSAC needs a Box observation space, got {self.observation_space}")
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.n_actions = int(self.action_space.n)
+        alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
+        self.target_entropy = cfg.target_entropy_scale * math.log(self.n_actions)
+        self.actor = mlp((self.n_obs, *cfg.net_arch, self.n_actions), final_activation=False)  # logits
+        self.critic = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.ent_coef = EntropyCoefficient(alpha)
+        self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
+        self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
+        self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, action_dtype="i32",
+                                   gamma=cfg.gamma, seed=self.seed)
+        self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
+        params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
+                  *self.critic_target.parameters().values(), self.ent_coef.log_alpha]
+        self._steps = {with_target: rc.capture(lambda stored, t=with_target: self._update(stored, t), params)
+                       for with_target in (False, True)}
+        self._n_updates = 0
+
+    # ---- the update (traced once per variant, then replayed) ----------------------------------
+
+    def _policy_distribution(self, obs):
+        """(probabilities, log-probabilities) of every action: 2 x [actions, B]."""
+        logits = self.actor(obs)  # [actions, B]
+        return rc.softmax(logits), rc.log_softmax(logits)
+
+    def _critic_loss(self, s, alpha):
+        """The critics' mean squared errors, summed, against the soft target
+        r + gamma (1 - done) sum_a' pi(a'|s') (min Q_target(s', a') - alpha log pi(a'|s'))."""
+        with rc.no_grad():
+            probs, log_probs = self._policy_distribution(s.next_obs)  # [actions, B]
+            soft_q = self.critic_target.min(s.next_obs) - alpha * log_probs  # [actions, B]
+            next_value = rc.sum(probs * soft_q, dim=0)  # [1, B]
+            target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_value)  # [1, B]
+        q0, q1 = self.critic(s.obs)
+        return rc.mse_loss(rc.gather(q0, s.action), target) + rc.mse_loss(rc.gather(q1, s.action), target)
+
+    def _update(self, stored, with_target: bool):
+        s = self.buffer.sample_on_device(self.config.batch_size, stored)
+        alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
+        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, alpha), self.critic.parameters(),
+                                                   self.critic_optimizer)
+        with rc.no_grad():
+            min_q = rc.stop_gradient(self.critic.min(s.obs))  # [actions, B], after the critics' update
+        policy = {}
+
+        def actor_loss():
+            policy["probs"], policy["log_probs"] = self._policy_distribution(s.obs)  # [actions, B]
+            return rc.mean(rc.sum(policy["probs"] * (alpha * policy["log_probs"] - min_q), dim=0))
+
+        actor_loss, _ = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        outputs = [critic_loss, actor_loss, alpha]
+        if self.tune_alpha:
+            # the policy's entropy minus the target, the expectation taken over its own probabilities
+            entropy_gap = rc.stop_gradient(rc.sum(policy["probs"] * policy["log_probs"], dim=0) + self.target_entropy)
+            ent_coef_loss, _ = rc.capturing.update_step(
+                lambda: -rc.mean(self.ent_coef.log_alpha * entropy_gap), self.ent_coef.parameters(),
+                self.ent_coef_optimizer)
+            outputs.append(ent_coef_loss)
+        if with_target:
+            self._update_target(self.config.tau)
+        return tuple(outputs)
+
+    def _train(self, gradient_steps: int) -> dict[str, float]:
+        stored = np.array([[len(self.buffer)]], np.float32)
+        for _ in range(gradient_steps):
+            self._n_updates += 1
+            with_target = self._n_updates % self.config.target_update_interval == 0
+            outputs = [float(np.asarray(v).reshape(-1)[0]) for v in self._steps[with_target](stored=stored)]
+        scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
+                   "train/learning_rate": self.actor_optimizer.lr}
+        if self.tune_alpha:
+            scalars["train/ent_coef_loss"] = outputs[3]
+        return scalars
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        with rc.no_grad():
+            logits = self.actor(rc.tensor(np.asfortranarray(obs.T)))  # [actions, n]
+            action = rc.argmax(logits) if deterministic else rc.sample_categorical(logits)
+            return action.numpy().T  # [n, 1] i32
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        """A sample of the policy (drawn on the device)."""
+        return self._policy(obs, deterministic=False)
+
+    def _state_objects(self) -> dict:
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                "ent_coef": self.ent_coef, "actor_optimizer": self.actor_optimizer,
+                "critic_optimizer": self.critic_optimizer, "ent_coef_optimizer": self.ent_coef_optimizer}

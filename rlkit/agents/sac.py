@@ -1,0 +1,231 @@
+"""SAC (Haarnoja et al., 2018) for continuous actions: a tanh-squashed Gaussian policy, twin
+critics whose minimum makes the soft target, and the entropy coefficient tuned automatically
+toward a target entropy; on a Gymnasium environment with a bounded Box action space.
+
+Each gradient step is one captured program: a batch sampled on the device from the replay
+buffer, the critics' update, the actor's update, the entropy coefficient's update and the
+polyak update of the target critics; the policy's noise is drawn on the device too. Acting is
+one forward of the actor per environment step. Actions live in [-1, 1] (the tanh) and are
+rescaled to the space's bounds on their way to the environment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_positive_number, mlp
+from rlkit.agents.td3 import Critics
+from rlkit.buffers import ReplayBuffer
+from rlkit.core._checks import positive_int
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the policy's log standard deviation is clamped here
+HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@dataclass
+class SACConfig:
+    """Hyperparameters (the defaults are RL Zoo's tuned Pendulum-v1 settings, which keep
+    Stable-Baselines3's SAC defaults but the learning rate)."""
+
+    learning_rate: float = 1e-3
+    """Adam's learning rate, for the actor, the critics and the entropy coefficient."""
+    buffer_size: int = 1_000_000
+    """Transitions the replay buffer holds."""
+    learning_starts: int = 100
+    """Environment steps taken with uniform random actions before the first gradient step."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics' update."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 1
+    """Environment steps between rounds of gradient steps."""
+    gradient_steps: int = 1
+    """Gradient steps per round."""
+    ent_coef: float | str = "auto"
+    """The entropy coefficient alpha: a fixed number, or "auto" (tuned, starting at 1) or
+    "auto_<x>" (tuned, starting at x)."""
+    target_entropy: float | str = "auto"
+    """The entropy the tuning aims at; "auto" is minus the number of action dimensions."""
+    target_update_interval: int = 1
+    """Gradient steps between target-critic updates."""
+    n_critics: int = 2
+    """Critics whose minimum makes the target (clipped double Q)."""
+    net_arch: tuple[int, ...] = field(default=(256, 256))
+    """Hidden layer sizes of the actor and of each critic."""
+    n_envs: int = 1
+    """Environments stepped together (a vector environment made from the id when > 1)."""
+    log_interval: int = 1000
+    """Environment steps between TensorBoard writes."""
+
+    def __post_init__(self):
+        check_common_fields(self)
+        for name in ("target_update_interval", "n_critics"):
+            positive_int(getattr(self, name), f"SACConfig: {name}")
+        if not self.net_arch:
+            raise ValueError("SACConfig: net_arch needs at least one hidden layer")
+        initial_ent_coef(self.ent_coef)
+        if self.target_entropy != "auto" and (isinstance(self.target_entropy, (bool, str))
+                                              or not math.isfinite(float(self.target_entropy))):
+            raise ValueError(f"SACConfig: target_entropy must be a finite number or 'auto', got {self.target_entropy!r}")
+        check_positive_number(self, "learning_rate")
+
+
+def initial_ent_coef(ent_coef) -> tuple[float, bool]:
+    """(starting alpha, whether it is tuned) from a config's ``ent_coef``."""
+    if isinstance(ent_coef, str) and (ent_coef == "auto" or ent_coef.startswith("auto_")):
+        try:
+            value = 1.0 if ent_coef == "auto" else float(ent_coef[len("auto_"):])
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return value, True
+    elif isinstance(ent_coef, (int, float)) and not isinstance(ent_coef, bool) and 0 < ent_coef < math.inf:
+        return float(ent_coef), False
+    raise ValueError(f"ent_coef must be a positive number, 'auto' or 'auto_<positive number>', got {ent_coef!r}")
+
+
+class GaussianActor(rc.nn.Module):
+    """The policy: an MLP trunk, then the mean and log standard deviation of a Gaussian whose
+    samples are squashed by tanh into [-1, 1]."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.trunk = mlp((n_obs, *hidden), final_activation=True)
+        self.mu = mlp((hidden[-1], n_actions), final_activation=False)
+        self.log_std = mlp((hidden[-1], n_actions), final_activation=False)
+
+    def forward(self, obs):
+        """The deterministic action tanh(mean): [actions, B]."""
+        return rc.tanh(self.mu(self.trunk(obs)))
+
+    def sample(self, obs):
+        """(action [actions, B], its log-probability [1, B]), reparameterised: a = tanh(u),
+        u = mean + std * eps. log pi(a) = log N(u) - sum log(1 - tanh(u)^2), the second term
+        written as 2 (log 2 - u - softplus(-2u)), which stays finite where tanh saturates."""
+        features = self.trunk(obs)  # [hidden, B]
+        mu = self.mu(features)  # [actions, B]
+        log_std = rc.clamp(self.log_std(features), LOG_STD_MIN, LOG_STD_MAX)  # [actions, B]
+        eps = rc.randn(mu.shape)  # [actions, B]
+        u = mu + rc.exp(log_std) * eps
+        gaussian = -0.5 * rc.square(eps) - log_std - HALF_LOG_TWO_PI  # log N(u; mu, std), per dimension
+        squash = 2.0 * (math.log(2.0) - u - rc.softplus(-2.0 * u))  # log(1 - tanh(u)^2)
+        return rc.tanh(u), rc.sum(gaussian - squash, dim=0)  # [actions, B], [1, B]
+
+
+class EntropyCoefficient(rc.nn.Module):
+    """log alpha, a trained scalar (the log keeps alpha positive)."""
+
+    def __init__(self, initial: float):
+        super().__init__()
+        self.log_alpha = rc.param(np.array([[math.log(initial)]]))  # [1, 1]
+
+
+class SAC(OffPolicyAgent):
+    """SAC on ``env`` (a Gymnasium environment, its id, or a vector environment) with
+    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/SAC_<N>``."""
+
+    algo = "SAC"
+    config_class = SACConfig
+
+    def _check_spaces(self) -> None:
+        import gymnasium as gym
+
+        space = self.action_space
+        if not isinstance(space, gym.spaces.Box) or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+            raise ValueError(f"SAC needs a bounded Box action space, got {space}")
+        if not isinstance(self.observation_space, gym.spaces.Box):
+            raise ValueError(f"SAC needs a Box observation space, got {self.observation_space}")
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.n_actions = int(np.prod(self.action_space.shape))
+        alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
+        self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
+        self.actor = GaussianActor(self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.ent_coef = EntropyCoefficient(alpha)
+        self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
+        self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
+        self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, self.n_actions, n_envs=self.lanes.n,
+                                   gamma=cfg.gamma, seed=self.seed)
+        self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
+        params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
+                  *self.critic_target.parameters().values(), self.ent_coef.log_alpha]
+        self._steps = {with_target: rc.capture(lambda stored, t=with_target: self._update(stored, t), params)
+                       for with_target in (False, True)}
+        self._n_updates = 0
+
+    # ---- the update (traced once per variant, then replayed) ----------------------------------
+
+    def _critic_loss(self, s, alpha):
+        """Half the summed mean squared errors of the critics against the soft target
+        r + gamma (1 - done) (min Q_target(s', a') - alpha log pi(a' | s'))."""
+        with rc.no_grad():
+            next_action, next_log_prob = self.actor.sample(s.next_obs)  # [actions, B], [1, B]
+            next_q = self.critic_target.min(s.next_obs, next_action) - alpha * next_log_prob  # [1, B]
+            target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_q)  # [1, B]
+        losses = [rc.mse_loss(q, target) for q in self.critic(s.obs, s.action)]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return 0.5 * total
+
+    def _update(self, stored, with_target: bool):
+        s = self.buffer.sample_on_device(self.config.batch_size, stored)
+        alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
+        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, alpha), self.critic.parameters(),
+                                                   self.critic_optimizer)
+        sampled = {}
+
+        def actor_loss():
+            action, sampled["log_prob"] = self.actor.sample(s.obs)  # [actions, B], [1, B]
+            return rc.mean(alpha * sampled["log_prob"] - self.critic.min(s.obs, action))
+
+        actor_loss, _ = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        outputs = [critic_loss, actor_loss, alpha]
+        if self.tune_alpha:
+            error = rc.stop_gradient(sampled["log_prob"] + self.target_entropy)  # [1, B]
+            ent_coef_loss, _ = rc.capturing.update_step(
+                lambda: -rc.mean(self.ent_coef.log_alpha * error), self.ent_coef.parameters(), self.ent_coef_optimizer)
+            outputs.append(ent_coef_loss)
+        if with_target:
+            self._update_target(self.config.tau)
+        return tuple(outputs)
+
+    def _train(self, gradient_steps: int) -> dict[str, float]:
+        stored = np.array([[len(self.buffer)]], np.float32)
+        for _ in range(gradient_steps):
+            self._n_updates += 1
+            with_target = self._n_updates % self.config.target_update_interval == 0
+            outputs = [float(np.asarray(v).reshape(-1)[0]) for v in self._steps[with_target](stored=stored)]
+        scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
+                   "train/learning_rate": self.actor_optimizer.lr}
+        if self.tune_alpha:
+            scalars["train/ent_coef_loss"] = outputs[3]
+        return scalars
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        with rc.no_grad():
+            obs_t = rc.tensor(np.asfortranarray(obs.T))  # [obs, n]
+            action = self.actor(obs_t) if deterministic else self.actor.sample(obs_t)[0]
+            return action.numpy().T  # [n, actions]
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        """A sample of the policy (its noise drawn on the device)."""
+        return self._policy(obs, deterministic=False)
+
+    def _state_objects(self) -> dict:
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                "ent_coef": self.ent_coef, "actor_optimizer": self.actor_optimizer,
+                "critic_optimizer": self.critic_optimizer, "ent_coef_optimizer": self.ent_coef_optimizer}

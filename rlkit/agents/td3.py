@@ -1,0 +1,217 @@
+"""TD3 (Fujimoto et al., 2018): twin critics whose minimum is the target, target-policy
+smoothing noise, and actor and target updates delayed to every ``policy_delay`` critic updates;
+on a Gymnasium environment with a bounded Box action space.
+
+Each gradient step is one captured program: a batch sampled on the device from the replay
+buffer, the critics' update and, every ``policy_delay``-th step, the actor's update and the
+polyak update of all targets. Acting is one forward of the actor per environment step, with
+Gaussian exploration noise added on the host. Actions live in [-1, 1] (the actor's tanh) and
+are rescaled to the space's bounds on their way to the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.agents.common import (
+    OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
+)
+from rlkit.buffers import ReplayBuffer
+from rlkit.core._checks import positive_int
+
+
+@dataclass
+class TD3Config:
+    """Hyperparameters (the defaults are RL Zoo's tuned Pendulum-v1 settings)."""
+
+    learning_rate: float = 1e-3
+    """Adam's learning rate, for the actor and the critics."""
+    buffer_size: int = 200_000
+    """Transitions the replay buffer holds."""
+    learning_starts: int = 10_000
+    """Environment steps taken with uniform random actions before the first gradient step."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target updates."""
+    gamma: float = 0.98
+    """Discount factor."""
+    train_freq: int = 1
+    """Environment steps between rounds of gradient steps."""
+    gradient_steps: int = 1
+    """Gradient steps per round."""
+    action_noise_std: float = 0.1
+    """Standard deviation of the Gaussian exploration noise, in the [-1, 1] action scale."""
+    policy_delay: int = 2
+    """Critic updates per actor (and target) update."""
+    target_policy_noise: float = 0.2
+    """Standard deviation of the smoothing noise on the target actions."""
+    target_noise_clip: float = 0.5
+    """The smoothing noise is clipped to +- this."""
+    n_critics: int = 2
+    """Critics whose minimum makes the target (clipped double Q)."""
+    net_arch: tuple[int, ...] = field(default=(400, 300))
+    """Hidden layer sizes of the actor and of each critic."""
+    n_envs: int = 1
+    """Environments stepped together (a vector environment made from the id when > 1)."""
+    log_interval: int = 1000
+    """Environment steps between TensorBoard writes."""
+
+    def __post_init__(self):
+        check_common_fields(self)
+        for name in ("policy_delay", "n_critics"):
+            positive_int(getattr(self, name), f"{type(self).__name__}: {name}")
+        for name in ("action_noise_std", "target_policy_noise", "target_noise_clip"):
+            check_in_range(self, name, 0.0, 10.0)
+        if not self.net_arch:
+            raise ValueError(f"{type(self).__name__}: net_arch needs at least one hidden layer")
+        check_positive_number(self, "learning_rate")
+
+
+class Actor(rc.nn.Module):
+    """The deterministic policy: an MLP ending in tanh, actions in [-1, 1]."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.net = mlp((n_obs, *hidden, n_actions), final_activation=False)
+
+    def forward(self, obs):
+        return rc.tanh(self.net(obs))  # [actions, B]
+
+
+class Critic(rc.nn.Module):
+    """Q(s, a): an MLP on the observation and the action stacked as rows."""
+
+    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.net = mlp((n_obs + n_actions, *hidden, 1), final_activation=False)
+
+    def forward(self, obs, action):
+        return self.net(rc.concat_rows(obs, action))  # [1, B]
+
+
+class Critics(rc.nn.Module):
+    """``n`` independent critics, listed as ``q0``, ``q1``, ..."""
+
+    def __init__(self, n: int, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.n = n
+        for i in range(n):
+            setattr(self, f"q{i}", Critic(n_obs, n_actions, hidden))
+
+    def forward(self, obs, action) -> list:
+        return [getattr(self, f"q{i}")(obs, action) for i in range(self.n)]  # n x [1, B]
+
+    def min(self, obs, action):
+        """The smallest of the critics' values: [1, B]."""
+        values = self(obs, action)
+        smallest = values[0]
+        for value in values[1:]:
+            smallest = rc.minimum(smallest, value)
+        return smallest
+
+
+class TD3(OffPolicyAgent):
+    """TD3 on ``env`` (a Gymnasium environment, its id, or a vector environment) with
+    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/TD3_<N>``."""
+
+    algo = "TD3"
+    config_class = TD3Config
+
+    def _check_spaces(self) -> None:
+        import gymnasium as gym
+
+        space = self.action_space
+        if not isinstance(space, gym.spaces.Box) or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+            raise ValueError(f"{self.algo} needs a bounded Box action space, got {space}")
+        if not isinstance(self.observation_space, gym.spaces.Box):
+            raise ValueError(f"{self.algo} needs a Box observation space, got {self.observation_space}")
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.n_actions = int(np.prod(self.action_space.shape))
+        self.actor = Actor(self.n_obs, self.n_actions, cfg.net_arch)
+        self.actor_target = Actor(self.n_obs, self.n_actions, cfg.net_arch)
+        self.actor_target.load_state_dict(self.actor.state_dict())
+        self.critic = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
+        self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, self.n_actions, n_envs=self.lanes.n,
+                                   gamma=cfg.gamma, seed=self.seed)
+        self._update_targets = [Polyak(self.critic_target.parameters(), self.critic.parameters()),
+                                Polyak(self.actor_target.parameters(), self.actor.parameters())]
+        params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
+                  *self.actor_target.parameters().values(), *self.critic_target.parameters().values()]
+        self._critic_step = rc.capture(lambda stored: self._update(stored, with_actor=False), params)
+        self._full_step = rc.capture(lambda stored: self._update(stored, with_actor=True), params)
+        self._n_updates = 0
+
+    # ---- the update (traced once per variant, then replayed) ----------------------------------
+
+    def _critic_loss(self, s):
+        """Mean squared TD error of every critic against the clipped double-Q target, summed."""
+        cfg = self.config
+        with rc.no_grad():
+            next_action = self.actor_target(s.next_obs)  # [actions, B]
+            if cfg.target_policy_noise > 0:
+                noise = rc.clamp(rc.scale(rc.randn(next_action.shape), cfg.target_policy_noise),
+                                 -cfg.target_noise_clip, cfg.target_noise_clip)
+                next_action = rc.clamp(next_action + noise, -1.0, 1.0)
+            next_q = self.critic_target.min(s.next_obs, next_action)  # [1, B]
+            target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_q)  # [1, B]
+        losses = [rc.mse_loss(q, target) for q in self.critic(s.obs, s.action)]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total
+
+    def _actor_loss(self, s):
+        """-Q of the first critic at the actor's actions, averaged over the batch."""
+        return -rc.mean(self.critic.q0(s.obs, self.actor(s.obs)))
+
+    def _update(self, stored, with_actor: bool):
+        s = self.buffer.sample_on_device(self.config.batch_size, stored)
+        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
+                                                   self.critic_optimizer)
+        if not with_actor:
+            return critic_loss, rc.full((1, 1), float("nan"))
+        actor_loss, _ = rc.capturing.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
+                                                  self.actor_optimizer)
+        for update in self._update_targets:
+            update(self.config.tau)
+        return critic_loss, actor_loss
+
+    def _train(self, gradient_steps: int) -> dict[str, float]:
+        stored = np.array([[len(self.buffer)]], np.float32)
+        scalars = {}
+        for _ in range(gradient_steps):
+            self._n_updates += 1
+            with_actor = self._n_updates % self.config.policy_delay == 0
+            critic_loss, actor_loss = (self._full_step if with_actor else self._critic_step)(stored=stored)
+            scalars["train/critic_loss"] = float(critic_loss.reshape(-1)[0])
+            if with_actor:
+                scalars["train/actor_loss"] = float(actor_loss.reshape(-1)[0])
+        scalars["train/learning_rate"] = self.actor_optimizer.lr
+        return scalars
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        with rc.no_grad():
+            return self.actor(rc.tensor(np.asfortranarray(obs.T))).numpy().T  # [n, actions]
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        """The actor's actions plus Gaussian noise, clipped to [-1, 1]."""
+        actions = self._policy(obs, deterministic=True)
+        noise = self._rng.normal(0.0, self.config.action_noise_std, actions.shape)
+        return np.clip(actions + noise, -1.0, 1.0).astype(np.float32)
+
+    def _state_objects(self) -> dict:
+        return {"actor": self.actor, "actor_target": self.actor_target, "critic": self.critic,
+                "critic_target": self.critic_target, "actor_optimizer": self.actor_optimizer,
+                "critic_optimizer": self.critic_optimizer}

@@ -1,0 +1,309 @@
+"""The agent set beside DQN (DDPG, TD3, SAC, discrete SAC) and what every agent shares: smoke
+runs of every agent and option on both backends, the losses against numpy on fixed batches,
+the squashed Gaussian's log-probability, SB3's TensorBoard tags, save/load, vector
+environments, action rescaling, seeding and bad input. The learning gates are at the end."""
+
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import rlkit.core as rc
+from rlkit.agents import (
+    ALGOS, DDPG, DQN, SAC, TD3, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
+)
+from rlkit.agents.common import EnvLanes
+from rlkit.buffers import ReplaySamples
+
+SMALL = dict(learning_starts=100, net_arch=(32, 32), batch_size=32, buffer_size=2000, log_interval=100)
+
+SMOKE = [
+    ("dqn", DQN, "CartPole-v1", DQNConfig(**SMALL, train_freq=4, gradient_steps=1)),
+    ("dqn-double-dueling", DQN, "CartPole-v1", DQNConfig(**SMALL, train_freq=4, gradient_steps=1, double=True, dueling=True)),
+    ("dqn-n-step", DQN, "CartPole-v1", DQNConfig(**SMALL, train_freq=4, gradient_steps=1, n_steps=3)),
+    ("dqn-prioritized", DQN, "CartPole-v1", DQNConfig(**SMALL, train_freq=4, gradient_steps=1, prioritized=True, n_steps=2)),
+    ("ddpg", DDPG, "Pendulum-v1", DDPGConfig(**SMALL)),
+    ("td3", TD3, "Pendulum-v1", TD3Config(**SMALL)),
+    ("sac", SAC, "Pendulum-v1", SACConfig(**SMALL)),
+    ("sac-fixed-alpha", SAC, "Pendulum-v1", SACConfig(**SMALL, ent_coef=0.2)),
+    ("discrete-sac", DiscreteSAC, "CartPole-v1", DiscreteSACConfig(**SMALL)),
+]
+
+
+@pytest.mark.parametrize("name, cls, env, config", SMOKE, ids=[s[0] for s in SMOKE])
+def test_smoke_every_agent_and_option(device, name, cls, env, config, tmp_path):
+    """A few hundred steps: the captured updates record once and replay, the losses stay
+    finite, the scalars reach TensorBoard, and the buffer holds every step."""
+    agent = cls(env, config, seed=0, logdir=str(tmp_path), device=device)
+    agent.learn(300)
+    assert agent.num_timesteps == 300 and len(agent.buffer) == 300
+    assert agent.buffer._obs.device == device
+    losses = [v for k, v in agent._train_scalars.items() if k.endswith("loss")]
+    assert losses and all(np.isfinite(losses)), agent._train_scalars
+    acc = EventAccumulator(agent.log_path)
+    acc.Reload()
+    assert {"rollout/ep_rew_mean", "time/fps", "train/learning_rate"} <= set(acc.Tags()["scalars"])
+    action = agent.predict(agent.observation_space.sample())
+    assert agent.action_space.contains(action if agent.discrete else np.asarray(action, np.float32))
+
+
+def test_sb3_tags_and_hyperparameters_of_sac_and_td3(tmp_path):
+    for cls, config, tags in (
+            (SAC, SACConfig(**SMALL), {"train/actor_loss", "train/critic_loss", "train/ent_coef",
+                                        "train/ent_coef_loss"}),
+            (TD3, TD3Config(**SMALL), {"train/actor_loss", "train/critic_loss"})):
+        agent = cls("Pendulum-v1", config, seed=0, logdir=str(tmp_path))
+        agent.learn(400)
+        assert agent.log_path == str(tmp_path / f"{cls.algo}_1")
+        acc = EventAccumulator(agent.log_path)
+        acc.Reload()
+        assert tags | {"rollout/ep_rew_mean", "rollout/ep_len_mean", "time/fps"} <= set(acc.Tags()["scalars"])
+        assert [e.value for e in acc.Scalars("rollout/ep_len_mean")][-1] == 200  # Pendulum's 200-step episodes
+    agent.learn(100)  # a second learn call opens the next run folder, as SB3 numbers them
+    assert agent.log_path == str(tmp_path / "TD3_2")
+
+
+# ---- the losses against numpy ------------------------------------------------------------------
+
+def _fixed_batch(n_obs, action, rng, batch, gamma):
+    obs, next_obs = (np.asfortranarray(rng.standard_normal((n_obs, batch)), np.float32) for _ in range(2))
+    reward = rng.standard_normal((1, batch)).astype(np.float32)
+    done = (rng.random((1, batch)) < 0.3).astype(np.float32)
+    samples = ReplaySamples(obs=rc.tensor(obs), action=rc.tensor(action), reward=rc.tensor(reward),
+                            next_obs=rc.tensor(next_obs), done=rc.tensor(done),
+                            discount=rc.tensor(np.full((1, batch), gamma, np.float32)), index=None)
+    return samples, obs, next_obs, reward, done
+
+
+def _run(net, x):
+    with rc.no_grad():
+        return net(rc.tensor(np.asfortranarray(x, np.float32))).numpy()
+
+
+def test_td3_critic_loss_matches_numpy():
+    """Without smoothing noise the TD3 target is deterministic: r + gamma (1 - d) min_i
+    Q'_i(s', pi'(s')), and the loss sums each critic's mean squared error."""
+    agent = TD3("Pendulum-v1", TD3Config(net_arch=(16,), target_policy_noise=0.0), seed=2)
+    rng = np.random.default_rng(0)
+    for net in (agent.actor_target, agent.critic_target):  # make the targets differ from the online nets
+        net.load_state_dict({k: (v + 0.3 * rng.standard_normal(v.shape)).astype(np.float32)
+                             for k, v in net.state_dict().items()})
+    action = np.asfortranarray(rng.uniform(-1, 1, (1, 24)), np.float32)
+    s, obs, next_obs, reward, done = _fixed_batch(3, action, rng, 24, agent.config.gamma)
+    with rc.no_grad():
+        loss = float(agent._critic_loss(s).numpy().ravel()[0])
+    next_action = _run(agent.actor_target, next_obs)
+    stacked = np.vstack([next_obs, next_action])
+    next_q = np.minimum(_run(agent.critic_target.q0.net, stacked), _run(agent.critic_target.q1.net, stacked))
+    target = reward + agent.config.gamma * (1 - done) * next_q
+    current = [_run(q.net, np.vstack([obs, action])) for q in (agent.critic.q0, agent.critic.q1)]
+    expected = sum(np.mean((q - target) ** 2) for q in current)
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_discrete_sac_losses_match_numpy():
+    """The soft target takes the expectation over the policy: sum_a' pi(a'|s') (min Q'(s', a')
+    - alpha log pi(a'|s')); the actor's loss is sum_a pi(a|s) (alpha log pi(a|s) - min Q(s, a))."""
+    agent = DiscreteSAC("CartPole-v1", DiscreteSACConfig(net_arch=(16,), ent_coef=0.3), seed=3)
+    rng = np.random.default_rng(1)
+    agent.critic_target.load_state_dict({k: (v + 0.3 * rng.standard_normal(v.shape)).astype(np.float32)
+                                         for k, v in agent.critic_target.state_dict().items()})
+    action = rng.integers(0, 2, (1, 20)).astype(np.int32)
+    s, obs, next_obs, reward, done = _fixed_batch(4, action, rng, 20, agent.config.gamma)
+    alpha = 0.3
+    with rc.no_grad():
+        loss = float(agent._critic_loss(s, rc.full((1, 1), alpha)).numpy().ravel()[0])
+
+    def policy(x):
+        logits = _run(agent.actor, x)
+        log_probs = logits - logits.max(0) - np.log(np.exp(logits - logits.max(0)).sum(0))
+        return np.exp(log_probs), log_probs
+
+    probs, log_probs = policy(next_obs)
+    next_q = np.minimum(_run(agent.critic_target.q0, next_obs), _run(agent.critic_target.q1, next_obs))
+    target = reward + agent.config.gamma * (1 - done) * np.sum(probs * (next_q - alpha * log_probs), axis=0)
+    columns = np.arange(20)
+    expected = sum(np.mean((_run(q, obs)[action[0], columns] - target[0]) ** 2)
+                   for q in (agent.critic.q0, agent.critic.q1))
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_squashed_gaussian_log_probability_matches_numpy():
+    """log pi(a) = sum over action dims of log N(u; mu, std) - log(1 - tanh(u)^2), a = tanh(u),
+    with the noise drawn again from the same seed; the saturated case stays finite."""
+    agent = SAC("Pendulum-v1", SACConfig(net_arch=(16,)), seed=4)
+    actor = agent.actor
+    obs = np.asfortranarray(np.random.default_rng(2).standard_normal((3, 40)), np.float32)
+    rc.manual_seed(9)
+    eps = rc.randn((1, 40)).numpy()
+    rc.manual_seed(9)
+    with rc.no_grad():
+        action, log_prob = (t.numpy() for t in actor.sample(rc.tensor(obs)))
+        features = actor.trunk(rc.tensor(obs))
+        mu, log_std = actor.mu(features).numpy(), np.clip(actor.log_std(features).numpy(), -20, 2)
+    u = mu + np.exp(log_std) * eps
+    expected = np.sum(-0.5 * eps ** 2 - log_std - 0.5 * np.log(2 * np.pi) - np.log(1 - np.tanh(u) ** 2), axis=0)
+    np.testing.assert_allclose(action, np.tanh(u), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(log_prob[0], expected, rtol=1e-4, atol=1e-4)
+    with rc.no_grad():  # far into tanh's saturation 1 - tanh(u)^2 rounds to 0; the log-probability does not
+        huge = rc.tensor(np.full((3, 4), 1e4, np.float32))
+        assert np.all(np.isfinite(actor.sample(huge)[1].numpy()))
+
+
+def test_sac_entropy_coefficient_moves_toward_the_target_entropy():
+    """A policy with far more entropy than the target lowers alpha; the update is captured."""
+    agent = SAC("Pendulum-v1", SACConfig(**SMALL, target_entropy=-20.0), seed=5)
+    agent.learn(400)
+    assert agent._train_scalars["train/ent_coef"] < 0.9  # alpha starts at 1 and falls
+    high = SAC("Pendulum-v1", SACConfig(**SMALL, target_entropy=5.0), seed=5)
+    high.learn(400)
+    assert high._train_scalars["train/ent_coef"] > 1.1  # an unreachable entropy raises it
+    assert agent._steps[True].traces == 1
+
+
+# ---- save and load, seeding -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls, env, config", [
+    (DDPG, "Pendulum-v1", DDPGConfig(**SMALL)), (TD3, "Pendulum-v1", TD3Config(**SMALL)),
+    (SAC, "Pendulum-v1", SACConfig(**SMALL)), (DiscreteSAC, "CartPole-v1", DiscreteSACConfig(**SMALL))])
+def test_saved_agent_acts_identically(cls, env, config, tmp_path):
+    agent = cls(env, config, seed=1)
+    agent.learn(300)
+    path = str(tmp_path / "agent.safetensors")
+    agent.save(path)
+    loaded = cls.load(path)
+    obs = np.stack([agent.observation_space.sample() for _ in range(30)]).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs), agent.predict(obs))
+    assert loaded.num_timesteps == 300 and loaded.config == agent.config
+    with pytest.raises(ValueError, match=f"holds a '{cls.algo}' agent, not DQN"):
+        DQN.load(path)
+
+
+@pytest.mark.parametrize("cls, env, config", [
+    (SAC, "Pendulum-v1", SACConfig(**SMALL)), (TD3, "Pendulum-v1", TD3Config(**SMALL)),
+    (DiscreteSAC, "CartPole-v1", DiscreteSACConfig(**SMALL))])
+def test_the_same_seed_gives_the_same_run_twice(cls, env, config):
+    weights = []
+    for _ in range(2):
+        agent = cls(env, config, seed=3)
+        agent.learn(500)
+        weights.append(agent.actor.state_dict())
+    for name, value in weights[0].items():
+        np.testing.assert_array_equal(weights[1][name], value, err_msg=name)
+
+
+# ---- environments -----------------------------------------------------------------------------------
+
+def test_vector_environment_lanes_keep_final_observations():
+    """Four CartPoles cut at 7 steps: every truncated lane's stored next observation is the
+    episode's last one (not the next episode's first), as the same envs stepped alone show."""
+    def make():
+        return gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7)
+
+    vector = gym.vector.SyncVectorEnv([make] * 4, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    lanes = EnvLanes(vector, seed=11)
+    singles = [make() for _ in range(4)]
+    obs = lanes.reset()
+    for i, env in enumerate(singles):
+        np.testing.assert_array_equal(env.reset(seed=11 + i)[0], obs[i])
+    for step in range(20):
+        actions = np.array([(step + i) % 2 for i in range(4)])
+        next_obs, _, terminated, truncated, true_next = lanes.step(actions)
+        for i, env in enumerate(singles):
+            expected, _, term, trunc, _ = env.step(actions[i])
+            np.testing.assert_array_equal(true_next[i], expected)
+            assert (term, trunc) == (terminated[i], truncated[i])
+            if term or trunc:
+                np.testing.assert_array_equal(next_obs[i], env.reset()[0])
+                assert not np.array_equal(next_obs[i], true_next[i])
+
+
+def test_agent_on_a_vector_environment(tmp_path):
+    config = DQNConfig(**SMALL, train_freq=2, gradient_steps=1, n_envs=4)
+    agent = DQN("CartPole-v1", config, seed=0, logdir=str(tmp_path))
+    agent.learn(400)
+    assert agent.lanes.n == 4 and agent.num_timesteps == 400 and len(agent.buffer) == 400
+    with pytest.raises(ValueError, match="SAME_STEP"):
+        DQN(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
+    with pytest.raises(ValueError, match="needs an environment id"):
+        DQN(gym.make("CartPole-v1"), config)
+
+
+def test_box_actions_are_rescaled_to_the_space():
+    env = gym.wrappers.RescaleAction(gym.make("Pendulum-v1"), np.float32(0.0), np.float32(4.0))
+    agent = SAC(env, SACConfig(net_arch=(8,)), seed=0)
+    np.testing.assert_allclose(agent._to_env_action(np.array([[-1.0], [0.0], [1.0], [3.0]])).ravel(),
+                               [0.0, 2.0, 4.0, 4.0])
+    for _ in range(20):
+        assert 0.0 <= agent.predict(env.observation_space.sample(), deterministic=False)[0] <= 4.0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="bounded Box action space"):
+        SAC("CartPole-v1")
+    with pytest.raises(ValueError, match="bounded Box action space"):
+        TD3("CartPole-v1")
+    with pytest.raises(ValueError, match="Discrete action space"):
+        DiscreteSAC("Pendulum-v1")
+    with pytest.raises(TypeError, match="config must be a SACConfig"):
+        SAC("Pendulum-v1", TD3Config())
+    with pytest.raises(ValueError, match="ent_coef must be"):
+        SACConfig(ent_coef="autox")
+    with pytest.raises(ValueError, match="ent_coef must be"):
+        SACConfig(ent_coef=-1.0)
+    with pytest.raises(ValueError, match="target_entropy must be"):
+        SACConfig(target_entropy=float("nan"))
+    with pytest.raises(ValueError, match="policy_delay must be a positive int"):
+        TD3Config(policy_delay=0)
+    with pytest.raises(ValueError, match="learning_rate must be a positive number"):
+        DDPGConfig(learning_rate=0.0)
+    with pytest.raises(ValueError, match="target_entropy_scale must lie"):
+        DiscreteSACConfig(target_entropy_scale=1.5)
+    with pytest.raises(ValueError, match="n_steps must be a positive int"):
+        DQNConfig(n_steps=0)
+    with pytest.raises(ValueError, match="do not match the observation space"):
+        SAC("Pendulum-v1", SACConfig(net_arch=(8,))).predict(np.zeros(5))
+    assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "sac", "td3"]
+
+
+# ---- learning gates (fixed seeds, CPU) ----------------------------------------------------------------
+
+RANDOM_PENDULUM = -1200.0  # about what uniform random actions score over 200 steps
+RANDOM_CARTPOLE = 22.0
+
+
+@pytest.mark.slow
+def test_learning_gate_sac_pendulum():
+    """At least -200 within 20k steps, RL Zoo's settings (SACConfig defaults), seed 0."""
+    agent = SAC("Pendulum-v1", seed=0)
+    agent.learn(20_000)
+    mean, _ = evaluate(agent, "Pendulum-v1", 10, seed=100)
+    assert mean >= -200, mean
+
+
+@pytest.mark.slow
+def test_learning_gate_td3_pendulum():
+    """At least -200 within 20k steps, RL Zoo's settings (TD3Config defaults), seed 0."""
+    agent = TD3("Pendulum-v1", seed=0)
+    agent.learn(20_000)
+    mean, _ = evaluate(agent, "Pendulum-v1", 10, seed=100)
+    assert mean >= -200, mean
+
+
+@pytest.mark.slow
+def test_learning_gate_ddpg_pendulum():
+    """Far above random within 6k steps (random actions score about -1200)."""
+    agent = DDPG("Pendulum-v1", DDPGConfig(learning_starts=1000, net_arch=(64, 64)), seed=0)
+    agent.learn(6000)
+    mean, _ = evaluate(agent, "Pendulum-v1", 10, seed=100)
+    assert mean >= RANDOM_PENDULUM + 700, mean
+
+
+@pytest.mark.slow
+def test_learning_gate_discrete_sac_cartpole():
+    """Far above random within 10k steps (random actions last about 22 steps)."""
+    agent = DiscreteSAC("CartPole-v1", seed=0)
+    agent.learn(10_000)
+    mean, _ = evaluate(agent, "CartPole-v1", 10, seed=100)
+    assert mean >= 10 * RANDOM_CARTPOLE, mean
