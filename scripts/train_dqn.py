@@ -1,5 +1,6 @@
 """The main job: DQN learns CartPole-v1 on the CPU, then its evaluation return is printed with
-where the TensorBoard logs are.
+where the TensorBoard logs are. Training evaluates every 5k steps and stops once the mean
+evaluation return reaches 475 (the learning gate), or after --steps.
 
     python scripts/train_dqn.py [--steps 50000] [--seed 0] [--logdir runs] [--device cpu]
 """
@@ -11,7 +12,7 @@ import os
 import sys
 import time
 
-from rlkit.agents import DQN, evaluate
+from rlkit.agents import DQN, EvalCallback, evaluate
 
 
 def main() -> int:
@@ -26,18 +27,24 @@ def main() -> int:
     print(f"DQN on CartPole-v1 ({args.device}), {args.steps} steps, seed {args.seed}")
     start = time.perf_counter()
 
+    gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, reward_threshold=475, seed=args.seed + 100)
+
     def report(agent, _locals):
+        go_on = gate(agent, _locals)
         if agent.num_timesteps % 5000 == 0:
             returns = _locals["stats"].means()
             shown = f"{returns[0]:7.1f}" if returns else "    -  "
             print(f"step {agent.num_timesteps:6d}  mean episode return (last 100) {shown}  "
+                  f"evaluation {gate.evaluations[-1][1]:6.1f}  "
                   f"{agent.num_timesteps / (time.perf_counter() - start):6.0f} steps/s")
+        return go_on
 
     agent.learn(args.steps, callback=report)
+    if agent.num_timesteps < args.steps:
+        print(f"the evaluation return reached 475 after {agent.num_timesteps} steps: training stops there")
     mean, std = evaluate(agent, "CartPole-v1", 10, seed=args.seed + 100)
-    runs = sorted(os.listdir(args.logdir))
     print(f"evaluation return over 10 episodes: {mean:.1f} +- {std:.1f}")
-    print(f"TensorBoard logs: {os.path.abspath(os.path.join(args.logdir, runs[-1]))}  "
+    print(f"TensorBoard logs: {os.path.abspath(agent.log_path)}  "
           f"(tensorboard --logdir {args.logdir})")
     return 0
 

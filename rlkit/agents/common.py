@@ -400,18 +400,58 @@ class OffPolicyAgent:
         return agent
 
 
-def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None) -> tuple[float, float]:
-    """Mean and standard deviation of the returns of ``n_episodes`` deterministic episodes."""
+class EvalCallback:
+    """A ``learn`` callback that evaluates the agent every ``eval_freq`` environment steps on
+    ``n_episodes`` deterministic episodes of ``env`` (logged as eval/mean_reward and
+    eval/mean_ep_length, as Stable-Baselines3 names them), keeps every result in
+    ``evaluations`` as (step, mean, std), and stops training once the mean reaches
+    ``reward_threshold`` when one is given."""
+
+    def __init__(self, env, eval_freq: int = 5000, n_episodes: int = 10, reward_threshold: float | None = None,
+                 seed: int | None = None):
+        self.env_id = env
+        self.eval_freq = positive_int(eval_freq, "EvalCallback: eval_freq")
+        self.n_episodes = positive_int(n_episodes, "EvalCallback: n_episodes")
+        self.reward_threshold, self.seed = reward_threshold, seed
+        self.evaluations: list[tuple[int, float, float]] = []
+        self._next = self.eval_freq
+
+    def __call__(self, agent, local_vars: dict) -> bool:
+        if agent.num_timesteps < self._next:
+            return True
+        self._next = agent.num_timesteps + self.eval_freq
+        lengths = []
+        mean, std = evaluate(agent, self.env_id, self.n_episodes, seed=self.seed, lengths=lengths)
+        self.evaluations.append((agent.num_timesteps, mean, std))
+        writer = local_vars.get("writer")
+        if writer is not None:
+            writer.add_scalar("eval/mean_reward", mean, agent.num_timesteps)
+            writer.add_scalar("eval/mean_ep_length", float(np.mean(lengths)), agent.num_timesteps)
+        return self.reward_threshold is None or mean < self.reward_threshold
+
+    @property
+    def best(self) -> float:
+        """The best mean evaluation return so far (-inf before the first evaluation)."""
+        return max((mean for _, mean, _ in self.evaluations), default=-math.inf)
+
+
+def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None,
+             lengths: list | None = None) -> tuple[float, float]:
+    """Mean and standard deviation of the returns of ``n_episodes`` deterministic episodes
+    (episode ``i`` reset with ``seed + i``); their lengths are appended to ``lengths`` if given."""
     if isinstance(n_episodes, bool) or not isinstance(n_episodes, int) or n_episodes < 1:
         raise ValueError(f"evaluate: n_episodes must be a positive int, got {n_episodes!r}")
     env = make_env(env, seed)
     returns = []
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=None if seed is None else seed + episode)
-        total, done = 0.0, False
+        total, steps, done = 0.0, 0, False
         while not done:
             obs, reward, terminated, truncated, _ = env.step(agent.predict(obs, deterministic=True))
             total += float(reward)
+            steps += 1
             done = terminated or truncated
         returns.append(total)
+        if lengths is not None:
+            lengths.append(steps)
     return float(np.mean(returns)), float(np.std(returns))

@@ -1,0 +1,122 @@
+"""Agents end to end: environment steps per second and wall-clock time to the learning gates,
+rlkit against Stable-Baselines3 with RL Zoo's tuned hyperparameters, on the same machine in the
+same run, the same environments and budgets, and the evaluation return each reached.
+
+    python scripts/bench_agents.py [--algos dqn,sac,td3,ddpg] [--seeds 0,1] [--device cpu]
+
+Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
+torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
+library; times are medians over the seeds, and the ratio is of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from rlkit.agents import DDPG, DQN, SAC, TD3, evaluate
+
+# RL Zoo's hyperparameters (hyperparams/{dqn,sac,td3,ddpg}.yml); rlkit's config defaults are the same.
+ZOO = {
+    "dqn": dict(env="CartPole-v1", steps=50_000, gate=475.0, rlkit=DQN,
+                sb3=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                         gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                         exploration_fraction=0.16, exploration_final_eps=0.04,
+                         policy_kwargs=dict(net_arch=[256, 256]))),
+    "sac": dict(env="Pendulum-v1", steps=20_000, gate=-200.0, rlkit=SAC, sb3=dict(learning_rate=1e-3)),
+    "td3": dict(env="Pendulum-v1", steps=20_000, gate=-200.0, rlkit=TD3,
+                sb3=dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
+                         learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300]))),
+    "ddpg": dict(env="Pendulum-v1", steps=20_000, gate=-200.0, rlkit=DDPG,
+                 sb3=dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
+                          learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300]))),
+}
+EVAL_EPISODES, EVAL_SEED = 10, 100
+
+
+def run_rlkit(algo: str, seed: int, device: str) -> tuple[float, float]:
+    """(seconds to train, evaluation return) of rlkit's agent with its default (RL Zoo) config."""
+    case = ZOO[algo]
+    agent = case["rlkit"](case["env"], seed=seed, device=device)
+    start = time.perf_counter()
+    agent.learn(case["steps"])
+    seconds = time.perf_counter() - start
+    return seconds, evaluate(agent, case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
+
+
+def run_sb3(algo: str, seed: int) -> tuple[float, float]:
+    """(seconds to train, evaluation return) of Stable-Baselines3 with RL Zoo's settings, on the CPU."""
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    case = ZOO[algo]
+    kwargs = dict(case["sb3"])
+    if algo in ("td3", "ddpg"):  # RL Zoo: noise_type normal, noise_std 0.1
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
+    model = getattr(sb3, algo.upper())("MlpPolicy", case["env"], seed=seed, device="cpu", **kwargs)
+    start = time.perf_counter()
+    model.learn(case["steps"])
+    seconds = time.perf_counter() - start
+
+    class Deterministic:  # rlkit's evaluate, so both libraries meet the same episodes
+        def predict(self, obs, deterministic=True):
+            return model.predict(obs, deterministic=True)[0]
+
+    return seconds, evaluate(Deterministic(), case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", default="dqn,sac,td3,ddpg")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-sb3", action="store_true", help="time rlkit only")
+    args = parser.parse_args()
+    algos = [a.strip().lower() for a in args.algos.split(",")]
+    unknown = [a for a in algos if a not in ZOO]
+    if unknown:
+        parser.error(f"unknown algorithm(s) {unknown}; expected some of {sorted(ZOO)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with_sb3 = not args.no_sb3
+    if with_sb3:
+        try:
+            import stable_baselines3  # noqa: F401
+        except ImportError:
+            print("Stable-Baselines3 is not installed (pip install stable-baselines3): timing rlkit only")
+            with_sb3 = False
+
+    rows = []
+    for algo in algos:
+        case = ZOO[algo]
+        ours, theirs = [], []
+        for seed in seeds:
+            ours.append(run_rlkit(algo, seed, args.device))
+            print(f"{algo} seed {seed} rlkit: {ours[-1][0]:.1f} s, return {ours[-1][1]:.1f}", flush=True)
+            if with_sb3:
+                theirs.append(run_sb3(algo, seed))
+                print(f"{algo} seed {seed} SB3:   {theirs[-1][0]:.1f} s, return {theirs[-1][1]:.1f}", flush=True)
+        rows.append((algo, case, ours, theirs))
+
+    print(f"\n| algorithm, env, steps | gate | rlkit ({args.device}) s | rlkit steps/s | rlkit returns "
+          "| SB3 s | SB3 steps/s | SB3 returns | steps/s ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for algo, case, ours, theirs in rows:
+        ours_s = statistics.median(s for s, _ in ours)
+        cells = [f"{algo.upper()}, {case['env']}, {case['steps'] // 1000}k", f">= {case['gate']:g}",
+                 f"{ours_s:.1f}", f"{case['steps'] / ours_s:.0f}", ", ".join(f"{r:.0f}" for _, r in ours)]
+        if theirs:
+            theirs_s = statistics.median(s for s, _ in theirs)
+            cells += [f"{theirs_s:.1f}", f"{case['steps'] / theirs_s:.0f}", ", ".join(f"{r:.0f}" for _, r in theirs),
+                      f"{theirs_s / ours_s:.1f}x"]
+        else:
+            cells += ["-", "-", "-", "-"]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
