@@ -2,7 +2,7 @@
 logging, saving, the polyak update on the device, config checks and evaluation.
 
 An agent subclasses :class:`OffPolicyAgent` and supplies its networks (``_build``), how it
-explores (``_explore``) and acts (``_policy``), its gradient steps (``_train``) and what it
+explores (``_explore``) and acts (``_act``), its gradient steps (``_train``) and what it
 saves (``_state_objects``); everything between the environment and those pieces is here.
 """
 
@@ -190,7 +190,7 @@ class OffPolicyAgent:
 
     Subclasses set ``algo`` and ``config_class`` and define ``_build`` (networks, optimizers,
     the replay buffer ``self.buffer`` and the captured updates), ``_explore`` (actions while
-    training), ``_policy`` (actions of ``predict``), ``_train`` (gradient steps) and
+    training), ``_act`` (the policy's forward, captured per batch size), ``_train`` (gradient steps) and
     ``_state_objects`` (what ``save`` writes).
     """
 
@@ -215,6 +215,7 @@ class OffPolicyAgent:
         self._n_calls = 0  # vector-environment steps taken
         self._last_obs: np.ndarray | None = None
         self._train_scalars: dict[str, float] = {}
+        self._acting: dict[bool, rc.capturing.Captured] = {}  # the captured policy, by determinism
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
@@ -234,9 +235,22 @@ class OffPolicyAgent:
         """Actions (in the buffer's space) for a batch of observations [n, n_obs] while training."""
         raise NotImplementedError
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """Actions (in the buffer's space) for observations [n, n_obs]."""
+    def _act(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """The policy's actions (in the buffer's space) for observations [n_obs, n]: [actions, n]."""
         raise NotImplementedError
+
+    def _policy_parameters(self) -> list[Tensor]:
+        """The parameters ``_act`` reads."""
+        raise NotImplementedError
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        """Actions (in the buffer's space) for observations [n, n_obs]: one replay of the
+        captured forward (one upload and one download on the GPU), no Python per op."""
+        act = self._acting.get(deterministic)
+        if act is None:
+            act = self._acting[deterministic] = rc.capture(
+                lambda obs: self._act(obs, deterministic), self._policy_parameters())
+        return act(obs=obs.T).T  # [n, actions]
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         """Runs gradient steps; returns the scalars to log (SB3's train/ tags)."""

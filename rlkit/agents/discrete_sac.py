@@ -175,11 +175,12 @@ class DiscreteSAC(OffPolicyAgent):
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        with rc.no_grad():
-            logits = self.actor(rc.tensor(np.asfortranarray(obs.T)))  # [actions, n]
-            action = rc.argmax(logits) if deterministic else rc.sample_categorical(logits)
-            return action.numpy().T  # [n, 1] i32
+    def _act(self, obs, deterministic: bool):
+        logits = self.actor(obs)  # [actions, n]
+        return rc.argmax(logits) if deterministic else rc.sample_categorical(logits)  # [1, n] i32
+
+    def _policy_parameters(self) -> list:
+        return list(self.actor.parameters().values())
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """A sample of the policy (drawn on the device)."""

@@ -184,9 +184,11 @@ class DQN(OffPolicyAgent):
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        with rc.no_grad():
-            return rc.argmax(self.q(rc.tensor(np.asfortranarray(obs.T)))).numpy().T  # [n, 1] i32
+    def _act(self, obs, deterministic: bool):
+        return rc.argmax(self.q(obs))  # [1, n] i32: greedy
+
+    def _policy_parameters(self) -> list:
+        return list(self.q.parameters().values())
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """Epsilon-greedy: each lane acts at random with probability epsilon."""

@@ -215,11 +215,11 @@ class SAC(OffPolicyAgent):
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        with rc.no_grad():
-            obs_t = rc.tensor(np.asfortranarray(obs.T))  # [obs, n]
-            action = self.actor(obs_t) if deterministic else self.actor.sample(obs_t)[0]
-            return action.numpy().T  # [n, actions]
+    def _act(self, obs, deterministic: bool):
+        return self.actor(obs) if deterministic else self.actor.sample(obs)[0]  # [actions, n]
+
+    def _policy_parameters(self) -> list:
+        return list(self.actor.parameters().values())
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """A sample of the policy (its noise drawn on the device)."""

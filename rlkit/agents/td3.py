@@ -201,9 +201,11 @@ class TD3(OffPolicyAgent):
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        with rc.no_grad():
-            return self.actor(rc.tensor(np.asfortranarray(obs.T))).numpy().T  # [n, actions]
+    def _act(self, obs, deterministic: bool):
+        return self.actor(obs)  # [actions, n]
+
+    def _policy_parameters(self) -> list:
+        return list(self.actor.parameters().values())
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """The actor's actions plus Gaussian noise, clipped to [-1, 1]."""
