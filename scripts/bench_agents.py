@@ -2,7 +2,8 @@
 rlkit against Stable-Baselines3 with RL Zoo's tuned hyperparameters, on the same machine in the
 same run, the same environments and budgets, and the evaluation return each reached.
 
-    python scripts/bench_agents.py [--algos dqn,sac,td3,ddpg] [--seeds 0,1] [--device cpu]
+    python scripts/bench_agents.py [--algos dqn,sac,td3,ddpg] [--seeds 0,1] [--device cpu|gpu]
+                                   [--sb3-device cpu|cuda] [--no-sb3]
 
 Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
 torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
@@ -48,8 +49,8 @@ def run_rlkit(algo: str, seed: int, device: str) -> tuple[float, float]:
     return seconds, evaluate(agent, case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
 
 
-def run_sb3(algo: str, seed: int) -> tuple[float, float]:
-    """(seconds to train, evaluation return) of Stable-Baselines3 with RL Zoo's settings, on the CPU."""
+def run_sb3(algo: str, seed: int, device: str) -> tuple[float, float]:
+    """(seconds to train, evaluation return) of Stable-Baselines3 with RL Zoo's settings."""
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise
 
@@ -57,7 +58,7 @@ def run_sb3(algo: str, seed: int) -> tuple[float, float]:
     kwargs = dict(case["sb3"])
     if algo in ("td3", "ddpg"):  # RL Zoo: noise_type normal, noise_std 0.1
         kwargs["action_noise"] = NormalActionNoise(np.zeros(1), 0.1 * np.ones(1))
-    model = getattr(sb3, algo.upper())("MlpPolicy", case["env"], seed=seed, device="cpu", **kwargs)
+    model = getattr(sb3, algo.upper())("MlpPolicy", case["env"], seed=seed, device=device, **kwargs)
     start = time.perf_counter()
     model.learn(case["steps"])
     seconds = time.perf_counter() - start
@@ -73,7 +74,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="dqn,sac,td3,ddpg")
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="rlkit's device")
+    parser.add_argument("--sb3-device", default="cpu", help="torch's device for Stable-Baselines3")
     parser.add_argument("--no-sb3", action="store_true", help="time rlkit only")
     args = parser.parse_args()
     algos = [a.strip().lower() for a in args.algos.split(",")]
@@ -97,12 +99,12 @@ def main() -> int:
             ours.append(run_rlkit(algo, seed, args.device))
             print(f"{algo} seed {seed} rlkit: {ours[-1][0]:.1f} s, return {ours[-1][1]:.1f}", flush=True)
             if with_sb3:
-                theirs.append(run_sb3(algo, seed))
+                theirs.append(run_sb3(algo, seed, args.sb3_device))
                 print(f"{algo} seed {seed} SB3:   {theirs[-1][0]:.1f} s, return {theirs[-1][1]:.1f}", flush=True)
         rows.append((algo, case, ours, theirs))
 
     print(f"\n| algorithm, env, steps | gate | rlkit ({args.device}) s | rlkit steps/s | rlkit returns "
-          "| SB3 s | SB3 steps/s | SB3 returns | steps/s ratio |")
+          f"| SB3 ({args.sb3_device}) s | SB3 steps/s | SB3 returns | steps/s ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for algo, case, ours, theirs in rows:
         ours_s = statistics.median(s for s, _ in ours)

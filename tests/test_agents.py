@@ -62,6 +62,12 @@ def test_sb3_tags_and_hyperparameters_of_sac_and_td3(tmp_path):
         assert [e.value for e in acc.Scalars("rollout/ep_len_mean")][-1] == 200  # Pendulum's 200-step episodes
     agent.learn(100)  # a second learn call opens the next run folder, as SB3 numbers them
     assert agent.log_path == str(tmp_path / "TD3_2")
+    short = DQN("CartPole-v1", DQNConfig(**{**SMALL, "log_interval": 1000}, train_freq=4, gradient_steps=1),
+                logdir=str(tmp_path))
+    short.learn(250)
+    acc = EventAccumulator(short.log_path)
+    acc.Reload()  # a run shorter than log_interval still logs where it ended
+    assert [e.step for e in acc.Scalars("time/fps")] == [250]
 
 
 # ---- the losses against numpy ------------------------------------------------------------------

@@ -370,20 +370,22 @@ class OffPolicyAgent:
                 self._train_scalars.update(self._train(cfg.gradient_steps))
             self._after_env_step()
             if writer is not None and self.num_timesteps // cfg.log_interval > before // cfg.log_interval:
-                fps = (self.num_timesteps - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
-                self._log(writer, stats, fps)
+                self._log(writer, stats, start_time)
             if bar is not None:
                 bar.update(lanes.n)
             if callback is not None and callback(self, locals()) is False:
                 break
         self._last_obs = obs
+        if writer is not None and self.num_timesteps % cfg.log_interval:
+            self._log(writer, stats, start_time)  # where training ended, so a short run has its points too
 
     def _progress(self) -> float:
         """The fraction of the current learn call done (0 to 1)."""
         return min(1.0, (self.num_timesteps - self._learn_start) / self._learn_total)
 
-    def _log(self, writer: SummaryWriter, stats: EpisodeStats, fps: float) -> None:
+    def _log(self, writer: SummaryWriter, stats: EpisodeStats, start_time: float) -> None:
         step = self.num_timesteps
+        fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
         means = stats.means()
         scalars = {"time/fps": fps, **self._extra_scalars(), **self._train_scalars}
         if means is not None:
