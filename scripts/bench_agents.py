@@ -7,13 +7,16 @@ same run, the same environments and budgets, and the evaluation return each reac
 
 Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
 torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
-library; times are medians over the seeds, and the ratio is of the medians.
+library, each run in a fresh process (so that neither library's threads linger in the other's
+run); times are medians over the seeds, and the ratio is of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -70,7 +73,22 @@ def run_sb3(algo: str, seed: int, device: str) -> tuple[float, float]:
     return seconds, evaluate(Deterministic(), case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
 
 
+def run_in_fresh_process(library: str, algo: str, seed: int, device: str) -> tuple[float, float]:
+    """One training run in a new Python process: (seconds, evaluation return)."""
+    command = [sys.executable, __file__, "--one", library, algo, str(seed), device]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{library} {algo} seed {seed} failed:\n{done.stderr[-3000:]}")
+    seconds, mean = json.loads(done.stdout.strip().splitlines()[-1])
+    return seconds, mean
+
+
 def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == "--one":  # a child process: one run, its result as JSON
+        library, algo, seed, device = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+        result = run_rlkit(algo, seed, device) if library == "rlkit" else run_sb3(algo, seed, device)
+        print(json.dumps(result))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="dqn,sac,td3,ddpg")
     parser.add_argument("--seeds", default="0")
@@ -96,10 +114,10 @@ def main() -> int:
         case = ZOO[algo]
         ours, theirs = [], []
         for seed in seeds:
-            ours.append(run_rlkit(algo, seed, args.device))
+            ours.append(run_in_fresh_process("rlkit", algo, seed, args.device))
             print(f"{algo} seed {seed} rlkit: {ours[-1][0]:.1f} s, return {ours[-1][1]:.1f}", flush=True)
             if with_sb3:
-                theirs.append(run_sb3(algo, seed, args.sb3_device))
+                theirs.append(run_in_fresh_process("sb3", algo, seed, args.sb3_device))
                 print(f"{algo} seed {seed} SB3:   {theirs[-1][0]:.1f} s, return {theirs[-1][1]:.1f}", flush=True)
         rows.append((algo, case, ours, theirs))
 

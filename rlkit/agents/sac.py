@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_positive_number, mlp
+from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, mlp
 from rlkit.agents.td3 import Critics
 from rlkit.buffers import ReplayBuffer
 from rlkit.core._checks import positive_int
@@ -73,7 +73,6 @@ class SACConfig:
         if self.target_entropy != "auto" and (isinstance(self.target_entropy, (bool, str))
                                               or not math.isfinite(float(self.target_entropy))):
             raise ValueError(f"SACConfig: target_entropy must be a finite number or 'auto', got {self.target_entropy!r}")
-        check_positive_number(self, "learning_rate")
 
 
 def initial_ent_coef(ent_coef) -> tuple[float, bool]:

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import (
-    OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
-)
+from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_in_range, mlp
 from rlkit.buffers import ReplayBuffer
 from rlkit.core._checks import positive_int
 
@@ -68,7 +66,6 @@ class TD3Config:
             check_in_range(self, name, 0.0, 10.0)
         if not self.net_arch:
             raise ValueError(f"{type(self).__name__}: net_arch needs at least one hidden layer")
-        check_positive_number(self, "learning_rate")
 
 
 class Actor(rc.nn.Module):
