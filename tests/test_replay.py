@@ -188,6 +188,40 @@ def test_save_and_load_round_trip(device, tmp_path, monkeypatch, optimize_memory
         ReplayBuffer.load(str(tmp_path / "missing"))
 
 
+def test_loaded_buffers_sample_on_the_device_as_before(device, tmp_path):
+    """Device sampling reads rewards, terminations, stop flags and priorities kept on the
+    device: a loaded buffer (plain n-step, host-prioritized, device-prioritized) rebuilds them,
+    so the same seed draws the same batch with the same values as the saved buffer."""
+    from rlkit.buffers import DevicePrioritizedReplayBuffer, PrioritizedReplayBuffer
+
+    plain = ReplayBuffer(30, 3, 2, n_envs=2, seed=2, n_step=3)
+    host_prioritized = PrioritizedReplayBuffer(30, 3, 2, n_envs=2, seed=2, alpha=0.5, beta=0.3)
+    device_prioritized = DevicePrioritizedReplayBuffer(30, 3, 2, n_envs=2, seed=2, alpha=0.5, n_step=2)
+    _rollout([plain, host_prioritized, device_prioritized], 19, 2, seed=8)  # wraps
+    host_prioritized.update_priorities(np.arange(12), np.linspace(0.1, 3.0, 12))
+    device_prioritized.update_priorities_on_device(rc.tensor(np.arange(12, dtype=np.int32)[None, :]),
+                                                   rc.tensor(np.linspace(0.1, 3.0, 12, dtype=np.float32)[None, :]))
+    for buf in (plain, device_prioritized):
+        path = str(tmp_path / type(buf).__name__)
+        buf.save(path)
+        loaded = type(buf).load(path)
+        batches = []
+        for b in (buf, loaded):
+            rc.manual_seed(3)
+            batches.append(b.sample_on_device(64))
+        for field in ("index", "obs", "reward", "next_obs", "done", "discount", "weights"):
+            if getattr(batches[0], field) is not None:
+                np.testing.assert_array_equal(getattr(batches[0], field).numpy(), getattr(batches[1], field).numpy(),
+                                              err_msg=f"{type(buf).__name__}.{field}")
+    path = str(tmp_path / "host_prioritized")
+    host_prioritized.save(path)
+    loaded = PrioritizedReplayBuffer.load(path)
+    assert (loaded.alpha, loaded.beta) == (0.5, 0.3)
+    a, b = host_prioritized.sample(32), loaded.sample(32)
+    np.testing.assert_array_equal(a.index, b.index)
+    np.testing.assert_array_equal(a.weights.numpy(), b.weights.numpy())
+
+
 # ---- prioritized -------------------------------------------------------------------------------
 
 def test_prioritized_sampling_follows_priorities(device):

@@ -72,6 +72,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._tree = SumTree(self.capacity)
         self._max_priority = 1.0
 
+    def _settings(self) -> dict:
+        return {**super()._settings(), "alpha": self.alpha, "beta": self.beta, "eps": self.eps}
+
+    def _extra_host_arrays(self) -> dict[str, np.ndarray]:
+        return {"priorities": self._tree.leaves(np.arange(self.capacity)),
+                "max_priority": np.array(self._max_priority)}
+
+    def _restore_extra_host_arrays(self, host) -> None:
+        self._tree.update(np.arange(self.capacity), host["priorities"])
+        self._max_priority = float(host["max_priority"])
+
     def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
         column = self.pos * self.n_envs
         super().add(obs, action, reward, next_obs, terminated, truncated)
@@ -140,6 +151,12 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         self._priority = DeviceBuffer(1, self.capacity, "f32", device)  # priority^alpha per column
         self._max = DeviceBuffer(1, 1, "f32", device)  # the largest priority^alpha so far
         self._max.write(np.ones((1, 1), np.float32))
+
+    def _device_fields(self) -> dict:
+        return {**super()._device_fields(), "priority": self._priority, "max_priority": self._max}
+
+    def _settings(self) -> dict:
+        return {**super()._settings(), "alpha": self.alpha, "eps": self.eps}
 
     def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
         column = self.pos * self.n_envs

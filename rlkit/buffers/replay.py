@@ -325,7 +325,8 @@ class ReplayBuffer:
             for row, column in enumerate(columns):
                 final_obs[row] = self._final_obs[column]
             np.savez(os.path.join(tmp, "host.npz"), reward=self._reward, terminated=self._terminated,
-                     truncated=self._truncated, final_columns=np.array(columns, np.int64), final_obs=final_obs)
+                     truncated=self._truncated, final_columns=np.array(columns, np.int64), final_obs=final_obs,
+                     **self._extra_host_arrays())
             with open(os.path.join(tmp, "meta.json"), "w") as f:
                 json.dump(self._settings(), f)
             if os.path.exists(path):
@@ -359,7 +360,27 @@ class ReplayBuffer:
         buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
         buf.pos, buf.full = state["pos"], state["full"]
         buf._rng.bit_generator.state = state["rng"]
+        buf._restore_device_rows()
+        buf._restore_extra_host_arrays(host)
         return buf
+
+    def _extra_host_arrays(self) -> dict[str, np.ndarray]:
+        """Host state a subclass saves beside the base's (priorities, for the prioritized buffer)."""
+        return {}
+
+    def _restore_extra_host_arrays(self, host) -> None:
+        """Restores what ``_extra_host_arrays`` saved."""
+
+    def _restore_device_rows(self) -> None:
+        """The device copies of rewards, terminations and stop flags, rebuilt from the host's
+        (row t, lane e is column t * n_envs + e, the row-major order of the host arrays)."""
+        self._reward_row.write(self._reward.reshape(1, -1))
+        self._terminated_row.write(self._terminated.reshape(1, -1).astype(np.float32))
+        if self._stop_row is not None:
+            stop = (self._terminated | self._truncated).astype(np.float32)
+            if len(self) > 0:
+                stop[(self.pos - 1) % self.lane_length] = 1.0  # the newest step
+            self._stop_row.write(stop.reshape(1, -1))
 
     def _device_fields(self) -> dict[str, DeviceBuffer]:
         fields = {"obs": self._obs, "action": self._action}
