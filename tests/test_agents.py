@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import rlkit.core as rc
 from rlkit.agents import (
-    ALGOS, DDPG, DQN, SAC, TD3, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
+    ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
 )
 from rlkit.agents.common import EnvLanes
 from rlkit.buffers import ReplaySamples
@@ -184,6 +184,33 @@ def test_saved_agent_acts_identically(cls, env, config, tmp_path):
     assert loaded.num_timesteps == 300 and loaded.config == agent.config
     with pytest.raises(ValueError, match=f"holds a '{cls.algo}' agent, not DQN"):
         DQN.load(path)
+
+
+def test_checkpoints_and_replay_buffer_resume_training(tmp_path):
+    """CheckpointCallback saves the agent (and its buffer) every save_freq steps under SB3's
+    names; an agent loaded from the last one, with its buffer, trains on from the saved
+    transitions: its re-traced update samples the loaded buffer, not the empty one it was built with."""
+    agent = SAC("Pendulum-v1", SACConfig(**SMALL), seed=6)
+    callback = CheckpointCallback(200, str(tmp_path), name_prefix="sac", save_replay_buffer=True)
+    agent.learn(450, callback=callback)
+    assert callback.saved == [str(tmp_path / f"sac_{n}_steps.safetensors") for n in (200, 400)]
+    loaded = SAC.load(callback.saved[-1])
+    assert loaded.num_timesteps == 400 and len(loaded.buffer) == 0
+    loaded._train(1)  # traced against the empty buffer it was built with
+    loaded.load_replay_buffer(str(tmp_path / "sac_replay_buffer_400_steps"))
+    assert len(loaded.buffer) == 400
+    rc.manual_seed(0)
+    stored = rc.full((1, 1), 400.0)
+    drawn = loaded.buffer.sample_on_device(8, stored).obs.numpy()
+    rc.manual_seed(0)
+    saved = SAC("Pendulum-v1", SACConfig(**SMALL))
+    saved.load_replay_buffer(str(tmp_path / "sac_replay_buffer_400_steps"))
+    np.testing.assert_array_equal(saved.buffer.sample_on_device(8, stored).obs.numpy(), drawn)
+    loaded.learn(100)
+    assert len(loaded.buffer) == 500 and loaded._steps[True].traces == 2  # traced anew for the loaded buffer
+    with pytest.raises(ValueError, match="laid out as"):
+        SAC("Pendulum-v1", SACConfig(**{**SMALL, "buffer_size": 1000})).load_replay_buffer(
+            str(tmp_path / "sac_replay_buffer_400_steps"))
 
 
 @pytest.mark.parametrize("cls, env, config", [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections import deque
 from dataclasses import asdict, fields
@@ -396,6 +397,34 @@ class OffPolicyAgent:
 
     # ---- saving -----------------------------------------------------------------------------------
 
+    def save_replay_buffer(self, path: str) -> None:
+        """Writes the replay buffer to the folder ``path`` (chunked; replaced only once complete)."""
+        self.buffer.save(path)
+
+    def load_replay_buffer(self, path: str) -> None:
+        """Replaces the replay buffer with the one saved at ``path``, which must have the same
+        layout; the captured updates are traced anew to read it."""
+        loaded = type(self.buffer).load(path, device=self.device)
+        mine, theirs = self.buffer._settings(), loaded._settings()
+        mine.pop("state"), theirs.pop("state")
+        if mine != theirs:
+            raise ValueError(f"{self.algo}.load_replay_buffer: {path!r} holds a buffer laid out as {theirs}, "
+                             f"this agent's is {mine}")
+        self.buffer = loaded
+        for captured in self._captured_programs():
+            captured.reset()
+
+    def _captured_programs(self) -> list:
+        """Every captured program the agent holds (attributes, or values of dict attributes)."""
+        found = []
+        for value in vars(self).values():
+            for item in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(item, rc.capturing.CapturedStep):
+                    item = item.captured
+                if isinstance(item, rc.capturing.Captured):
+                    found.append(item)
+        return found
+
     def save(self, path: str) -> None:
         """Networks and optimizers (safetensors) with the config and the algorithm (JSON)."""
         meta = {"algo": self.algo, "config": asdict(self.config), "env": self.lanes.env_id,
@@ -414,6 +443,31 @@ class OffPolicyAgent:
         load_checkpoint(path, agent._state_objects())
         agent.num_timesteps = meta["num_timesteps"]
         return agent
+
+
+class CheckpointCallback:
+    """A ``learn`` callback that saves the agent every ``save_freq`` environment steps to
+    ``<save_path>/<name_prefix>_<steps>_steps.safetensors`` (each file written atomically), and
+    with ``save_replay_buffer`` the buffer to ``<name_prefix>_replay_buffer_<steps>_steps``, as
+    Stable-Baselines3's CheckpointCallback names them. ``saved`` lists the agent files."""
+
+    def __init__(self, save_freq: int, save_path: str, name_prefix: str = "rl_model",
+                 save_replay_buffer: bool = False):
+        self.save_freq = positive_int(save_freq, "CheckpointCallback: save_freq")
+        self.save_path, self.name_prefix, self.save_replay_buffer = save_path, name_prefix, save_replay_buffer
+        self.saved: list[str] = []
+        self._next = self.save_freq
+
+    def __call__(self, agent, local_vars: dict) -> bool:
+        if agent.num_timesteps >= self._next:
+            self._next = agent.num_timesteps + self.save_freq
+            os.makedirs(self.save_path, exist_ok=True)
+            stem = os.path.join(self.save_path, self.name_prefix)
+            if self.save_replay_buffer:
+                agent.save_replay_buffer(f"{stem}_replay_buffer_{agent.num_timesteps}_steps")
+            agent.save(f"{stem}_{agent.num_timesteps}_steps.safetensors")
+            self.saved.append(f"{stem}_{agent.num_timesteps}_steps.safetensors")
+        return True
 
 
 class EvalCallback:

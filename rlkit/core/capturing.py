@@ -131,6 +131,11 @@ class Captured:
         self._recordings: dict[tuple, _Recording] = {}
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
+    def reset(self) -> None:
+        """Forgets every recording: the next call traces ``fn`` anew (after what it reads was
+        replaced by an object the params list does not know, such as a loaded replay buffer)."""
+        self._recordings = {}
+
     def _identity(self) -> tuple:
         """What a listed parameter or buffer is now: its storage, and for a parameter its
         host-write version (a buffer's column writes are its data, read where it is)."""
