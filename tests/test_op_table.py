@@ -29,6 +29,8 @@ BACKWARD_HELPER_OF = {
     "clamp_back": "clamp",
     "softmax_back": "softmax",
     "log_softmax_back": "log_softmax",
+    "ssm_conv_sx_back": "ssm_conv",
+    "ssm_conv_c_back": "ssm_conv",
 }
 
 # Native ops reached through a public function of another name.

@@ -50,6 +50,15 @@ def np_searchsorted(sorted_column, query):
     return np.minimum(found, n - 1).astype(np.int32).reshape(query.shape, order="F")
 
 
+def np_ssm_conv(sx, c):
+    """out[i, t, s] = sum_k sx[t + k, i, s] c[k, i] (ggml_ssm_conv), written as shifted sums."""
+    sx = sx.reshape(sx.shape[0], sx.shape[1], -1)
+    d_conv = c.shape[0]
+    n_t = sx.shape[0] - d_conv + 1
+    out = sum(sx[k:k + n_t] * c[k][None, :, None] for k in range(d_conv))  # [n_t, d_inner, n_s]
+    return np.transpose(out, (1, 0, 2))
+
+
 def U(lo, hi, *shape):
     """Uniform values in [lo, hi)."""
     return lambda r: r.uniform(lo, hi, size=shape)
@@ -407,6 +416,9 @@ CASES: list[Case] = [
     Case("softmax_cross_entropy_loss_index", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, i: (-np_log_softmax(x)[i.ravel(), np.arange(x.shape[1])].sum() / x.shape[1]).reshape(1, 1),
          ((N(4, 3, s=2.0), IDX(3, 0, 3)), (N(2, 5), IDX(0, 1, 1, 0, 1)))),
+    # Mamba's causal depthwise conv: sx [d_conv - 1 + n_t, d_inner, n_s], c [d_conv, d_inner]
+    Case("ssm_conv", "ssm_conv", rc.ssm_conv, lambda sx, c: np_ssm_conv(sx, c),
+         ((N(5, 3, 2), N(4, 3)), (N(4, 2, 1), N(4, 2)), (N(7, 1, 3), N(1, 1)), (N(6, 4, 2), N(3, 4)))),
     Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
          ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),
@@ -415,6 +427,8 @@ CASES: list[Case] = [
 
 # Inputs above the kernels' parallel grain (2**15 elements): the chunked, multi-threaded paths.
 CASES += [
+    Case("ssm_conv_large", "ssm_conv", rc.ssm_conv, lambda sx, c: np_ssm_conv(sx, c),
+         ((N(67, 96, 16), N(4, 96)),), grad=False, atol32=5e-5),
     Case("add_large", "add", rc.add, binary(np.add),
          ((N(300, 200), N(300, 1)), (N(300, 200), N(1, 200)), (N(2, 3, 7000), N(2, 1, 7000)), (N(1, 40000), N(1, 1))), grad=False),
     Case("mul_large", "mul", rc.mul, binary(np.multiply), ((N(200, 300), N(200, 300)), (N(7, 1, 5000), N(1, 3, 1))), grad=False),

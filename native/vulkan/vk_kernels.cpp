@@ -426,4 +426,35 @@ void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     ctx().copy(scale, out);
 }
 
+// ---- state-space layers ------------------------------------------------------------------
+
+struct SsmConvPush {
+    uint64_t a, b, o;
+    uint32_t d_conv, d_inner, n_t, n_s, n;
+};
+
+// ssm_conv and its backward helpers: (a, b) as ssm_conv.comp names them, dims from the output's
+// shape rule (the CPU kernels check the same shapes).
+void ssm_conv_op(const char* variant, const TensorImpl& a, const TensorImpl& b, TensorImpl& out, int64_t d_conv,
+                 int64_t d_inner, int64_t n_t, int64_t n_s) {
+    SsmConvPush p{a.address(), b.address(), out.address(), u32(d_conv, variant), u32(d_inner, variant),
+                  u32(n_t, variant), u32(n_s, variant), u32(out.numel(), variant)};
+    record(std::string("ssm_conv_") + variant, p, groups(p.n), {span(a), span(b)}, {span(out)});
+}
+
+void vk_ssm_conv(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &sx = *in[0], &c = *in[1];  // out [d_inner, n_t, n_s]
+    ssm_conv_op("forward", sx, c, out, c.ne[0], c.ne[1], out.ne[1], out.ne[2]);
+}
+
+void vk_ssm_conv_sx_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &g = *in[0], &c = *in[1];
+    ssm_conv_op("back_sx", g, c, out, c.ne[0], g.ne[0], g.ne[1], g.ne[2]);
+}
+
+void vk_ssm_conv_c_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl &g = *in[0], &sx = *in[1];
+    ssm_conv_op("back_c", g, sx, out, out.ne[0], g.ne[0], g.ne[1], g.ne[2]);
+}
+
 }  // namespace rk

@@ -446,6 +446,16 @@ def sample_normal(mu, log_std) -> Tensor:
     return add(mu, mul(exp(log_std), eps))
 
 
+def ssm_conv(sx, c) -> Tensor:
+    """Mamba's causal depthwise convolution, as ggml_ssm_conv: ``sx`` [d_conv - 1 + n_t,
+    d_inner, n_s] is each sequence's conv state followed by its n_t steps along dim 0, ``c``
+    [d_conv, d_inner] one filter per channel; out[i, t, s] = sum_k sx[t + k, i, s] c[k, i],
+    shaped [d_inner, n_t, n_s]. Differentiable in both. (The new conv state is the last
+    d_conv - 1 steps of sx; the caller adds the bias and the activation.)"""
+    sx = as_tensor(sx, op="ssm_conv", arg="sx")
+    return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
+
+
 def stop_gradient(x) -> Tensor:
     """The same values, cut from the tape: no gradient flows back through it."""
     x = as_tensor(x, op="stop_gradient")

@@ -70,6 +70,7 @@ VJP = {
     "gather": lambda g, out, x, index: (ops.mul(ops.expand(g, x.shape), ops.one_hot(index, x.shape[0], x.dtype)), None),
     "get_rows": lambda g, out, x, index, columns: (ops.scatter_cols(g, index, columns), None),
     "scatter_cols": lambda g, out, src, index: (ops.get_rows(g, index), None),
+    "ssm_conv": lambda g, out, sx, c: (ops.apply("ssm_conv_sx_back", (g, c)), ops.apply("ssm_conv_c_back", (g, sx))),
 }
 
 NOT_DIFFERENTIABLE = frozenset(
@@ -79,6 +80,6 @@ NOT_DIFFERENTIABLE = frozenset(
         "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
-        "softmax_back", "log_softmax_back",
+        "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
     }
 )
