@@ -227,7 +227,23 @@ class OffPolicyAgent:
     # ---- what a subclass supplies -------------------------------------------------------------
 
     def _check_spaces(self) -> None:
+        """Raises ValueError where the environment's spaces are not ones the agent acts in."""
         raise NotImplementedError
+
+    def _require_spaces(self, action_kind: str) -> None:
+        """A Box observation space and a ``"discrete"`` or ``"bounded box"`` action space."""
+        import gymnasium as gym
+
+        space = self.action_space
+        if action_kind == "discrete":
+            fits = isinstance(space, gym.spaces.Discrete)
+        else:
+            fits = isinstance(space, gym.spaces.Box) and bool(np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)))
+        if not fits:
+            wanted = "a Discrete" if action_kind == "discrete" else "a bounded Box"
+            raise ValueError(f"{self.algo} needs {wanted} action space, got {space}")
+        if not isinstance(self.observation_space, gym.spaces.Box):
+            raise ValueError(f"{self.algo} needs a Box observation space, got {self.observation_space}")
 
     def _build(self) -> None:
         raise NotImplementedError

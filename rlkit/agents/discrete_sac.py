@@ -14,12 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import rlkit.core as rc
-from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_in_range, mlp
-from rlkit.agents.sac import EntropyCoefficient, initial_ent_coef
-from rlkit.buffers import ReplayBuffer
+from rlkit.agents.common import check_common_fields, check_in_range, mlp
+from rlkit.agents.sac import SAC, initial_ent_coef
 from rlkit.core._checks import positive_int
 
 
@@ -80,42 +77,30 @@ class DiscreteCritics(rc.nn.Module):
         return rc.minimum(self.q0(obs), self.q1(obs))
 
 
-class DiscreteSAC(OffPolicyAgent):
+class DiscreteSAC(SAC):
     """Discrete SAC on ``env`` (a Gymnasium environment, its id, or a vector environment) with
-    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/DiscreteSAC_<N>``."""
+    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/DiscreteSAC_<N>``. Its networks,
+    losses and acting are its own; how SAC builds optimizers and the buffer, runs gradient
+    steps, explores (by sampling the policy) and saves is shared."""
 
     algo = "DiscreteSAC"
     config_class = DiscreteSACConfig
 
     def _check_spaces(self) -> None:
-        import gymnasium as gym
+        self._require_spaces("discrete")
 
-        if not isinstance(self.action_space, gym.spaces.Discrete):
-            raise ValueError(f"DiscreteSAC needs a Discrete action space, got {self.action_space}")
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"DiscreteSAC needs a Box observation space, got {self.observation_space}")
-
-    def _build(self) -> None:
+    def _make_networks(self) -> None:
+        """The actor (logits), the two critics and their targets, and the target entropy."""
         cfg = self.config
         self.n_actions = int(self.action_space.n)
-        alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
         self.target_entropy = cfg.target_entropy_scale * math.log(self.n_actions)
         self.actor = mlp((self.n_obs, *cfg.net_arch, self.n_actions), final_activation=False)  # logits
         self.critic = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
         self.critic_target = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
-        self.critic_target.load_state_dict(self.critic.state_dict())
-        self.ent_coef = EntropyCoefficient(alpha)
-        self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
-        self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
-        self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, action_dtype="i32",
-                                   gamma=cfg.gamma, seed=self.seed)
-        self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
-        params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
-                  *self.critic_target.parameters().values(), self.ent_coef.log_alpha]
-        self._steps = {with_target: rc.capture(lambda stored, t=with_target: self._update(stored, t), params)
-                       for with_target in (False, True)}
-        self._n_updates = 0
+
+    def _buffer_action(self) -> tuple[int, str]:
+        """Rows and dtype of a stored action: its index."""
+        return 1, "i32"
 
     # ---- the update (traced once per variant, then replayed) ----------------------------------
 
@@ -161,32 +146,8 @@ class DiscreteSAC(OffPolicyAgent):
             self._update_target(self.config.tau)
         return tuple(outputs)
 
-    def _train(self, gradient_steps: int) -> dict[str, float]:
-        stored = np.array([[len(self.buffer)]], np.float32)
-        for _ in range(gradient_steps):
-            self._n_updates += 1
-            with_target = self._n_updates % self.config.target_update_interval == 0
-            outputs = [float(np.asarray(v).reshape(-1)[0]) for v in self._steps[with_target](stored=stored)]
-        scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
-                   "train/learning_rate": self.actor_optimizer.lr}
-        if self.tune_alpha:
-            scalars["train/ent_coef_loss"] = outputs[3]
-        return scalars
-
     # ---- acting ----------------------------------------------------------------------------------
 
     def _act(self, obs, deterministic: bool):
         logits = self.actor(obs)  # [actions, n]
         return rc.argmax(logits) if deterministic else rc.sample_categorical(logits)  # [1, n] i32
-
-    def _policy_parameters(self) -> list:
-        return list(self.actor.parameters().values())
-
-    def _explore(self, obs: np.ndarray) -> np.ndarray:
-        """A sample of the policy (drawn on the device)."""
-        return self._policy(obs, deterministic=False)
-
-    def _state_objects(self) -> dict:
-        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
-                "ent_coef": self.ent_coef, "actor_optimizer": self.actor_optimizer,
-                "critic_optimizer": self.critic_optimizer, "ent_coef_optimizer": self.ent_coef_optimizer}

@@ -117,12 +117,7 @@ class DQN(OffPolicyAgent):
     config_class = DQNConfig
 
     def _check_spaces(self) -> None:
-        import gymnasium as gym
-
-        if not isinstance(self.action_space, gym.spaces.Discrete):
-            raise ValueError(f"DQN needs a Discrete action space, got {self.action_space}")
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"DQN needs a Box observation space, got {self.observation_space}")
+        self._require_spaces("discrete")
 
     def _build(self) -> None:
         cfg = self.config

@@ -133,29 +133,33 @@ class SAC(OffPolicyAgent):
     config_class = SACConfig
 
     def _check_spaces(self) -> None:
-        import gymnasium as gym
+        self._require_spaces("bounded box")
 
-        space = self.action_space
-        if not isinstance(space, gym.spaces.Box) or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-            raise ValueError(f"SAC needs a bounded Box action space, got {space}")
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"SAC needs a Box observation space, got {self.observation_space}")
-
-    def _build(self) -> None:
+    def _make_networks(self) -> None:
+        """The actor, the critics and their targets, and the target entropy."""
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
-        alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
         self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
         self.actor = GaussianActor(self.n_obs, self.n_actions, cfg.net_arch)
         self.critic = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
         self.critic_target = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+
+    def _buffer_action(self) -> tuple[int, str]:
+        """Rows and dtype of a stored action: the [-1, 1] action vector."""
+        return self.n_actions, "f32"
+
+    def _build(self) -> None:
+        cfg = self.config
+        alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
+        self._make_networks()
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.ent_coef = EntropyCoefficient(alpha)
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
         self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, self.n_actions, n_envs=self.lanes.n,
-                                   gamma=cfg.gamma, seed=self.seed)
+        action_rows, action_dtype = self._buffer_action()
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, action_rows, n_envs=self.lanes.n,
+                                   action_dtype=action_dtype, gamma=cfg.gamma, seed=self.seed)
         self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
                   *self.critic_target.parameters().values(), self.ent_coef.log_alpha]

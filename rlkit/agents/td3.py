@@ -119,13 +119,7 @@ class TD3(OffPolicyAgent):
     config_class = TD3Config
 
     def _check_spaces(self) -> None:
-        import gymnasium as gym
-
-        space = self.action_space
-        if not isinstance(space, gym.spaces.Box) or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
-            raise ValueError(f"{self.algo} needs a bounded Box action space, got {space}")
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"{self.algo} needs a Box observation space, got {self.observation_space}")
+        self._require_spaces("bounded box")
 
     def _build(self) -> None:
         cfg = self.config
