@@ -14,6 +14,7 @@ from rlkit.agents import (
     ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
 )
 from rlkit.agents.common import EnvLanes
+from conftest import DEVICES
 from rlkit.buffers import ReplaySamples
 
 SMALL = dict(learning_starts=100, net_arch=(32, 32), batch_size=32, buffer_size=2000, log_interval=100)
@@ -46,6 +47,22 @@ def test_smoke_every_agent_and_option(device, name, cls, env, config, tmp_path):
     assert {"rollout/ep_rew_mean", "time/fps", "train/learning_rate"} <= set(acc.Tags()["scalars"])
     action = agent.predict(agent.observation_space.sample())
     assert agent.action_space.contains(action if agent.discrete else np.asarray(action, np.float32))
+
+
+@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+def test_an_agent_on_the_gpu_keeps_its_buffer_there_while_the_default_is_the_cpu():
+    """Acting and learning switch to the agent's device and back; the buffer must not follow
+    (a move per call would copy it and make every captured update record again)."""
+    previous = rc.device("cpu")
+    try:
+        agent = SAC("Pendulum-v1", SACConfig(**SMALL), seed=0, device="gpu")
+        agent.learn(200)
+        agent.predict(np.zeros(3, np.float32))
+        agent.learn(100)
+        assert agent.buffer._obs.device == "gpu" and len(agent.buffer) == 300
+        assert agent._steps[True].traces == 1
+    finally:
+        rc.device(previous)
 
 
 def test_sb3_tags_and_hyperparameters_of_sac_and_td3(tmp_path):

@@ -95,6 +95,23 @@ def test_switching_the_default_device_moves_the_contents():
         rc.device(previous)
 
 
+@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+def test_a_buffer_made_on_a_device_stays_there():
+    """An agent on the GPU pins its buffers there: switching the default device back and forth
+    (as acting on the agent's device does) moves nothing."""
+    previous = rc.device("cpu")
+    try:
+        buf = DeviceBuffer(2, 3, device="gpu")
+        buf.write(np.ones((2, 3), np.float32))
+        generation = buf.generation
+        rc.device("gpu")
+        rc.device("cpu")
+        assert buf.device == "gpu" and buf.generation == generation
+        np.testing.assert_array_equal(buf.read(), np.ones((2, 3), np.float32))
+    finally:
+        rc.device(previous)
+
+
 def test_errors(device):
     buf = DeviceBuffer(4, 10)
     with pytest.raises(ValueError, match=r"shape \(3, 2\), expected \(4, k\)"):

@@ -126,8 +126,8 @@ class DQN(OffPolicyAgent):
         self.target = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
-        buffer_options = dict(n_envs=self.lanes.n, action_dtype="i32", gamma=cfg.gamma, seed=self.seed,
-                              n_step=cfg.n_steps)
+        buffer_options = dict(n_envs=self.lanes.n, device=self.device, action_dtype="i32", gamma=cfg.gamma,
+                              seed=self.seed, n_step=cfg.n_steps)
         if cfg.prioritized:
             self.buffer = DevicePrioritizedReplayBuffer(cfg.buffer_size, self.n_obs, 1, alpha=cfg.prioritized_alpha,
                                                         **buffer_options)

@@ -159,7 +159,7 @@ class SAC(OffPolicyAgent):
         self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
         action_rows, action_dtype = self._buffer_action()
         self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, action_rows, n_envs=self.lanes.n,
-                                   action_dtype=action_dtype, gamma=cfg.gamma, seed=self.seed)
+                                   device=self.device, action_dtype=action_dtype, gamma=cfg.gamma, seed=self.seed)
         self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
                   *self.critic_target.parameters().values(), self.ent_coef.log_alpha]

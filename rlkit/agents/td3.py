@@ -133,7 +133,7 @@ class TD3(OffPolicyAgent):
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
         self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, self.n_actions, n_envs=self.lanes.n,
-                                   gamma=cfg.gamma, seed=self.seed)
+                                   device=self.device, gamma=cfg.gamma, seed=self.seed)
         self._update_targets = [Polyak(self.critic_target.parameters(), self.critic.parameters()),
                                 Polyak(self.actor_target.parameters(), self.actor.parameters())]
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),

@@ -2,7 +2,8 @@
 
 One column is one transition (or one frame). Writing sends only the new columns; gathering
 (``rc.get_rows(buffer, index)``) sends only the indices and returns a tensor on the buffer's
-device. The buffer follows the default device: ``rc.device(...)`` moves its contents.
+device. A buffer made without a device follows the default device (``rc.device(...)`` moves
+its contents); one made with a device stays there until ``.to()`` moves it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class DeviceBuffer:
         if dtype not in DTYPES:
             raise ValueError(f"DeviceBuffer: dtype must be one of {DTYPES}, got {dtype!r}")
         self.dtype = dtype
+        follows = device is None
         device = _runtime.check_device(device if device is not None else _runtime.device())
         nbytes = self.rows * self.capacity * np.dtype(_NUMPY_DTYPES[dtype]).itemsize
         free = _runtime.free_memory(device)
@@ -44,7 +46,8 @@ class DeviceBuffer:
             )
         self._tensor: Tensor | None = ops.full((self.rows, self.capacity), 0, dtype=dtype, device=device)
         self.generation = 0  # bumped by every write, move and free (captures re-record on it)
-        _runtime.follow_device(self._follow_device)
+        if follows:
+            _runtime.follow_device(self._follow_device)
 
     # ---- state -----------------------------------------------------------------------------
 

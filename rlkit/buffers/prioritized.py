@@ -147,7 +147,7 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
                 raise ValueError(f"DevicePrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
         self.alpha, self.eps = float(alpha), float(eps)
-        device = self._obs.device
+        device = kwargs.get("device")  # None: follow the default device, as the base's tables do
         self._priority = DeviceBuffer(1, self.capacity, "f32", device)  # priority^alpha per column
         self._max = DeviceBuffer(1, 1, "f32", device)  # the largest priority^alpha so far
         self._max.write(np.ones((1, 1), np.float32))
