@@ -23,7 +23,7 @@ from rlkit.core.ops import (
     reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, ssm_conv, stop_gradient, sub, sum, sum_to, tanh, transpose,
 )
-from rlkit.core import nn, optim, sched
+from rlkit.core import graph, nn, optim, sched
 
 __all__ = [
     "Tensor", "tensor", "param", "zeros", "ones", "full", "as_tensor", "synchronize", "gpu_stats",
@@ -35,5 +35,5 @@ __all__ = [
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "ssm_conv", "stop_gradient",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
-    "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "nn", "optim", "sched",
+    "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched",
 ]
