@@ -64,13 +64,14 @@ def device(name: str | None = None) -> str:
 
 
 # Weak references to methods of objects that live "on the current device" (device buffers),
-# called with the new device when it changes; a collected object drops out by itself.
+# called with the new device when it changes; a collected object's reference removes itself
+# (without that, every buffer ever made would leave a dead reference behind).
 _device_followers: set = set()
 
 
 def follow_device(method) -> None:
     """Calls ``method(new_device)`` whenever the default device changes, while its object lives."""
-    _device_followers.add(weakref.WeakMethod(method))
+    _device_followers.add(weakref.WeakMethod(method, _device_followers.discard))
 
 
 def free_memory(device: str) -> int:
