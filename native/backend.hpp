@@ -57,6 +57,9 @@ bool gpu_info(GpuInfo* info);
 // Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.
 void set_gpu_poison(bool on);
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
+// Tests: errors the validation layer reports for one deliberately invalid Vulkan call (-1 when
+// the layer is off or there is no GPU): proof that validation is really active.
+int provoke_validation_error();
 
 // A new tensor with storage on `device`.
 TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype);

@@ -264,6 +264,8 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, py::arg("reset") = false);
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
+    m.def("provoke_validation_error", &provoke_validation_error,
+          "Tests: the validation errors one deliberately invalid Vulkan call draws (-1: the layer is off).");
     m.def("submit", [](const std::string& device) {
         backend(device == "gpu" ? Device::gpu : Device::cpu).submit();
     }, py::arg("device"), "Starts the recorded GPU work without waiting for it.");

@@ -74,6 +74,7 @@ Backend* vulkan_backend(std::string* why) {
 bool gpu_info(GpuInfo*) { return false; }
 void set_gpu_poison(bool) {}
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }
+int provoke_validation_error() { return -1; }
 #endif
 
 Backend& backend(Device device) {

@@ -240,7 +240,7 @@ def test_devices_lists_the_gpu():
 def test_validation_layer_is_on_when_asked():
     if os.environ.get("RLKIT_VK_VALIDATION") == "1":
         assert _native.gpu_info()["validation"] is True
-    assert rc.gpu_stats()["validation_errors"] == 0
+    assert _native.gpu_counters()["validation_errors"] == 0  # even in a process that has not used the GPU yet
 
 
 def test_f16_tensors_compute_in_f32_on_the_gpu(on_gpu):
@@ -270,3 +270,14 @@ def test_submission_points(on_gpu):
         t = t + 1.0
     np.testing.assert_array_equal(t.numpy(), np.full((4, 1), 5000.0))
     assert rc.gpu_stats()["submits"] >= before + 2  # 5000 add dispatches: one early submit at 4096, then the read
+
+
+@pytest.mark.skipif(os.environ.get("RLKIT_VK_VALIDATION") != "1",
+                    reason="the validation layer is on only with RLKIT_VK_VALIDATION=1 (CI sets it)")
+def test_the_validation_layer_is_really_active():
+    """A deliberately invalid call (a buffer of size 0) made through a test-only hook is reported
+    by the layer, and counted apart from rlkit's own validation errors (which must stay 0)."""
+    rc.synchronize()
+    before = _native.gpu_counters().get("validation_errors", 0)
+    assert _native.provoke_validation_error() >= 1
+    assert _native.gpu_counters().get("validation_errors", 0) == before

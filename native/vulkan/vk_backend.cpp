@@ -82,6 +82,12 @@ bool gpu_info(GpuInfo* info) {
     return true;
 }
 
+int provoke_validation_error() {
+    std::string why;
+    vk::Context* ctx = vk::Context::get(&why);
+    return ctx ? ctx->provoke_validation_error() : -1;
+}
+
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset) {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);

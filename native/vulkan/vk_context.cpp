@@ -49,7 +49,13 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverity
                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
     if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
         auto* ctx = static_cast<Context*>(user);
-        if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) ++ctx->validation_errors_;
+        const bool error = severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+        if (ctx->provoking_) {  // the self-test's deliberate mistake: counted apart, not an error of rlkit
+            if (error) ++ctx->provoked_errors_;
+            std::fprintf(stderr, "[rlkit vulkan validation, provoked by the self-test] %s\n", data->pMessage);
+            return VK_FALSE;
+        }
+        if (error) ++ctx->validation_errors_;
         std::fprintf(stderr, "[rlkit vulkan validation] %s\n", data->pMessage);
     }
     return VK_FALSE;
@@ -446,6 +452,21 @@ void Context::retire(Slot& slot) {
     check(api_.vkResetCommandBuffer(slot.cmd, 0), "vkResetCommandBuffer");
     slot.keep.clear();
     slot.busy = false;
+}
+
+int Context::provoke_validation_error() {
+    if (!validating()) return -1;
+    provoking_ = true;
+    provoked_errors_ = 0;
+    VkBufferCreateInfo info{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    info.size = 0;  // invalid (VUID-VkBufferCreateInfo-size-00912): the layer reports it and stops the call
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    if (api_.vkCreateBuffer(device_, &info, nullptr, &buffer) == VK_SUCCESS && buffer != VK_NULL_HANDLE)
+        api_.vkDestroyBuffer(device_, buffer, nullptr);
+    provoking_ = false;
+    return provoked_errors_;
 }
 
 void Context::barrier() {

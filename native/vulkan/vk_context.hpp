@@ -90,6 +90,9 @@ class Context {
     uint64_t device_memory() const { return device_memory_; }
     TransferStats& stats() { return stats_; }
     uint32_t validation_errors() const { return validation_errors_; }
+    // Tests: makes one deliberately invalid call and returns the errors the validation layer
+    // reported for it (counted apart from validation_errors), or -1 when the layer is off.
+    int provoke_validation_error();
     bool validating() const { return messenger_ != VK_NULL_HANDLE; }
     uint64_t memory_in_use() const { return device_pool_->bytes_in_use(); }
     uint64_t memory_reserved() const { return device_pool_->bytes_reserved(); }
@@ -152,6 +155,8 @@ class Context {
     uint64_t device_memory_ = 0;
     TransferStats stats_;
     uint32_t validation_errors_ = 0;
+    bool provoking_ = false;  // inside provoke_validation_error
+    int provoked_errors_ = 0;
 
     bool poison_ = false;
     bool recording_ = false;
