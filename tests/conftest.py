@@ -33,3 +33,15 @@ def pytest_sessionfinish(session, exitstatus):
     if errors:
         print(f"\nVulkan validation reported {errors} error(s) during the tests (see stderr)")
         session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Prints how many cases each property of test_properties.py ran."""
+    import sys
+
+    module = sys.modules.get("test_properties") or sys.modules.get("tests.test_properties")
+    if module is None or not module.CASES_RUN:
+        return
+    terminalreporter.write_sep("-", "property-based cases run (hypothesis)")
+    for name, count in sorted(module.CASES_RUN.items()):
+        terminalreporter.write_line(f"{count:6d}  {name}")
