@@ -148,6 +148,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "rlkit's native engine: tensors, the op table and the CPU backend";
 
     py::register_exception<rk::TypeError>(m, "NativeTypeError", PyExc_TypeError);
+    py::register_exception<rk::OutOfMemory>(m, "NativeOutOfMemory", PyExc_MemoryError);
 
     py::class_<TensorImpl, TensorPtr>(m, "Tensor")
         .def_property_readonly("shape", [](const TensorImpl& t) {

@@ -16,6 +16,11 @@ struct TypeError : std::invalid_argument {
     using std::invalid_argument::invalid_argument;
 };
 
+// Memory a device could not provide (becomes Python's MemoryError, with this message).
+struct OutOfMemory : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 enum class Op : int {
 #define RK_OP(name, n_inputs) name,
 #include "ops.def"

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "ops.hpp"
+
 namespace rk {
 
 size_t dtype_size(DType dtype) {
@@ -44,7 +46,9 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
     size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
     if (rounded == 0) rounded = kAlign;
     void* p = std::aligned_alloc(kAlign, rounded);
-    if (!p) throw std::bad_alloc();
+    if (!p)
+        throw OutOfMemory("out of host memory: could not allocate " + std::to_string(rounded >> 20) +
+                          " MiB for a tensor; free tensors or buffers, or use smaller ones");
     if (zero) std::memset(p, 0, rounded);
     auto s = std::make_shared<Storage>();
     s->data = p;

@@ -8,11 +8,15 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "ops.hpp"
 #include "vulkan/vk_shaders.hpp"
 
 namespace rk::vk {
 
 void check(VkResult result, const char* what) {
+    if (result == VK_ERROR_OUT_OF_DEVICE_MEMORY || result == VK_ERROR_OUT_OF_HOST_MEMORY)
+        throw OutOfMemory(std::string("out of GPU memory: Vulkan's ") + what + " failed (VkResult " +
+                          std::to_string(int(result)) + "); free tensors or buffers, or use smaller ones");
     if (result != VK_SUCCESS)
         throw std::runtime_error(std::string("Vulkan: ") + what + " failed (VkResult " + std::to_string(int(result)) + ")");
 }
@@ -98,8 +102,8 @@ int MemoryPool::add_block(uint64_t size) {
     VkResult r = api_.vkAllocateMemory(device_, &alloc, nullptr, &b.memory);
     if (r != VK_SUCCESS) {
         api_.vkDestroyBuffer(device_, b.buffer, nullptr);
-        throw std::runtime_error("out of GPU memory: could not allocate a block of " + std::to_string(size >> 20) +
-                                 " MiB (VkResult " + std::to_string(int(r)) + ")");
+        throw OutOfMemory("out of GPU memory: could not allocate a block of " + std::to_string(size >> 20) +
+                          " MiB (VkResult " + std::to_string(int(r)) + ")");
     }
     check(api_.vkBindBufferMemory(device_, b.buffer, b.memory, 0), "vkBindBufferMemory");
     if (mapped_) check(api_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
