@@ -52,3 +52,26 @@ def test_out_of_memory_mid_step_leaves_training_usable(device):
         np.testing.assert_array_equal(model.state_dict()[name], value, err_msg=name)
     buffer.add(np.zeros((1, 4)), np.zeros((1, 1)), [2.0], np.zeros((1, 4)), [True], [False])
     assert len(buffer) == 2 and buffer.sample(4).reward.numpy().max() == 2.0
+
+
+def test_out_of_memory_while_recording_a_capture_leaves_training_usable(device):
+    """A captured step whose program cannot get its memory fails on its first call with
+    MemoryError; nothing was updated, and other captured steps record and replay as before."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    y = rng.standard_normal((2, 16)).astype(np.float32)
+    model, optimizer = _model_and_optimizer()
+    weights = model.state_dict()
+
+    def too_big(x, y):
+        return rc.mse_loss(model(x) + rc.sum(rc.full(TOO_BIG, 0.0)), y)
+
+    with pytest.raises(MemoryError, match="out of (host|GPU) memory"):
+        rc.capture_step(too_big, model.parameters(), optimizer)(x=x, y=y)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
+    assert all(s["step"] == 0 for s in optimizer.state.values())
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), optimizer)
+    first, _ = step(x=x, y=y)
+    second, _ = step(x=x, y=y)
+    assert second < first and step.captured.traces == 1
