@@ -65,6 +65,29 @@ def test_binary_ops_broadcast_as_numpy_or_refuse(case):
 
 
 @SETTINGS
+@given(hnp.array_shapes(min_dims=1, max_dims=4, max_side=4), st.sampled_from(["f32", "f64", "f16", "i32"]),
+       st.sampled_from(["f32", "f64", "f16", "i32"]), st.sampled_from(["add", "mul", "maximum"]))
+def test_dtype_pairs_compute_in_their_dtype_or_refuse(shape, dtype_a, dtype_b, op):
+    """The same float dtype computes in it (f16 stored, computed in f32); integers and mixed
+    dtypes are TypeErrors that name both."""
+    CASES_RUN["dtype pairs"] += 1
+    rng = np.random.default_rng(len(shape))
+    a_values, b_values = rng.uniform(-4, 4, shape), rng.uniform(-4, 4, shape)
+    a, b = rc.tensor(a_values, dtype=dtype_a), rc.tensor(b_values, dtype=dtype_b)
+    if dtype_a != dtype_b or dtype_a == "i32":
+        with pytest.raises(TypeError, match="dtypes differ|must be a float tensor"):
+            getattr(rc, op)(a, b)
+        return
+    out = getattr(rc, op)(a, b)
+    assert out.dtype == dtype_a
+    as_stored = {"f32": np.float32, "f64": np.float64, "f16": np.float16}[dtype_a]
+    expected = NUMPY[op](a_values.astype(as_stored).astype(np.float64), b_values.astype(as_stored).astype(np.float64))
+    tolerance = {"f32": 1e-6, "f64": 1e-12, "f16": 1e-3}[dtype_a]
+    np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(expected.shape), expected, rtol=tolerance,
+                               atol=tolerance)
+
+
+@SETTINGS
 @given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=2, max_dims=2, max_side=6), elements=FLOATS),
        st.lists(st.integers(-2**40, 2**40) | st.integers(-3, 8), min_size=0, max_size=8))
 def test_get_rows_with_any_indices(x, index):

@@ -2,6 +2,9 @@
 (against a reference written out here), next-observation sharing that keeps the true final
 observation of truncated episodes, and bad input, on both backends."""
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -413,3 +416,40 @@ def test_device_prioritized_bad_settings():
         DevicePrioritizedReplayBuffer(8, 1, 1, alpha=-0.5)
     with pytest.raises(ValueError, match="batch_size"):
         _device_prioritized().sample_on_device(0)
+
+
+def test_truncated_or_corrupt_buffer_saves_are_refused(tmp_path):
+    """Each file of a save is checked: a truncated field, one flipped bit in a field's data, a
+    damaged host archive, a missing file or broken metadata each raise ValueError naming it."""
+    buf = ReplayBuffer(40, 3, 2, n_envs=2, seed=2)
+    _rollout([buf], 15, 2, seed=3)
+    path = str(tmp_path / "saved")
+    buf.save(path)
+
+    def damaged(name, damage):
+        copy = str(tmp_path / f"damaged-{name}-{damage.__name__}")
+        shutil.copytree(path, copy)
+        target = os.path.join(copy, name)
+        with open(target, "rb") as f:
+            data = bytearray(f.read())
+        with open(target, "wb") as f:
+            f.write(damage(data))
+        return copy
+
+    def truncate(data):
+        return data[:len(data) // 2]
+
+    def flip_last_bit(data):  # inside the data, past the .npy header
+        data[-3] ^= 1
+        return data
+
+    for name, damage, message in (("obs.npy", truncate, "obs.npy cannot be read|obs.npy holds"),
+                                  ("obs.npy", flip_last_bit, "obs.npy is corrupt"),
+                                  ("action.npy", flip_last_bit, "action.npy is corrupt"),
+                                  ("host.npz", flip_last_bit, "host.npz is truncated or corrupt"),
+                                  ("meta.json", truncate, "not a saved replay buffer")):
+        with pytest.raises(ValueError, match=message):
+            ReplayBuffer.load(damaged(name, damage))
+    os.remove(os.path.join(path, "next_obs.npy"))
+    with pytest.raises(ValueError, match="next_obs.npy cannot be read"):
+        ReplayBuffer.load(path)

@@ -15,6 +15,7 @@ truncation still bootstraps from the right state (the bug Stable-Baselines3 forb
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 import os
@@ -306,20 +307,24 @@ class ReplayBuffer:
 
     def save(self, path: str) -> None:
         """Writes the buffer to the folder ``path``: one .npy per field, copied in chunks of at
-        most 64 MiB (memory stays bounded), replacing an earlier save only once complete."""
+        most 64 MiB (memory stays bounded), with a SHA-256 of every field's data and of the
+        host arrays in meta.json; an earlier save is replaced only once this one is complete."""
         parent = os.path.dirname(os.path.abspath(path)) or "."
         tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)
         try:
+            digests = {}
             for name, buffer in self._device_fields().items():
                 out = np.lib.format.open_memmap(os.path.join(tmp, f"{name}.npy"), mode="w+",
                                                 dtype=_NUMPY_DTYPES[buffer.dtype], shape=(buffer.rows, buffer.capacity),
                                                 fortran_order=True)
-                step = max(1, self.CHUNK_BYTES // max(1, buffer.rows * out.itemsize))
-                for col in range(0, buffer.capacity, step):
-                    k = min(step, buffer.capacity - col)
-                    out[:, col:col + k] = buffer.read(col, k)
+                digest = hashlib.sha256()
+                for col, k in self._chunks(buffer, out.itemsize):
+                    block = np.asfortranarray(buffer.read(col, k))
+                    out[:, col:col + k] = block
+                    digest.update(block.tobytes(order="F"))
                 out.flush()
                 del out
+                digests[name] = digest.hexdigest()
             columns = sorted(self._final_obs)
             final_obs = np.zeros((len(columns), self._obs.rows), np.float32)
             for row, column in enumerate(columns):
@@ -327,8 +332,9 @@ class ReplayBuffer:
             np.savez(os.path.join(tmp, "host.npz"), reward=self._reward, terminated=self._terminated,
                      truncated=self._truncated, final_columns=np.array(columns, np.int64), final_obs=final_obs,
                      **self._extra_host_arrays())
+            digests["host.npz"] = _file_sha256(os.path.join(tmp, "host.npz"))
             with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump(self._settings(), f)
+                json.dump({**self._settings(), "sha256": digests}, f)
             if os.path.exists(path):
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -337,31 +343,60 @@ class ReplayBuffer:
             raise
 
     @classmethod
+    def _chunks(cls, buffer: DeviceBuffer, itemsize: int):
+        """(first column, columns) of each chunk of at most CHUNK_BYTES."""
+        step = max(1, cls.CHUNK_BYTES // max(1, buffer.rows * itemsize))
+        for col in range(0, buffer.capacity, step):
+            yield col, min(step, buffer.capacity - col)
+
+    @classmethod
     def load(cls, path: str, device: str | None = None) -> "ReplayBuffer":
         """A buffer saved by save(), on ``device`` (the default device when None), filled in
-        chunks of at most 64 MiB."""
+        chunks of at most 64 MiB. A missing, truncated or corrupt save (any field's data not
+        matching its SHA-256) raises ValueError saying which file."""
+        def refuse(what: str):
+            return ValueError(f"ReplayBuffer.load: {path!r} is not a saved replay buffer, or not a whole one: "
+                              f"{what}")
+
         try:
             with open(os.path.join(path, "meta.json")) as f:
                 settings = json.load(f)
-            host = np.load(os.path.join(path, "host.npz"))
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
-            raise ValueError(f"ReplayBuffer.load: {path!r} is not a saved replay buffer ({exc})") from None
-        state = settings.pop("state")
-        buf = cls(**settings, device=device)
+            digests, state = settings.pop("sha256"), settings.pop("state")
+            if _file_sha256(os.path.join(path, "host.npz")) != digests["host.npz"]:
+                raise refuse("host.npz is truncated or corrupt (its SHA-256 differs from the one saved)")
+            with np.load(os.path.join(path, "host.npz")) as archive:
+                host = {key: archive[key] for key in archive.files}
+            buf = cls(**settings, device=device)
+        except ValueError as exc:
+            if str(exc).startswith("ReplayBuffer.load"):
+                raise
+            raise refuse(str(exc)) from None
+        except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise refuse(f"{type(exc).__name__}: {exc}") from None
         for name, buffer in buf._device_fields().items():
-            data = np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r")
-            if data.shape != (buffer.rows, buffer.capacity):
-                raise ValueError(f"ReplayBuffer.load: {name}.npy has shape {data.shape}, expected "
-                                 f"{(buffer.rows, buffer.capacity)}")
-            step = max(1, cls.CHUNK_BYTES // max(1, buffer.rows * data.itemsize))
-            for col in range(0, buffer.capacity, step):
-                buffer.write(np.asfortranarray(data[:, col:col + step]), col)
-        buf._reward, buf._terminated, buf._truncated = host["reward"], host["terminated"], host["truncated"]
-        buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
-        buf.pos, buf.full = state["pos"], state["full"]
-        buf._rng.bit_generator.state = state["rng"]
+            try:
+                data = np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r")
+            except (OSError, ValueError) as exc:
+                raise refuse(f"{name}.npy cannot be read ({exc})") from None
+            if data.shape != (buffer.rows, buffer.capacity) or data.dtype != _NUMPY_DTYPES[buffer.dtype]:
+                raise refuse(f"{name}.npy holds {data.dtype} {data.shape}, expected {buffer.dtype} "
+                             f"{(buffer.rows, buffer.capacity)}")
+            digest = hashlib.sha256()
+            for col, k in cls._chunks(buffer, data.itemsize):
+                block = np.asfortranarray(data[:, col:col + k])
+                digest.update(block.tobytes(order="F"))
+                buffer.write(block, col)
+            if digest.hexdigest() != digests.get(name):
+                raise refuse(f"{name}.npy is corrupt (its SHA-256 differs from the one saved)")
+        try:
+            buf._reward, buf._terminated, buf._truncated = host["reward"], host["terminated"], host["truncated"]
+            buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
+            buf.pos, buf.full = state["pos"], state["full"]
+            buf._rng.bit_generator.state = state["rng"]
+            buf._restore_extra_host_arrays(host)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise refuse(f"host state is incomplete ({type(exc).__name__}: {exc})") from None
         buf._restore_device_rows()
-        buf._restore_extra_host_arrays(host)
         return buf
 
     def _extra_host_arrays(self) -> dict[str, np.ndarray]:
@@ -408,3 +443,12 @@ class ReplayBuffer:
         for j, column in patches:
             values[:, j] = column
         return rc.tensor(values, device=next_obs.device)
+
+
+def _file_sha256(path: str) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
