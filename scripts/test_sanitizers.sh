@@ -26,5 +26,6 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 python3 -m pytest -q -p no:cacheprovider \
   tests/test_ops.py tests/test_op_table.py tests/test_tensor.py tests/test_autograd.py tests/test_optim.py \
   tests/test_random_ops.py tests/test_buffers.py tests/test_replay.py tests/test_capture.py tests/test_graph.py \
-  tests/test_graph_api.py tests/test_ssm.py tests/test_vulkan.py tests/test_runtime.py tests/test_checkpoint.py
+  tests/test_graph_api.py tests/test_ssm.py tests/test_vulkan.py tests/test_runtime.py tests/test_checkpoint.py \
+  tests/test_properties.py
 echo "[rlkit sanitizers] no AddressSanitizer or UndefinedBehaviorSanitizer report"
