@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "ops.hpp"
 
 namespace rk {
@@ -45,6 +47,12 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
     constexpr size_t kAlign = 64;
     size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
     if (rounded == 0) rounded = kAlign;
+    // More than the machine's physical memory can never be used: refuse it here, because with
+    // memory overcommit the allocation itself may succeed and the process be killed on first touch.
+    static const size_t physical = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+    if (rounded > physical)
+        throw OutOfMemory("out of host memory: a tensor of " + std::to_string(rounded >> 20) + " MiB is larger than "
+                          "this machine's " + std::to_string(physical >> 20) + " MiB of memory");
     void* p = std::aligned_alloc(kAlign, rounded);
     if (!p)
         throw OutOfMemory("out of host memory: could not allocate " + std::to_string(rounded >> 20) +
