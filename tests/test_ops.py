@@ -179,9 +179,13 @@ def np_scatter_cols(g, idx, columns):
     return out
 
 
-def np_huber(p, t, delta):
+def np_huber_terms(p, t, delta):
     d = np.abs(p - t)
-    return np.mean(np.where(d <= delta, 0.5 * d * d, delta * (d - 0.5 * delta))).reshape(1, 1)
+    return np.where(d <= delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+
+
+def np_huber(p, t, delta):
+    return np.mean(np_huber_terms(p, t, delta)).reshape(1, 1)
 
 
 def to_f16(x):
@@ -399,6 +403,9 @@ CASES: list[Case] = [
     Case("huber_loss", "huber_loss", rc.huber_loss, lambda p, t: np_huber(p, t, 1.0),
          ((CONST([[0.3, -2.0, 1.7, -0.6]]), CONST([[0.0, 0.5, -0.4, 0.2]])), (GRID(3, 4), _grid_b(3, 4)), (GRID(2, 2), _grid_b(2, 2)))),
     Case("huber_loss_delta", "huber_loss", lambda p, t: rc.huber_loss(p, t, delta=0.5), lambda p, t: np_huber(p, t, 0.5),
+         ((CONST([[0.3, -2.0, 1.7, -0.6]]), CONST([[0.0, 0.5, -0.4, 0.2]])), (GRID(3, 4), _grid_b(3, 4)))),
+    Case("huber_loss_none", "huber_loss", lambda p, t: rc.huber_loss(p, t, delta=0.5, reduction="none"),
+         lambda p, t: np_huber_terms(p, t, 0.5),
          ((CONST([[0.3, -2.0, 1.7, -0.6]]), CONST([[0.0, 0.5, -0.4, 0.2]])), (GRID(3, 4), _grid_b(3, 4)))),
     Case("cross_entropy_loss", "cross_entropy_loss", rc.cross_entropy_loss,
          lambda p, t: (-np.sum(t * np.log(p)) / p.shape[1]).reshape(1, 1),
@@ -844,6 +851,8 @@ _BAD += [
     _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 1)), ValueError, "(3, 4)", "(3, 1)"),
     _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 4), delta=0.0), ValueError, "delta"),
     _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 4), delta=-1.0), ValueError, "delta"),
+    _bad("huber_loss", lambda: rc.huber_loss(_t(3, 4), _t(3, 4), reduction="sum"), ValueError,
+         "reduction must be 'mean' or 'none'"),
     _bad("cross_entropy_loss", lambda: rc.cross_entropy_loss(_t(3, 4), _t(3, 5)), ValueError, "(3, 4)", "(3, 5)"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), _t(4, 4)), ValueError, "(3, 4)", "(4, 4)"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), [0, 1, 2]), ValueError, "3 class indices", "4 columns"),

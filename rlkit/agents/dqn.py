@@ -157,12 +157,8 @@ class DQN(OffPolicyAgent):
         q_taken = rc.gather(self.q(s.obs), s.action)  # [1, B]
         if not cfg.prioritized:
             return rc.huber_loss(q_taken, td_target)
-        error = q_taken - td_target  # [1, B]
-        self.buffer.update_priorities_on_device(s.index, error)
-        size = rc.abs(error)
-        inside = rc.minimum(size, 1.0)
-        huber = 0.5 * rc.square(inside) + (size - inside)  # [1, B]: 0.5 d^2 up to |d| = 1, then linear
-        return rc.mean(s.weights * huber)
+        self.buffer.update_priorities_on_device(s.index, q_taken - td_target)
+        return rc.mean(s.weights * rc.huber_loss(q_taken, td_target, reduction="none"))  # weights [1, B]
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         inputs = {"stored": np.array([[len(self.buffer)]], np.float32)}

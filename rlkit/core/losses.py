@@ -30,16 +30,20 @@ def mse_loss(pred, target) -> Tensor:
     return ops.mean(ops.square(ops.sub(pred, target)))
 
 
-def huber_loss(pred, target, delta: float = 1.0) -> Tensor:
+def huber_loss(pred, target, delta: float = 1.0, reduction: str = "mean") -> Tensor:
     """Mean over all elements of 0.5 d^2 where |d| <= delta, else delta (|d| - delta / 2),
-    with d = pred - target (PyTorch's smooth L1 at delta = 1)."""
+    with d = pred - target (PyTorch's smooth L1 at delta = 1); with ``reduction="none"`` the
+    elementwise terms, shaped like pred (to weight them, as prioritized replay does)."""
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not delta > 0:
         raise ValueError(f"huber_loss: delta must be a positive number, got {delta!r}")
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"huber_loss: reduction must be 'mean' or 'none', got {reduction!r}")
     pred, target = _pred_target(pred, target, "huber_loss")
     abs_diff = ops.abs(ops.sub(pred, target))
     quadratic = ops.minimum(abs_diff, float(delta))  # |d| capped at delta
     linear = ops.sub(abs_diff, quadratic)
-    return ops.mean(ops.add(ops.scale(ops.square(quadratic), 0.5), ops.scale(linear, float(delta))))
+    terms = ops.add(ops.scale(ops.square(quadratic), 0.5), ops.scale(linear, float(delta)))
+    return terms if reduction == "none" else ops.mean(terms)
 
 
 def cross_entropy_loss(probs, target) -> Tensor:
