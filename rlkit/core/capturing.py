@@ -209,6 +209,11 @@ class CapturedStep:
         return float(np.asarray(loss).reshape(-1)[0]), float(np.asarray(norm).reshape(-1)[0])
 
 
+def _check_max_grad_norm(max_grad_norm, where: str) -> None:
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
+        raise ValueError(f"{where}: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+
+
 def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm: float | None = None):
     """Inside a traced function: ``loss_fn()`` on its own tape, its backward pass, the global
     gradient norm of ``params`` (clipped to ``max_grad_norm`` when given) and ``optimizer``'s
@@ -218,8 +223,7 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
 
     if _active is None:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-        raise ValueError(f"update_step: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
     with autograd.grad_tape():
         loss = loss_fn()
@@ -243,8 +247,7 @@ def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | No
     """A captured training step: ``loss_fn(**inputs)`` (a scalar loss), its backward pass, the
     global gradient norm (clipped to ``max_grad_norm`` when given) and ``optimizer``'s update.
     Calling it returns ``(loss, grad_norm)`` as floats; a non-finite norm skips the update."""
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0):
-        raise ValueError(f"capture_step: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
+    _check_max_grad_norm(max_grad_norm, "capture_step")  # when made, not at the first call
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
 
     def step(**inputs):
