@@ -176,11 +176,7 @@ class SAC(OffPolicyAgent):
             next_action, next_log_prob = self.actor.sample(s.next_obs)  # [actions, B], [1, B]
             next_q = self.critic_target.min(s.next_obs, next_action) - alpha * next_log_prob  # [1, B]
             target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_q)  # [1, B]
-        losses = [rc.mse_loss(q, target) for q in self.critic(s.obs, s.action)]
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return 0.5 * total
+        return 0.5 * self.critic.squared_error(s.obs, s.action, target)
 
     def _update(self, stored, with_target: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)

@@ -102,6 +102,14 @@ class Critics(rc.nn.Module):
     def forward(self, obs, action) -> list:
         return [getattr(self, f"q{i}")(obs, action) for i in range(self.n)]  # n x [1, B]
 
+    def squared_error(self, obs, action, target):
+        """The critics' mean squared errors against ``target`` [1, B], summed: [1, 1]."""
+        losses = [rc.mse_loss(q, target) for q in self(obs, action)]
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total
+
     def min(self, obs, action):
         """The smallest of the critics' values: [1, B]."""
         values = self(obs, action)
@@ -155,11 +163,7 @@ class TD3(OffPolicyAgent):
                 next_action = rc.clamp(next_action + noise, -1.0, 1.0)
             next_q = self.critic_target.min(s.next_obs, next_action)  # [1, B]
             target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_q)  # [1, B]
-        losses = [rc.mse_loss(q, target) for q in self.critic(s.obs, s.action)]
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return total
+        return self.critic.squared_error(s.obs, s.action, target)
 
     def _actor_loss(self, s):
         """-Q of the first critic at the actor's actions, averaged over the batch."""
