@@ -133,3 +133,12 @@ def test_a_gpu_replay_is_one_upload_one_submission_one_download():
         assert (stats["uploads"], stats["submits"], stats["downloads"]) == (1, 1, 1)
     finally:
         rc.device(previous)
+
+
+def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
+    w = rc.param(np.ones((2, 2)))
+    optimizer = rc.optim.SGD([w], lr=0.1)
+    with pytest.raises(rc.CaptureError, match="only inside a captured function"):
+        rc.capturing.update_step(lambda: rc.sum(w), [w], optimizer)
+    with pytest.raises(ValueError, match="max_grad_norm must be a positive number or None, got -1"):
+        rc.capture_step(lambda: rc.sum(w), [w], optimizer, max_grad_norm=-1)

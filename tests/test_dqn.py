@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import rlkit.core as rc
-from rlkit.agents import DQN, DQNConfig, EvalCallback, evaluate
+from rlkit.agents import DQN, CheckpointCallback, DQNConfig, EvalCallback, evaluate
 from rlkit.buffers import ReplaySamples
 
 FAST = DQNConfig(learning_starts=200, train_freq=64, gradient_steps=32, exploration_fraction=0.3,
@@ -137,6 +137,8 @@ def test_eval_callback_logs_and_stops_at_the_threshold(tmp_path):
     assert "eval/mean_ep_length" in acc.Tags()["scalars"]
     with pytest.raises(ValueError, match="eval_freq must be a positive int"):
         EvalCallback("CartPole-v1", eval_freq=0)
+    with pytest.raises(ValueError, match="save_freq must be a positive int"):
+        CheckpointCallback(0, str(tmp_path))
 
 
 def test_the_same_seed_gives_the_same_run_twice():
