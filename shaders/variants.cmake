@@ -40,3 +40,8 @@ foreach(kind FORWARD BACK_SX BACK_C)
   string(TOLOWER ${kind} name)
   rk_shader(ssm_conv_${name} ssm_conv.comp ${kind})
 endforeach()
+# the selective scan: the state in registers, or in device memory when it is too large for them
+rk_shader(ssm_scan_forward ssm_scan.comp FORWARD)
+rk_shader(ssm_scan_forward_memory ssm_scan.comp FORWARD MEMORY)
+rk_shader(ssm_scan_backward ssm_scan.comp BACKWARD)
+rk_shader(ssm_scan_backward_memory ssm_scan.comp BACKWARD MEMORY)

@@ -59,6 +59,41 @@ def np_ssm_conv(sx, c):
     return np.transpose(out, (1, 0, 2))
 
 
+def np_softplus(v):
+    return np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20))))
+
+
+def np_ssm_scan(s, x, dt, A, B, C, ids):
+    """ggml_ssm_scan written as its recurrence, one (sequence, head) at a time; returns
+    (y like x, final states [d_state, head_dim, n_head, n_seqs])."""
+    d_state, n_group = B.shape[0], B.shape[1]
+    _, n_head, n_tok, n_seqs = x.shape
+    y, final = np.zeros_like(x), np.zeros((d_state, x.shape[0], n_head, n_seqs))
+    for q in range(n_seqs):
+        for h in range(n_head):
+            g = h // (n_head // n_group)
+            state = s[:, :, h, ids[q]].copy()  # [d_state, head_dim]
+            for t in range(n_tok):
+                dts = np_softplus(dt[h, t, q])
+                decay = np.exp(dts * A[:, h])[:, None]  # [d_state or 1, 1]
+                state = state * decay + np.outer(B[:, g, t, q], x[:, h, t, q] * dts)
+                y[:, h, t, q] = C[:, g, t, q] @ state
+            final[:, :, h, q] = state
+    return y, final
+
+
+def packed(y, final):
+    """Both results of a recurrent op as one column (rlkit tensors or numpy arrays)."""
+    if isinstance(y, np.ndarray):
+        return np.concatenate([y.reshape(-1, order="F"), final.reshape(-1, order="F")])[:, None]
+    return rc.concat_rows(rc.reshape(y, (-1, 1)), rc.reshape(final, (-1, 1)))
+
+
+def DECAY(*shape):
+    """Negative decay rates, as Mamba's A = -exp(A_log)."""
+    return lambda r: -np.exp(r.normal(size=shape))
+
+
 def U(lo, hi, *shape):
     """Uniform values in [lo, hi)."""
     return lambda r: r.uniform(lo, hi, size=shape)
@@ -426,6 +461,12 @@ CASES: list[Case] = [
     # Mamba's causal depthwise conv: sx [d_conv - 1 + n_t, d_inner, n_s], c [d_conv, d_inner]
     Case("ssm_conv", "ssm_conv", rc.ssm_conv, lambda sx, c: np_ssm_conv(sx, c),
          ((N(5, 3, 2), N(4, 3)), (N(4, 2, 1), N(4, 2)), (N(7, 1, 3), N(1, 1)), (N(6, 4, 2), N(3, 4)))),
+    # Mamba's selective scan: s [d_state, head_dim, n_head, n_rs], x [head_dim, n_head, n_tok, n_seqs],
+    # dt [n_head, n_tok, n_seqs], A [1 or d_state, n_head], B and C [d_state, n_group, n_tok, n_seqs], ids
+    Case("ssm_scan", "ssm_scan", lambda *a: packed(*rc.ssm_scan(*a)), lambda *a: packed(*np_ssm_scan(*a)),
+         ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),  # Mamba-2
+          (N(4, 1, 3, 1), N(1, 3, 5, 1), N(3, 5, 1), DECAY(4, 3), N(4, 1, 5, 1), N(4, 1, 5, 1), IDX(0)),  # Mamba-1
+          (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
     Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
          ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),

@@ -1,11 +1,16 @@
-"""State-space layer ops beyond the op table's cases: ssm_conv's shape errors, and its conv
-state carried between chunks of a sequence giving the same outputs as the whole sequence (how
-Mamba runs step by step), on both backends."""
+"""State-space layer ops beyond the op table's cases: shape errors; states carried between
+chunks of a sequence giving the same outputs as the whole sequence (how Mamba runs step by step),
+on both backends; ssm_scan's forward and every gradient on the GPU against the CPU at the sizes
+Mamba uses; its backward pass where the decay underflows; its bounded backward memory."""
 
 import numpy as np
 import pytest
 
 import rlkit.core as rc
+from rlkit.core import ops
+
+from conftest import DEVICES
+from test_ops import np_ssm_scan
 
 
 def test_ssm_conv_chunks_with_carried_state_match_the_whole_sequence(device):
@@ -34,3 +39,135 @@ def test_ssm_conv_refuses_bad_shapes(device, sx_shape, c_shape, message):
         rc.ssm_conv(rc.tensor(np.zeros(sx_shape, np.float32)), rc.tensor(np.zeros(c_shape, np.float32)))
     with pytest.raises(TypeError, match="dtypes differ"):
         rc.ssm_conv(rc.tensor(np.zeros((6, 4, 2), np.float32)), rc.tensor(np.zeros((3, 4)), dtype="f64"))
+
+
+def scan_inputs(rng, d_state, head_dim, n_head, n_tok, n_seqs, n_group=1, mamba1=False):
+    """Float inputs of ssm_scan (float64), one initial state per sequence."""
+    return dict(
+        s=rng.normal(size=(d_state, head_dim, n_head, n_seqs)),
+        x=rng.normal(size=(head_dim, n_head, n_tok, n_seqs)),
+        dt=rng.normal(size=(n_head, n_tok, n_seqs)) - 1.0,
+        A=-np.exp(rng.normal(size=(d_state if mamba1 else 1, n_head))),
+        B=rng.normal(size=(d_state, n_group, n_tok, n_seqs)),
+        C=rng.normal(size=(d_state, n_group, n_tok, n_seqs)),
+    )
+
+
+def scan_with_gradients(arrays, device, weights):
+    """y, the final states and the gradient of every input of sum(w_y y) + sum(w_s final)."""
+    previous = rc.device(device)
+    try:
+        params = [rc.param(np.asfortranarray(a, dtype=np.float32)) for a in arrays.values()]
+        with rc.grad_tape():
+            y, final = rc.ssm_scan(*params)
+            loss = rc.add(rc.sum(rc.mul(y, rc.tensor(weights[0]))), rc.sum(rc.mul(final, rc.tensor(weights[1]))))
+        grads = rc.backward(loss)
+        return [y.numpy(), final.numpy()] + [np.asarray(grads[p]) for p in params]
+    finally:
+        rc.device(previous)
+
+
+@pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
+@pytest.mark.parametrize("d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1", [
+    (16, 1, 24, 40, 2, 1, True),     # Mamba-1: head_dim 1, a decay per state
+    (16, 32, 4, 33, 2, 2, False),
+    (64, 32, 2, 20, 2, 1, False),
+    (128, 64, 2, 16, 2, 2, False),   # the demo's sizes
+    (256, 64, 1, 9, 1, 1, False),    # as many state elements as registers hold
+    (256, 128, 1, 6, 1, 1, False),   # more: the state lives in device memory
+])
+def test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1):
+    rng = np.random.default_rng(d_state + head_dim)
+    arrays = scan_inputs(rng, d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1)
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=arrays["s"].shape)
+    cpu, gpu = scan_with_gradients(arrays, "cpu", weights), scan_with_gradients(arrays, "gpu", weights)
+    names = ["y", "final state"] + [f"grad {k}" for k in arrays]
+    for name, a, b in zip(names, cpu, gpu):
+        scale = np.abs(a).max()
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+
+
+def test_ssm_scan_matches_the_recurrence_in_float64():
+    arrays = scan_inputs(np.random.default_rng(3), 5, 3, 4, 11, 2, n_group=2)
+    y, final = rc.ssm_scan(*[rc.tensor(np.asfortranarray(a), dtype="f64") for a in arrays.values()])
+    ref_y, ref_final = np_ssm_scan(*arrays.values(), ids=[0, 1])
+    np.testing.assert_allclose(y.numpy(), ref_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(final.numpy(), ref_final, rtol=1e-12, atol=1e-12)
+
+
+def test_ssm_scan_chunks_with_carried_state_match_the_whole_sequence(device):
+    arrays = {k: v.astype(np.float32) for k, v in scan_inputs(np.random.default_rng(1), 8, 4, 2, 12, 2).items()}
+    whole_y, whole_final = (t.numpy() for t in rc.ssm_scan(*[rc.tensor(np.asfortranarray(a)) for a in arrays.values()]))
+    state, pieces = arrays["s"], []
+    for lo, hi in ((0, 5), (5, 6), (6, 12)):  # 5 tokens, 1 token, 6 tokens
+        part = [arrays["x"][:, :, lo:hi], arrays["dt"][:, lo:hi], arrays["A"], arrays["B"][:, :, lo:hi], arrays["C"][:, :, lo:hi]]
+        y, final = rc.ssm_scan(rc.tensor(state), *[rc.tensor(np.asfortranarray(a)) for a in part])
+        pieces.append(y.numpy())
+        state = final.numpy()
+    np.testing.assert_allclose(np.concatenate(pieces, axis=2), whole_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state, whole_final, rtol=1e-5, atol=1e-5)
+
+
+def test_ssm_scan_gradients_where_the_decay_underflows(device):
+    """exp(dt A) is exactly 0 in float32 here: a backward pass that divided by the decay to walk
+    back would give inf or NaN; the checkpointed one gives the gradients of a state that forgets."""
+    rng = np.random.default_rng(2)
+    arrays = {k: v.astype(np.float32) for k, v in scan_inputs(rng, 4, 2, 2, 9, 1).items()}
+    arrays["A"] = np.full((1, 2), -1e4, np.float32)
+    arrays["dt"] = np.full((2, 9, 1), 2.0, np.float32)
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=arrays["s"].shape)
+    y, final, g_s, g_x, g_dt, g_a, g_b, g_c = scan_with_gradients(arrays, device, weights)
+    # with no memory S_t = B_t (x) x_t dts, so y_t = (C_t . B_t) x_t dts and the initial state reaches nothing
+    dts = np.log1p(np.exp(2.0))
+    cb = np.einsum("ngtq,ngtq->tq", arrays["B"], arrays["C"])[None, None]  # [1, 1, n_tok, 1]
+    np.testing.assert_allclose(y, cb * arrays["x"] * dts, rtol=1e-5, atol=1e-5)
+    expected_gx = weights[0] * cb * dts
+    expected_gx[:, :, -1] += np.einsum("nphq,nq->phq", weights[1], arrays["B"][:, 0, -1]) * dts  # the final state
+    np.testing.assert_allclose(g_x, expected_gx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(g_s, np.zeros_like(g_s))
+    for g in (g_dt, g_a, g_b, g_c):
+        assert np.isfinite(g).all()
+
+
+def test_ssm_scan_backward_memory_grows_with_the_square_root_of_the_sequence():
+    """The backward helper's output (gradients plus its checkpoints) for 1024 tokens holds far
+    fewer than the 1024 states per (sequence, head) that keeping every state would need."""
+    d_state, head_dim, n_head, n_tok = 16, 8, 2, 1024
+    arrays = scan_inputs(np.random.default_rng(0), d_state, head_dim, n_head, n_tok, 1)
+    inputs = [rc.tensor(np.asfortranarray(a, dtype=np.float32)) for a in arrays.values()]
+    ids = rc.tensor(np.zeros(1, np.int32))
+    out = ops.apply("ssm_scan", (*inputs, ids))
+    grads = ops.apply("ssm_scan_back", (out, *inputs, ids))
+    gradient_elements = sum(a.size for a in arrays.values()) + 2 * d_state * n_head * n_tok  # + per-head gB, gC
+    state_elements = d_state * head_dim * n_head
+    scratch_states = (grads.shape[0] - gradient_elements) / state_elements
+    assert scratch_states < 4 * np.sqrt(n_tok) + 8, f"the backward pass keeps {scratch_states:.0f} states per head"
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(x=np.zeros((2, 3, 5, 2))), "s must be .* = 4x2x3x2, got"),
+    (dict(B=np.zeros((4, 3, 5, 2)), C=np.zeros((4, 3, 5, 2))), "n_head = 2 .* is not a multiple of n_group = 3"),
+    (dict(C=np.zeros((4, 1, 6, 2))), "C must be like B"),
+    (dict(dt=np.zeros((2, 5, 1))), "dt must be \\[n_head, n_tok, n_seqs\\] = 2x5x2x1"),
+    (dict(A=np.zeros((3, 2))), "A must be \\[1, n_head\\] \\(Mamba-2\\) or \\[d_state, n_head\\]"),
+    (dict(s=np.zeros((4, 2, 2, 3))), "without ids, s must hold one state per sequence"),
+])
+def test_ssm_scan_refuses_bad_shapes(change, message):
+    arrays = scan_inputs(np.random.default_rng(0), 4, 2, 2, 5, 2)
+    arrays.update(change)
+    with pytest.raises(ValueError, match=message):
+        rc.ssm_scan(*[rc.tensor(np.asfortranarray(a, dtype=np.float32)) for a in arrays.values()])
+
+
+def test_ssm_scan_refuses_bad_ids_and_dtypes():
+    arrays = scan_inputs(np.random.default_rng(0), 4, 2, 2, 5, 2)
+    tensors = [rc.tensor(np.asfortranarray(a, dtype=np.float32)) for a in arrays.values()]
+    with pytest.raises(IndexError, match="ssm_scan"):
+        rc.ssm_scan(*tensors, ids=[0, 2])
+    with pytest.raises(ValueError, match="ids has 3 elements, expected one per sequence \\(2\\)"):
+        rc.ssm_scan(*tensors, ids=[0, 1, 1])
+    with pytest.raises(IndexError, match="ids\\[1\\] = 5 is out of range"):  # ids computed on the device
+        rc.ssm_scan(*tensors, ids=rc.tensor(np.array([0, 5], np.int32)))
+    tensors[4] = rc.tensor(np.asfortranarray(arrays["B"]), dtype="f64")
+    with pytest.raises(TypeError, match="B is f64 but x is f32"):
+        rc.ssm_scan(*tensors)

@@ -7,6 +7,7 @@
 #include "backend.hpp"
 #include "kernel_util.hpp"
 #include "random.hpp"
+#include "ssm_scan.hpp"
 #include "vulkan/vk_context.hpp"
 #include "vulkan/vk_kernels.hpp"
 
@@ -455,6 +456,44 @@ void vk_ssm_conv_sx_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 void vk_ssm_conv_c_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl &g = *in[0], &sx = *in[1];
     ssm_conv_op("back_c", g, sx, out, out.ne[0], g.ne[0], g.ne[1], g.ne[2]);
+}
+
+uint64_t next_pow2(uint64_t n) {
+    uint64_t p = 1;
+    while (p < n) p *= 2;
+    return p;
+}
+
+struct SsmScanPush {
+    uint64_t s, x, dt, a, b, c, ids, g, o;
+    uint32_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, a_rows, n_rs, chunk, lanes;
+};
+
+// One workgroup per (sequence, head); ssm_scan.comp says how the state is spread over it.
+void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorImpl* g, TensorImpl& out) {
+    const ScanDims d = scan_dims(pass, in, first);
+    u32(out.numel(), pass);  // the shader indexes the whole output with 32-bit offsets
+    const int64_t rows = std::min<int64_t>(kGroup, int64_t(next_pow2(uint64_t(d.head_dim))));
+    const int64_t lanes = int64_t(kGroup) / rows;
+    const int64_t owned = (d.head_dim + rows - 1) / rows * ((d.d_state + lanes - 1) / lanes);
+    constexpr int64_t kMaxOwned = 64;  // ssm_scan.comp's registers per invocation
+    const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
+                     &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
+    SsmScanPush p{s.address(), x.address(), dt.address(), a.address(), b.address(), c.address(), ids.address(),
+                  g ? g->address() : 0, out.address(),
+                  u32(d.d_state, pass), u32(d.head_dim, pass), u32(d.n_head, pass), u32(d.n_tok, pass),
+                  u32(d.n_seqs, pass), u32(d.n_group, pass), u32(d.a_rows, pass), u32(d.n_rs, pass),
+                  u32(d.chunk(), pass), u32(lanes, pass)};
+    std::vector<vk::Range> reads{span(s), span(x), span(dt), span(a), span(b), span(c), span(ids)};
+    if (g) reads.push_back(span(*g));
+    const std::string shader = std::string(g ? "ssm_scan_backward" : "ssm_scan_forward") + (owned > kMaxOwned ? "_memory" : "");
+    record(shader, p, uint64_t(d.tasks()), reads, {span(out)});
+}
+
+void vk_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) { ssm_scan_op("ssm_scan", in, 0, nullptr, out); }
+
+void vk_ssm_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    ssm_scan_op("ssm_scan_back", in, 1, in[0].get(), out);
 }
 
 }  // namespace rk

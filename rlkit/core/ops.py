@@ -456,6 +456,41 @@ def ssm_conv(sx, c) -> Tensor:
     return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
 
 
+def _ne4(t: Tensor) -> tuple[int, int, int, int]:
+    """A tensor's sizes in ne order, padded to four."""
+    return tuple(t.shape) + (1,) * (4 - len(t.shape))
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
+    """Mamba's selective scan, as ggml_ssm_scan (shapes in ne order):
+
+    - ``s`` [d_state, head_dim, n_head, n_rs]: initial states; sequence q starts from s[..., ids[q]]
+    - ``x`` [head_dim, n_head, n_tok, n_seqs], ``dt`` [n_head, n_tok, n_seqs] (raw: softplus is
+      applied inside, ``dt`` > 20 taken as is)
+    - ``A`` [1, n_head] (Mamba-2: one decay rate per head) or [d_state, n_head] (Mamba-1)
+    - ``B``, ``C`` [d_state, n_group, n_tok, n_seqs]; head h reads group h // (n_head // n_group)
+    - ``ids`` i32 [n_seqs]; None means sequence q starts from state q (then n_rs = n_seqs)
+
+    Per token: S = S * exp(softplus(dt) A) + B (x softplus(dt)), y = C . S. Returns
+    (y like x, final states [d_state, head_dim, n_head, n_seqs]); differentiable in every float
+    input, the initial states included."""
+    x = as_tensor(x, op="ssm_scan", arg="x")
+    s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
+                      ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
+    d_state, (head_dim, n_head, _, n_seqs), n_rs = _ne4(B)[0], _ne4(x), _ne4(s)[3]
+    if ids is None:
+        if n_rs != n_seqs:
+            raise ValueError(f"ssm_scan: without ids, s must hold one state per sequence (s.shape[3] = {n_seqs}), "
+                             f"got {n_rs}; pass ids to pick states")
+        ids = np.arange(n_seqs, dtype=np.int32)
+    ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
+    packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
+    n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
+    y = reshape(slice_rows(packed, 0, n_y), x.shape)
+    final_state = reshape(slice_rows(packed, n_y, n_final), (d_state, head_dim, n_head, n_seqs))
+    return y, final_state
+
+
 def stop_gradient(x) -> Tensor:
     """The same values, cut from the tape: no gradient flows back through it."""
     x = as_tensor(x, op="stop_gradient")

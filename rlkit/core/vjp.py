@@ -30,6 +30,35 @@ def _first_max_mask(x):
     return ops.reshape(ops.one_hot(ops.argmax(x), x.shape[0], dtype=x.dtype), x.shape)
 
 
+def _ssm_scan(g, out, s, x, dt, A, B, C, ids):
+    # ssm_scan_back packs every gradient (layout: native/ssm_scan.hpp); per-head, per-token and
+    # per-sequence partial sums are added up here.
+    d_state, n_group = B.shape[0], B.shape[1]
+    head_dim, n_head, n_tok, n_seqs = ops._ne4(x)
+    n_rs, per_token = ops._ne4(s)[3], d_state * n_head * n_tok * n_seqs
+    grads = ops.apply("ssm_scan_back", (g, s, x, dt, A, B, C, ids))  # 1-D
+
+    def part(at, n, shape):
+        return ops.reshape(ops.slice_rows(grads, at, n), shape)
+
+    n_initial, n_x, n_dt = d_state * head_dim * n_head * n_seqs, head_dim * n_head * n_tok * n_seqs, n_head * n_tok * n_seqs
+    at_gx = n_initial
+    at_gdt = at_gx + n_x
+    at_ga = at_gdt + n_dt
+    at_gb, at_gc = at_ga + per_token, at_ga + 2 * per_token
+    g_initial = part(0, n_initial, (d_state * head_dim * n_head, n_seqs))  # one column per sequence
+    g_s = ops.reshape(ops.scatter_cols(g_initial, ids, n_rs), s.shape)  # summed per state picked
+    g_a = ops.sum_to(part(at_ga, per_token, (d_state, n_head, n_tok * n_seqs)), (A.shape[0], n_head, 1))
+    heads_per_group = n_head // n_group
+    group_sum = (d_state, heads_per_group, n_group, n_tok * n_seqs)
+
+    def per_group(at):  # [d_state, n_head, ...] summed over the heads of each group
+        return ops.reshape(ops.sum_to(part(at, per_token, group_sum), (d_state, 1, n_group, n_tok * n_seqs)), B.shape)
+
+    return (g_s, part(at_gx, n_x, x.shape), part(at_gdt, n_dt, dt.shape), ops.reshape(g_a, A.shape),
+            per_group(at_gb), per_group(at_gc), None)
+
+
 VJP = {
     "add": lambda g, out, a, b: (g, g),
     "sub": lambda g, out, a, b: (g, ops.neg(g)),
@@ -71,6 +100,7 @@ VJP = {
     "get_rows": lambda g, out, x, index, columns: (ops.scatter_cols(g, index, columns), None),
     "scatter_cols": lambda g, out, src, index: (ops.get_rows(g, index), None),
     "ssm_conv": lambda g, out, sx, c: (ops.apply("ssm_conv_sx_back", (g, c)), ops.apply("ssm_conv_c_back", (g, sx))),
+    "ssm_scan": _ssm_scan,
 }
 
 NOT_DIFFERENTIABLE = frozenset(
@@ -81,5 +111,6 @@ NOT_DIFFERENTIABLE = frozenset(
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
         "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
+        "ssm_scan_back",
     }
 )

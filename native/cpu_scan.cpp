@@ -1,0 +1,237 @@
+// Mamba's selective scan (ggml_ssm_scan) and its backward helper on the CPU. Sizes and the packed
+// layouts: ssm_scan.hpp. Per sequence q, token t, head h, row p, state n:
+//   dts = softplus(dt[h, t, q]),  dA[n] = exp(dts * A[n or 0, h])
+//   S[n, p] = S[n, p] * dA[n] + B[n, g, t, q] * x[p, h, t, q] * dts
+//   y[p, h, t, q] = sum_n S[n, p] * C[n, g, t, q]
+// One task per (sequence, head): tasks share no output element.
+#include "ssm_scan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernel_util.hpp"
+
+namespace rk {
+namespace {
+
+void require_shape(const char* op, const TensorImpl& t, const char* arg, const Shape& expected, const char* layout) {
+    if (t.ne != expected)
+        throw std::invalid_argument(op_err(op, std::string(arg) + " must be " + layout + " = " +
+                                                   std::to_string(expected[0]) + "x" + std::to_string(expected[1]) + "x" +
+                                                   std::to_string(expected[2]) + "x" + std::to_string(expected[3]) +
+                                                   ", got " + t.shape_str()));
+}
+
+template <typename T>
+T softplus_of(T v) { return v > T(20) ? v : std::log1p(std::exp(v)); }
+
+template <typename T>
+T softplus_slope(T v) { return v > T(20) ? T(1) : T(1) / (T(1) + std::exp(-v)); }
+
+// Read-only views of one scan's inputs, with the index arithmetic of ggml's layouts.
+template <typename T>
+struct ScanInputs {
+    const ScanDims& d;
+    const T *s, *x, *dt, *a, *b, *c;
+    const int32_t* ids;
+
+    const T* x_at(int64_t q, int64_t t, int64_t h) const { return x + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim; }
+    T dt_at(int64_t q, int64_t t, int64_t h) const { return dt[(q * d.n_tok + t) * d.n_head + h]; }
+    int64_t group_of(int64_t h) const { return h / (d.n_head / d.n_group); }
+    const T* b_at(int64_t q, int64_t t, int64_t h) const { return b + ((q * d.n_tok + t) * d.n_group + group_of(h)) * d.d_state; }
+    const T* c_at(int64_t q, int64_t t, int64_t h) const { return c + ((q * d.n_tok + t) * d.n_group + group_of(h)) * d.d_state; }
+    const T* initial_state(int64_t q, int64_t h) const { return s + (int64_t(ids[q]) * d.n_head + h) * d.state_size(); }
+
+    // dA[n] for one token, and softplus(dt) returned.
+    T decay(int64_t q, int64_t t, int64_t h, T* da) const {
+        const T dts = softplus_of(dt_at(q, t, h));
+        for (int64_t n = 0; n < d.d_state; ++n) da[n] = std::exp(dts * a[h * d.a_rows + (d.a_rows == 1 ? 0 : n)]);
+        return dts;
+    }
+
+    // One step of the recurrence on state [d_state, head_dim]; writes y[p] when y is given.
+    void step(int64_t q, int64_t t, int64_t h, T* state, T* da, T* y) const {
+        const T dts = decay(q, t, h, da);
+        const T *xt = x_at(q, t, h), *bt = b_at(q, t, h), *ct = c_at(q, t, h);
+        for (int64_t p = 0; p < d.head_dim; ++p) {
+            T* row = state + p * d.d_state;
+            const T xdt = xt[p] * dts;
+            T acc = 0;
+            for (int64_t n = 0; n < d.d_state; ++n) {
+                row[n] = row[n] * da[n] + bt[n] * xdt;
+                acc += row[n] * ct[n];
+            }
+            if (y) y[p] = acc;
+        }
+    }
+};
+
+template <typename T>
+ScanInputs<T> scan_inputs(const ScanDims& d, const Inputs& in, size_t first) {
+    return {d, in[first]->ptr<T>(), in[first + 1]->ptr<T>(), in[first + 2]->ptr<T>(), in[first + 3]->ptr<T>(),
+            in[first + 4]->ptr<T>(), in[first + 5]->ptr<T>(), in[first + 6]->ptr<int32_t>()};
+}
+
+void check_ids(const char* op, const TensorImpl& ids, const ScanDims& d) {
+    const int32_t* p = ids.ptr<int32_t>();
+    for (int64_t q = 0; q < d.n_seqs; ++q)
+        if (p[q] < 0 || p[q] >= d.n_rs)
+            throw std::out_of_range(op_err(op, "ids[" + std::to_string(q) + "] = " + std::to_string(p[q]) +
+                                                   " is out of range for the " + std::to_string(d.n_rs) +
+                                                   " states of s (expected 0 <= id < s.shape[3])"));
+}
+
+int64_t task_grain(const ScanDims& d) {
+    return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, d.n_tok * d.state_size()));
+}
+
+// The gradients of one (sequence q, head h) task, walking the chunks backwards.
+template <typename T>
+void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, int64_t h) {
+    const ScanDims& d = in.d;
+    const int64_t E = d.state_size(), Q = d.chunk(), task = q * d.n_head + h;
+    T* checkpoints = out + d.scratch_at() + task * d.scratch_per_task();  // [n_chunks][E]
+    T* states = checkpoints + d.n_chunks() * E;                             // [Q][E], one chunk
+    std::vector<T> da(d.d_state), grad(E), gb(d.d_state), gc(d.d_state), u(d.d_state);
+
+    // the state at each chunk start
+    std::copy(in.initial_state(q, h), in.initial_state(q, h) + E, checkpoints);
+    for (int64_t c = 1; c < d.n_chunks(); ++c) {
+        std::copy(checkpoints + (c - 1) * E, checkpoints + c * E, checkpoints + c * E);
+        for (int64_t t = (c - 1) * Q; t < c * Q; ++t) in.step(q, t, h, checkpoints + c * E, da.data(), nullptr);
+    }
+
+    // grad = dL/dS_t, starting from the final state's gradient
+    const T* g_final = g + d.y_size() + task * E;
+    std::copy(g_final, g_final + E, grad.begin());
+    for (int64_t c = d.n_chunks(); c-- > 0;) {
+        const int64_t t0 = c * Q, len = std::min(Q, d.n_tok - t0);
+        for (int64_t k = 0; k < len; ++k) {  // the states after each token of the chunk
+            std::copy(k ? states + (k - 1) * E : checkpoints + c * E, (k ? states + (k - 1) * E : checkpoints + c * E) + E,
+                      states + k * E);
+            in.step(q, t0 + k, h, states + k * E, da.data(), nullptr);
+        }
+        for (int64_t k = len; k-- > 0;) {
+            const int64_t t = t0 + k;
+            const T* before = k ? states + (k - 1) * E : checkpoints + c * E;
+            const T* after = states + k * E;
+            const T dts = in.decay(q, t, h, da.data());
+            const T *xt = in.x_at(q, t, h), *bt = in.b_at(q, t, h), *ct = in.c_at(q, t, h);
+            const T* gy = g + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim;
+            std::fill(gb.begin(), gb.end(), T(0));
+            std::fill(gc.begin(), gc.end(), T(0));
+            std::fill(u.begin(), u.end(), T(0));
+            T* gx = out + d.gx_at() + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim;
+            for (int64_t p = 0; p < d.head_dim; ++p) {
+                T* gr = grad.data() + p * d.d_state;
+                const T *sa = after + p * d.d_state, *sb = before + p * d.d_state;
+                T gxp = 0;
+                for (int64_t n = 0; n < d.d_state; ++n) {
+                    gr[n] += ct[n] * gy[p];  // y_t reads S_t
+                    gxp += gr[n] * bt[n];
+                    gb[n] += gr[n] * xt[p];
+                    gc[n] += gy[p] * sa[n];
+                    u[n] += gr[n] * sb[n];
+                }
+                gx[p] = gxp * dts;
+            }
+            const int64_t at = ((q * d.n_tok + t) * d.n_head + h) * d.d_state;  // [d_state, n_head, n_tok, n_seqs]
+            T gdts = 0;
+            for (int64_t n = 0; n < d.d_state; ++n) {
+                const T an = in.a[h * d.a_rows + (d.a_rows == 1 ? 0 : n)];
+                out[d.ga_at() + at + n] = dts * da[n] * u[n];
+                out[d.gb_at() + at + n] = dts * gb[n];
+                out[d.gc_at() + at + n] = gc[n];
+                gdts += an * da[n] * u[n] + bt[n] * gb[n];
+            }
+            out[d.gdt_at() + (q * d.n_tok + t) * d.n_head + h] = gdts * softplus_slope(in.dt_at(q, t, h));
+            for (int64_t p = 0; p < d.head_dim; ++p)  // on to dL/dS_{t-1}
+                for (int64_t n = 0; n < d.d_state; ++n) grad[p * d.d_state + n] *= da[n];
+        }
+    }
+    std::copy(grad.begin(), grad.end(), out + d.gs0_at() + task * E);
+}
+
+}  // namespace
+
+ScanDims scan_dims(const char* op, const Inputs& in, size_t first) {
+    const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
+                     &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
+    const char* names[] = {"s", "x", "dt", "A", "B", "C"};
+    for (size_t i = 0; i < 6; ++i) {
+        require_float(op, *in[first + i], names[i]);
+        if (in[first + i]->dtype != x.dtype)
+            throw TypeError(op_err(op, std::string(names[i]) + " is " + dtype_name(in[first + i]->dtype) + " but x is " +
+                                           dtype_name(x.dtype) + " (expected one float dtype)"));
+    }
+    require_index(op, ids, "ids");
+    ScanDims d{b.ne[0], x.ne[0], x.ne[1], x.ne[2], x.ne[3], b.ne[1], s.ne[3], a.ne[0]};
+    require_shape(op, b, "B", {d.d_state, d.n_group, d.n_tok, d.n_seqs}, "[d_state, n_group, n_tok, n_seqs]");
+    require_shape(op, c, "C", b.ne, "like B [d_state, n_group, n_tok, n_seqs]");
+    if (d.n_head % d.n_group != 0)
+        throw std::invalid_argument(op_err(op, "n_head = " + std::to_string(d.n_head) + " (x's dim 1) is not a multiple of n_group = " +
+                                                   std::to_string(d.n_group) + " (B's dim 1)"));
+    require_shape(op, s, "s", {d.d_state, d.head_dim, d.n_head, d.n_rs}, "[d_state, head_dim, n_head, n_rs]");
+    require_shape(op, dt, "dt", {d.n_head, d.n_tok, d.n_seqs, 1}, "[n_head, n_tok, n_seqs]");
+    if (a.ne[1] != d.n_head || a.ne[2] != 1 || a.ne[3] != 1 || (a.ne[0] != 1 && a.ne[0] != d.d_state))
+        throw std::invalid_argument(op_err(op, "A must be [1, n_head] (Mamba-2) or [d_state, n_head] (Mamba-1) = [1 or " +
+                                                   std::to_string(d.d_state) + ", " + std::to_string(d.n_head) + "], got " +
+                                                   a.shape_str()));
+    if (ids.numel() != d.n_seqs)
+        throw std::invalid_argument(op_err(op, "ids has " + std::to_string(ids.numel()) + " elements, expected one per sequence (" +
+                                                   std::to_string(d.n_seqs) + ")"));
+    return d;
+}
+
+OutSpec shape_ssm_scan(const Inputs& in, const OpAttrs&) {
+    const ScanDims d = scan_dims("ssm_scan", in, 0);
+    return OutSpec{{d.y_size() + d.final_size(), 1, 1, 1}, 1, in[1]->dtype};
+}
+
+void cpu_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const ScanDims d = scan_dims("ssm_scan", in, 0);
+    check_ids("ssm_scan", *in[6], d);
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const ScanInputs<T> si = scan_inputs<T>(d, in, 0);
+        T* po = out.ptr<T>();
+        parallel_for(d.tasks(), task_grain(d), [&](int64_t lo, int64_t hi) {
+            std::vector<T> da(d.d_state);
+            for (int64_t task = lo; task < hi; ++task) {
+                const int64_t q = task / d.n_head, h = task % d.n_head;
+                T* state = po + d.y_size() + task * d.state_size();  // scanned in place: the final state
+                std::copy(si.initial_state(q, h), si.initial_state(q, h) + d.state_size(), state);
+                for (int64_t t = 0; t < d.n_tok; ++t)
+                    si.step(q, t, h, state, da.data(), po + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim);
+            }
+        });
+    });
+}
+
+OutSpec shape_ssm_scan_back(const Inputs& in, const OpAttrs&) {
+    const ScanDims d = scan_dims("ssm_scan_back", in, 1);
+    const TensorImpl& g = *in[0];
+    if (g.dtype != in[2]->dtype || g.numel() != d.y_size() + d.final_size())
+        throw std::invalid_argument(op_err("ssm_scan_back", "the gradient must match ssm_scan's output: " +
+                                                                std::to_string(d.y_size() + d.final_size()) + " " +
+                                                                dtype_name(in[2]->dtype) + " elements, got " + g.shape_str() +
+                                                                " " + dtype_name(g.dtype)));
+    return OutSpec{{d.backward_size(), 1, 1, 1}, 1, g.dtype};
+}
+
+void cpu_ssm_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const ScanDims d = scan_dims("ssm_scan_back", in, 1);
+    check_ids("ssm_scan_back", *in[7], d);
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const ScanInputs<T> si = scan_inputs<T>(d, in, 1);
+        const T* g = in[0]->ptr<T>();
+        T* po = out.ptr<T>();
+        parallel_for(d.tasks(), task_grain(d), [&](int64_t lo, int64_t hi) {
+            for (int64_t task = lo; task < hi; ++task) scan_backward_task(si, g, po, task / d.n_head, task % d.n_head);
+        });
+    });
+}
+
+}  // namespace rk

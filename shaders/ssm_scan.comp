@@ -1,0 +1,278 @@
+// Mamba's selective scan (ggml_ssm_scan) and its backward helper: one workgroup per (sequence q,
+// head h). Sizes, formulas and the packed layouts: native/ssm_scan.hpp and native/cpu_scan.cpp.
+// The state [d_state, head_dim] is spread over the 256 invocations: `lanes` consecutive
+// invocations share the rows p = row + rows * j and split the states n = lane + lanes * k, so
+// y[p] = sum_n S[n, p] C[n] is a sum within each invocation and then over `lanes` neighbours.
+// Each invocation keeps its part of the state in registers, or (MEMORY variants, for states too
+// large for registers) in device memory. In the backward pass the recurrences are per element and
+// need no synchronisation; the sums over p and n of a chunk's gradients are done afterwards
+// from that chunk's stored states and state gradients, one (token, n) or (token, p) pair per
+// invocation, in a fixed order (deterministic, no atomics).
+#version 450
+#include "common.glsl"
+
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer SharedFloats { float v[]; };
+
+layout(push_constant) uniform Push {
+    Floats s;
+    Floats x;
+    Floats dt;
+    Floats a;
+    Floats b;
+    Floats c;
+    Ints ids;
+    Floats g;  // BACKWARD: the gradient of the forward output
+    Floats o;
+    uint d_state;
+    uint head_dim;
+    uint n_head;
+    uint n_tok;
+    uint n_seqs;
+    uint n_group;
+    uint a_rows;  // 1 (Mamba-2) or d_state (Mamba-1)
+    uint n_rs;
+    uint chunk;   // tokens between the backward pass's checkpoints
+    uint lanes;   // invocations per row, a power of two
+} pc;
+
+const uint kMaxOwned = 64;  // state elements per invocation held in registers
+
+shared float partial[256];
+
+uint lane, row, rows, per_row, owned;
+
+#if defined(MEMORY)
+#define MEMORY_LOOP true
+uint state_at;  // where the running state lives
+#define STATE(i, off) o_coherent.v[state_at + (off)]
+#else
+#define MEMORY_LOOP false
+float st[kMaxOwned];
+#define STATE(i, off) st[i]
+#endif
+
+SharedFloats o_coherent;
+
+// The element (p, n) of owned slot i, and whether it exists.
+bool element(uint i, out uint p, out uint n) {
+    p = row + rows * (i / per_row);
+    n = lane + pc.lanes * (i % per_row);
+    return p < pc.head_dim && n < pc.d_state;
+}
+
+float softplus_of(float v) {
+    if (v > 20.0) return v;
+    float e = exp(v), u = 1.0 + e;
+    return u == 1.0 ? e : log(u) * (e / (u - 1.0));  // log1p(e) without losing small e
+}
+
+float softplus_slope(float v) { return v > 20.0 ? 1.0 : sigmoid_of(v); }
+
+uint group_base(uint q, uint t, uint h) {  // B and C of head h at token t
+    return ((q * pc.n_tok + t) * pc.n_group + h / (pc.n_head / pc.n_group)) * pc.d_state;
+}
+
+float a_of(uint h, uint n) { return pc.a.v[h * pc.a_rows + (pc.a_rows == 1 ? 0 : n)]; }
+
+// One token of the recurrence on this invocation's elements; returns softplus(dt).
+float step(uint q, uint t, uint h) {
+    float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+    uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+    float shared_decay = exp(dts * a_of(h, 0));
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (!element(i, p, n)) continue;
+        float decay = pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n));
+        STATE(i, p * pc.d_state + n) = STATE(i, p * pc.d_state + n) * decay + pc.b.v[bc + n] * (pc.x.v[xt + p] * dts);
+    }
+    return dts;
+}
+
+// Copies this invocation's elements between the running state and device memory at `at`.
+void load_state(uint at) {
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) STATE(i, p * pc.d_state + n) = o_coherent.v[at + p * pc.d_state + n];
+    }
+}
+
+void store_state(uint at) {
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) o_coherent.v[at + p * pc.d_state + n] = STATE(i, p * pc.d_state + n);
+    }
+}
+
+void setup() {
+    lane = gl_LocalInvocationID.x % pc.lanes;
+    row = gl_LocalInvocationID.x / pc.lanes;
+    rows = gl_WorkGroupSize.x / pc.lanes;
+    per_row = (pc.d_state + pc.lanes - 1) / pc.lanes;
+    owned = ((pc.head_dim + rows - 1) / rows) * per_row;
+    o_coherent = SharedFloats(uint64_t(pc.o));
+}
+
+uint initial_state(uint q, uint h) {
+    int r = clamp(pc.ids.v[q], 0, int(pc.n_rs) - 1);  // the CPU kernel refuses bad ids; here they are clamped
+    return (uint(r) * pc.n_head + h) * pc.d_state * pc.head_dim;
+}
+
+#if defined(FORWARD)
+
+void main() {
+    setup();
+    uint task = flat_group(), q = task / pc.n_head, h = task % pc.n_head;
+    uint E = pc.d_state * pc.head_dim, y_size = pc.head_dim * pc.n_head * pc.n_tok * pc.n_seqs;
+    uint final_at = y_size + task * E;
+#if defined(MEMORY)
+    state_at = final_at;
+#endif
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
+    }
+    uint n_passes = (pc.head_dim + rows - 1) / rows;
+    for (uint t = 0; t < pc.n_tok; ++t) {
+        step(q, t, h);
+        uint bc = group_base(q, t, h), yt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+        for (uint j = 0; j < n_passes; ++j) {  // y for rows row + rows * j
+            float acc = 0.0;
+            for (uint k = 0; k < per_row; ++k) {
+                uint i = j * per_row + k, p, n;
+                if (element(i, p, n)) acc += STATE(i, p * pc.d_state + n) * pc.c.v[bc + n];
+            }
+            partial[gl_LocalInvocationID.x] = acc;
+            barrier();
+            for (uint width = pc.lanes / 2; width > 0; width /= 2) {
+                if (lane < width) partial[gl_LocalInvocationID.x] += partial[gl_LocalInvocationID.x + width];
+                barrier();
+            }
+            uint p = row + rows * j;
+            if (lane == 0 && p < pc.head_dim) pc.o.v[yt + p] = partial[gl_LocalInvocationID.x];
+        }
+    }
+#if !defined(MEMORY)
+    store_state(final_at);
+#endif
+}
+
+#elif defined(BACKWARD)
+
+#if defined(MEMORY)
+uint grad_at;  // the running state gradient: the task's slot of gs0
+#define GRAD(i, off) o_coherent.v[grad_at + (off)]
+#else
+float gr[kMaxOwned];
+#define GRAD(i, off) gr[i]
+#endif
+
+void main() {
+    setup();
+    uint task = flat_group(), q = task / pc.n_head, h = task % pc.n_head;
+    uint E = pc.d_state * pc.head_dim, Q = pc.chunk, n_chunks = (pc.n_tok + Q - 1) / Q;
+    uint y_size = pc.head_dim * pc.n_head * pc.n_tok * pc.n_seqs, final_size = E * pc.n_head * pc.n_seqs;
+    uint per_token = pc.d_state * pc.n_head * pc.n_tok * pc.n_seqs;
+    uint gx_at = final_size, gdt_at = gx_at + y_size, ga_at = gdt_at + pc.n_head * pc.n_tok * pc.n_seqs;
+    uint gb_at = ga_at + per_token, gc_at = gb_at + per_token, scratch_at = gc_at + per_token;
+    uint scratch = scratch_at + task * ((n_chunks + 2 * Q + 1) * E + Q * pc.d_state);
+    uint checkpoints = scratch, states = scratch + n_chunks * E, grads = states + Q * E;
+    uint dt_terms = grads + Q * E;  // [Q][d_state]
+#if defined(MEMORY)
+    state_at = dt_terms + Q * pc.d_state;
+    grad_at = task * E;
+#endif
+
+    // the state at each chunk start
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
+    }
+    for (uint t = 0; t < pc.n_tok; ++t) {
+        if (t % Q == 0) store_state(checkpoints + (t / Q) * E);
+        step(q, t, h);
+    }
+
+    // the running gradient of the state, from the final state's gradient
+    uint g_final = y_size + task * E;
+    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) GRAD(i, p * pc.d_state + n) = pc.g.v[g_final + p * pc.d_state + n];
+    }
+    for (uint c = n_chunks; c-- > 0;) {
+        uint t0 = c * Q, len = min(Q, pc.n_tok - t0);
+        load_state(checkpoints + c * E);
+        for (uint k = 0; k < len; ++k) {  // the states after each token of the chunk
+            step(q, t0 + k, h);
+            store_state(states + k * E);
+        }
+        for (uint k = len; k-- > 0;) {  // the state gradients, per element
+            uint t = t0 + k, bc = group_base(q, t, h), yt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+            float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+            float shared_decay = exp(dts * a_of(h, 0));
+            for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
+                if (i >= owned) break;
+                uint p, n;
+                if (!element(i, p, n)) continue;
+                uint off = p * pc.d_state + n;
+                float grad = GRAD(i, off) + pc.c.v[bc + n] * pc.g.v[yt + p];  // y_t reads S_t
+                o_coherent.v[grads + k * E + off] = grad;
+                GRAD(i, off) = grad * (pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n)));
+            }
+        }
+        memoryBarrierBuffer();
+        barrier();
+        // per (token, n): sums over p of the chunk's gradients -> gA, gB, gC and dt's terms
+        for (uint pair = gl_LocalInvocationID.x; pair < len * pc.d_state; pair += gl_WorkGroupSize.x) {
+            uint k = pair / pc.d_state, n = pair % pc.d_state, t = t0 + k;
+            uint xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+            uint before = k > 0 ? states + (k - 1) * E : checkpoints + c * E;
+            float gx_sum = 0.0, gs_sum = 0.0, gc_sum = 0.0;
+            for (uint p = 0; p < pc.head_dim; ++p) {
+                float grad = o_coherent.v[grads + k * E + p * pc.d_state + n];
+                gx_sum += grad * pc.x.v[xt + p];
+                gs_sum += grad * o_coherent.v[before + p * pc.d_state + n];
+                gc_sum += pc.g.v[xt + p] * o_coherent.v[states + k * E + p * pc.d_state + n];
+            }
+            float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+            float an = a_of(h, n), decay = exp(dts * an);
+            uint at = ((q * pc.n_tok + t) * pc.n_head + h) * pc.d_state + n;
+            pc.o.v[ga_at + at] = dts * decay * gs_sum;
+            pc.o.v[gb_at + at] = dts * gx_sum;
+            pc.o.v[gc_at + at] = gc_sum;
+            o_coherent.v[dt_terms + k * pc.d_state + n] = an * decay * gs_sum + pc.b.v[group_base(q, t, h) + n] * gx_sum;
+        }
+        // per (token, p): gx = dts * sum_n grad[n, p] B[n]
+        for (uint pair = gl_LocalInvocationID.x; pair < len * pc.head_dim; pair += gl_WorkGroupSize.x) {
+            uint k = pair / pc.head_dim, p = pair % pc.head_dim, t = t0 + k, bc = group_base(q, t, h);
+            float acc = 0.0;
+            for (uint n = 0; n < pc.d_state; ++n) acc += o_coherent.v[grads + k * E + p * pc.d_state + n] * pc.b.v[bc + n];
+            float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+            pc.o.v[gx_at + ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim + p] = dts * acc;
+        }
+        memoryBarrierBuffer();
+        barrier();
+        for (uint k = gl_LocalInvocationID.x; k < len; k += gl_WorkGroupSize.x) {
+            float acc = 0.0;
+            for (uint n = 0; n < pc.d_state; ++n) acc += o_coherent.v[dt_terms + k * pc.d_state + n];
+            uint at = (q * pc.n_tok + t0 + k) * pc.n_head + h;
+            pc.o.v[gdt_at + at] = acc * softplus_slope(pc.dt.v[at]);
+        }
+        memoryBarrierBuffer();
+        barrier();  // the next chunk reuses the scratch
+    }
+#if !defined(MEMORY)
+    for (uint i = 0; i < kMaxOwned; ++i) {
+        if (i >= owned) break;
+        uint p, n;
+        if (element(i, p, n)) pc.o.v[task * E + p * pc.d_state + n] = gr[i];
+    }
+#endif
+}
+
+#endif
