@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -409,3 +410,110 @@ class MultiheadAttention(Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}"
+
+
+class MambaState(NamedTuple):
+    """The recurrent state a MambaBlock carries between calls: the last d_conv - 1 inputs of
+    its convolution [d_conv - 1, d_inner, batch] and the scan's state
+    [d_state, head_dim, n_heads, batch]."""
+
+    conv: Tensor
+    ssm: Tensor
+
+
+class MambaBlock(Module):
+    """A Mamba block over tokens in columns, x [d_model, seq, batch] (or [d_model, seq]):
+    input projection to the inner width and the gate z, causal depthwise convolution with SiLU,
+    selective projections of dt (per head), B and C (per group) from the convolved sequence, the
+    selective scan (one decay rate per head, Mamba-2's), a per-channel skip D, the gate
+    y * silu(z) and the output projection back to d_model.
+
+    ``forward(x, state=None)`` returns ``(y [d_model, seq, batch], new_state)`` as PyTorch's
+    recurrent modules do; ``state`` None starts from zeros. ``step(x_t, state)`` runs one token
+    x_t [d_model, batch] for acting; carrying the state through steps gives the same outputs as
+    the whole sequence at once.
+    """
+
+    def __init__(self, d_model: int, d_state: int, d_conv: int = 4, expand: int = 2, head_dim: int | None = None,
+                 n_groups: int = 1, dt_min: float = 0.001, dt_max: float = 0.1):
+        super().__init__()
+        self.d_model = positive_int(d_model, "MambaBlock: d_model")
+        self.d_state = positive_int(d_state, "MambaBlock: d_state")
+        self.d_conv = positive_int(d_conv, "MambaBlock: d_conv")
+        self.d_inner = positive_int(expand, "MambaBlock: expand") * self.d_model
+        self.head_dim = positive_int(min(64, self.d_inner) if head_dim is None else head_dim, "MambaBlock: head_dim")
+        self.n_groups = positive_int(n_groups, "MambaBlock: n_groups")
+        if self.d_inner % self.head_dim:
+            raise ValueError(f"MambaBlock: d_inner = expand * d_model = {self.d_inner} is not a multiple of head_dim = {self.head_dim}")
+        self.n_heads = self.d_inner // self.head_dim
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"MambaBlock: n_heads = {self.n_heads} is not a multiple of n_groups = {self.n_groups}")
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"MambaBlock: expected 0 < dt_min <= dt_max, got {dt_min} and {dt_max}")
+        rng = _runtime.host_rng()
+        d, n, bc = self.d_inner, self.n_heads, self.n_groups * self.d_state
+        self.W_in = param(_fan_in_uniform(2 * d, self.d_model, 1.0, rng))  # [x; z] from the input
+        self.conv_weight = param(_fan_in_uniform(self.d_conv, d, 1.0, rng) * math.sqrt(d))  # [d_conv, d_inner], fan-in d_conv
+        self.conv_bias = param(rng.uniform(-1, 1, size=(d, 1)) / math.sqrt(self.d_conv))
+        self.W_B = param(_fan_in_uniform(bc, d, 1.0, rng))
+        self.W_C = param(_fan_in_uniform(bc, d, 1.0, rng))
+        self.W_dt = param(_fan_in_uniform(n, d, 1.0, rng))
+        # dt starts log-uniform in [dt_min, dt_max] (after softplus), A = -[1, 16], as Mamba does
+        dt = np.exp(rng.uniform(math.log(dt_min), math.log(dt_max), size=(n, 1)))
+        self.dt_bias = param(dt + np.log(-np.expm1(-dt)))  # the inverse of softplus
+        self.A_log = param(np.log(rng.uniform(1.0, 16.0, size=(1, n))))
+        self.D = param(np.ones((d, 1)))
+        self.W_out = param(_fan_in_uniform(self.d_model, d, 1.0, rng))
+
+    def initial_state(self, batch_size: int = 1) -> MambaState:
+        """Zeros: the state before a sequence's first token."""
+        batch_size = positive_int(batch_size, "MambaBlock.initial_state: batch_size")
+        dtype, device = self.W_in.dtype, self.W_in.device
+        return MambaState(ops.full((self.d_conv - 1, self.d_inner, batch_size), 0.0, dtype=dtype, device=device),
+                          ops.full((self.d_state, self.head_dim, self.n_heads, batch_size), 0.0, dtype=dtype, device=device))
+
+    def forward(self, x, state: MambaState | None = None) -> tuple[Tensor, MambaState]:
+        x = ops.as_tensor(x, op="MambaBlock")
+        _check_rows("MambaBlock", x, self.d_model)
+        if x.ndim == 2:
+            x = ops.reshape(x, (self.d_model, x.shape[1], 1))
+        if x.ndim != 3:
+            raise ValueError(f"MambaBlock: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
+        seq, batch = x.shape[1], x.shape[2]
+        state = self.initial_state(batch) if state is None else self._checked_state(state, batch)
+        d = self.d_inner
+        xz = ops.matmul(self.W_in, x)  # [2 d_inner, seq, batch]
+        x_in, z = ops.slice_rows(xz, 0, d), ops.slice_rows(xz, d, d)
+        sx = ops.concat_rows(state.conv, ops.transpose(x_in))  # [d_conv - 1 + seq, d_inner, batch], time first
+        xc = ops.silu(ops.add(ops.ssm_conv(sx, self.conv_weight), self.conv_bias))  # [d_inner, seq, batch]
+        B = ops.reshape(ops.matmul(self.W_B, xc), (self.d_state, self.n_groups, seq, batch))
+        C = ops.reshape(ops.matmul(self.W_C, xc), (self.d_state, self.n_groups, seq, batch))
+        dt = ops.add(ops.matmul(self.W_dt, xc), self.dt_bias)  # [n_heads, seq, batch], softplus inside the scan
+        A = ops.neg(ops.exp(self.A_log))  # [1, n_heads]
+        x_heads = ops.reshape(xc, (self.head_dim, self.n_heads, seq, batch))
+        y, ssm_state = ops.ssm_scan(state.ssm, x_heads, dt, A, B, C)
+        y = ops.add(ops.reshape(y, (d, seq, batch)), ops.mul(xc, self.D))  # [d_inner, seq, batch]
+        out = ops.matmul(self.W_out, ops.mul(y, ops.silu(z)))  # [d_model, seq, batch]
+        conv_state = ops.slice_rows(sx, seq, self.d_conv - 1)  # the last d_conv - 1 inputs
+        return out, MambaState(conv_state, ssm_state)
+
+    def step(self, x_t, state: MambaState) -> tuple[Tensor, MambaState]:
+        """One token per sequence, x_t [d_model, batch] -> (y_t [d_model, batch], new state)."""
+        x_t = ops.as_tensor(x_t, op="MambaBlock.step")
+        _check_rows("MambaBlock.step", x_t, self.d_model)
+        batch = x_t.shape[1] if x_t.ndim > 1 else 1
+        y, state = self.forward(ops.reshape(x_t, (self.d_model, 1, batch)), state)
+        return ops.reshape(y, (self.d_model, batch)), state
+
+    def _checked_state(self, state, batch: int) -> MambaState:
+        if not isinstance(state, MambaState):
+            raise TypeError(f"MambaBlock: state must be a MambaState (see initial_state), got {type(state).__name__}")
+        expected = self.initial_state(batch)
+        for name, have, want in (("conv", state.conv, expected.conv), ("ssm", state.ssm, expected.ssm)):
+            if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
+                raise ValueError(f"MambaBlock: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
+        return state
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_state={self.d_state}, d_conv={self.d_conv}, d_inner={self.d_inner}, "
+                f"head_dim={self.head_dim}, n_heads={self.n_heads}, n_groups={self.n_groups}")
