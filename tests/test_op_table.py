@@ -31,6 +31,8 @@ BACKWARD_HELPER_OF = {
     "log_softmax_back": "log_softmax",
     "ssm_conv_sx_back": "ssm_conv",
     "ssm_conv_c_back": "ssm_conv",
+    "rwkv_wkv6_back": "rwkv_wkv6",
+    "gated_linear_attn_back": "gated_linear_attn",
 }
 
 # Native ops reached through a public function of another name.
