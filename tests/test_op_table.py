@@ -32,6 +32,8 @@ BACKWARD_HELPER_OF = {
     "ssm_conv_sx_back": "ssm_conv",
     "ssm_conv_c_back": "ssm_conv",
     "ssm_scan_back": "ssm_scan",
+    "rwkv_wkv6_back": "rwkv_wkv6",
+    "gated_linear_attn_back": "gated_linear_attn",
 }
 
 # Native ops reached through a public function of another name.

@@ -92,6 +92,48 @@ def packed(y, final):
 def DECAY(*shape):
     """Negative decay rates, as Mamba's A = -exp(A_log)."""
     return lambda r: -np.exp(r.normal(size=shape))
+def np_recurrence(k, v, r, w, state, u=None, scale=1.0):
+    """(y [S*H, T], new state) of rwkv_wkv6 (with the bonus u: reads the state before each token)
+    or gated_linear_attn (u None: reads it after, times scale), one token at a time."""
+    S, H, T = k.shape[0], k.shape[1], k.shape[2] if k.ndim > 2 else 1
+    k, v, r, w = (x.reshape(S, H, T) for x in (k, v, r, w))
+    n_seqs = state.shape[1]
+    y, new_state = np.zeros((S * H, T)), state.copy()
+    for b, h in itertools.product(range(n_seqs), range(H)):
+        st = state[h * S * S:(h + 1) * S * S, b].reshape(S, S).copy()  # st[i, j]: key i, value j
+        for t in range(b * T // n_seqs, (b + 1) * T // n_seqs):
+            kv = np.outer(k[:, h, t], v[:, h, t])
+            if u is not None:
+                y[h * S:(h + 1) * S, t] = r[:, h, t] @ (u[:, h, None] * kv + st)
+                st = w[:, h, t, None] * st + kv
+            else:
+                st = w[:, h, t, None] * st + kv
+                y[h * S:(h + 1) * S, t] = scale * (r[:, h, t] @ st)
+        new_state[h * S * S:(h + 1) * S * S, b] = st.ravel()
+    return y, new_state
+
+
+def packed_recurrence(outputs):
+    """rlkit's (y, new state) as one column: y's values, then the state's (column-major)."""
+    y, state = outputs
+    return rc.concat_rows(rc.reshape(y, (-1, 1)), rc.reshape(state, (-1, 1)))
+
+
+def np_packed(outputs):
+    y, state = outputs
+    return np.concatenate([y.reshape(-1, 1, order="F"), state.reshape(-1, 1, order="F")])
+
+
+def RECURRENCE(S, H, T, n_seqs, bonus):
+    """Inputs of rwkv_wkv6 (bonus: k, v, r, tf, td, state) or gated_linear_attn (k, v, q, g,
+    state), with decays in [0.5, 1)."""
+    vectors = [N(S, H, T), N(S, H, T), N(S, H, T)]
+    return tuple(vectors + ([N(S, H)] if bonus else []) + [U(0.5, 1.0, S, H, T), N(S * S * H, n_seqs)])
+
+
+# (S, H, T, n_seqs) of the recurrence cases: one chunk; T / n_seqs past the 16-token chunk of the
+# backward pass and not a multiple of it; two sequences of 17 tokens.
+RECURRENCE_SHAPES = [(2, 2, 6, 2), (3, 1, 18, 1), (2, 1, 34, 2)]
 
 
 def U(lo, hi, *shape):
@@ -467,6 +509,12 @@ CASES: list[Case] = [
          ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),  # Mamba-2
           (N(4, 1, 3, 1), N(1, 3, 5, 1), N(3, 5, 1), DECAY(4, 3), N(4, 1, 5, 1), N(4, 1, 5, 1), IDX(0)),  # Mamba-1
           (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
+    Case("rwkv_wkv6", "rwkv_wkv6", lambda *a: packed_recurrence(rc.rwkv_wkv6(*a)),
+         lambda k, v, r, tf, td, s: np_packed(np_recurrence(k, v, r, td, s, u=tf)),
+         tuple(RECURRENCE(*shape, bonus=True) for shape in RECURRENCE_SHAPES)),
+    Case("gated_linear_attn", "gated_linear_attn", lambda *a: packed_recurrence(rc.gated_linear_attn(*a, scale=0.7)),
+         lambda k, v, q, g, s: np_packed(np_recurrence(k, v, q, g, s, scale=0.7)),
+         tuple(RECURRENCE(*shape, bonus=False) for shape in RECURRENCE_SHAPES)),
     Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
          ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),

@@ -7,6 +7,7 @@
 #include "backend.hpp"
 #include "kernel_util.hpp"
 #include "random.hpp"
+#include "recurrence.hpp"
 #include "ssm_scan.hpp"
 #include "vulkan/vk_context.hpp"
 #include "vulkan/vk_kernels.hpp"
@@ -494,6 +495,67 @@ void vk_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) { ssm_scan_o
 
 void vk_ssm_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     ssm_scan_op("ssm_scan_back", in, 1, in[0].get(), out);
+}
+
+namespace {
+
+// ---- matrix-state recurrences (RWKV-6, gated linear attention) ---------------------------------
+
+struct RecurrencePush {
+    uint64_t k, v, r, w, u, state, g, o;
+    uint32_t S, H, T, n_seqs, n_chunks;
+    uint32_t off_bonus, off_state, off_scratch;
+    float scale;
+};
+
+// One workgroup per (sequence, head) of recurrence.comp. `in` holds (k, v, r-or-q, w, state)
+// from position `first`, u is WKV6's bonus (null for GLA), g the upstream gradient (backward).
+void recurrence(const char* kind, bool backward, const Inputs& in, size_t first, const TensorImpl* u,
+                const TensorImpl* g, float scale, TensorImpl& out) {
+    const TensorImpl &k = *in[first], &v = *in[first + 1], &r = *in[first + 2], &w = *in[first + 3],
+                     &state = *in[first + 4];
+    const RecurrenceDims d = recurrence_sizes(k, state);
+    const BackLayout l = back_layout(d, u != nullptr);
+    RecurrencePush p{k.address(), v.address(), r.address(), w.address(), u ? u->address() : 0, state.address(),
+                     g ? g->address() : 0, out.address()};
+    p.S = u32(d.S, kind);
+    p.H = u32(d.H, kind);
+    p.T = u32(d.T, kind);
+    p.n_seqs = u32(d.n_seqs, kind);
+    p.n_chunks = u32(d.n_chunks(), kind);
+    u32(out.numel(), kind);  // every index of the output fits the shader's 32 bits
+    p.off_bonus = backward ? u32(l.bonus, kind) : 0;
+    p.off_state = backward ? u32(l.state, kind) : 0;
+    p.off_scratch = backward ? u32(l.scratch, kind) : 0;
+    p.scale = scale;
+    std::vector<vk::Range> reads{span(k), span(v), span(r), span(w), span(state)};
+    if (u) reads.push_back(span(*u));
+    if (g) reads.push_back(span(*g));
+    if (backward) reads.push_back(span(out));  // the stored states are read back
+    // S <= 64: at most 4 x 4 state elements per invocation, kept in registers
+    const std::string shader = std::string("recurrence_") + kind + (backward ? "_backward" : "_forward") +
+                               (d.S <= 64 ? "_registers" : "");
+    record(shader, p, uint64_t(d.n_seqs * d.H), reads, {span(out)});
+}
+
+}  // namespace
+
+void vk_rwkv_wkv6(const Inputs& in, const OpAttrs&, TensorImpl& out) {  // (k, v, r, tf, td, state)
+    Inputs ordered{in[0], in[1], in[2], in[4], in[5]};
+    recurrence("wkv6", false, ordered, 0, in[3].get(), nullptr, 1.0f, out);
+}
+
+void vk_rwkv_wkv6_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {  // (g, k, v, r, tf, td, state)
+    Inputs ordered{in[1], in[2], in[3], in[5], in[6]};
+    recurrence("wkv6", true, ordered, 0, in[4].get(), in[0].get(), 1.0f, out);
+}
+
+void vk_gated_linear_attn(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {  // (k, v, q, g, state)
+    recurrence("gla", false, in, 0, nullptr, nullptr, float(attrs.floats[0]), out);
+}
+
+void vk_gated_linear_attn_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    recurrence("gla", true, in, 1, nullptr, in[0].get(), float(attrs.floats[0]), out);
 }
 
 }  // namespace rk

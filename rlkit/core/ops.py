@@ -489,6 +489,48 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
     y = reshape(slice_rows(packed, 0, n_y), x.shape)
     final_state = reshape(slice_rows(packed, n_y, n_final), (d_state, head_dim, n_head, n_seqs))
     return y, final_state
+def _recurrence_inputs(op: str, names: tuple[str, ...], args: tuple) -> tuple[Tensor, ...]:
+    """The arguments of a recurrence as tensors of the first one's dtype and device."""
+    first = as_tensor(args[0], op=op, arg=names[0])
+    return (first,) + tuple(as_tensor(x, like=first, op=op, arg=name) for name, x in zip(names[1:], args[1:]))
+
+
+def _split_recurrence(packed: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """(y [S*H, T], new state shaped like ``state``) from a recurrence's packed output [S*H, T +
+    S*n_seqs], by layout ops: the tape carries the gradients of both back to the one op."""
+    rows, columns = packed.shape
+    n_y = rows * (columns - state.numel // rows)
+    flat = reshape(packed, (-1, 1))  # [S*H*(T + S*n_seqs), 1]: y's columns, then the state
+    y = reshape(slice_rows(flat, 0, n_y), (rows, n_y // rows))
+    return y, reshape(slice_rows(flat, n_y, state.numel), state.shape)
+
+
+def rwkv_wkv6(k, v, r, tf, td, state) -> tuple[Tensor, Tensor]:
+    """RWKV-6's time mixing, as ggml_rwkv_wkv6. k, v, r, td are [S, H, T] (head size S, H heads,
+    T tokens of n_seqs sequences of equal length, sequence b owning tokens [b*T/n_seqs,
+    (b+1)*T/n_seqs)), td the per-token decay in linear space, tf [S, H] the bonus u, state
+    [S*S*H, n_seqs] (head h's S x S matrix at ``h*S*S + i*S + j``). Per sequence and head:
+    ``y_t[j] = sum_i r_t[i] (u[i] k_t[i] v_t[j] + S[i,j])``, then
+    ``S[i,j] = td_t[i] S[i,j] + k_t[i] v_t[j]``. Returns (y [S*H, T], final state like
+    ``state``), differentiable in every input."""
+    k, v, r, tf, td, state = _recurrence_inputs("rwkv_wkv6", ("k", "v", "r", "tf", "td", "state"),
+                                                (k, v, r, tf, td, state))
+    return _split_recurrence(apply("rwkv_wkv6", (k, v, r, tf, td, state)), state)
+
+
+def gated_linear_attn(k, v, q, g, state, scale: float) -> tuple[Tensor, Tensor]:
+    """Gated linear attention, as ggml_gated_linear_attn: k, v, q, g are [S, H, T] (g the
+    per-key-channel gate in linear space), state [S*S*H, n_seqs], shapes and sequences as in
+    :func:`rwkv_wkv6`. Per sequence and head: ``S[i,j] = g_t[i] S[i,j] + k_t[i] v_t[j]``, then
+    ``y_t[j] = scale * sum_i q_t[i] S[i,j]`` (the updated state). Returns (y [S*H, T], final
+    state); differentiable in every tensor (``scale`` is a constant)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"gated_linear_attn: scale must be finite, got {scale}")
+    k, v, q, g, state = _recurrence_inputs("gated_linear_attn", ("k", "v", "q", "g", "state"), (k, v, q, g, state))
+    packed = apply("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),), scale=float(scale))
+    return _split_recurrence(packed, state)
 
 
 def stop_gradient(x) -> Tensor:

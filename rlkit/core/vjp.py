@@ -57,6 +57,32 @@ def _ssm_scan(g, out, s, x, dt, A, B, C, ids):
 
     return (g_s, part(at_gx, n_x, x.shape), part(at_gdt, n_dt, dt.shape), ops.reshape(g_a, A.shape),
             per_group(at_gb), per_group(at_gc), None)
+def _recurrence_grads(packed, k, state, with_bonus: bool):
+    """Slices a recurrence's _back output: the gradients of the four [S, H, T] inputs, the bonus
+    (summed over sequences) when there is one, and the state (layout: native/ops.def)."""
+    plane = k.numel
+    flat = ops.reshape(packed, (-1, 1))
+    grads = [ops.reshape(ops.slice_rows(flat, n * plane, plane), k.shape) for n in range(4)]
+    at = 4 * plane
+    bonus = None
+    if with_bonus:
+        rows, n_seqs = k.shape[0] * k.shape[1], state.shape[1]
+        per_sequence = ops.reshape(ops.slice_rows(flat, at, rows * n_seqs), (rows, n_seqs))
+        bonus = ops.reshape(ops.sum_to(per_sequence, (rows, 1)), (k.shape[0], k.shape[1]))
+        at += rows * n_seqs
+    return grads, bonus, ops.reshape(ops.slice_rows(flat, at, state.numel), state.shape)
+
+
+def _rwkv_wkv6(g, out, k, v, r, tf, td, state):
+    packed = ops.apply("rwkv_wkv6_back", (g, k, v, r, tf, td, state))
+    (gk, gv, gr, gtd), gtf, gstate = _recurrence_grads(packed, k, state, with_bonus=True)
+    return gk, gv, gr, gtf, gtd, gstate
+
+
+def _gated_linear_attn(g, out, k, v, q, gate, state, scale):
+    packed = ops.apply("gated_linear_attn_back", (g, k, v, q, gate, state), floats=(scale,))
+    (gk, gv, gq, ggate), _, gstate = _recurrence_grads(packed, k, state, with_bonus=False)
+    return gk, gv, gq, ggate, gstate
 
 
 VJP = {
@@ -101,6 +127,8 @@ VJP = {
     "scatter_cols": lambda g, out, src, index: (ops.get_rows(g, index), None),
     "ssm_conv": lambda g, out, sx, c: (ops.apply("ssm_conv_sx_back", (g, c)), ops.apply("ssm_conv_c_back", (g, sx))),
     "ssm_scan": _ssm_scan,
+    "rwkv_wkv6": _rwkv_wkv6,
+    "gated_linear_attn": _gated_linear_attn,
 }
 
 NOT_DIFFERENTIABLE = frozenset(
@@ -112,5 +140,6 @@ NOT_DIFFERENTIABLE = frozenset(
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
         "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
         "ssm_scan_back",
+        "rwkv_wkv6_back", "gated_linear_attn_back",
     }
 )

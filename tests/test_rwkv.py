@@ -1,0 +1,205 @@
+"""The matrix-state recurrences rwkv_wkv6 and gated_linear_attn beyond the op table's cases:
+head sizes from 1 to 128 against the numpy loop on both backends (S <= 64 keeps the GPU state in
+registers, larger S in global memory), the GPU against the CPU at realistic shapes for the
+forward pass and every gradient, a sequence run in two pieces carrying the state, deterministic
+CPU gradients, and bad inputs."""
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+from rlkit import _native
+
+from test_ops import np_recurrence
+
+GPU_REASON = _native.gpu_unavailable_reason()
+SCALE = 0.3
+
+
+def _inputs(rng, S, H, T, n_seqs, bonus):
+    """rwkv_wkv6's (k, v, r, tf, td, state) or gated_linear_attn's (k, v, q, g, state) as float64
+    arrays; small vectors and decays in [0.5, 1) keep long f32 runs well conditioned."""
+    vectors = [rng.normal(size=(S, H, T)) / np.sqrt(S) for _ in range(3)]
+    decay = rng.uniform(0.5, 1.0, size=(S, H, T))
+    state = rng.normal(size=(S * S * H, n_seqs))
+    return vectors + ([rng.normal(size=(S, H))] if bonus else []) + [decay, state]
+
+
+OPS = {
+    "rwkv_wkv6": (lambda *a: rc.rwkv_wkv6(*a), lambda k, v, r, tf, td, s: np_recurrence(k, v, r, td, s, u=tf), True),
+    "gated_linear_attn": (lambda *a: rc.gated_linear_attn(*a, scale=SCALE),
+                          lambda k, v, q, g, s: np_recurrence(k, v, q, g, s, scale=SCALE), False),
+}
+
+
+def _tensors(arrays, dtype="f32", device=None):
+    return [rc.tensor(np.asfortranarray(a, dtype=np.float32 if dtype == "f32" else np.float64), dtype=dtype,
+                      device=device) for a in arrays]
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("S, H, T, n_seqs", [(1, 3, 5, 1), (2, 2, 8, 2), (8, 2, 34, 2), (32, 2, 20, 1),
+                                              (64, 1, 18, 2), (128, 1, 3, 1)])
+def test_forward_matches_the_numpy_loop_for_any_head_size(device, op, S, H, T, n_seqs):
+    fn, ref, bonus = OPS[op]
+    arrays = _inputs(np.random.default_rng(S * 100 + T), S, H, T, n_seqs, bonus)
+    y, state = fn(*_tensors(arrays))
+    rounded = [a.astype(np.float32).astype(np.float64) for a in arrays]
+    y_ref, state_ref = ref(*rounded)
+    assert y.shape == (S * H, T) and state.shape == (S * S * H, n_seqs)
+    np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(state.numpy(), state_ref, rtol=1e-4, atol=1e-4)
+
+
+def _forward_and_gradients(op, arrays, device, weights):
+    """y, the final state and the gradient of every input of sum(wy * y) + sum(ws * state)."""
+    fn, _, _ = OPS[op]
+    xs = [rc.param(np.asfortranarray(a, dtype=np.float32)) for a in arrays]
+    xs = [x.to(device) for x in xs]
+    wy, ws = _tensors(weights, device=device)
+    with rc.grad_tape():
+        y, state = fn(*xs)
+        loss = rc.add(rc.sum(rc.mul(y, wy)), rc.sum(rc.mul(state, ws)))
+    grads = rc.backward(loss)
+    return [y.numpy(), state.numpy()] + [np.asarray(grads[x]) for x in xs]
+
+
+@pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("S, H, T, n_seqs", [(8, 3, 34, 2), (32, 4, 128, 2), (64, 4, 64, 2), (64, 4, 128, 2),
+                                              (128, 2, 40, 2)])
+def test_gpu_matches_cpu_forward_and_every_gradient(op, S, H, T, n_seqs):
+    rng = np.random.default_rng(S + T)
+    arrays = _inputs(rng, S, H, T, n_seqs, OPS[op][2])
+    weights = [rng.normal(size=(S * H, T)), rng.normal(size=(S * S * H, n_seqs))]
+    expected = _forward_and_gradients(op, arrays, "cpu", weights)
+    _native.set_gpu_poison(True)  # unwritten GPU memory shows as NaN
+    try:
+        got = _forward_and_gradients(op, arrays, "gpu", weights)
+    finally:
+        _native.set_gpu_poison(False)
+    names = ["y", "final state"] + [f"gradient of input {n}" for n in range(len(arrays))]
+    for name, g, e in zip(names, got, expected):
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * np.abs(e).max(), err_msg=name)
+
+
+def _tokens(x, n_seqs, lo, hi):
+    """Tokens [lo, hi) of every sequence of x [..., T] (sequences own equal consecutive blocks)."""
+    per = x.shape[-1] // n_seqs
+    return np.concatenate([x[..., b * per + lo:b * per + hi] for b in range(n_seqs)], axis=-1)
+
+
+def _interleave(first, second, n_seqs):
+    """Per sequence, the tokens of `first` then those of `second` ([rows, T1] and [rows, T2])."""
+    n1, n2 = first.shape[1] // n_seqs, second.shape[1] // n_seqs
+    return np.concatenate([np.concatenate([first[:, b * n1:(b + 1) * n1], second[:, b * n2:(b + 1) * n2]], axis=1)
+                           for b in range(n_seqs)], axis=1)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_two_pieces_carrying_the_state_match_the_whole_sequence(device, op):
+    """Forward values and the gradients of every input (through the carried state too)."""
+    fn, _, bonus = OPS[op]
+    S, H, n_seqs, per, cut = 4, 2, 2, 21, 13  # 21 tokens per sequence, cut after 13
+    rng = np.random.default_rng(7)
+    arrays = _inputs(rng, S, H, per * n_seqs, n_seqs, bonus)
+    wy, ws = rng.normal(size=(S * H, per * n_seqs)), rng.normal(size=(S * S * H, n_seqs))
+    params = [rc.param(np.asfortranarray(a, dtype=np.float32)).to(device) for a in arrays]
+
+    def weighted(x, w):
+        return rc.sum(rc.mul(x, rc.tensor(w, dtype="f32")))
+
+    with rc.grad_tape():
+        y, state = fn(*params)
+        whole = rc.backward(rc.add(weighted(y, wy), weighted(state, ws)))
+    whole = [np.asarray(whole[p]) for p in params]
+
+    pieces = [[rc.tensor(a if a.ndim == 2 else _tokens(a, n_seqs, lo, hi), dtype="f32") for a in arrays[:-1]]
+              for lo, hi in ((0, cut), (cut, per))]  # tf [S, H] is shared by both pieces
+    for piece in pieces:
+        for t in piece:
+            t.requires_grad = True
+    state0 = params[-1]
+    with rc.grad_tape():
+        y1, state1 = fn(*pieces[0], state0)
+        y2, state2 = fn(*pieces[1], state1)
+        split = rc.add(weighted(y1, _tokens(wy, n_seqs, 0, cut)), weighted(y2, _tokens(wy, n_seqs, cut, per)))
+        grads = rc.backward(rc.add(split, weighted(state2, ws)))
+    y_joined = _interleave(y1.numpy(), y2.numpy(), n_seqs)
+    np.testing.assert_allclose(y_joined, y.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state2.numpy(), state.numpy(), rtol=1e-5, atol=1e-5)
+    for n, a in enumerate(arrays[:-1]):
+        g1, g2 = np.asarray(grads[pieces[0][n]]), np.asarray(grads[pieces[1][n]])
+        expected = whole[n]
+        got = g1 + g2 if a.ndim == 2 else _interleave(g1.reshape(-1, g1.shape[-1]), g2.reshape(-1, g2.shape[-1]),
+                                                       n_seqs).reshape(a.shape)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"input {n}")
+    np.testing.assert_allclose(np.asarray(grads[state0]), whole[-1], rtol=1e-4, atol=1e-5, err_msg="state")
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_cpu_gradients_do_not_depend_on_the_thread_count(op):
+    rng = np.random.default_rng(3)
+    S, H, T, n_seqs = 16, 8, 2 * 40, 2
+    arrays = _inputs(rng, S, H, T, n_seqs, OPS[op][2])
+    weights = [rng.normal(size=(S * H, T)), rng.normal(size=(S * S * H, n_seqs))]
+    previous = rc.get_num_threads()
+    try:
+        rc.set_num_threads(1)
+        one = _forward_and_gradients(op, arrays, "cpu", weights)
+        rc.set_num_threads(max(2, previous))
+        many = _forward_and_gradients(op, arrays, "cpu", weights)
+    finally:
+        rc.set_num_threads(previous)
+    for a, b in zip(one, many):
+        np.testing.assert_array_equal(a, b)
+
+
+def _f32(*shape):
+    return rc.tensor(np.ones(shape, np.float32))
+
+
+def _wkv6(S=2, H=3, T=4, n_seqs=2, **change):
+    args = dict(k=_f32(S, H, T), v=_f32(S, H, T), r=_f32(S, H, T), tf=_f32(S, H), td=_f32(S, H, T),
+                state=_f32(S * S * H, n_seqs))
+    args.update(change)
+    return lambda: rc.rwkv_wkv6(**args)
+
+
+def _gla(S=2, H=3, T=4, n_seqs=2, scale=0.5, **change):
+    args = dict(k=_f32(S, H, T), v=_f32(S, H, T), q=_f32(S, H, T), g=_f32(S, H, T), state=_f32(S * S * H, n_seqs))
+    args.update(change)
+    return lambda: rc.gated_linear_attn(**args, scale=scale)
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (_wkv6(T=5), ValueError, r"T = 5 tokens do not split into n_seqs = 2 sequences"),
+    (_wkv6(v=_f32(3, 3, 4)), ValueError, r"v must be \[S, H, T\] like k \[2, 3, 4\], got \[3, 3, 4\]"),
+    (_wkv6(td=_f32(2, 3, 5)), ValueError, r"td must be \[S, H, T\] like k \[2, 3, 4\], got \[2, 3, 5\]"),
+    (_wkv6(tf=_f32(2, 2)), ValueError, r"tf must be \[S, H\] = \[2, 3\]"),
+    (_wkv6(state=_f32(13, 2)), ValueError, r"state must be \[S\*S\*H, n_seqs\] with S\*S\*H = 12"),
+    (_wkv6(k=_f32(2, 3, 4, 2)), ValueError, r"k must be \[S, H, T\] \(3 dimensions\)"),
+    (_wkv6(r=rc.tensor(np.ones((2, 3, 4)), dtype="f64")), TypeError, r"dtypes differ: k is f32 but r is f64"),
+    (_wkv6(state=rc.tensor(np.ones((12, 2), np.int32))), TypeError, r"dtypes differ: k is f32 but state is i32"),
+    (_gla(q=_f32(2, 4, 4)), ValueError, r"q must be \[S, H, T\] like k"),
+    (_gla(n_seqs=3), ValueError, r"T = 4 tokens do not split into n_seqs = 3 sequences"),
+    (_gla(state=_f32(12, 2, 2)), ValueError, r"state must be \[S\*S\*H, n_seqs\]"),
+    (_gla(scale="0.5"), TypeError, r"scale must be a number, got str"),
+    (_gla(scale=float("nan")), ValueError, r"scale must be finite"),
+    (_gla(g=np.zeros((0, 3))), ValueError, r"g is empty"),
+])
+def test_bad_inputs_are_refused_clearly(call, exc, message):
+    with pytest.raises(exc, match=r"^(rwkv_wkv6|gated_linear_attn): " + ".*" + message):
+        call()
+
+
+def test_backward_helpers_check_the_upstream_gradient():
+    from rlkit.core import ops
+
+    args = [_f32(2, 3, 4), _f32(2, 3, 4), _f32(2, 3, 4), _f32(2, 3), _f32(2, 3, 4), _f32(12, 2)]
+    with pytest.raises(ValueError, match=r"^rwkv_wkv6_back: the upstream gradient must be shaped like the forward "
+                                         r"output \[6, 8\], got \[6, 4\]"):
+        ops.apply("rwkv_wkv6_back", (_f32(6, 4), *args))
+    with pytest.raises(TypeError, match=r"^gated_linear_attn_back: dtypes differ"):
+        ops.apply("gated_linear_attn_back", (rc.tensor(np.ones((6, 8)), dtype="f64"), *(args[:3] + args[4:])), floats=(1.0,))
