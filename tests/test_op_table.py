@@ -31,6 +31,7 @@ BACKWARD_HELPER_OF = {
     "log_softmax_back": "log_softmax",
     "ssm_conv_sx_back": "ssm_conv",
     "ssm_conv_c_back": "ssm_conv",
+    "rwkv_wkv7_back": "rwkv_wkv7",
 }
 
 # Native ops reached through a public function of another name.

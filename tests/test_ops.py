@@ -59,6 +59,46 @@ def np_ssm_conv(sx, c):
     return np.transpose(out, (1, 0, 2))
 
 
+def np_rwkv_wkv7(r, w, k, v, a, b, state):
+    """ggml_rwkv_wkv7 as a plain loop: per sequence, head and token, sa = S a,
+    S = S diag(w) + v k^T + sa b^T, y = S r; S[i, j] at state[h*S*S + i*S + j]. Returns
+    (y [S*H, T], final_state like state)."""
+    S, H, T = r.shape
+    n_seqs = state.shape[1]
+    L = T // n_seqs
+    y, final = np.zeros((S * H, T)), np.zeros(state.shape)
+    for seq in range(n_seqs):
+        for h in range(H):
+            st = state[h * S * S:(h + 1) * S * S, seq].reshape(S, S)
+            for t in range(seq * L, (seq + 1) * L):
+                sa = st @ a[:, h, t]
+                st = st * w[None, :, h, t] + np.outer(v[:, h, t], k[:, h, t]) + np.outer(sa, b[:, h, t])
+                y[h * S:(h + 1) * S, t] = st @ r[:, h, t]
+            final[h * S * S:(h + 1) * S * S, seq] = st.reshape(-1)
+    return y, final
+
+
+def WKV7(S, H, T, n_seqs):
+    """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
+    w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""
+    def unit(r):
+        x = r.normal(size=(S, H, T))
+        return x / np.linalg.norm(x, axis=0, keepdims=True)
+    return (N(S, H, T), lambda r: r.uniform(0.5, 1.0, size=(S, H, T)), N(S, H, T), N(S, H, T),
+            lambda r: -unit(r), lambda r: unit(r) * r.uniform(size=(S, H, T)), N(S * S * H, n_seqs, s=0.5))
+
+
+def rwkv_wkv7_column(*xs):
+    """rwkv_wkv7's two outputs as one column: y, then the final state (column-major)."""
+    y, final = rc.rwkv_wkv7(*xs)
+    return rc.concat_rows(rc.reshape(y, (-1, 1)), rc.reshape(final, (-1, 1)))
+
+
+def np_rwkv_wkv7_column(*xs):
+    y, final = np_rwkv_wkv7(*xs)
+    return np.concatenate([y.ravel(order="F"), final.ravel(order="F")])[:, None]
+
+
 def U(lo, hi, *shape):
     """Uniform values in [lo, hi)."""
     return lambda r: r.uniform(lo, hi, size=shape)
@@ -426,6 +466,10 @@ CASES: list[Case] = [
     # Mamba's causal depthwise conv: sx [d_conv - 1 + n_t, d_inner, n_s], c [d_conv, d_inner]
     Case("ssm_conv", "ssm_conv", rc.ssm_conv, lambda sx, c: np_ssm_conv(sx, c),
          ((N(5, 3, 2), N(4, 3)), (N(4, 2, 1), N(4, 2)), (N(7, 1, 3), N(1, 1)), (N(6, 4, 2), N(3, 4)))),
+    # RWKV-7: r, w, k, v, a, b [S, H, T], state [S*S*H, n_seqs]; 18 tokens per sequence cross the
+    # backward's 16-token checkpoint chunk
+    Case("rwkv_wkv7", "rwkv_wkv7", rwkv_wkv7_column, np_rwkv_wkv7_column,
+         (WKV7(2, 2, 3, 1), WKV7(2, 1, 36, 2), WKV7(3, 2, 4, 2)), atol32=1e-5),
     Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
          ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),

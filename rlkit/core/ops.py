@@ -456,6 +456,41 @@ def ssm_conv(sx, c) -> Tensor:
     return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
 
 
+def _unpack_columns(packed: Tensor, layout: list[tuple[int, tuple[int, ...]]]) -> list[Tensor]:
+    """Consecutive blocks of a packed tensor (column-major), each of ``size`` elements reshaped
+    to ``shape``: [(size, shape), ...] in order. Differentiable layout ops only, so the tape
+    carries the gradient of every block back to the one op that packed them."""
+    flat = reshape(packed, (packed.numel, 1))
+    blocks, start = [], 0
+    for size, shape in layout:
+        blocks.append(reshape(slice_rows(flat, start, size), shape))
+        start += size
+    return blocks
+
+
+def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
+    """RWKV-7's recurrence, as ggml_rwkv_wkv7. ``r, w, k, v, a, b`` are [S, H, T]: head size S,
+    H heads, T tokens of n_seqs equal sequences (sequence s owns tokens [s T/n_seqs, (s+1)
+    T/n_seqs)); ``w`` is the decay in linear space. ``state`` [S*S*H, n_seqs] holds each
+    sequence's H matrices S x S, head h's at h*S*S + i*S + j (i the value row, j the key
+    column). Per token and head::
+
+        sa[i]  = sum_j a[j] S[i, j]
+        S[i,j] = S[i,j] w[j] + v[i] k[j] + sa[i] b[j]
+        y[i]   = sum_j S[i, j] r[j]
+
+    Returns (y [S*H, T], final_state [S*S*H, n_seqs]), differentiable in every input."""
+    r = as_tensor(r, op="rwkv_wkv7", arg="r")
+    rest = [as_tensor(x, like=r, op="rwkv_wkv7", arg=name)
+            for x, name in zip((w, k, v, a, b, state), ("w", "k", "v", "a", "b", "state"))]
+    packed = apply("rwkv_wkv7", (r, *rest))  # [S*H, T + S*n_seqs]
+    heads, n_seqs = packed.shape[0], rest[-1].shape[1]  # heads = S*H
+    tokens = packed.shape[1] - r.shape[0] * n_seqs
+    y, final_state = _unpack_columns(packed, [(heads * tokens, (heads, tokens)),
+                                              (rest[-1].numel, rest[-1].shape)])
+    return y, final_state
+
+
 def stop_gradient(x) -> Tensor:
     """The same values, cut from the tape: no gradient flows back through it."""
     x = as_tensor(x, op="stop_gradient")

@@ -25,6 +25,12 @@ def _matmul(g, out, a, b, transpose_a, transpose_b):
     return ops.matmul(b, g, transpose_a=True, transpose_b=True), ops.matmul(g, a, transpose_a=True, transpose_b=True)
 
 
+def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
+    # one helper op gives every gradient, packed: r, w, k, v, a, b (each like r), then state
+    grads = ops.apply("rwkv_wkv7_back", (g, r, w, k, v, a, b, state))  # [S*H, 6T + S*n_seqs]
+    return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
+
+
 def _first_max_mask(x):
     """1 at the first maximum of each column of x, 0 elsewhere; shaped like x."""
     return ops.reshape(ops.one_hot(ops.argmax(x), x.shape[0], dtype=x.dtype), x.shape)
@@ -71,6 +77,7 @@ VJP = {
     "get_rows": lambda g, out, x, index, columns: (ops.scatter_cols(g, index, columns), None),
     "scatter_cols": lambda g, out, src, index: (ops.get_rows(g, index), None),
     "ssm_conv": lambda g, out, sx, c: (ops.apply("ssm_conv_sx_back", (g, c)), ops.apply("ssm_conv_c_back", (g, sx))),
+    "rwkv_wkv7": _rwkv_wkv7,
 }
 
 NOT_DIFFERENTIABLE = frozenset(
@@ -81,5 +88,6 @@ NOT_DIFFERENTIABLE = frozenset(
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
         "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
+        "rwkv_wkv7_back",
     }
 )
