@@ -138,84 +138,120 @@ OutSpec shape_rwkv_wkv7_back(const Inputs& in, const OpAttrs&) {
     return OutSpec{{d.S * d.H, 6 * d.T + d.S * d.n_seqs, 1, 1}, 2, g.dtype};
 }
 
-// Per (sequence, head): a forward pass keeps the state before every kWkv7Chunk-th token; then,
-// chunk by chunk from the end, the chunk's states are recomputed from its checkpoint and the
-// adjoint D = dL/dS walks back through them (reference/vulkan-ssm.md 5.3):
+namespace {
+
+// Where one token's gradients of one head go: r, w, k, v, a, b are consecutive blocks of `block`.
+template <typename T>
+struct TokenGrads {
+    T *r, *w, *k, *v, *a, *b;
+    TokenGrads(T* grads, int64_t block, int64_t at)
+        : r(grads + at), w(r + block), k(w + block), v(k + block), a(v + block), b(a + block) {}
+};
+
+// One token of the walk back (reference/vulkan-ssm.md 5.3), prev = S_{t-1}, D = dL/dS_t from the
+// later tokens on entry and dL/dS_{t-1} on return:
 //   D += gy r^T;  gr = S_t^T gy;  gw[j] = sum_i D S_{t-1};  gk = D^T v;  gv = D k;  gb = D^T sa;
 //   gsa = D b;  ga = S_{t-1}^T gsa;  D = D diag(w) + gsa a^T
-// The update is never inverted: a state is only ever recomputed forwards.
+template <typename T>
+void step_back(const Token<T>& x, const T* prev, const T* gy, T* D, T* sa, T* gsa, const TokenGrads<T>& out,
+               int64_t S) {
+    for (int64_t i = 0; i < S; ++i) {
+        T acc = 0;
+        for (int64_t j = 0; j < S; ++j) acc += x.a[j] * prev[i * S + j];
+        sa[i] = acc;
+    }
+    for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) D[i * S + j] += gy[i] * x.r[j];
+    for (int64_t j = 0; j < S; ++j) out.r[j] = out.w[j] = out.k[j] = out.b[j] = out.a[j] = 0;
+    for (int64_t i = 0; i < S; ++i) {
+        T acc_v = 0, acc_sa = 0;
+        for (int64_t j = 0; j < S; ++j) {
+            const T p = prev[i * S + j], dij = D[i * S + j];
+            out.r[j] += gy[i] * (p * x.w[j] + x.v[i] * x.k[j] + sa[i] * x.b[j]);  // S_t[i, j]
+            out.w[j] += dij * p;
+            out.k[j] += dij * x.v[i];
+            out.b[j] += dij * sa[i];
+            acc_v += dij * x.k[j];
+            acc_sa += dij * x.b[j];
+        }
+        out.v[i] = acc_v;
+        gsa[i] = acc_sa;
+    }
+    for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+            out.a[j] += gsa[i] * prev[i * S + j];
+            D[i * S + j] = D[i * S + j] * x.w[j] + gsa[i] * x.a[j];
+        }
+}
+
+// The backward of one (sequence, head). A forward pass keeps the state before every
+// kWkv7Chunk-th token (the checkpoints); then, chunk by chunk from the end, the chunk's states are
+// recomputed from its checkpoint and the adjoint walks back through them. The update is never
+// inverted: a state is only ever recomputed forwards.
+template <typename T>
+class BackwardTask {
+  public:
+    BackwardTask(const Inputs& in, const Wkv7Dims& d)
+        : in_(in), d_(d), SS_(d.S * d.S), n_chunks_((d.seq_len() + kWkv7Chunk - 1) / kWkv7Chunk),
+          checkpoints_(n_chunks_ * SS_), states_(kWkv7Chunk * SS_), adjoint_(SS_), sa_(d.S), gsa_(d.S) {}
+
+    void run(int64_t seq, int64_t h, T* grads) {
+        const int64_t task = seq * d_.H + h, L = d_.seq_len();
+        h_ = h;
+        t0_ = seq * L;
+        std::copy_n(in_[7]->ptr<T>() + task * SS_, SS_, checkpoints_.data());
+        for (int64_t c = 0; c + 1 < n_chunks_; ++c) {
+            fill_chunk(c, kWkv7Chunk);
+            T* next = checkpoints_.data() + (c + 1) * SS_;
+            std::copy_n(states_.data() + (kWkv7Chunk - 1) * SS_, SS_, next);
+            advance_by(next, t0_ + (c + 1) * kWkv7Chunk - 1);
+        }
+        const T* g = in_[0]->ptr<T>();
+        std::copy_n(g + d_.tokens_numel() + task * SS_, SS_, adjoint_.data());  // dL/d final state
+        for (int64_t c = n_chunks_ - 1; c >= 0; --c) {
+            const int64_t len = std::min(kWkv7Chunk, L - c * kWkv7Chunk);
+            fill_chunk(c, len);
+            for (int64_t q = len - 1; q >= 0; --q) {
+                const int64_t t = t0_ + c * kWkv7Chunk + q, at = (t * d_.H + h) * d_.S;
+                step_back(token<T>(in_, 1, d_, t, h), states_.data() + q * SS_, g + at, adjoint_.data(), sa_.data(),
+                          gsa_.data(), TokenGrads<T>(grads, d_.tokens_numel(), at), d_.S);
+            }
+        }
+        std::copy_n(adjoint_.data(), SS_, grads + 6 * d_.tokens_numel() + task * SS_);
+    }
+
+  private:
+    void advance_by(T* st, int64_t t) {
+        const Token<T> x = token<T>(in_, 1, d_, t, h_);
+        advance(st, x.w, x.k, x.v, x.a, x.b, sa_.data(), d_.S);
+    }
+
+    // states_[q] := the state before token q of chunk c, for q < len (q = 0 is the checkpoint)
+    void fill_chunk(int64_t c, int64_t len) {
+        std::copy_n(checkpoints_.data() + c * SS_, SS_, states_.data());
+        for (int64_t q = 1; q < len; ++q) {
+            std::copy_n(states_.data() + (q - 1) * SS_, SS_, states_.data() + q * SS_);
+            advance_by(states_.data() + q * SS_, t0_ + c * kWkv7Chunk + q - 1);
+        }
+    }
+
+    const Inputs& in_;
+    const Wkv7Dims d_;
+    const int64_t SS_, n_chunks_;
+    std::vector<T> checkpoints_, states_, adjoint_, sa_, gsa_;
+    int64_t h_ = 0, t0_ = 0;
+};
+
+}  // namespace
+
 void cpu_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const Wkv7Dims d = wkv7_dims("rwkv_wkv7_back", in, 1);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        const T* g = in[0]->ptr<T>();
-        const T* state = in[7]->ptr<T>();
-        T* grads = out.ptr<T>();  // r, w, k, v, a, b: T columns each, then the state's
-        const int64_t S = d.S, SS = S * S, L = d.seq_len(), n_chunks = (L + kWkv7Chunk - 1) / kWkv7Chunk;
+        // one task per (sequence, head): its gradient columns and state block are its own
         parallel_for(d.n_seqs * d.H, task_grain(d), [&](int64_t lo, int64_t hi) {
-            std::vector<T> checkpoints(n_chunks * SS), states(kWkv7Chunk * SS), adjoint(SS), sa(S), gsa(S);
-            for (int64_t task = lo; task < hi; ++task) {
-                const int64_t seq = task / d.H, h = task % d.H, t0 = seq * L;
-                // states[q] := the state before token c*C + q of chunk c (q = 0 is the checkpoint)
-                auto fill_chunk = [&](int64_t c, int64_t len) {
-                    std::copy_n(checkpoints.data() + c * SS, SS, states.data());
-                    for (int64_t q = 1; q < len; ++q) {
-                        std::copy_n(states.data() + (q - 1) * SS, SS, states.data() + q * SS);
-                        const Token<T> x = token<T>(in, 1, d, t0 + c * kWkv7Chunk + q - 1, h);
-                        advance(states.data() + q * SS, x.w, x.k, x.v, x.a, x.b, sa.data(), S);
-                    }
-                };
-                std::copy_n(state + task * SS, SS, checkpoints.data());
-                for (int64_t c = 0; c + 1 < n_chunks; ++c) {
-                    fill_chunk(c, kWkv7Chunk);
-                    T* next = checkpoints.data() + (c + 1) * SS;
-                    std::copy_n(states.data() + (kWkv7Chunk - 1) * SS, SS, next);
-                    const Token<T> x = token<T>(in, 1, d, t0 + (c + 1) * kWkv7Chunk - 1, h);
-                    advance(next, x.w, x.k, x.v, x.a, x.b, sa.data(), S);
-                }
-                T* D = adjoint.data();
-                std::copy_n(g + d.tokens_numel() + task * SS, SS, D);  // dL/d final state
-                for (int64_t c = n_chunks - 1; c >= 0; --c) {
-                    const int64_t len = std::min(kWkv7Chunk, L - c * kWkv7Chunk);
-                    fill_chunk(c, len);
-                    for (int64_t q = len - 1; q >= 0; --q) {
-                        const int64_t t = t0 + c * kWkv7Chunk + q, at = (t * d.H + h) * S;
-                        const Token<T> x = token<T>(in, 1, d, t, h);
-                        const T* prev = states.data() + q * SS;  // S_{t-1}
-                        const T* gy = g + at;
-                        T *gr = grads + at, *gw = gr + d.tokens_numel(), *gk = gw + d.tokens_numel();
-                        T *gv = gk + d.tokens_numel(), *ga = gv + d.tokens_numel(), *gb = ga + d.tokens_numel();
-                        for (int64_t i = 0; i < S; ++i) {
-                            T acc = 0;
-                            for (int64_t j = 0; j < S; ++j) acc += x.a[j] * prev[i * S + j];
-                            sa[i] = acc;
-                        }
-                        for (int64_t i = 0; i < S; ++i)
-                            for (int64_t j = 0; j < S; ++j) D[i * S + j] += gy[i] * x.r[j];
-                        for (int64_t j = 0; j < S; ++j) gr[j] = gw[j] = gk[j] = gb[j] = ga[j] = 0;
-                        for (int64_t i = 0; i < S; ++i) {
-                            T acc_v = 0, acc_sa = 0;
-                            for (int64_t j = 0; j < S; ++j) {
-                                const T p = prev[i * S + j], dij = D[i * S + j];
-                                gr[j] += gy[i] * (p * x.w[j] + x.v[i] * x.k[j] + sa[i] * x.b[j]);  // gy^T S_t
-                                gw[j] += dij * p;
-                                gk[j] += dij * x.v[i];
-                                gb[j] += dij * sa[i];
-                                acc_v += dij * x.k[j];
-                                acc_sa += dij * x.b[j];
-                            }
-                            gv[i] = acc_v;
-                            gsa[i] = acc_sa;
-                        }
-                        for (int64_t i = 0; i < S; ++i)
-                            for (int64_t j = 0; j < S; ++j) {
-                                ga[j] += gsa[i] * prev[i * S + j];
-                                D[i * S + j] = D[i * S + j] * x.w[j] + gsa[i] * x.a[j];
-                            }
-                    }
-                }
-                std::copy_n(D, SS, grads + 6 * d.tokens_numel() + task * SS);
-            }
+            BackwardTask<T> task(in, d);  // memory: the checkpoints and one chunk of states
+            for (int64_t k = lo; k < hi; ++k) task.run(k / d.H, k % d.H, out.ptr<T>());
         });
     });
 }

@@ -97,6 +97,22 @@ def test_gpu_backward_is_deterministic():
         np.testing.assert_array_equal(g1, g2)
 
 
+def test_cpu_results_do_not_depend_on_the_thread_count():
+    """32 (sequence, head) tasks, spread over the pool or run on one thread: the same bits."""
+    arrays = inputs(8, 16, 80, 2, seed=8)
+    weights = [np.ones((128, 80), np.float32), np.ones(arrays[6].shape, np.float32)]
+    previous = rc.get_num_threads()
+    try:
+        rc.set_num_threads(1)
+        alone = list(run(arrays)) + _gradients(arrays, weights, "cpu")
+        rc.set_num_threads(max(2, previous))
+        pooled = list(run(arrays)) + _gradients(arrays, weights, "cpu")
+    finally:
+        rc.set_num_threads(previous)
+    for one, many in zip(alone, pooled):
+        np.testing.assert_array_equal(one, many)
+
+
 def test_two_pieces_carrying_the_state_equal_the_whole_sequence(device):
     S, H, T = 4, 2, 30
     r, w, k, v, a, b, state = inputs(S, H, T, 1, seed=6)

@@ -484,10 +484,8 @@ def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
     rest = [as_tensor(x, like=r, op="rwkv_wkv7", arg=name)
             for x, name in zip((w, k, v, a, b, state), ("w", "k", "v", "a", "b", "state"))]
     packed = apply("rwkv_wkv7", (r, *rest))  # [S*H, T + S*n_seqs]
-    heads, n_seqs = packed.shape[0], rest[-1].shape[1]  # heads = S*H
-    tokens = packed.shape[1] - r.shape[0] * n_seqs
-    y, final_state = _unpack_columns(packed, [(heads * tokens, (heads, tokens)),
-                                              (rest[-1].numel, rest[-1].shape)])
+    rows, tokens, state = packed.shape[0], r.numel // packed.shape[0], rest[-1]
+    y, final_state = _unpack_columns(packed, [(r.numel, (rows, tokens)), (state.numel, state.shape)])
     return y, final_state
 
 
