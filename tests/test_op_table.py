@@ -34,6 +34,7 @@ BACKWARD_HELPER_OF = {
     "ssm_scan_back": "ssm_scan",
     "rwkv_wkv6_back": "rwkv_wkv6",
     "gated_linear_attn_back": "gated_linear_attn",
+    "rwkv_wkv7_back": "rwkv_wkv7",
 }
 
 # Native ops reached through a public function of another name.

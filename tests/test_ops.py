@@ -92,6 +92,8 @@ def packed(y, final):
 def DECAY(*shape):
     """Negative decay rates, as Mamba's A = -exp(A_log)."""
     return lambda r: -np.exp(r.normal(size=shape))
+
+
 def np_recurrence(k, v, r, w, state, u=None, scale=1.0):
     """(y [S*H, T], new state) of rwkv_wkv6 (with the bonus u: reads the state before each token)
     or gated_linear_attn (u None: reads it after, times scale), one token at a time."""
@@ -113,17 +115,6 @@ def np_recurrence(k, v, r, w, state, u=None, scale=1.0):
     return y, new_state
 
 
-def packed_recurrence(outputs):
-    """rlkit's (y, new state) as one column: y's values, then the state's (column-major)."""
-    y, state = outputs
-    return rc.concat_rows(rc.reshape(y, (-1, 1)), rc.reshape(state, (-1, 1)))
-
-
-def np_packed(outputs):
-    y, state = outputs
-    return np.concatenate([y.reshape(-1, 1, order="F"), state.reshape(-1, 1, order="F")])
-
-
 def RECURRENCE(S, H, T, n_seqs, bonus):
     """Inputs of rwkv_wkv6 (bonus: k, v, r, tf, td, state) or gated_linear_attn (k, v, q, g,
     state), with decays in [0.5, 1)."""
@@ -134,6 +125,35 @@ def RECURRENCE(S, H, T, n_seqs, bonus):
 # (S, H, T, n_seqs) of the recurrence cases: one chunk; T / n_seqs past the 16-token chunk of the
 # backward pass and not a multiple of it; two sequences of 17 tokens.
 RECURRENCE_SHAPES = [(2, 2, 6, 2), (3, 1, 18, 1), (2, 1, 34, 2)]
+
+
+def np_rwkv_wkv7(r, w, k, v, a, b, state):
+    """ggml_rwkv_wkv7 as a plain loop: per sequence, head and token, sa = S a,
+    S = S diag(w) + v k^T + sa b^T, y = S r; S[i, j] at state[h*S*S + i*S + j]. Returns
+    (y [S*H, T], final_state like state)."""
+    S, H, T = r.shape
+    n_seqs = state.shape[1]
+    L = T // n_seqs
+    y, final = np.zeros((S * H, T)), np.zeros(state.shape)
+    for seq in range(n_seqs):
+        for h in range(H):
+            st = state[h * S * S:(h + 1) * S * S, seq].reshape(S, S)
+            for t in range(seq * L, (seq + 1) * L):
+                sa = st @ a[:, h, t]
+                st = st * w[None, :, h, t] + np.outer(v[:, h, t], k[:, h, t]) + np.outer(sa, b[:, h, t])
+                y[h * S:(h + 1) * S, t] = st @ r[:, h, t]
+            final[h * S * S:(h + 1) * S * S, seq] = st.reshape(-1)
+    return y, final
+
+
+def WKV7(S, H, T, n_seqs):
+    """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
+    w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""
+    def unit(r):
+        x = r.normal(size=(S, H, T))
+        return x / np.linalg.norm(x, axis=0, keepdims=True)
+    return (N(S, H, T), lambda r: r.uniform(0.5, 1.0, size=(S, H, T)), N(S, H, T), N(S, H, T),
+            lambda r: -unit(r), lambda r: unit(r) * r.uniform(size=(S, H, T)), N(S * S * H, n_seqs, s=0.5))
 
 
 def U(lo, hi, *shape):
@@ -509,12 +529,16 @@ CASES: list[Case] = [
          ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),  # Mamba-2
           (N(4, 1, 3, 1), N(1, 3, 5, 1), N(3, 5, 1), DECAY(4, 3), N(4, 1, 5, 1), N(4, 1, 5, 1), IDX(0)),  # Mamba-1
           (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
-    Case("rwkv_wkv6", "rwkv_wkv6", lambda *a: packed_recurrence(rc.rwkv_wkv6(*a)),
-         lambda k, v, r, tf, td, s: np_packed(np_recurrence(k, v, r, td, s, u=tf)),
+    Case("rwkv_wkv6", "rwkv_wkv6", lambda *a: packed(*rc.rwkv_wkv6(*a)),
+         lambda k, v, r, tf, td, s: packed(*np_recurrence(k, v, r, td, s, u=tf)),
          tuple(RECURRENCE(*shape, bonus=True) for shape in RECURRENCE_SHAPES)),
-    Case("gated_linear_attn", "gated_linear_attn", lambda *a: packed_recurrence(rc.gated_linear_attn(*a, scale=0.7)),
-         lambda k, v, q, g, s: np_packed(np_recurrence(k, v, q, g, s, scale=0.7)),
+    Case("gated_linear_attn", "gated_linear_attn", lambda *a: packed(*rc.gated_linear_attn(*a, scale=0.7)),
+         lambda k, v, q, g, s: packed(*np_recurrence(k, v, q, g, s, scale=0.7)),
          tuple(RECURRENCE(*shape, bonus=False) for shape in RECURRENCE_SHAPES)),
+    # RWKV-7: r, w, k, v, a, b [S, H, T], state [S*S*H, n_seqs]; 18 tokens per sequence cross the
+    # backward's 16-token checkpoint chunk
+    Case("rwkv_wkv7", "rwkv_wkv7", lambda *a: packed(*rc.rwkv_wkv7(*a)), lambda *a: packed(*np_rwkv_wkv7(*a)),
+         (WKV7(2, 2, 3, 1), WKV7(2, 1, 36, 2), WKV7(3, 2, 4, 2)), atol32=1e-5),
     Case("softmax_cross_entropy_loss_large", "softmax_cross_entropy_loss", rc.softmax_cross_entropy_loss,
          lambda x, t: (-np.sum(t * np_log_softmax(x)) / x.shape[1]).reshape(1, 1),
          ((CONST([[1000.0, -500.0], [0.0, 500.0]]), CONST([[0.0, 1.0], [1.0, 0.0]])),

@@ -21,7 +21,7 @@ from rlkit.core.ops import (
     abs, add, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
     gated_linear_attn, rwkv_wkv6,
     log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
-    reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
+    reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_to, tanh, transpose,
 )
 from rlkit.core import graph, nn, optim, sched
@@ -34,7 +34,8 @@ __all__ = [
     "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "sum",
     "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
-    "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "stop_gradient", "rwkv_wkv6", "gated_linear_attn",
+    "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "rwkv_wkv6", "rwkv_wkv7", "gated_linear_attn",
+    "stop_gradient",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
     "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched",
 ]

@@ -456,6 +456,18 @@ def ssm_conv(sx, c) -> Tensor:
     return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
 
 
+def _unpack_columns(packed: Tensor, layout: list[tuple[int, tuple[int, ...]]]) -> list[Tensor]:
+    """Consecutive blocks of a packed tensor (column-major), each of ``size`` elements reshaped
+    to ``shape``: [(size, shape), ...] in order. Differentiable layout ops only, so the tape
+    carries the gradient of every block back to the one op that packed them."""
+    flat = reshape(packed, (packed.numel, 1))
+    blocks, start = [], 0
+    for size, shape in layout:
+        blocks.append(reshape(slice_rows(flat, start, size), shape))
+        start += size
+    return blocks
+
+
 def _ne4(t: Tensor) -> tuple[int, int, int, int]:
     """A tensor's sizes in ne order, padded to four."""
     return tuple(t.shape) + (1,) * (4 - len(t.shape))
@@ -486,23 +498,22 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
     ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
     packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
-    y = reshape(slice_rows(packed, 0, n_y), x.shape)
-    final_state = reshape(slice_rows(packed, n_y, n_final), (d_state, head_dim, n_head, n_seqs))
+    y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state
+
+
+def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:
+    """[y [S*H, T], the new state shaped like ``state``] from a recurrence's packed output
+    [S*H, T + S*n_seqs]."""
+    rows = packed.shape[0]
+    n_y = packed.numel - state.numel
+    return _unpack_columns(packed, [(n_y, (rows, n_y // rows)), (state.numel, state.shape)])
+
+
 def _recurrence_inputs(op: str, names: tuple[str, ...], args: tuple) -> tuple[Tensor, ...]:
     """The arguments of a recurrence as tensors of the first one's dtype and device."""
     first = as_tensor(args[0], op=op, arg=names[0])
     return (first,) + tuple(as_tensor(x, like=first, op=op, arg=name) for name, x in zip(names[1:], args[1:]))
-
-
-def _split_recurrence(packed: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-    """(y [S*H, T], new state shaped like ``state``) from a recurrence's packed output [S*H, T +
-    S*n_seqs], by layout ops: the tape carries the gradients of both back to the one op."""
-    rows, columns = packed.shape
-    n_y = rows * (columns - state.numel // rows)
-    flat = reshape(packed, (-1, 1))  # [S*H*(T + S*n_seqs), 1]: y's columns, then the state
-    y = reshape(slice_rows(flat, 0, n_y), (rows, n_y // rows))
-    return y, reshape(slice_rows(flat, n_y, state.numel), state.shape)
 
 
 def rwkv_wkv6(k, v, r, tf, td, state) -> tuple[Tensor, Tensor]:
@@ -515,7 +526,7 @@ def rwkv_wkv6(k, v, r, tf, td, state) -> tuple[Tensor, Tensor]:
     ``state``), differentiable in every input."""
     k, v, r, tf, td, state = _recurrence_inputs("rwkv_wkv6", ("k", "v", "r", "tf", "td", "state"),
                                                 (k, v, r, tf, td, state))
-    return _split_recurrence(apply("rwkv_wkv6", (k, v, r, tf, td, state)), state)
+    return tuple(_split_recurrence(apply("rwkv_wkv6", (k, v, r, tf, td, state)), state))
 
 
 def gated_linear_attn(k, v, q, g, state, scale: float) -> tuple[Tensor, Tensor]:
@@ -530,7 +541,25 @@ def gated_linear_attn(k, v, q, g, state, scale: float) -> tuple[Tensor, Tensor]:
         raise ValueError(f"gated_linear_attn: scale must be finite, got {scale}")
     k, v, q, g, state = _recurrence_inputs("gated_linear_attn", ("k", "v", "q", "g", "state"), (k, v, q, g, state))
     packed = apply("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),), scale=float(scale))
-    return _split_recurrence(packed, state)
+    return tuple(_split_recurrence(packed, state))
+
+
+def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
+    """RWKV-7's recurrence, as ggml_rwkv_wkv7. ``r, w, k, v, a, b`` are [S, H, T]: head size S,
+    H heads, T tokens of n_seqs equal sequences (sequence s owns tokens [s T/n_seqs, (s+1)
+    T/n_seqs)); ``w`` is the decay in linear space. ``state`` [S*S*H, n_seqs] holds each
+    sequence's H matrices S x S, head h's at h*S*S + i*S + j (i the value row, j the key
+    column). Per token and head::
+
+        sa[i]  = sum_j a[j] S[i, j]
+        S[i,j] = S[i,j] w[j] + v[i] k[j] + sa[i] b[j]
+        y[i]   = sum_j S[i, j] r[j]
+
+    Returns (y [S*H, T], final_state [S*S*H, n_seqs]), differentiable in every input."""
+    r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
+                                                 (r, w, k, v, a, b, state))
+    packed = apply("rwkv_wkv7", (r, w, k, v, a, b, state))  # [S*H, T + S*n_seqs]
+    return tuple(_split_recurrence(packed, state))
 
 
 def stop_gradient(x) -> Tensor:

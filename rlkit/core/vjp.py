@@ -25,52 +25,48 @@ def _matmul(g, out, a, b, transpose_a, transpose_b):
     return ops.matmul(b, g, transpose_a=True, transpose_b=True), ops.matmul(g, a, transpose_a=True, transpose_b=True)
 
 
+def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
+    # one helper op gives every gradient, packed: r, w, k, v, a, b (each like r), then state
+    grads = ops.apply("rwkv_wkv7_back", (g, r, w, k, v, a, b, state))  # [S*H, 6T + S*n_seqs]
+    return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
+
+
 def _first_max_mask(x):
     """1 at the first maximum of each column of x, 0 elsewhere; shaped like x."""
     return ops.reshape(ops.one_hot(ops.argmax(x), x.shape[0], dtype=x.dtype), x.shape)
 
 
 def _ssm_scan(g, out, s, x, dt, A, B, C, ids):
-    # ssm_scan_back packs every gradient (layout: native/ssm_scan.hpp); per-head, per-token and
-    # per-sequence partial sums are added up here.
+    # ssm_scan_back packs every gradient (layout: native/ssm_scan.hpp); the per-sequence,
+    # per-head and per-token partial sums are added up here.
     d_state, n_group = B.shape[0], B.shape[1]
     head_dim, n_head, n_tok, n_seqs = ops._ne4(x)
-    n_rs, per_token = ops._ne4(s)[3], d_state * n_head * n_tok * n_seqs
+    n_rs, columns = ops._ne4(s)[3], n_tok * n_seqs
     grads = ops.apply("ssm_scan_back", (g, s, x, dt, A, B, C, ids))  # 1-D
+    per_head = (d_state, n_head // n_group, n_group, columns)  # [d_state, n_head, n_tok, n_seqs]
+    g_initial, g_x, g_dt, g_a, g_b, g_c = ops._unpack_columns(grads, [
+        (d_state * head_dim * n_head * n_seqs, (d_state * head_dim * n_head, n_seqs)),  # a column per sequence
+        (x.numel, x.shape), (dt.numel, dt.shape),
+        (d_state * n_head * columns, (d_state, n_head, columns)),
+        (d_state * n_head * columns, per_head), (d_state * n_head * columns, per_head),
+    ])
+    g_s = ops.reshape(ops.scatter_cols(g_initial, ids, n_rs), s.shape)  # summed over the sequences sharing a state
+    g_a = ops.reshape(ops.sum_to(g_a, (A.shape[0], n_head, 1)), A.shape)
 
-    def part(at, n, shape):
-        return ops.reshape(ops.slice_rows(grads, at, n), shape)
+    def summed_per_group(t):
+        return ops.reshape(ops.sum_to(t, (d_state, 1, n_group, columns)), B.shape)
 
-    n_initial, n_x, n_dt = d_state * head_dim * n_head * n_seqs, head_dim * n_head * n_tok * n_seqs, n_head * n_tok * n_seqs
-    at_gx = n_initial
-    at_gdt = at_gx + n_x
-    at_ga = at_gdt + n_dt
-    at_gb, at_gc = at_ga + per_token, at_ga + 2 * per_token
-    g_initial = part(0, n_initial, (d_state * head_dim * n_head, n_seqs))  # one column per sequence
-    g_s = ops.reshape(ops.scatter_cols(g_initial, ids, n_rs), s.shape)  # summed per state picked
-    g_a = ops.sum_to(part(at_ga, per_token, (d_state, n_head, n_tok * n_seqs)), (A.shape[0], n_head, 1))
-    heads_per_group = n_head // n_group
-    group_sum = (d_state, heads_per_group, n_group, n_tok * n_seqs)
+    return g_s, g_x, g_dt, g_a, summed_per_group(g_b), summed_per_group(g_c), None
 
-    def per_group(at):  # [d_state, n_head, ...] summed over the heads of each group
-        return ops.reshape(ops.sum_to(part(at, per_token, group_sum), (d_state, 1, n_group, n_tok * n_seqs)), B.shape)
 
-    return (g_s, part(at_gx, n_x, x.shape), part(at_gdt, n_dt, dt.shape), ops.reshape(g_a, A.shape),
-            per_group(at_gb), per_group(at_gc), None)
 def _recurrence_grads(packed, k, state, with_bonus: bool):
     """Slices a recurrence's _back output: the gradients of the four [S, H, T] inputs, the bonus
     (summed over sequences) when there is one, and the state (layout: native/ops.def)."""
-    plane = k.numel
-    flat = ops.reshape(packed, (-1, 1))
-    grads = [ops.reshape(ops.slice_rows(flat, n * plane, plane), k.shape) for n in range(4)]
-    at = 4 * plane
-    bonus = None
-    if with_bonus:
-        rows, n_seqs = k.shape[0] * k.shape[1], state.shape[1]
-        per_sequence = ops.reshape(ops.slice_rows(flat, at, rows * n_seqs), (rows, n_seqs))
-        bonus = ops.reshape(ops.sum_to(per_sequence, (rows, 1)), (k.shape[0], k.shape[1]))
-        at += rows * n_seqs
-    return grads, bonus, ops.reshape(ops.slice_rows(flat, at, state.numel), state.shape)
+    rows, n_seqs = k.shape[0] * k.shape[1], state.shape[1]
+    layout = [(k.numel, k.shape)] * 4 + ([(rows * n_seqs, (rows, n_seqs))] if with_bonus else []) + [(state.numel, state.shape)]
+    blocks = ops._unpack_columns(packed, layout)
+    bonus = ops.reshape(ops.sum_to(blocks[4], (rows, 1)), (k.shape[0], k.shape[1])) if with_bonus else None
+    return blocks[:4], bonus, blocks[-1]
 
 
 def _rwkv_wkv6(g, out, k, v, r, tf, td, state):
@@ -129,6 +125,7 @@ VJP = {
     "ssm_scan": _ssm_scan,
     "rwkv_wkv6": _rwkv_wkv6,
     "gated_linear_attn": _gated_linear_attn,
+    "rwkv_wkv7": _rwkv_wkv7,
 }
 
 NOT_DIFFERENTIABLE = frozenset(
@@ -141,5 +138,6 @@ NOT_DIFFERENTIABLE = frozenset(
         "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
         "ssm_scan_back",
         "rwkv_wkv6_back", "gated_linear_attn_back",
+        "rwkv_wkv7_back",
     }
 )
