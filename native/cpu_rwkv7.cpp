@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernel_util.hpp"
+#include "recurrence.hpp"
 
 namespace rk {
 namespace {
@@ -25,6 +26,10 @@ struct Wkv7Dims {
     int64_t seq_len() const { return T / n_seqs; }
     int64_t tokens_numel() const { return S * H * T; }  // one of r, w, k, v, a, b
     int64_t state_numel() const { return S * S * H * n_seqs; }
+    int64_t n_chunks() const { return (seq_len() + kRecurrenceChunk - 1) / kRecurrenceChunk; }
+    // Columns [S*H] after the gradients in the backward output: the GPU kernel's scratch, per
+    // (sequence, head) the adjoint, one chunk's states and the checkpoints (S x S each), sa and gsa.
+    int64_t scratch_columns() const { return n_seqs * ((1 + kRecurrenceChunk + n_chunks()) * S + 2); }
 };
 
 // Checks the seven inputs (r, w, k, v, a, b, state) starting at in[first] and returns the dims.
@@ -86,9 +91,6 @@ Token<T> token(const Inputs& in, size_t first, const Wkv7Dims& d, int64_t t, int
 // Grain of the (sequence, head) tasks: each walks its whole sequence over an S x S state.
 int64_t task_grain(const Wkv7Dims& d) { return std::max<int64_t>(1, kElementGrain / (d.seq_len() * d.S * d.S)); }
 
-// Tokens between the states the backward keeps (it recomputes the ones in between).
-constexpr int64_t kWkv7Chunk = 16;
-
 }  // namespace
 
 OutSpec shape_rwkv_wkv7(const Inputs& in, const OpAttrs&) {
@@ -135,7 +137,7 @@ OutSpec shape_rwkv_wkv7_back(const Inputs& in, const OpAttrs&) {
         throw std::invalid_argument(op_err("rwkv_wkv7_back", "g " + g.shape_str() + " is not the forward's output shape [" +
                                                                  std::to_string(d.S * d.H) + ", " +
                                                                  std::to_string(d.T + d.S * d.n_seqs) + "]"));
-    return OutSpec{{d.S * d.H, 6 * d.T + d.S * d.n_seqs, 1, 1}, 2, g.dtype};
+    return OutSpec{{d.S * d.H, 6 * d.T + d.S * d.n_seqs + d.scratch_columns(), 1, 1}, 2, g.dtype};
 }
 
 namespace {
@@ -185,15 +187,15 @@ void step_back(const Token<T>& x, const T* prev, const T* gy, T* D, T* sa, T* gs
 }
 
 // The backward of one (sequence, head). A forward pass keeps the state before every
-// kWkv7Chunk-th token (the checkpoints); then, chunk by chunk from the end, the chunk's states are
+// kRecurrenceChunk-th token (the checkpoints); then, chunk by chunk from the end, the chunk's states are
 // recomputed from its checkpoint and the adjoint walks back through them. The update is never
 // inverted: a state is only ever recomputed forwards.
 template <typename T>
 class BackwardTask {
   public:
     BackwardTask(const Inputs& in, const Wkv7Dims& d)
-        : in_(in), d_(d), SS_(d.S * d.S), n_chunks_((d.seq_len() + kWkv7Chunk - 1) / kWkv7Chunk),
-          checkpoints_(n_chunks_ * SS_), states_(kWkv7Chunk * SS_), adjoint_(SS_), sa_(d.S), gsa_(d.S) {}
+        : in_(in), d_(d), SS_(d.S * d.S), n_chunks_((d.seq_len() + kRecurrenceChunk - 1) / kRecurrenceChunk),
+          checkpoints_(n_chunks_ * SS_), states_(kRecurrenceChunk * SS_), adjoint_(SS_), sa_(d.S), gsa_(d.S) {}
 
     void run(int64_t seq, int64_t h, T* grads) {
         const int64_t task = seq * d_.H + h, L = d_.seq_len();
@@ -201,18 +203,18 @@ class BackwardTask {
         t0_ = seq * L;
         std::copy_n(in_[7]->ptr<T>() + task * SS_, SS_, checkpoints_.data());
         for (int64_t c = 0; c + 1 < n_chunks_; ++c) {
-            fill_chunk(c, kWkv7Chunk);
+            fill_chunk(c, kRecurrenceChunk);
             T* next = checkpoints_.data() + (c + 1) * SS_;
-            std::copy_n(states_.data() + (kWkv7Chunk - 1) * SS_, SS_, next);
-            advance_by(next, t0_ + (c + 1) * kWkv7Chunk - 1);
+            std::copy_n(states_.data() + (kRecurrenceChunk - 1) * SS_, SS_, next);
+            advance_by(next, t0_ + (c + 1) * kRecurrenceChunk - 1);
         }
         const T* g = in_[0]->ptr<T>();
         std::copy_n(g + d_.tokens_numel() + task * SS_, SS_, adjoint_.data());  // dL/d final state
         for (int64_t c = n_chunks_ - 1; c >= 0; --c) {
-            const int64_t len = std::min(kWkv7Chunk, L - c * kWkv7Chunk);
+            const int64_t len = std::min(kRecurrenceChunk, L - c * kRecurrenceChunk);
             fill_chunk(c, len);
             for (int64_t q = len - 1; q >= 0; --q) {
-                const int64_t t = t0_ + c * kWkv7Chunk + q, at = (t * d_.H + h) * d_.S;
+                const int64_t t = t0_ + c * kRecurrenceChunk + q, at = (t * d_.H + h) * d_.S;
                 step_back(token<T>(in_, 1, d_, t, h), states_.data() + q * SS_, g + at, adjoint_.data(), sa_.data(),
                           gsa_.data(), TokenGrads<T>(grads, d_.tokens_numel(), at), d_.S);
             }
@@ -231,7 +233,7 @@ class BackwardTask {
         std::copy_n(checkpoints_.data() + c * SS_, SS_, states_.data());
         for (int64_t q = 1; q < len; ++q) {
             std::copy_n(states_.data() + (q - 1) * SS_, SS_, states_.data() + q * SS_);
-            advance_by(states_.data() + q * SS_, t0_ + c * kWkv7Chunk + q - 1);
+            advance_by(states_.data() + q * SS_, t0_ + c * kRecurrenceChunk + q - 1);
         }
     }
 

@@ -1,6 +1,7 @@
 // The sizes and packed layouts shared by the RWKV-6 and gated-linear-attention recurrences
 // (rwkv_wkv6, gated_linear_attn and their _back helpers), for the CPU kernels and the Vulkan
-// recording. Shapes in ne order, as ggml gives them:
+// recording (rwkv_wkv7, cpu_rwkv7.cpp, checkpoints at the same chunk length). Shapes in ne order,
+// as ggml gives them:
 //   per-token vectors (k, v, r or q, td or g): [S, H, T], T tokens of n_seqs sequences of T / n_seqs
 //   state: [S*S*H, n_seqs], head h's S x S matrix at state[h*S*S + i*S + j] of its sequence's column
 //   forward output: [S*H, T + S*n_seqs]: T columns of y, then the new state

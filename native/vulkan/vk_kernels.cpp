@@ -576,9 +576,6 @@ struct Wkv7BackPush {
     uint32_t S, H, T, n_seqs, chunk;
 };
 
-// Tokens between the backward's checkpoints (wkv7.comp).
-constexpr int64_t kWkv7Chunk = 16;
-
 }  // namespace
 
 // rwkv_wkv7 and its backward: one workgroup per (sequence, head); shapes checked by the shape rule.
@@ -596,18 +593,16 @@ void vk_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl &g = *in[0], &r = *in[1], &state = *in[7];
     const int64_t S = r.ne[0], H = r.ne[1], T = r.ne[2], n_seqs = state.ne[1];
-    const int64_t n_chunks = (T / n_seqs + kWkv7Chunk - 1) / kWkv7Chunk;
-    // per (sequence, head): the adjoint, one chunk's states, the checkpoints, sa and gsa (ops.def)
-    const int64_t scratch_floats = H * n_seqs * ((1 + kWkv7Chunk + n_chunks) * S * S + 2 * S);
-    TensorPtr scratch = make_on(Device::gpu, {u32(scratch_floats, "rwkv_wkv7_back"), 1, 1, 1}, 2, DType::f32);
+    // the scratch (ops.def): the output's columns after the gradients
+    const uint64_t scratch = out.address() + uint64_t(S * H * (6 * T + S * n_seqs)) * sizeof(float);
     Wkv7BackPush p{r.address(), in[2]->address(), in[3]->address(), in[4]->address(), in[5]->address(),
-                   in[6]->address(), state.address(), out.address(), g.address(), scratch->address(),
+                   in[6]->address(), state.address(), out.address(), g.address(), scratch,
                    u32(S, "rwkv_wkv7_back"), u32(H, "rwkv_wkv7_back"), u32(T, "rwkv_wkv7_back"),
-                   u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kWkv7Chunk)};
+                   u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kRecurrenceChunk)};
     u32(out.numel(), "rwkv_wkv7_back");
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
-    record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out), span(*scratch)});
+    record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
 }  // namespace rk
