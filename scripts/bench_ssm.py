@@ -1,0 +1,159 @@
+"""Speed of the state-space and RWKV recurrences against the memory-bandwidth floor, and of the
+Mamba demo, on each device present.
+
+    python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N]
+
+For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) and rwkv_wkv7
+(head size 64, 32 heads, 4 sequences): the median time of the forward op, and of the forward op
+plus its backward helper (every gradient), each beside its floor: the bytes an ideal kernel must
+move (inputs read once, outputs and true gradients written once; no scratch) over the copy
+bandwidth measured on the same device in the same run (a large elementwise op that reads and
+writes every element). "of floor" = floor time / measured time. Then the Mamba demo
+(scripts/mamba_train_demo.py, default sizes) trained for a few epochs: seconds per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.core import ops
+
+F32 = 4  # bytes
+
+
+def median_seconds(fn, rounds: int = 7, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+        rc.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        rc.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of an op reading and writing 256 MiB (the device's copy bandwidth)."""
+    x = rc.full((64 * 1024 * 1024, 1), 1.0)
+    seconds = median_seconds(lambda: rc.scale(x, 1.0))
+    return 2 * x.numel * F32 / seconds
+
+
+def tensors(rng, shapes: dict) -> dict:
+    return {name: rc.tensor(np.asfortranarray(gen(rng, shape), dtype=np.float32)) for name, (shape, gen) in shapes.items()}
+
+
+def normal(rng, shape):
+    return rng.normal(size=shape)
+
+
+def bench_ssm_scan(rng, n_tok: int) -> dict:
+    d_state, head_dim, n_head, n_seqs = 128, 64, 32, 4
+    t = tensors(rng, {
+        "s": ((d_state, head_dim, n_head, n_seqs), normal),
+        "x": ((head_dim, n_head, n_tok, n_seqs), normal),
+        "dt": ((n_head, n_tok, n_seqs), lambda r, s: r.normal(size=s) - 2.0),
+        "A": ((1, n_head), lambda r, s: -np.exp(r.normal(size=s))),
+        "B": ((d_state, 1, n_tok, n_seqs), normal),
+        "C": ((d_state, 1, n_tok, n_seqs), normal),
+    })
+    ids = rc.tensor(np.arange(n_seqs, dtype=np.int32))
+    inputs = (t["s"], t["x"], t["dt"], t["A"], t["B"], t["C"], ids)
+    out = ops.apply("ssm_scan", inputs)
+    grad = rc.full(out.shape, 1.0)
+    read = sum(v.numel for v in t.values()) * F32
+    written = out.numel * F32
+    return {
+        "op": f"ssm_scan d_state {d_state}, head_dim {head_dim}, {n_head} heads, {n_tok} tokens x {n_seqs}",
+        "forward": median_seconds(lambda: ops.apply("ssm_scan", inputs)),
+        "forward_backward": median_seconds(lambda: (ops.apply("ssm_scan", inputs), ops.apply("ssm_scan_back", (grad, *inputs)))),
+        # forward: inputs in, y and states out; backward: the gradient and inputs in, a gradient per input out
+        "bytes_forward": read + written,
+        "bytes_forward_backward": (read + written) + (written + read) + read,
+    }
+
+
+def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
+    S, H, n_seqs = 64, 32, 4
+    T = n_tok * n_seqs
+
+    def unit(r, shape):
+        x = r.normal(size=shape)
+        return x / np.linalg.norm(x, axis=0, keepdims=True)
+
+    t = tensors(rng, {
+        "r": ((S, H, T), normal), "w": ((S, H, T), lambda r, s: r.uniform(0.5, 1.0, size=s)),
+        "k": ((S, H, T), normal), "v": ((S, H, T), normal),
+        "a": ((S, H, T), lambda r, s: -unit(r, s)), "b": ((S, H, T), unit),
+        "state": ((S * S * H, n_seqs), normal),
+    })
+    inputs = tuple(t.values())
+    out = ops.apply("rwkv_wkv7", inputs)
+    grad = rc.full(out.shape, 1.0)
+    read = sum(v.numel for v in t.values()) * F32
+    written = out.numel * F32
+    return {
+        "op": f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}",
+        "forward": median_seconds(lambda: ops.apply("rwkv_wkv7", inputs)),
+        "forward_backward": median_seconds(lambda: (ops.apply("rwkv_wkv7", inputs), ops.apply("rwkv_wkv7_back", (grad, *inputs)))),
+        "bytes_forward": read + written,
+        "bytes_forward_backward": (read + written) + (written + read) + read,
+    }
+
+
+def bench_demo(device: str, epochs: int) -> float:
+    """Seconds per epoch of the Mamba demo at its default sizes (training time only)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mamba_train_demo.py")
+    spec = importlib.util.spec_from_file_location("mamba_train_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = demo  # its dataclasses look their module up
+    spec.loader.exec_module(demo)
+    sizes = dataclasses.replace(demo.DEFAULT, n_epoch=epochs)
+    rng = np.random.default_rng(20260819)
+    batches = [demo.make_batch(rng, sizes) for _ in range(sizes.n_samples)]
+    result = demo.train_once(device.upper(), device, sizes, batches, demo.initial_params(rng, sizes), show_trace=False)
+    return result["elapsed"] / epochs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="all", choices=["cpu", "gpu", "all"])
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default: 256 CPU, 2048 GPU)")
+    parser.add_argument("--demo-epochs", type=int, default=None, help="demo epochs timed (default: 3 CPU, 60 GPU)")
+    args = parser.parse_args()
+    present = [d["device"] for d in rc.devices()]
+    devices = [d for d in ("cpu", "gpu") if d in present and args.device in (d, "all")]
+    for device in devices:
+        previous = rc.device(device)
+        try:
+            bandwidth = copy_bandwidth()
+            n_tok = args.tokens or (2048 if device == "gpu" else 256)
+            name = rc.devices()[present.index(device)]["name"]
+            print(f"\n{device}: {name}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+            rng = np.random.default_rng(0)
+            for result in (bench_ssm_scan(rng, n_tok), bench_rwkv_wkv7(rng, n_tok)):
+                for kind in ("forward", "forward_backward"):
+                    floor = result[f"bytes_{kind}"] / bandwidth
+                    print(f"  {result['op']:<62} {kind.replace('_', '+'):<17} {result[kind] * 1e3:9.2f} ms"
+                          f"   floor {floor * 1e3:7.3f} ms   {100 * floor / result[kind]:5.1f}% of floor")
+            epochs = args.demo_epochs or (60 if device == "gpu" else 3)
+            per_epoch = bench_demo(device, epochs)
+            print(f"  mamba_train_demo (default sizes), {epochs} epochs: {per_epoch:.3f} s per epoch, "
+                  f"{60 * per_epoch:.1f} s for the demo's 60")
+        finally:
+            rc.device(previous)
+
+
+if __name__ == "__main__":
+    main()
