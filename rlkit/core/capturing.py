@@ -157,11 +157,11 @@ class Captured:
             self._recordings[signature] = recording
         values = [arrays[n][0] for n in recording.names]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
-        inputs_impl = [t._impl for t in recording.placeholders] + [t._impl for t, _ in recording.host_inputs]
-        results = recording.program.replay(values, inputs_impl, [t._impl for t in recording.outputs])
-        extra = results[recording.n_user_outputs:]
-        for after in recording.after_replay:
-            after(extra)
+        results = recording.program.replay(values)  # the program's own inputs and outputs, in order
+        if recording.after_replay:
+            extra = results[recording.n_user_outputs:]
+            for after in recording.after_replay:
+                after(extra)
         return recording.rebuild(results[:recording.n_user_outputs])
 
     def _record(self, arrays) -> _Recording:
