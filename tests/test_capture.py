@@ -249,9 +249,10 @@ def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu):
     step(x=x, y=y)
     replacement = rc.tensor(np.full(w.shape, 0.25, np.float32))
     columns = rc.tensor(np.arange(w.shape[1], dtype=np.int32)[None, :])
-    stats = _stats_after(lambda: rc.ops.apply("put_cols", (w, columns, replacement)))  # eager, in place
-    assert stats["submits"] == 0  # still only recorded when the replay comes
+    rc.gpu_stats(reset=True)
+    rc.ops.apply("put_cols", (w, columns, replacement))  # eager, in place: recorded, not yet submitted
     out = forward(x=x)
+    assert rc.gpu_stats()["submits"] == 1  # the eager work and the replay go in one batch, in order
     reference = model(rc.tensor(x)).numpy()
     np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6)
     assert np.allclose(w.numpy(), 0.25)

@@ -576,21 +576,30 @@ void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint6
 void Context::submit() {
     if (program_) throw std::logic_error("submit while a program records its command buffer");
     if (!recording_) return;
+    Slot& slot = end_recording();
+    queue_submit(&slot.cmd, 1, slot.fence);
+    slot.busy = true;
+}
+
+Context::Slot& Context::end_recording() {
     Slot& slot = slots_[slot_];
     check(api_.vkEndCommandBuffer(slot.cmd), "vkEndCommandBuffer");
     recording_ = false;
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &slot.cmd;
-    check(api_.vkQueueSubmit(queue_, 1, &si, slot.fence), "vkQueueSubmit");
-    ++stats_.submits;
-    submitted_ = true;
-    slot.busy = true;
     slot.keep = std::move(in_flight_);
     in_flight_.clear();
     in_flight_bytes_ = 0;
     recorded_ = 0;
     slot_ = (slot_ + 1) % slots_.size();
+    return slot;
+}
+
+void Context::queue_submit(const VkCommandBuffer* cmds, uint32_t n, VkFence fence) {
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = n;
+    si.pCommandBuffers = cmds;
+    check(api_.vkQueueSubmit(queue_, 1, &si, fence), "vkQueueSubmit");
+    ++stats_.submits;
+    submitted_ = true;
 }
 
 void Context::flush() {
@@ -604,8 +613,8 @@ void Context::flush() {
 // ---- programs ---------------------------------------------------------------------------
 //
 // Ordering: a program's command buffer is submitted after the eager recording made before the
-// replay (submitted first, in its own command buffer) and starts with a full barrier, which
-// orders it after every earlier submission on the queue; the next eager command buffer starts
+// replay (in the same batch, just before it) and starts with a full barrier, which orders it
+// after every command submitted earlier on the queue; the next eager command buffer starts
 // with a barrier too (begin_if_needed), so work recorded after a replay sees its results. The
 // host fills the input staging only while the program is not pending (run waits for it), and
 // vkQueueSubmit makes those writes visible to the device.
@@ -735,32 +744,33 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
     }
     ctx_.end_program();
     TransferStats& run = recording_.counted;
-    run.uploads = run.downloads = run.submits = 1;
+    run.uploads = run.downloads = 1;
     run.upload_bytes = inputs_.nbytes();
     run.download_bytes = outputs_.nbytes();
     ++ctx_.stats_.recordings;
 }
 
 void RecordedCommands::run() {
-    const Api& api = ctx_.api_;
-    ctx_.submit();  // eager work recorded before this replay runs first
     wait();
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &commands_.cmd;
-    check(api.vkQueueSubmit(ctx_.queue_, 1, &si, commands_.fence), "vkQueueSubmit");
+    // Eager work recorded before this replay runs first, in the same submission: its command
+    // buffer, then the program's (whose opening barrier orders it after everything before).
+    Context::Slot* eager = ctx_.recording_ ? &ctx_.end_recording() : nullptr;
+    const VkCommandBuffer cmds[2] = {eager ? eager->cmd : commands_.cmd, commands_.cmd};
+    ctx_.queue_submit(eager ? cmds : cmds + 1, eager ? 2 : 1, commands_.fence);
     pending_ = true;
-    ctx_.submitted_ = true;
     const TransferStats& run = recording_.counted;
     TransferStats& total = ctx_.stats_;
     total.uploads += run.uploads;
     total.downloads += run.downloads;
     total.upload_bytes += run.upload_bytes;
     total.download_bytes += run.download_bytes;
-    total.submits += run.submits;
     total.dispatches += run.dispatches;
     total.barriers += run.barriers;
     wait();  // the host reads the output staging next
+    if (eager) {  // done with the program's batch: its slot is free again (its fence was not used)
+        check(ctx_.api_.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
+        eager->keep.clear();
+    }
 }
 
 }  // namespace rk::vk

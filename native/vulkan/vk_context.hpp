@@ -173,6 +173,9 @@ class Context {
     std::vector<Slot> slots_;
     size_t slot_ = 0;
     void retire(Slot& slot);
+    // Ends the eager recording; its slot keeps the staging its copies read. Submit it next.
+    Slot& end_recording();
+    void queue_submit(const VkCommandBuffer* cmds, uint32_t n, VkFence fence);
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // the recording slot's command buffer
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     std::unordered_map<std::string, VkPipeline> pipelines_;

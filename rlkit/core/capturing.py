@@ -6,7 +6,8 @@ steps, gathers from device buffers) and returns a callable taking the same named
 and returning ``fn``'s outputs as numpy arrays. ``rc.capture_step(loss_fn, params, optimizer,
 max_grad_norm=None)`` captures a whole training step: forward, backward, the global gradient
 norm (and clipping), and the optimizer update; it returns the loss and the norm. On the GPU a
-replay is one upload of all inputs, one submission and one download of all outputs.
+replay is one upload of all inputs, one submission and one download of all outputs, all in a
+command buffer recorded once and re-submitted (random ops draw fresh streams at every replay).
 
 A replay re-records when an input's shape or dtype, the device, or a listed parameter or buffer
 (freed, moved, or written from the host with load_state_dict) changes. Host work inside the
