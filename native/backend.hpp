@@ -3,6 +3,7 @@
 // the tensors' device; everything above this interface is device-agnostic.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +13,23 @@
 #include "optim.hpp"
 
 namespace rk {
+
+// A program's work recorded once and run whole at every replay (on the GPU, one command
+// buffer re-submitted). The host writes the input block's bytes into input_staging() before
+// run() and reads the output block's bytes from output_staging() after it.
+class RecordedProgram {
+  public:
+    virtual ~RecordedProgram() = default;
+    // Records `kernels` (the program's ops) between a copy of the input staging into the input
+    // block and a copy of the output block into the output staging, replacing any earlier
+    // recording. Random ops read their streams from the input block's bytes at streams_offset
+    // (8 bytes each, in the order they are recorded); n_streams of them are expected.
+    virtual void record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) = 0;
+    // Runs the recording after all work recorded before it, and waits for it.
+    virtual void run() = 0;
+    virtual void* input_staging() = 0;
+    virtual const void* output_staging() = 0;
+};
 
 class Backend {
   public:
@@ -27,6 +45,9 @@ class Backend {
     virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) = 0;
     virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
                      double weight_decay) = 0;
+    // A recorder for a program with these input and output blocks; null where the backend runs
+    // ops as they come (the CPU), and a program executes its nodes at every replay instead.
+    virtual std::unique_ptr<RecordedProgram> recorded_program(TensorImpl&, TensorImpl&) { return nullptr; }
     // Starts what is recorded so far without waiting (the end of a training step).
     virtual void submit() {}
     // Waits for everything recorded so far.
@@ -44,8 +65,8 @@ Backend& backend(Device device);
 std::string gpu_unavailable_reason();
 
 // What the GPU backend reports: its device, and its counters since the last reset (uploads,
-// downloads and their bytes, submits, dispatches, barriers, validation errors). Empty where
-// there is no GPU backend.
+// downloads and their bytes, submits, dispatches, barriers, programs' command buffers recorded,
+// validation errors). Empty where there is no GPU backend.
 struct GpuInfo {
     std::string name;
     uint64_t memory = 0;

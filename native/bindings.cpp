@@ -217,7 +217,8 @@ PYBIND11_MODULE(_native, m) {
         .def(py::init([](Graph& g, const Inputs& inputs, const Inputs& outputs) {
             return new Program(g.take_nodes(), inputs, outputs);
         }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"))
-        .def("replay", [](Program& p, const std::vector<py::array>& arrays, const Inputs& inputs, const Inputs& outputs) {
+        .def("replay", [](Program& p, const std::vector<py::array>& arrays) {
+            const Inputs &inputs = p.inputs(), &outputs = p.outputs();
             std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
             std::vector<const void*> in_ptrs;
             for (size_t i = 0; i < arrays.size() && i < inputs.size(); ++i) {
@@ -238,7 +239,7 @@ PYBIND11_MODULE(_native, m) {
             p.replay(in_ptrs, out_ptrs);
             for (auto& a : out_arrays) results.append(a);
             return results;
-        }, py::arg("arrays"), py::arg("inputs"), py::arg("outputs"),
+        }, py::arg("arrays"),
            "Replays with the given input arrays; returns the outputs as Fortran-ordered arrays.")
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
@@ -265,6 +266,16 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, py::arg("reset") = false);
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
+    m.def("relocate", [](TensorImpl& t) {
+        if (t.pending()) throw std::runtime_error("relocate: the tensor is pending");
+        TensorPtr fresh = make_on(t.device, t.ne, t.ndim, t.dtype);
+        std::vector<char> bytes(t.nbytes());
+        backend(t.device).download(t, 0, bytes.data(), bytes.size());
+        backend(t.device).upload(*fresh, 0, bytes.data(), bytes.size());
+        t.storage = fresh->storage;
+        t.offset = fresh->offset;
+    }, py::arg("tensor"), "Tests: moves a tensor's values to fresh storage, as a reallocation would "
+       "(a recorded program reading it must re-record).");
     m.def("provoke_validation_error", &provoke_validation_error,
           "Tests: the validation errors one deliberately invalid Vulkan call draws (-1: the layer is off).");
     m.def("submit", [](const std::string& device) {

@@ -6,6 +6,7 @@
 
 #include "backend.hpp"
 #include "planner.hpp"
+#include "random.hpp"
 
 namespace rk {
 namespace {
@@ -17,8 +18,10 @@ size_t pack(const Inputs& tensors, std::vector<size_t>& offsets) {
         offsets.push_back(total);
         total += arena_aligned(t->nbytes());
     }
-    return std::max<size_t>(total, kArenaAlign);
+    return total;
 }
+
+constexpr size_t kStreamBytes = sizeof(uint64_t);
 
 void place(const TensorPtr& t, const TensorPtr& block, size_t offset) {
     t->storage = block->storage;
@@ -62,14 +65,24 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
         }
     }
     std::unordered_map<const TensorImpl*, size_t> last_use;
-    for (size_t k = 0; k < nodes_.size(); ++k)
-        if (live_[k])
-            for (const auto& in : nodes_[k].inputs) last_use[in.get()] = k;
+    std::unordered_set<const TensorImpl*> external;
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        if (!live_[k]) continue;
+        n_streams_ += draws_random(nodes_[k].op);
+        for (const auto& in : nodes_[k].inputs) {
+            last_use[in.get()] = k;
+            if (!producer.count(in.get()) && !placeholders.count(in.get()) && external.insert(in.get()).second)
+                external_addresses_.emplace_back(in, 0);
+        }
+    }
 
     // Inputs and outputs get blocks of their own (one transfer each way); intermediates share
     // an arena by liveness, planned once for every replay.
     Backend& be = backend(device_);
-    const size_t in_bytes = pack(inputs_, input_offsets_), out_bytes = pack(outputs_, output_offsets_);
+    // The input block ends with the random ops' streams (written at every replay).
+    streams_offset_ = pack(inputs_, input_offsets_);
+    const size_t in_bytes = std::max(streams_offset_ + n_streams_ * kStreamBytes, kArenaAlign);
+    const size_t out_bytes = std::max(pack(outputs_, output_offsets_), kArenaAlign);
     input_block_ = make_on(device_, {int64_t(in_bytes), 1, 1, 1}, 2, DType::u8);
     output_block_ = make_on(device_, {int64_t(out_bytes), 1, 1, 1}, 2, DType::u8);
     for (size_t i = 0; i < inputs_.size(); ++i) place(inputs_[i], input_block_, input_offsets_[i]);
@@ -94,6 +107,7 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
         nodes_[k].out->storage = arena_;
         nodes_[k].out->offset = offset[k];
     }
+    recorded_ = be.recorded_program(*input_block_, *output_block_);
 }
 
 size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
@@ -102,17 +116,55 @@ void Program::replay(const std::vector<const void*>& host_inputs, const std::vec
     if (host_inputs.size() != inputs_.size() || host_outputs.size() != outputs_.size())
         throw std::invalid_argument("replay: expected " + std::to_string(inputs_.size()) + " inputs and " +
                                     std::to_string(outputs_.size()) + " outputs");
+    if (recorded_) {
+        replay_recorded(host_inputs, host_outputs);
+        return;
+    }
     Backend& be = backend(device_);
     std::vector<char> packed(size_t(input_block_->numel()), 0);
     for (size_t i = 0; i < inputs_.size(); ++i)
         std::memcpy(packed.data() + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
     be.upload(*input_block_, 0, packed.data(), packed.size());
-    for (size_t k = 0; k < nodes_.size(); ++k)
-        if (live_[k]) execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
+    execute_nodes();
     std::vector<char> results(size_t(output_block_->numel()));
     be.download(*output_block_, 0, results.data(), results.size());
     for (size_t i = 0; i < outputs_.size(); ++i)
         std::memcpy(host_outputs[i], results.data() + output_offsets_[i], outputs_[i]->nbytes());
+}
+
+void Program::execute_nodes() {
+    for (size_t k = 0; k < nodes_.size(); ++k)
+        if (live_[k]) execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
+}
+
+bool Program::recording_is_current() const {
+    if (!recorded_ok_) return false;
+    for (const auto& [t, address] : external_addresses_)
+        if (!t->storage || t->address() != address) return false;
+    return true;
+}
+
+void Program::record() {
+    recorded_ok_ = false;
+    recorded_->record([this] { execute_nodes(); }, streams_offset_, n_streams_);
+    for (auto& [t, address] : external_addresses_) address = t->address();
+    recorded_ok_ = true;
+}
+
+void Program::replay_recorded(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
+    if (!recording_is_current()) record();
+    char* staging = static_cast<char*>(recorded_->input_staging());
+    for (size_t i = 0; i < inputs_.size(); ++i)
+        std::memcpy(staging + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
+    // One fresh stream per random op, drawn in node order: the numbers an eager replay draws.
+    for (size_t s = 0; s < n_streams_; ++s) {
+        const uint64_t stream = next_stream();
+        std::memcpy(staging + streams_offset_ + s * kStreamBytes, &stream, kStreamBytes);
+    }
+    recorded_->run();
+    const char* results = static_cast<const char*>(recorded_->output_staging());
+    for (size_t i = 0; i < outputs_.size(); ++i)
+        std::memcpy(host_outputs[i], results + output_offsets_[i], outputs_[i]->nbytes());
 }
 
 }  // namespace rk

@@ -3,10 +3,20 @@
 // another (read by one download), its intermediates in an arena planned once by liveness.
 // Tensors it reads but does not make (parameters, optimizer moments, buffers) are read where
 // they are at each replay, so in-place updates and buffer writes are seen.
+//
+// On the GPU the program's kernels are recorded into a command buffer once (at the first
+// replay) and that buffer is re-submitted at every replay. What a recording bakes in is checked
+// cheaply before each submission: the device address of every tensor the program reads or
+// writes without owning it (a moved one re-records). Random ops read their streams from the
+// input block, which the host fills with fresh draws from the global generator at every replay;
+// optimizer coefficients and step counts are inputs too (capture's host inputs).
 #pragma once
 
+#include <memory>
+#include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "ops.hpp"
 
 namespace rk {
@@ -20,12 +30,19 @@ class Program {
     // host_outputs[i]. On the GPU: one upload, one submission, one download.
     void replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs);
 
+    const Inputs& inputs() const { return inputs_; }
+    const Inputs& outputs() const { return outputs_; }
     size_t n_nodes() const { return nodes_.size(); }
     size_t n_live() const;
     size_t arena_bytes() const { return arena_bytes_; }
     Device device() const { return device_; }
 
   private:
+    void execute_nodes();
+    bool recording_is_current() const;
+    void record();
+    void replay_recorded(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs);
+
     std::vector<Node> nodes_;
     std::vector<bool> live_;
     Inputs inputs_, outputs_;
@@ -34,6 +51,11 @@ class Program {
     std::vector<size_t> input_offsets_, output_offsets_;
     std::shared_ptr<Storage> arena_;
     size_t arena_bytes_ = 0;
+    size_t streams_offset_ = 0, n_streams_ = 0;  // the random ops' streams, after the inputs
+    std::unique_ptr<RecordedProgram> recorded_;  // null where the backend runs nodes as they come
+    bool recorded_ok_ = false;                   // recorded_ holds a finished recording
+    // Tensors the program reads or writes but does not own, and their addresses when recorded.
+    std::vector<std::pair<TensorPtr, uint64_t>> external_addresses_;
 };
 
 }  // namespace rk

@@ -5,13 +5,18 @@
 #version 450
 #include "common.glsl"
 
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Stream { uint64_t value; };
+
 layout(push_constant) uniform Push {
     Floats logits;
     Words o;
     uint64_t stream;
     uint n;     // outputs
     uint rows;  // SAMPLE_CATEGORICAL: classes per column
+    uint64_t stream_at;  // nonzero: the stream is read here (a recorded program's per-replay draw)
 } pc;
+
+uint64_t stream;
 
 uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ul;
@@ -21,11 +26,12 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // 24 random bits as a float in [0, 1): exact in f32, identical to the CPU's f32 path.
-float uniform_at(uint64_t i) { return float(uint(splitmix64(pc.stream ^ splitmix64(i)) >> 40)) * (1.0 / 16777216.0); }
+float uniform_at(uint64_t i) { return float(uint(splitmix64(stream ^ splitmix64(i)) >> 40)) * (1.0 / 16777216.0); }
 
 void main() {
     uint i = flat_invocation();
     if (i >= pc.n) return;
+    stream = pc.stream_at != 0ul ? Stream(pc.stream_at).value : pc.stream;
 #if defined(RAND)
     pc.o.v[i] = floatBitsToUint(uniform_at(uint64_t(i)));
 #elif defined(RANDN)

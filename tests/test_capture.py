@@ -7,6 +7,7 @@ import pytest
 
 import rlkit.core as rc
 from conftest import DEVICES
+from rlkit import _native
 from rlkit.buffers import DeviceBuffer
 
 
@@ -142,3 +143,122 @@ def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
         rc.capturing.update_step(lambda: rc.sum(w), [w], optimizer)
     with pytest.raises(ValueError, match="max_grad_norm must be a positive number or None, got -1"):
         rc.capture_step(lambda: rc.sum(w), [w], optimizer, max_grad_norm=-1)
+
+
+# ---- recorded GPU programs: one command buffer, recorded once, submitted at every replay --------
+
+gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+
+
+@pytest.fixture
+def on_gpu():
+    previous = rc.device("gpu")
+    yield
+    rc.device(previous)
+
+
+def _stats_after(fn) -> dict:
+    rc.gpu_stats(reset=True)
+    fn()
+    return rc.gpu_stats()
+
+
+@gpu_only
+def test_gpu_replays_record_once_and_equal_eager_steps(on_gpu):
+    batches = _batches(8, seed=3)
+    eager_model, eager_opt = _model(rc.optim.SGD, lr=0.05, momentum=0.9)
+    eager = _eager_steps(eager_model, eager_opt, batches)
+    model, opt = _model(rc.optim.SGD, lr=0.05, momentum=0.9)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    losses = []
+    first = _stats_after(lambda: losses.append(step(x=batches[0][0], y=batches[0][1])[0]))
+    assert first["recordings"] == 1  # the first call traces and records
+    rest = _stats_after(lambda: losses.extend(step(x=x, y=y)[0] for x, y in batches[1:]))
+    assert rest["recordings"] == 0 and rest["submits"] == len(batches) - 1  # re-submitted as recorded
+    assert rest["dispatches"] == (len(batches) - 1) * first["dispatches"] > 0  # the same work each replay
+    np.testing.assert_allclose(losses, eager, rtol=2e-5, atol=1e-6)
+    for name, value in eager_model.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value, rtol=2e-4, atol=2e-6, err_msg=name)
+
+
+def _random_draws(x):
+    noise = x * rc.rand((5, 7)) + rc.randn((5, 7))  # [5, 7]
+    classes = rc.sample_categorical(rc.log(rc.rand((4, 7)) + 0.1))  # [1, 7]
+    return noise, classes
+
+
+@gpu_only
+def test_random_ops_draw_fresh_streams_at_every_replay(on_gpu):
+    """Each replay draws new streams from the global generator, in the order the ops ran, with
+    eager draws in between: the numbers the CPU backend draws for the same sequence."""
+    x = np.full((5, 7), 2.0, np.float32)
+
+    def run(device):
+        previous = rc.device(device)
+        try:
+            rc.manual_seed(21)
+            draw = rc.capture(_random_draws)
+            results = []
+            for _ in range(3):
+                results.append(draw(x=x))
+                results.append((rc.randn((2, 3)).numpy(),))  # an eager draw between replays
+            return results, draw.traces
+        finally:
+            rc.device(previous)
+
+    rc.gpu_stats(reset=True)
+    gpu, traces = run("gpu")
+    assert traces == 1 and rc.gpu_stats()["recordings"] == 1
+    cpu, _ = run("cpu")
+    for got, expected in zip(gpu, cpu):
+        for g, e in zip(got, expected):
+            if g.dtype.kind == "i":
+                np.testing.assert_array_equal(g, e)
+            else:
+                np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+    first, second = gpu[0][0], gpu[2][0]
+    assert not np.allclose(first, second)  # fresh numbers at every replay
+
+
+@gpu_only
+def test_a_relocated_parameter_re_records(on_gpu):
+    w = rc.param(np.eye(3, dtype=np.float32))
+    apply = rc.capture(lambda x: rc.matmul(w, x), params=[w])
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert _stats_after(lambda: [apply(x=x) for _ in range(3)])["recordings"] == 1
+    _native.relocate(w._impl)  # new storage, same tensor and values: only the recording's addresses change
+    w_new = np.arange(9, dtype=np.float32).reshape(3, 3)
+    stats = _stats_after(lambda: (np.testing.assert_array_equal(apply(x=x), x),
+                                  _native.relocate(w._impl), apply(x=x)))
+    assert stats["recordings"] == 2 and apply.traces == 1
+    model_loaded = _stats_after(lambda: (w._impl.write(np.asfortranarray(w_new)),
+                                         np.testing.assert_allclose(apply(x=x), w_new @ x)))
+    assert model_loaded["recordings"] == 1 and apply.traces == 2  # a host write re-traces
+
+
+@gpu_only
+def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu):
+    """An eager in-place write recorded (not yet submitted) before a replay is seen by it, and
+    eager work recorded after a replay reads what the replay wrote."""
+    model, opt = _model(rc.optim.SGD, lr=0.1)
+    w = model.parameters()["0.W"]
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    forward = rc.capture(lambda x: model(x), params=model.parameters())
+    x, y = _batches(1)[0]
+    forward(x=x)
+    step(x=x, y=y)
+    replacement = rc.tensor(np.full(w.shape, 0.25, np.float32))
+    columns = rc.tensor(np.arange(w.shape[1], dtype=np.int32)[None, :])
+    rc.gpu_stats(reset=True)
+    rc.ops.apply("put_cols", (w, columns, replacement))  # eager, in place: recorded, not yet submitted
+    out = forward(x=x)
+    assert rc.gpu_stats()["submits"] == 1  # the eager work and the replay go in one batch, in order
+    reference = model(rc.tensor(x)).numpy()
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6)
+    assert np.allclose(w.numpy(), 0.25)
+    before = w.numpy()
+    step(x=x, y=y)
+    after_step = rc.sum(w)  # eager, recorded after the replay: reads the updated weights
+    assert not np.allclose(w.numpy(), before)
+    np.testing.assert_allclose(after_step.numpy(), [[w.numpy().sum()]], rtol=1e-5)
+    assert forward.traces == 1 and step.captured.traces == 1

@@ -33,6 +33,7 @@ namespace rk::vk {
     X(vkCreateCommandPool)              \
     X(vkDestroyCommandPool)             \
     X(vkAllocateCommandBuffers)         \
+    X(vkFreeCommandBuffers)             \
     X(vkBeginCommandBuffer)             \
     X(vkEndCommandBuffer)               \
     X(vkResetCommandBuffer)             \

@@ -45,6 +45,9 @@ class VulkanBackend final : public Backend {
              double weight_decay) override {
         vk::sgd(w, g, velocity, lr, momentum, weight_decay);
     }
+    std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
+        return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
+    }
     void submit() override { ctx_.submit(); }
     void synchronize() override { ctx_.flush(); }
 
@@ -96,7 +99,7 @@ std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset) {
     std::vector<std::pair<std::string, uint64_t>> out = {
         {"uploads", s.uploads},     {"downloads", s.downloads}, {"upload_bytes", s.upload_bytes},
         {"download_bytes", s.download_bytes}, {"submits", s.submits}, {"dispatches", s.dispatches},
-        {"barriers", s.barriers},   {"validation_errors", ctx->validation_errors()}};
+        {"barriers", s.barriers},   {"recordings", s.recordings}, {"validation_errors", ctx->validation_errors()}};
     if (reset) s = vk::TransferStats{};
     return out;
 }

@@ -377,6 +377,7 @@ Context::~Context() {
         slot.keep.clear();
         api_.vkDestroyFence(device_, slot.fence, nullptr);
     }
+    for (auto& spare : spare_program_commands_) api_.vkDestroyFence(device_, spare.fence, nullptr);
     api_.vkDestroyCommandPool(device_, pool_, nullptr);
     device_pool_.reset();
     staging_pool_.reset();
@@ -425,6 +426,7 @@ std::shared_ptr<Storage> Context::allocate(uint64_t nbytes) {
     s->address = device_pool_->address(*a);
     s->nbytes = nbytes;
     s->keep_alive = a;
+    if (program_) program_->keep.push_back(s);  // a temporary of a recorded kernel: reused at every replay
     return s;
 }
 
@@ -446,7 +448,7 @@ void Context::begin_if_needed() {
     unsynced_writes_.clear();
     // Earlier submissions may still run and their memory may be reused here: a barrier at the
     // start orders this command buffer after everything submitted before it.
-    if (stats_.submits > 0) barrier();
+    if (submitted_) barrier();
 }
 
 void Context::retire(Slot& slot) {
@@ -509,7 +511,11 @@ void Context::dispatch(const std::string& shader, const void* push, uint32_t pus
     const uint32_t gy = uint32_t((groups + gx - 1) / gx);  // shaders fold (x, y) back into one index
     api_.vkCmdDispatch(cmd_, gx, gy, groups_z);
     ++stats_.dispatches;
-    if (++recorded_ >= kMaxRecorded) submit();
+    count_recorded();
+}
+
+void Context::count_recorded() {
+    if (!program_ && ++recorded_ >= kMaxRecorded) submit();
 }
 
 void Context::fill(const TensorImpl& dst, uint32_t pattern) {
@@ -529,10 +535,11 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     access({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}});
     VkBufferCopy region{so, doff, size};
     api_.vkCmdCopyBuffer(cmd_, sb, db, 1, &region);
-    if (++recorded_ >= kMaxRecorded) submit();
+    count_recorded();
 }
 
 void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
+    if (program_) throw std::logic_error("upload while a program records its command buffer");
     auto staging = staging_pool_->allocate(size);
     std::memcpy(staging_pool_->host(*staging), host, size);
     const auto [db, doff] = locate(dst);
@@ -548,6 +555,7 @@ void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, u
 }
 
 void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
+    if (program_) throw std::logic_error("download while a program records its command buffer");
     auto staging = staging_pool_->allocate(size);
     const auto [sb, so] = locate(src);
     const uint64_t begin = src.address() + offset;
@@ -566,21 +574,32 @@ void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint6
 }
 
 void Context::submit() {
+    if (program_) throw std::logic_error("submit while a program records its command buffer");
     if (!recording_) return;
+    Slot& slot = end_recording();
+    queue_submit(&slot.cmd, 1, slot.fence);
+    slot.busy = true;
+}
+
+Context::Slot& Context::end_recording() {
     Slot& slot = slots_[slot_];
     check(api_.vkEndCommandBuffer(slot.cmd), "vkEndCommandBuffer");
     recording_ = false;
-    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &slot.cmd;
-    check(api_.vkQueueSubmit(queue_, 1, &si, slot.fence), "vkQueueSubmit");
-    ++stats_.submits;
-    slot.busy = true;
     slot.keep = std::move(in_flight_);
     in_flight_.clear();
     in_flight_bytes_ = 0;
     recorded_ = 0;
     slot_ = (slot_ + 1) % slots_.size();
+    return slot;
+}
+
+void Context::queue_submit(const VkCommandBuffer* cmds, uint32_t n, VkFence fence) {
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = n;
+    si.pCommandBuffers = cmds;
+    check(api_.vkQueueSubmit(queue_, 1, &si, fence), "vkQueueSubmit");
+    ++stats_.submits;
+    submitted_ = true;
 }
 
 void Context::flush() {
@@ -588,6 +607,169 @@ void Context::flush() {
     for (size_t k = 1; k <= slots_.size(); ++k) {  // oldest first
         Slot& slot = slots_[(slot_ + k - 1) % slots_.size()];
         if (slot.busy) retire(slot);
+    }
+}
+
+// ---- programs ---------------------------------------------------------------------------
+//
+// Ordering: a program's command buffer is submitted after the eager recording made before the
+// replay (in the same batch, just before it) and starts with a full barrier, which orders it
+// after every command submitted earlier on the queue; the next eager command buffer starts
+// with a barrier too (begin_if_needed), so work recorded after a replay sees its results. The
+// host fills the input staging only while the program is not pending (run waits for it), and
+// vkQueueSubmit makes those writes visible to the device.
+
+void Context::begin_program(VkCommandBuffer cmd, ProgramRecording* recording) {
+    submit();  // the eager recording so far goes first; the program's barrier orders it after
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    check(api_.vkBeginCommandBuffer(cmd, &bi), "vkBeginCommandBuffer");
+    eager_stats_ = stats_;
+    stats_ = TransferStats{};  // count what one run of the program does
+    cmd_ = cmd;
+    recording_ = true;
+    program_ = recording;
+    barrier();
+}
+
+void Context::end_program() {
+    program_->counted = stats_;
+    stats_ = eager_stats_;
+    program_ = nullptr;
+    recording_ = false;
+    cmd_ = VK_NULL_HANDLE;
+}
+
+uint64_t Context::take_stream_slot() {
+    if (!program_) return 0;
+    if (program_->next_stream >= program_->streams_end)
+        throw std::logic_error("a program records more random ops than it reserved streams for");
+    const uint64_t slot = program_->next_stream;
+    program_->next_stream += sizeof(uint64_t);
+    return slot;
+}
+
+Context::ProgramCommands Context::take_program_commands() {
+    if (!spare_program_commands_.empty()) {
+        ProgramCommands commands = spare_program_commands_.back();
+        spare_program_commands_.pop_back();
+        return commands;
+    }
+    ProgramCommands commands;
+    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    cai.commandPool = pool_;
+    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cai.commandBufferCount = 1;
+    check(api_.vkAllocateCommandBuffers(device_, &cai, &commands.cmd), "vkAllocateCommandBuffers");
+    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkResult r = api_.vkCreateFence(device_, &fci, nullptr, &commands.fence);
+    if (r != VK_SUCCESS) api_.vkFreeCommandBuffers(device_, pool_, 1, &commands.cmd);
+    check(r, "vkCreateFence");
+    return commands;
+}
+
+void Context::give_back_program_commands(ProgramCommands commands) {
+    // Not pending (its program waited) and unsignaled: reset, it is as good as new.
+    if (api_.vkResetCommandBuffer(commands.cmd, 0) == VK_SUCCESS) {
+        spare_program_commands_.push_back(commands);
+        return;
+    }
+    api_.vkDestroyFence(device_, commands.fence, nullptr);
+    api_.vkFreeCommandBuffers(device_, pool_, 1, &commands.cmd);
+}
+
+RecordedCommands::RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs)
+    : ctx_(ctx), inputs_(inputs), outputs_(outputs), commands_(ctx.take_program_commands()) {
+    try {
+        input_staging_ = ctx_.staging_pool_->allocate(inputs_.nbytes());
+        output_staging_ = ctx_.staging_pool_->allocate(outputs_.nbytes());
+    } catch (...) {
+        ctx_.give_back_program_commands(commands_);
+        throw;
+    }
+    std::memset(input_staging(), 0, inputs_.nbytes());  // the padding between inputs is copied too
+}
+
+RecordedCommands::~RecordedCommands() {
+    try {
+        wait();
+    } catch (const std::exception&) {
+        return;  // the device is lost: its command buffer and fence stay as they are
+    }
+    ctx_.give_back_program_commands(commands_);
+}
+
+void RecordedCommands::wait() {
+    if (!pending_) return;
+    const Api& api = ctx_.api_;
+    check(api.vkWaitForFences(ctx_.device_, 1, &commands_.fence, VK_TRUE, UINT64_MAX),
+          "vkWaitForFences (the GPU did not finish: device lost?)");
+    check(api.vkResetFences(ctx_.device_, 1, &commands_.fence), "vkResetFences");
+    pending_ = false;
+}
+
+void RecordedCommands::record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) {
+    const Api& api = ctx_.api_;
+    wait();
+    check(api.vkResetCommandBuffer(commands_.cmd, 0), "vkResetCommandBuffer");
+    recording_ = Context::ProgramRecording{};  // the previous recording's temporaries are free again
+    recording_.next_stream = inputs_.address() + streams_offset;
+    recording_.streams_end = recording_.next_stream + n_streams * sizeof(uint64_t);
+    VkCommandBuffer cmd = commands_.cmd;
+    ctx_.begin_program(cmd, &recording_);
+    try {
+        const auto [in_buffer, in_offset] = ctx_.locate(inputs_);
+        ctx_.access({}, {{inputs_.address(), inputs_.address() + inputs_.nbytes()}});
+        VkBufferCopy in_region{input_staging_->offset, in_offset, inputs_.nbytes()};
+        api.vkCmdCopyBuffer(cmd, ctx_.staging_pool_->buffer(*input_staging_), in_buffer, 1, &in_region);
+
+        kernels();
+        if (recording_.next_stream != recording_.streams_end)
+            throw std::logic_error("a program recorded fewer random ops than it reserved streams for");
+
+        const auto [out_buffer, out_offset] = ctx_.locate(outputs_);
+        ctx_.access({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {});
+        VkBufferCopy out_region{out_offset, output_staging_->offset, outputs_.nbytes()};
+        api.vkCmdCopyBuffer(cmd, out_buffer, ctx_.staging_pool_->buffer(*output_staging_), 1, &out_region);
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
+        mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+        api.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                                 nullptr, 0, nullptr);
+        check(api.vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+    } catch (...) {
+        api.vkEndCommandBuffer(cmd);  // abandoned: reset before the next recording
+        ctx_.end_program();
+        recording_ = Context::ProgramRecording{};
+        throw;
+    }
+    ctx_.end_program();
+    TransferStats& run = recording_.counted;
+    run.uploads = run.downloads = 1;
+    run.upload_bytes = inputs_.nbytes();
+    run.download_bytes = outputs_.nbytes();
+    ++ctx_.stats_.recordings;
+}
+
+void RecordedCommands::run() {
+    wait();
+    // Eager work recorded before this replay runs first, in the same submission: its command
+    // buffer, then the program's (whose opening barrier orders it after everything before).
+    Context::Slot* eager = ctx_.recording_ ? &ctx_.end_recording() : nullptr;
+    const VkCommandBuffer cmds[2] = {eager ? eager->cmd : commands_.cmd, commands_.cmd};
+    ctx_.queue_submit(eager ? cmds : cmds + 1, eager ? 2 : 1, commands_.fence);
+    pending_ = true;
+    const TransferStats& run = recording_.counted;
+    TransferStats& total = ctx_.stats_;
+    total.uploads += run.uploads;
+    total.downloads += run.downloads;
+    total.upload_bytes += run.upload_bytes;
+    total.download_bytes += run.download_bytes;
+    total.dispatches += run.dispatches;
+    total.barriers += run.barriers;
+    wait();  // the host reads the output staging next
+    if (eager) {  // done with the program's batch: its slot is free again (its fence was not used)
+        check(ctx_.api_.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
+        eager->keep.clear();
     }
 }
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend.hpp"
 #include "planner.hpp"
 #include "tensor.hpp"
 #include "vulkan/vk_api.hpp"
@@ -34,6 +35,7 @@ struct Limits {
 struct TransferStats {
     uint64_t uploads = 0, downloads = 0, upload_bytes = 0, download_bytes = 0;
     uint64_t submits = 0, dispatches = 0, barriers = 0;
+    uint64_t recordings = 0;  // programs' command buffers recorded (once per program, unless re-recorded)
 };
 
 class MemoryPool;
@@ -117,7 +119,32 @@ class Context {
     // Submits what is recorded and waits for every submission.
     void flush();
 
+    // While a program records: the device address its next random op reads its stream from
+    // (8 bytes, filled by the host before every submission); 0 when no program records.
+    uint64_t take_stream_slot();
+
   private:
+    friend class RecordedCommands;
+    // A program's recording (between begin_program and end_program): the recorder's calls go into
+    // the program's command buffer instead of the eager ones, with no early submits and no host
+    // transfers; storage allocated meanwhile lives as long as the recording.
+    struct ProgramRecording {
+        uint64_t next_stream = 0, streams_end = 0;
+        std::vector<std::shared_ptr<Storage>> keep;
+        TransferStats counted;  // what the recording counted (stats of one run)
+    };
+    // A command buffer and fence for a program: recycled from programs destroyed earlier (so that
+    // thousands of short-lived captures make no new Vulkan objects), or made.
+    struct ProgramCommands {
+        VkCommandBuffer cmd = VK_NULL_HANDLE;
+        VkFence fence = VK_NULL_HANDLE;
+    };
+    ProgramCommands take_program_commands();
+    void give_back_program_commands(ProgramCommands commands);
+    std::vector<ProgramCommands> spare_program_commands_;
+    void begin_program(VkCommandBuffer cmd, ProgramRecording* recording);
+    void end_program();
+    void count_recorded();  // one more command; an eager recording this long is submitted
     Context() = default;
     void init(std::string* why);
     void begin_if_needed();
@@ -146,6 +173,9 @@ class Context {
     std::vector<Slot> slots_;
     size_t slot_ = 0;
     void retire(Slot& slot);
+    // Ends the eager recording; its slot keeps the staging its copies read. Submit it next.
+    Slot& end_recording();
+    void queue_submit(const VkCommandBuffer* cmds, uint32_t n, VkFence fence);
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // the recording slot's command buffer
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     std::unordered_map<std::string, VkPipeline> pipelines_;
@@ -160,6 +190,9 @@ class Context {
 
     bool poison_ = false;
     bool recording_ = false;
+    bool submitted_ = false;  // anything was ever submitted (a new command buffer starts with a barrier)
+    ProgramRecording* program_ = nullptr;
+    TransferStats eager_stats_;  // stats_ as they were before a program's recording began
     uint32_t recorded_ = 0;
     std::vector<Range> unsynced_reads_, unsynced_writes_;
     std::vector<std::shared_ptr<Allocation>> in_flight_;  // staging kept until the submit completes
@@ -168,6 +201,29 @@ class Context {
     friend VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT,
                                                                VkDebugUtilsMessageTypeFlagsEXT,
                                                                const VkDebugUtilsMessengerCallbackDataEXT*, void*);
+};
+
+// A captured program's command buffer: a copy of the input staging into the program's input
+// block, its kernels, and a copy of its output block into the output staging; recorded once,
+// submitted at every replay, and waited for before the host reads the outputs (so it is never
+// resubmitted while pending).
+class RecordedCommands final : public RecordedProgram {
+  public:
+    RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs);
+    ~RecordedCommands() override;
+    void record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) override;
+    void run() override;
+    void* input_staging() override { return ctx_.staging_pool_->host(*input_staging_); }
+    const void* output_staging() override { return ctx_.staging_pool_->host(*output_staging_); }
+
+  private:
+    void wait();
+    Context& ctx_;
+    TensorImpl &inputs_, &outputs_;  // the program's blocks (the program outlives this)
+    Context::ProgramCommands commands_;
+    bool pending_ = false;
+    std::shared_ptr<Allocation> input_staging_, output_staging_;
+    Context::ProgramRecording recording_;
 };
 
 }  // namespace rk::vk

@@ -156,7 +156,19 @@ struct RandomPush {
     uint64_t logits, o;
     uint64_t stream;
     uint32_t n, rows;
+    uint64_t stream_at;  // where to read the stream instead (a recorded program's slot), or 0
 };
+
+// A random op's stream: drawn now when the op runs; while a program records its command buffer,
+// read at every replay from a slot the host fills with a fresh draw before each submission.
+void random_op(const char* shader, RandomPush p, std::vector<vk::Range> reads, const TensorImpl& out) {
+    p.stream_at = ctx().take_stream_slot();
+    if (p.stream_at)
+        reads.push_back({p.stream_at, p.stream_at + sizeof(uint64_t)});
+    else
+        p.stream = next_stream();
+    record(shader, p, groups(p.n), reads, {span(out)});
+}
 
 }  // namespace
 
@@ -361,20 +373,18 @@ void vk_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
 }
 
 void vk_rand(const Inputs&, const OpAttrs&, TensorImpl& out) {
-    RandomPush p{0, out.address(), next_stream(), u32(out.numel(), "rand"), 1};
-    record("random_rand", p, groups(p.n), {}, {span(out)});
+    random_op("random_rand", RandomPush{0, out.address(), 0, u32(out.numel(), "rand"), 1}, {}, out);
 }
 
 void vk_randn(const Inputs&, const OpAttrs&, TensorImpl& out) {
-    RandomPush p{0, out.address(), next_stream(), u32(out.numel(), "randn"), 1};
-    record("random_randn", p, groups(p.n), {}, {span(out)});
+    random_op("random_randn", RandomPush{0, out.address(), 0, u32(out.numel(), "randn"), 1}, {}, out);
 }
 
 void vk_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& logits = *in[0];
-    RandomPush p{logits.address(), out.address(), next_stream(), u32(out.numel(), "sample_categorical"),
+    RandomPush p{logits.address(), out.address(), 0, u32(out.numel(), "sample_categorical"),
                  u32(logits.ne[0], "sample_categorical")};
-    record("random_sample_categorical", p, groups(p.n), {span(logits)}, {span(out)});
+    random_op("random_sample_categorical", p, {span(logits)}, out);
 }
 
 namespace vk {

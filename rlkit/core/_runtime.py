@@ -191,7 +191,9 @@ def transfer_stats(reset: bool = False) -> dict:
 
 def gpu_stats(reset: bool = False) -> dict:
     """The GPU's counters since the last reset: transfers as in transfer_stats, and submits,
-    dispatches, barriers and validation_errors (an empty dict where the GPU is unused)."""
+    dispatches, barriers, recordings (captured programs' command buffers recorded: once per
+    program, again only where a tensor it reads moved) and validation_errors (an empty dict
+    where the GPU is unused)."""
     return {k: int(v) for k, v in _native.gpu_counters(reset).items()} if _state["gpu_used"] else {}
 
 

@@ -6,7 +6,8 @@ steps, gathers from device buffers) and returns a callable taking the same named
 and returning ``fn``'s outputs as numpy arrays. ``rc.capture_step(loss_fn, params, optimizer,
 max_grad_norm=None)`` captures a whole training step: forward, backward, the global gradient
 norm (and clipping), and the optimizer update; it returns the loss and the norm. On the GPU a
-replay is one upload of all inputs, one submission and one download of all outputs.
+replay is one upload of all inputs, one submission and one download of all outputs, all in a
+command buffer recorded once and re-submitted (random ops draw fresh streams at every replay).
 
 A replay re-records when an input's shape or dtype, the device, or a listed parameter or buffer
 (freed, moved, or written from the host with load_state_dict) changes. Host work inside the
@@ -157,11 +158,11 @@ class Captured:
             self._recordings[signature] = recording
         values = [arrays[n][0] for n in recording.names]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
-        inputs_impl = [t._impl for t in recording.placeholders] + [t._impl for t, _ in recording.host_inputs]
-        results = recording.program.replay(values, inputs_impl, [t._impl for t in recording.outputs])
-        extra = results[recording.n_user_outputs:]
-        for after in recording.after_replay:
-            after(extra)
+        results = recording.program.replay(values)  # the program's own inputs and outputs, in order
+        if recording.after_replay:
+            extra = results[recording.n_user_outputs:]
+            for after in recording.after_replay:
+                after(extra)
         return recording.rebuild(results[:recording.n_user_outputs])
 
     def _record(self, arrays) -> _Recording:

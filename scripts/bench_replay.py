@@ -1,0 +1,95 @@
+"""Replays of captured programs: microseconds and GPU dispatches per replay of a captured SAC
+update (actor and two critics 256-256, batch 256, as rlkit.agents.SAC builds it), a captured DQN
+update (4-256-256-2, batch 64) and a captured policy forward (SAC's stochastic actor, one
+observation: what acting costs at every environment step).
+
+    python scripts/bench_replay.py [--device cpu|gpu] [--replays 500] [--warmup 20]
+
+Each figure is the median over the replays of the wall-clock time of one call, as the agents
+make it (host inputs, the replay, the outputs back on the host). On a software Vulkan device
+(lavapipe) the GPU figures say little; measure on real hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import rlkit.core as rc
+from rlkit.agents import DQN, SAC
+
+BUFFER_STEPS = 2000  # transitions stored before timing (the updates sample from them)
+
+
+def fill_buffer(agent, steps: int, seed: int = 0) -> None:
+    """Random transitions of the agent's shapes, written into its replay buffer."""
+    rng = np.random.default_rng(seed)
+    n_obs = agent.n_obs
+    for _ in range(steps):
+        action = rng.integers(0, agent.n_actions, (1, 1)) if agent.discrete else rng.uniform(-1, 1, (1, agent.n_actions))
+        agent.buffer.add(rng.standard_normal((1, n_obs)).astype(np.float32), action,
+                         rng.standard_normal(1).astype(np.float32), rng.standard_normal((1, n_obs)).astype(np.float32),
+                         rng.random(1) < 0.05, np.zeros(1, bool))
+
+
+def time_replays(call: Callable[[], object], replays: int, warmup: int, device: str) -> tuple[float, float]:
+    """(median microseconds per call, GPU dispatches per call; 0 on the CPU)."""
+    for _ in range(warmup):  # traces, records, and settles the allocator
+        call()
+    rc.gpu_stats(reset=True)
+    times = []
+    for _ in range(replays):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    dispatches = rc.gpu_stats().get("dispatches", 0) / replays if device == "gpu" else 0.0
+    return statistics.median(times) * 1e6, dispatches
+
+
+def cases(device: str) -> dict[str, Callable[[], object]]:
+    """The captured calls to time, by name."""
+    sac = SAC("Pendulum-v1", seed=0, device=device)  # net_arch (256, 256), batch 256, two critics
+    dqn = DQN("CartPole-v1", seed=0, device=device)  # 4-256-256-2, batch 64
+    with sac.on_device():
+        fill_buffer(sac, BUFFER_STEPS)
+    with dqn.on_device():
+        fill_buffer(dqn, BUFFER_STEPS)
+    obs = np.zeros((1, sac.n_obs), np.float32)
+
+    def on(agent, fn):
+        def call():
+            with agent.on_device():
+                return fn()
+        return call
+
+    return {
+        "SAC update (256-256, batch 256)": on(sac, lambda: sac._train(1)),
+        "DQN update (4-256-256-2, batch 64)": on(dqn, lambda: dqn._train(1)),
+        "policy forward (SAC actor, 1 obs)": on(sac, lambda: sac._policy(obs, deterministic=False)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu")
+    parser.add_argument("--replays", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+    if args.replays < 1 or args.warmup < 1:
+        parser.error("--replays and --warmup must be at least 1")
+    names = {row["device"]: row["name"] for row in rc.devices()}
+    if args.device not in names:
+        parser.error("no GPU here: the Vulkan backend is unavailable")
+    print(f"device: {args.device} ({names[args.device]}), median of {args.replays} replays each")
+    print(f"{'program':40s} {'us/replay':>10s} {'dispatches/replay':>18s}")
+    for name, call in cases(args.device).items():
+        micros, dispatches = time_replays(call, args.replays, args.warmup, args.device)
+        print(f"{name:40s} {micros:10.1f} {dispatches:18.1f}")
+
+
+if __name__ == "__main__":
+    main()
