@@ -33,30 +33,34 @@ layout(push_constant) uniform Push {
     uint n_rs;
     uint chunk;   // tokens between the backward pass's checkpoints
     uint lanes;   // invocations per row, a power of two
+    uint slot_shift;  // log2 of the slots per row (a power of two, some past d_state unused)
 } pc;
 
 const uint kMaxOwned = 64;  // state elements per invocation held in registers
 
 shared float partial[256];
 
-uint lane, row, rows, per_row, owned;
+uint lane, row, rows, slot_mask, owned;
 
+// FOR_OWNED(i) visits this invocation's slots. With the state in registers the loop has a constant
+// bound, so it unrolls and every st[i] is a register (a loop bound known only at run time would
+// put the array in slow local memory).
 #if defined(MEMORY)
-#define MEMORY_LOOP true
 uint state_at;  // where the running state lives
 #define STATE(i, off) o_coherent.v[state_at + (off)]
+#define FOR_OWNED(i) for (uint i = 0; i < owned; ++i)
 #else
-#define MEMORY_LOOP false
 float st[kMaxOwned];
 #define STATE(i, off) st[i]
+#define FOR_OWNED(i) for (uint i = 0; i < kMaxOwned; ++i) if (i < owned)
 #endif
 
 SharedFloats o_coherent;
 
 // The element (p, n) of owned slot i, and whether it exists.
 bool element(uint i, out uint p, out uint n) {
-    p = row + rows * (i / per_row);
-    n = lane + pc.lanes * (i % per_row);
+    p = row + rows * (i >> pc.slot_shift);
+    n = lane + pc.lanes * (i & slot_mask);
     return p < pc.head_dim && n < pc.d_state;
 }
 
@@ -79,8 +83,7 @@ float step(uint q, uint t, uint h) {
     float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
     uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
     float shared_decay = exp(dts * a_of(h, 0));
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (!element(i, p, n)) continue;
         float decay = pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n));
@@ -91,16 +94,14 @@ float step(uint q, uint t, uint h) {
 
 // Copies this invocation's elements between the running state and device memory at `at`.
 void load_state(uint at) {
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) STATE(i, p * pc.d_state + n) = o_coherent.v[at + p * pc.d_state + n];
     }
 }
 
 void store_state(uint at) {
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) o_coherent.v[at + p * pc.d_state + n] = STATE(i, p * pc.d_state + n);
     }
@@ -110,8 +111,8 @@ void setup() {
     lane = gl_LocalInvocationID.x % pc.lanes;
     row = gl_LocalInvocationID.x / pc.lanes;
     rows = gl_WorkGroupSize.x / pc.lanes;
-    per_row = (pc.d_state + pc.lanes - 1) / pc.lanes;
-    owned = ((pc.head_dim + rows - 1) / rows) * per_row;
+    slot_mask = (1u << pc.slot_shift) - 1u;
+    owned = ((pc.head_dim + rows - 1) / rows) << pc.slot_shift;
     o_coherent = SharedFloats(uint64_t(pc.o));
 }
 
@@ -130,29 +131,33 @@ void main() {
 #if defined(MEMORY)
     state_at = final_at;
 #endif
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
     }
-    uint n_passes = (pc.head_dim + rows - 1) / rows;
     for (uint t = 0; t < pc.n_tok; ++t) {
-        step(q, t, h);
-        uint bc = group_base(q, t, h), yt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
-        for (uint j = 0; j < n_passes; ++j) {  // y for rows row + rows * j
-            float acc = 0.0;
-            for (uint k = 0; k < per_row; ++k) {
-                uint i = j * per_row + k, p, n;
-                if (element(i, p, n)) acc += STATE(i, p * pc.d_state + n) * pc.c.v[bc + n];
+        float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+        uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+        float shared_decay = exp(dts * a_of(h, 0)), acc = 0.0;
+        FOR_OWNED(i) {
+            uint p, n;
+            if (element(i, p, n)) {
+                float decay = pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n));
+                float s_new = STATE(i, p * pc.d_state + n) * decay + pc.b.v[bc + n] * (pc.x.v[xt + p] * dts);
+                STATE(i, p * pc.d_state + n) = s_new;
+                acc += s_new * pc.c.v[bc + n];
             }
-            partial[gl_LocalInvocationID.x] = acc;
-            barrier();
-            for (uint width = pc.lanes / 2; width > 0; width /= 2) {
-                if (lane < width) partial[gl_LocalInvocationID.x] += partial[gl_LocalInvocationID.x + width];
+            if ((i & slot_mask) == slot_mask) {  // a row's last slot (the same i for every invocation)
+                partial[gl_LocalInvocationID.x] = acc;
                 barrier();
+                for (uint width = pc.lanes / 2; width > 0; width /= 2) {
+                    if (lane < width) partial[gl_LocalInvocationID.x] += partial[gl_LocalInvocationID.x + width];
+                    barrier();
+                }
+                uint y_row = row + rows * (i >> pc.slot_shift);
+                if (lane == 0 && y_row < pc.head_dim) pc.o.v[xt + y_row] = partial[gl_LocalInvocationID.x];
+                acc = 0.0;
             }
-            uint p = row + rows * j;
-            if (lane == 0 && p < pc.head_dim) pc.o.v[yt + p] = partial[gl_LocalInvocationID.x];
         }
     }
 #if !defined(MEMORY)
@@ -187,8 +192,7 @@ void main() {
 #endif
 
     // the state at each chunk start
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
     }
@@ -199,8 +203,7 @@ void main() {
 
     // the running gradient of the state, from the final state's gradient
     uint g_final = y_size + task * E;
-    for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) GRAD(i, p * pc.d_state + n) = pc.g.v[g_final + p * pc.d_state + n];
     }
@@ -215,8 +218,7 @@ void main() {
             uint t = t0 + k, bc = group_base(q, t, h), yt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
             float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
             float shared_decay = exp(dts * a_of(h, 0));
-            for (uint i = 0; i < kMaxOwned || (MEMORY_LOOP && i < owned); ++i) {
-                if (i >= owned) break;
+            FOR_OWNED(i) {
                 uint p, n;
                 if (!element(i, p, n)) continue;
                 uint off = p * pc.d_state + n;
@@ -267,8 +269,7 @@ void main() {
         barrier();  // the next chunk reuses the scratch
     }
 #if !defined(MEMORY)
-    for (uint i = 0; i < kMaxOwned; ++i) {
-        if (i >= owned) break;
+    FOR_OWNED(i) {
         uint p, n;
         if (element(i, p, n)) pc.o.v[task * E + p * pc.d_state + n] = gr[i];
     }

@@ -40,6 +40,7 @@ namespace rk::vk {
     X(vkCreateFence)                    \
     X(vkDestroyFence)                   \
     X(vkWaitForFences)                  \
+    X(vkGetFenceStatus)                 \
     X(vkResetFences)                    \
     X(vkCreateBuffer)                   \
     X(vkDestroyBuffer)                  \

@@ -3,10 +3,12 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "ops.hpp"
 #include "vulkan/vk_shaders.hpp"
@@ -451,9 +453,22 @@ void Context::begin_if_needed() {
     if (submitted_) barrier();
 }
 
+void Context::wait_for(VkFence fence) {
+    // Polls first: a blocking wait adds a sleep and a wake-up (tens of microseconds) to every
+    // short submission (an agent's step); past a millisecond the thread sleeps in the driver.
+    constexpr auto kSpin = std::chrono::microseconds(1000);
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    while (std::chrono::steady_clock::now() < until) {
+        const VkResult status = api_.vkGetFenceStatus(device_, fence);
+        if (status == VK_SUCCESS) return;
+        if (status != VK_NOT_READY) check(status, "vkGetFenceStatus (the GPU did not finish: device lost?)");
+        std::this_thread::yield();
+    }
+    check(api_.vkWaitForFences(device_, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences (the GPU did not finish: device lost?)");
+}
+
 void Context::retire(Slot& slot) {
-    check(api_.vkWaitForFences(device_, 1, &slot.fence, VK_TRUE, UINT64_MAX),
-          "vkWaitForFences (the GPU did not finish: device lost?)");
+    wait_for(slot.fence);
     check(api_.vkResetFences(device_, 1, &slot.fence), "vkResetFences");
     check(api_.vkResetCommandBuffer(slot.cmd, 0), "vkResetCommandBuffer");
     slot.keep.clear();
@@ -701,8 +716,7 @@ RecordedCommands::~RecordedCommands() {
 void RecordedCommands::wait() {
     if (!pending_) return;
     const Api& api = ctx_.api_;
-    check(api.vkWaitForFences(ctx_.device_, 1, &commands_.fence, VK_TRUE, UINT64_MAX),
-          "vkWaitForFences (the GPU did not finish: device lost?)");
+    ctx_.wait_for(commands_.fence);
     check(api.vkResetFences(ctx_.device_, 1, &commands_.fence), "vkResetFences");
     pending_ = false;
 }

@@ -173,6 +173,7 @@ class Context {
     std::vector<Slot> slots_;
     size_t slot_ = 0;
     void retire(Slot& slot);
+    void wait_for(VkFence fence);  // until the fence signals
     // Ends the eager recording; its slot keeps the staging its copies read. Submit it next.
     Slot& end_recording();
     void queue_submit(const VkCommandBuffer* cmds, uint32_t n, VkFence fence);

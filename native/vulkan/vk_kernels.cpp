@@ -477,7 +477,7 @@ uint64_t next_pow2(uint64_t n) {
 
 struct SsmScanPush {
     uint64_t s, x, dt, a, b, c, ids, g, o;
-    uint32_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, a_rows, n_rs, chunk, lanes;
+    uint32_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, a_rows, n_rs, chunk, lanes, slot_shift;
 };
 
 // One workgroup per (sequence, head); ssm_scan.comp says how the state is spread over it.
@@ -486,7 +486,10 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
     u32(out.numel(), pass);  // the shader indexes the whole output with 32-bit offsets
     const int64_t rows = std::min<int64_t>(kGroup, int64_t(next_pow2(uint64_t(d.head_dim))));
     const int64_t lanes = int64_t(kGroup) / rows;
-    const int64_t owned = (d.head_dim + rows - 1) / rows * ((d.d_state + lanes - 1) / lanes);
+    uint32_t slot_shift = 0;  // slots per row: a power of two covering d_state / lanes
+    while ((int64_t(1) << slot_shift) * lanes < d.d_state) ++slot_shift;
+    const int64_t slots = int64_t(1) << slot_shift;
+    const int64_t owned = (d.head_dim + rows - 1) / rows * slots;
     constexpr int64_t kMaxOwned = 64;  // ssm_scan.comp's registers per invocation
     const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
                      &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
@@ -494,7 +497,7 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
                   g ? g->address() : 0, out.address(),
                   u32(d.d_state, pass), u32(d.head_dim, pass), u32(d.n_head, pass), u32(d.n_tok, pass),
                   u32(d.n_seqs, pass), u32(d.n_group, pass), u32(d.a_rows, pass), u32(d.n_rs, pass),
-                  u32(d.chunk(), pass), u32(lanes, pass)};
+                  u32(d.chunk(), pass), u32(lanes, pass), slot_shift};
     std::vector<vk::Range> reads{span(s), span(x), span(dt), span(a), span(b), span(c), span(ids)};
     if (g) reads.push_back(span(*g));
     const std::string shader = std::string(g ? "ssm_scan_backward" : "ssm_scan_forward") + (owned > kMaxOwned ? "_memory" : "");
