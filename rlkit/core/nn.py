@@ -506,14 +506,144 @@ class MambaBlock(Module):
         return ops.reshape(y, (self.d_model, batch)), state
 
     def _checked_state(self, state, batch: int) -> MambaState:
-        if not isinstance(state, MambaState):
-            raise TypeError(f"MambaBlock: state must be a MambaState (see initial_state), got {type(state).__name__}")
-        expected = self.initial_state(batch)
-        for name, have, want in (("conv", state.conv, expected.conv), ("ssm", state.ssm, expected.ssm)):
-            if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
-                raise ValueError(f"MambaBlock: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
-        return state
+        return _checked_recurrent_state("MambaBlock", state, self.initial_state(batch), batch)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, d_conv={self.d_conv}, d_inner={self.d_inner}, "
                 f"head_dim={self.head_dim}, n_heads={self.n_heads}, n_groups={self.n_groups}")
+
+
+class RWKVState(NamedTuple):
+    """The recurrent state an RWKVBlock carries between calls: the last token's normalised input
+    to the time mixing and to the channel mixing [d_model, batch] (token shift), and the
+    RWKV-7 state [head_size * head_size * n_heads, batch]."""
+
+    time_shift: Tensor
+    wkv: Tensor
+    channel_shift: Tensor
+
+
+def _token_shift(x: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
+    """(each token's previous token, the last token) of x [d, seq, batch], the previous of the
+    first token being ``last`` [d, batch]."""
+    d, seq, batch = x.shape
+    by_time = ops.transpose(x)  # [seq, d, batch]
+    first = ops.reshape(last, (1, d, batch))
+    previous = first if seq == 1 else ops.concat_rows(first, ops.slice_rows(by_time, 0, seq - 1))
+    return ops.transpose(previous), ops.reshape(ops.slice_rows(by_time, seq - 1, 1), (d, batch))
+
+
+class RWKVBlock(Module):
+    """An RWKV-7 block over tokens in columns, x [d_model, seq, batch] (or [d_model, seq]):
+    LayerNorm, time mixing (token shift, r, k, v, the decay w = exp(-0.606531 sigmoid(.)) in
+    [0.545, 1], the in-context learning rate a, the normalised key kk, the rwkv_wkv7 recurrence
+    with a = -kk and b = kk a, a sigmoid gate and the output projection), a residual, then
+    LayerNorm, channel mixing (token shift and a squared-ReLU MLP of width 4 d_model) and a
+    residual.
+
+    ``forward(x, state=None)`` returns ``(y [d_model, seq, batch], new_state)``; ``step(x_t,
+    state)`` runs one token x_t [d_model, batch], carrying the state as the whole sequence does.
+    """
+
+    def __init__(self, d_model: int, head_size: int = 64):
+        super().__init__()
+        self.d_model = positive_int(d_model, "RWKVBlock: d_model")
+        self.head_size = min(positive_int(head_size, "RWKVBlock: head_size"), self.d_model)
+        if self.d_model % self.head_size:
+            raise ValueError(f"RWKVBlock: d_model = {self.d_model} is not a multiple of head_size = {self.head_size}")
+        self.n_heads = self.d_model // self.head_size
+        rng = _runtime.host_rng()
+        d = self.d_model
+        self.ln_time = LayerNorm(d)
+        for name in ("mu_r", "mu_w", "mu_k", "mu_v", "mu_a", "mu_g"):  # token-shift mixing per channel
+            setattr(self, name, param(rng.uniform(0.0, 1.0, size=(d, 1))))
+        for name in ("W_r", "W_k", "W_v", "W_g", "W_o"):
+            setattr(self, name, param(_fan_in_uniform(d, d, 1.0, rng)))
+        self.W_w = param(_fan_in_uniform(d, d, 0.1, rng))
+        self.w0 = param(rng.uniform(-2.0, 2.0, size=(d, 1)))  # decays spread over [0.55, 0.95]
+        self.W_a = param(_fan_in_uniform(d, d, 0.1, rng))
+        self.a0 = param(np.zeros((d, 1)))
+        self.k_k = param(np.full((d, 1), 0.85))
+        self.k_a = param(np.ones((d, 1)))
+        self.ln_channel = LayerNorm(d)
+        self.mu_ffn = param(rng.uniform(0.0, 1.0, size=(d, 1)))
+        self.W_ffn_in = param(_fan_in_uniform(4 * d, d, 1.0, rng))
+        self.W_ffn_out = param(_fan_in_uniform(d, 4 * d, 1.0, rng))
+
+    def initial_state(self, batch_size: int = 1) -> RWKVState:
+        """Zeros: the state before a sequence's first token."""
+        batch_size = positive_int(batch_size, "RWKVBlock.initial_state: batch_size")
+        dtype, device = self.W_r.dtype, self.W_r.device
+        shift = ops.full((self.d_model, batch_size), 0.0, dtype=dtype, device=device)
+        wkv = ops.full((self.head_size * self.d_model, batch_size), 0.0, dtype=dtype, device=device)
+        return RWKVState(shift, wkv, shift)
+
+    def forward(self, x, state: RWKVState | None = None) -> tuple[Tensor, RWKVState]:
+        x = ops.as_tensor(x, op="RWKVBlock")
+        _check_rows("RWKVBlock", x, self.d_model)
+        if x.ndim == 2:
+            x = ops.reshape(x, (self.d_model, x.shape[1], 1))
+        if x.ndim != 3:
+            raise ValueError(f"RWKVBlock: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
+        seq, batch = x.shape[1], x.shape[2]
+        state = self.initial_state(batch) if state is None else self._checked_state(state, batch)
+        d, tokens = self.d_model, seq * batch
+        x = ops.reshape(x, (d, tokens))  # sequence b owns columns [b seq, (b + 1) seq), as rwkv_wkv7 reads them
+        attention, time_last, wkv = self._time_mixing(self.ln_time(x), state, seq, batch)
+        x = ops.add(x, attention)
+        ffn, channel_last = self._channel_mixing(self.ln_channel(x), state, seq, batch)
+        x = ops.add(x, ffn)
+        return ops.reshape(x, (d, seq, batch)), RWKVState(time_last, wkv, channel_last)
+
+    def _time_mixing(self, h: Tensor, state: RWKVState, seq: int, batch: int):
+        d, tokens = self.d_model, seq * batch
+        previous, last = _token_shift(ops.reshape(h, (d, seq, batch)), state.time_shift)
+        delta = ops.sub(ops.reshape(previous, (d, tokens)), h)  # [d, tokens]
+
+        def mixed(mu):
+            return ops.add(h, ops.mul(delta, mu))
+
+        r = ops.matmul(self.W_r, mixed(self.mu_r))
+        k = ops.matmul(self.W_k, mixed(self.mu_k))
+        v = ops.matmul(self.W_v, mixed(self.mu_v))
+        w = ops.exp(ops.scale(ops.sigmoid(ops.add(self.w0, ops.matmul(self.W_w, mixed(self.mu_w)))), -0.606531))
+        a = ops.sigmoid(ops.add(self.a0, ops.matmul(self.W_a, mixed(self.mu_a))))  # in-context learning rate
+        gate = ops.sigmoid(ops.matmul(self.W_g, mixed(self.mu_g)))
+        heads = (self.head_size, self.n_heads, tokens)
+        kk = ops.reshape(ops.mul(k, self.k_k), heads)
+        kk = ops.div(kk, ops.sqrt(ops.add(ops.sum(ops.square(kk), dim=0, keepdim=True), 1e-12)))  # unit per head
+        k = ops.mul(k, ops.add(ops.mul(ops.sub(a, 1.0), self.k_a), 1.0))
+        y, wkv = ops.rwkv_wkv7(ops.reshape(r, heads), ops.reshape(w, heads), ops.reshape(k, heads),
+                               ops.reshape(v, heads), ops.neg(kk), ops.mul(kk, ops.reshape(a, heads)), state.wkv)
+        return ops.matmul(self.W_o, ops.mul(y, gate)), last, wkv  # y: [d, tokens]
+
+    def _channel_mixing(self, h: Tensor, state: RWKVState, seq: int, batch: int):
+        d, tokens = self.d_model, seq * batch
+        previous, last = _token_shift(ops.reshape(h, (d, seq, batch)), state.channel_shift)
+        mixed = ops.add(h, ops.mul(ops.sub(ops.reshape(previous, (d, tokens)), h), self.mu_ffn))
+        hidden = ops.square(ops.relu(ops.matmul(self.W_ffn_in, mixed)))  # [4 d, tokens]
+        return ops.matmul(self.W_ffn_out, hidden), last
+
+    def step(self, x_t, state: RWKVState) -> tuple[Tensor, RWKVState]:
+        """One token per sequence, x_t [d_model, batch] -> (y_t [d_model, batch], new state)."""
+        x_t = ops.as_tensor(x_t, op="RWKVBlock.step")
+        _check_rows("RWKVBlock.step", x_t, self.d_model)
+        batch = x_t.shape[1] if x_t.ndim > 1 else 1
+        y, state = self.forward(ops.reshape(x_t, (self.d_model, 1, batch)), state)
+        return ops.reshape(y, (self.d_model, batch)), state
+
+    def _checked_state(self, state, batch: int) -> RWKVState:
+        return _checked_recurrent_state("RWKVBlock", state, self.initial_state(batch), batch)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, head_size={self.head_size}, n_heads={self.n_heads}"
+
+
+def _checked_recurrent_state(layer: str, state, expected: tuple, batch: int):
+    """``state`` when it is of ``expected``'s type and shapes, else a clear error."""
+    if type(state) is not type(expected):
+        raise TypeError(f"{layer}: state must be a {type(expected).__name__} (see initial_state), got {type(state).__name__}")
+    for name, have, want in zip(expected._fields, state, expected):
+        if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
+            raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
+    return state

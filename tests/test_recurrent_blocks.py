@@ -1,6 +1,7 @@
-"""nn.MambaBlock: the step-by-step recurrent mode against the whole-sequence pass, states carried
-between chunks, gradients against finite differences (float64), the GPU against the CPU, and
-bad arguments."""
+"""The recurrent blocks, nn.MambaBlock and nn.RWKVBlock: the step-by-step recurrent mode against
+the whole-sequence pass, states carried between chunks, causality, gradients against finite
+differences (float64), the GPU against the CPU, learning beyond a memoryless map, and bad
+arguments."""
 
 import numpy as np
 import pytest
@@ -11,17 +12,34 @@ from rlkit.core import nn
 from conftest import DEVICES
 
 
-def make_block(seed=0, **kw):
+BLOCKS = {
+    "mamba": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1),
+    "rwkv": lambda: nn.RWKVBlock(d_model=6, head_size=3),
+}
+
+
+@pytest.fixture(params=sorted(BLOCKS))
+def kind(request):
+    return request.param
+
+
+def make_block(kind, seed=0):
     rc.manual_seed(seed)
-    return nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1, **kw)
+    return BLOCKS[kind]()
+
+
+def random_state(block, rng, batch, dtype):
+    """A state of the block's shapes with random values (as a previous chunk would leave)."""
+    zeros = block.initial_state(batch)
+    return type(zeros)(*[rc.tensor(rng.normal(size=t.shape), dtype=dtype) for t in zeros])
 
 
 def sequence(seed, seq=7, batch=3, d_model=6):
     return np.random.default_rng(seed).normal(size=(d_model, seq, batch)).astype(np.float32)
 
 
-def test_steps_with_carried_state_match_the_whole_sequence(device):
-    block = make_block().to(device)
+def test_steps_with_carried_state_match_the_whole_sequence(device, kind):
+    block = make_block(kind).to(device)
     x = sequence(1)
     whole, final = block(rc.tensor(x))
     state, outputs = block.initial_state(batch_size=3), []
@@ -30,12 +48,12 @@ def test_steps_with_carried_state_match_the_whole_sequence(device):
         assert y_t.shape == (6, 3)
         outputs.append(y_t.numpy())
     np.testing.assert_allclose(np.stack(outputs, axis=1), whole.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(state.ssm.numpy(), final.ssm.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(state.conv.numpy(), final.conv.numpy(), rtol=1e-6, atol=1e-6)
+    for name, stepped, at_once in zip(final._fields, state, final):
+        np.testing.assert_allclose(stepped.numpy(), at_once.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_chunks_with_carried_state_match_the_whole_sequence(device):
-    block = make_block().to(device)
+def test_chunks_with_carried_state_match_the_whole_sequence(device, kind):
+    block = make_block(kind).to(device)
     x = sequence(2, seq=9)
     whole, _ = block(rc.tensor(x))
     first, state = block(rc.tensor(np.ascontiguousarray(x[:, :4])))
@@ -43,8 +61,8 @@ def test_chunks_with_carried_state_match_the_whole_sequence(device):
     np.testing.assert_allclose(np.concatenate([first.numpy(), second.numpy()], axis=1), whole.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_the_output_depends_only_on_the_past(device):
-    block = make_block().to(device)
+def test_the_output_depends_only_on_the_past(device, kind):
+    block = make_block(kind).to(device)
     x = sequence(3)
     changed = x.copy()
     changed[:, 5:] += 1.0  # the future of position 4
@@ -56,21 +74,20 @@ def test_the_output_depends_only_on_the_past(device):
 
 def _loss(block, x, weight, state=None):
     y, new_state = block(x, state)
-    return rc.add(rc.sum(rc.mul(y, weight)), rc.sum(new_state.ssm))
+    return rc.add(rc.sum(rc.mul(y, weight)), rc.sum(new_state[1]))  # and the recurrence's state
 
 
-def test_gradients_match_finite_differences_in_float64():
+def test_gradients_match_finite_differences_in_float64(kind):
     previous = rc.dtype("f64")
     try:
-        block = make_block()
+        block = make_block(kind)
         rng = np.random.default_rng(4)
         x = rng.normal(size=(6, 5, 2))
         weight = rc.tensor(rng.normal(size=(6, 5, 2)), dtype="f64")
-        start = nn.MambaState(rc.tensor(rng.normal(size=(2, 12, 2)), dtype="f64"),
-                              rc.tensor(rng.normal(size=(4, 4, 3, 2)), dtype="f64"))
+        start = random_state(block, rng, 2, "f64")
         # the input and the carried state
-        assert rc.gradcheck(lambda x, conv, ssm: _loss(block, x, weight, nn.MambaState(conv, ssm)),
-                            [x, start.conv.numpy(), start.ssm.numpy()])
+        assert rc.gradcheck(lambda x, *fields: _loss(block, x, weight, type(start)(*fields)),
+                            [x] + [t.numpy() for t in start])
         # every parameter, along a random direction
         params = block.parameters()
         with rc.grad_tape():
@@ -94,21 +111,21 @@ def test_gradients_match_finite_differences_in_float64():
 
 
 @pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
-def test_gpu_matches_cpu_forward_and_gradients():
+def test_gpu_matches_cpu_forward_and_gradients(kind):
     x = sequence(5, seq=12, batch=2)
     weight = np.random.default_rng(6).normal(size=(6, 12, 2)).astype(np.float32)
     results = []
     for device in ("cpu", "gpu"):
         previous = rc.device(device)
         try:
-            block = make_block(seed=7)
+            block = make_block(kind, seed=7)
             with rc.grad_tape():
                 loss = _loss(block, rc.tensor(x), rc.tensor(weight))
             grads = rc.backward(loss)
             results.append([loss.numpy()] + [np.asarray(grads[p]) for p in block.parameters().values()])
         finally:
             rc.device(previous)
-    for name, a, b in zip(["loss"] + list(make_block().parameters()), *results):
+    for name, a, b in zip(["loss"] + list(make_block(kind).parameters()), *results):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5 * max(1.0, np.abs(a).max()), err_msg=name)
 
 
@@ -121,33 +138,36 @@ def exponential_average(x, decay=0.7):
     return y
 
 
-def test_a_mamba_block_learns_what_needs_memory():
-    """Adam on the block alone fits an exponential moving average of its input better than the
-    best memoryless map can (a least-squares fit of y_t from x_t alone)."""
-    block = make_block(seed=1)
-    optimizer = rc.optim.Adam(block.parameters(), lr=0.01)
+def test_a_block_learns_what_needs_memory(kind):
+    """A linear embedding, the block and a linear readout, trained with Adam, fit an exponential
+    moving average of the input far better than the best memoryless map can (a least-squares
+    fit of y_t from x_t alone)."""
+    rc.manual_seed(1)
+    block = nn.MambaBlock(d_model=8, d_state=4, d_conv=3, head_dim=4) if kind == "mamba" else nn.RWKVBlock(8, head_size=4)
+    embed, readout = nn.Linear(6, 8), nn.Linear(8, 6)
+    params = {f"{part}.{name}": p for part, module in (("embed", embed), ("block", block), ("readout", readout))
+              for name, p in module.parameters().items()}
+    optimizer = rc.optim.Adam(params, lr=0.01)
     rng = np.random.default_rng(8)
 
-    def batch():
+    def batch():  # 8 sequences of 10 tokens, tokens in columns: [6, 80]
         x = rng.uniform(-1, 1, size=(6, 10, 8)).astype(np.float32)
-        return x, exponential_average(x)
+        return x.reshape(6, 80, order="F"), exponential_average(x).reshape(6, 80, order="F")
 
     def loss_of(x, y):
-        out, _ = block(rc.tensor(x))
-        return rc.mean(rc.square(rc.sub(out, rc.tensor(y))))
+        hidden, _ = block(rc.reshape(embed(rc.tensor(x)), (8, 10, 8)))
+        return rc.mean(rc.square(rc.sub(readout(rc.reshape(hidden, (8, 80))), rc.tensor(y))))
 
-    for _ in range(1000):
-        x, y = batch()
+    for _ in range(300):
         with rc.grad_tape():
-            loss = loss_of(x, y)
+            loss = loss_of(*batch())
         optimizer.step(rc.backward(loss))
     test_x, test_y = batch()
-    tokens_x = np.vstack([test_x.reshape(6, -1), np.ones((1, 80))]).T  # [tokens, features + 1]
-    tokens_y = test_y.reshape(6, -1).T
-    fit = np.linalg.lstsq(tokens_x, tokens_y, rcond=None)[0]
-    memoryless = float(np.mean((tokens_x @ fit - tokens_y) ** 2))
+    tokens_x = np.vstack([test_x, np.ones((1, 80))]).T  # [tokens, features + 1]
+    fit = np.linalg.lstsq(tokens_x, test_y.T, rcond=None)[0]
+    memoryless = float(np.mean((tokens_x @ fit - test_y.T) ** 2))
     learned = float(loss_of(test_x, test_y).numpy().ravel()[0])
-    assert learned < 0.85 * memoryless, (learned, memoryless)  # 0.70 when written
+    assert learned < 0.2 * memoryless, (learned, memoryless)  # about 0.03 when written
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -156,13 +176,18 @@ def test_a_mamba_block_learns_what_needs_memory():
     (dict(d_model=0, d_state=4), "d_model must be a positive int"),
     (dict(d_model=4, d_state=4, dt_min=0.1, dt_max=0.01), "0 < dt_min <= dt_max"),
 ])
-def test_bad_construction(kwargs, message):
+def test_bad_mamba_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         nn.MambaBlock(**kwargs)
 
 
+def test_bad_rwkv_construction():
+    with pytest.raises(ValueError, match="d_model = 6 is not a multiple of head_size = 4"):
+        nn.RWKVBlock(d_model=6, head_size=4)
+
+
 def test_bad_inputs_and_states():
-    block = make_block()
+    block = make_block("mamba")
     with pytest.raises(ValueError, match="input has 5 features"):
         block(rc.tensor(np.zeros((5, 3, 2), np.float32)))
     with pytest.raises(TypeError, match="state must be a MambaState"):
@@ -170,3 +195,8 @@ def test_bad_inputs_and_states():
     wrong = block.initial_state(batch_size=2)
     with pytest.raises(ValueError, match="state.conv has shape \\(2, 12, 2\\), expected \\(2, 12, 3\\) for batch 3"):
         block(rc.tensor(sequence(0)), state=wrong)
+    rwkv = make_block("rwkv")
+    with pytest.raises(TypeError, match="state must be a RWKVState"):
+        rwkv(rc.tensor(sequence(0)), state=block.initial_state(batch_size=3))
+    with pytest.raises(ValueError, match="RWKVBlock.step: input has 5 features"):
+        rwkv.step(rc.tensor(np.zeros((5, 3), np.float32)), rwkv.initial_state(3))
