@@ -42,9 +42,28 @@ shared float partial[256];
 
 uint lane, row, rows, slot_mask, owned;
 
-// FOR_OWNED(i) visits this invocation's slots. With the state in registers the loop has a constant
-// bound, so it unrolls and every st[i] is a register (a loop bound known only at run time would
-// put the array in slow local memory).
+// A block of tokens' B, C, x, softplus(dt) (and in the backward pass the gradient of y) staged in
+// shared memory: one device-memory round trip per block instead of one per token and element.
+// The MEMORY variants, for states or tokens too large for registers and this stage, read device
+// memory instead. Each token's code sets `su` (its offset in the stage) and bc, xt (its offsets
+// in B/C and x/y).
+const uint kStage = 4096;
+#if !defined(MEMORY)
+shared float stage[kStage];
+uint stage_width;  // floats per staged token
+#define B_AT(n) stage[su + (n)]
+#define C_AT(n) stage[su + pc.d_state + (n)]
+#define X_AT(p) stage[su + 2 * pc.d_state + (p)]
+#define GY_AT(p) stage[su + 2 * pc.d_state + pc.head_dim + (p)]
+#define DTS_AT(q, t, h) stage[su + stage_width - 1]
+#else
+#define B_AT(n) pc.b.v[bc + (n)]
+#define C_AT(n) pc.c.v[bc + (n)]
+#define X_AT(p) pc.x.v[xt + (p)]
+#define GY_AT(p) pc.g.v[xt + (p)]
+#define DTS_AT(q, t, h) softplus_of(pc.dt.v[((q) * pc.n_tok + (t)) * pc.n_head + (h)])
+#endif
+
 #if defined(MEMORY)
 uint state_at;  // where the running state lives
 #define STATE(i, off) o_coherent.v[state_at + (off)]
@@ -78,18 +97,60 @@ uint group_base(uint q, uint t, uint h) {  // B and C of head h at token t
 
 float a_of(uint h, uint n) { return pc.a.v[h * pc.a_rows + (pc.a_rows == 1 ? 0 : n)]; }
 
-// One token of the recurrence on this invocation's elements; returns softplus(dt).
-float step(uint q, uint t, uint h) {
-    float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+// Head h's decay rates, read once: RATE(n) is A[n or 0, h].
+#if !defined(MEMORY)
+shared float rates[kStage / 2];  // a_rows <= d_state <= kStage / 2 where the stage fits
+#define RATE(n) rates[pc.a_rows == 1 ? 0 : (n)]
+void load_rates(uint h) {
+    for (uint n = gl_LocalInvocationID.x; n < pc.a_rows; n += gl_WorkGroupSize.x) rates[n] = a_of(h, n);
+    barrier();
+}
+#else
+#define RATE(n) a_of(h, n)
+void load_rates(uint h) {}
+#endif
+
+// Tokens one stage holds (every token at once in the MEMORY variants).
+uint stage_capacity(bool with_gy) {
+#if !defined(MEMORY)
+    return kStage / (2 * pc.d_state + (with_gy ? 2 : 1) * pc.head_dim + 1);
+#else
+    return 0xffffffffu;
+#endif
+}
+
+// Stages tokens t0 .. t0 + count - 1 of head h of sequence q (count <= stage_capacity): B, C, x,
+// (with_gy) the gradient of y, softplus(dt).
+void stage_block(uint q, uint h, uint t0, uint count, bool with_gy) {
+#if !defined(MEMORY)
+    stage_width = 2 * pc.d_state + (with_gy ? 2 : 1) * pc.head_dim + 1;
+    barrier();  // every invocation is done with the previous stage
+    for (uint e = gl_LocalInvocationID.x; e < count * stage_width; e += gl_WorkGroupSize.x) {
+        uint t = t0 + e / stage_width, f = e % stage_width;
+        uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+        float v;
+        if (f < pc.d_state) v = pc.b.v[bc + f];
+        else if (f < 2 * pc.d_state) v = pc.c.v[bc + f - pc.d_state];
+        else if (f < 2 * pc.d_state + pc.head_dim) v = pc.x.v[xt + f - 2 * pc.d_state];
+        else if (f + 1 < stage_width) v = pc.g.v[xt + f - 2 * pc.d_state - pc.head_dim];
+        else v = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
+        stage[e] = v;
+    }
+    barrier();
+#endif
+}
+
+// One token of the recurrence on this invocation's elements (the token at stage offset su).
+void step(uint q, uint t, uint h, uint su) {
     uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
-    float shared_decay = exp(dts * a_of(h, 0));
+    float dts = DTS_AT(q, t, h);
+    float shared_decay = exp(dts * RATE(0));
     FOR_OWNED(i) {
         uint p, n;
         if (!element(i, p, n)) continue;
-        float decay = pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n));
-        STATE(i, p * pc.d_state + n) = STATE(i, p * pc.d_state + n) * decay + pc.b.v[bc + n] * (pc.x.v[xt + p] * dts);
+        float decay = pc.a_rows == 1 ? shared_decay : exp(dts * RATE(n));
+        STATE(i, p * pc.d_state + n) = STATE(i, p * pc.d_state + n) * decay + B_AT(n) * (X_AT(p) * dts);
     }
-    return dts;
 }
 
 // Copies this invocation's elements between the running state and device memory at `at`.
@@ -126,6 +187,7 @@ uint initial_state(uint q, uint h) {
 void main() {
     setup();
     uint task = flat_group(), q = task / pc.n_head, h = task % pc.n_head;
+    load_rates(h);
     uint E = pc.d_state * pc.head_dim, y_size = pc.head_dim * pc.n_head * pc.n_tok * pc.n_seqs;
     uint final_at = y_size + task * E;
 #if defined(MEMORY)
@@ -135,28 +197,33 @@ void main() {
         uint p, n;
         if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
     }
-    for (uint t = 0; t < pc.n_tok; ++t) {
-        float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
-        uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
-        float shared_decay = exp(dts * a_of(h, 0)), acc = 0.0;
-        FOR_OWNED(i) {
-            uint p, n;
-            if (element(i, p, n)) {
-                float decay = pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n));
-                float s_new = STATE(i, p * pc.d_state + n) * decay + pc.b.v[bc + n] * (pc.x.v[xt + p] * dts);
-                STATE(i, p * pc.d_state + n) = s_new;
-                acc += s_new * pc.c.v[bc + n];
-            }
-            if ((i & slot_mask) == slot_mask) {  // a row's last slot (the same i for every invocation)
-                partial[gl_LocalInvocationID.x] = acc;
-                barrier();
-                for (uint width = pc.lanes / 2; width > 0; width /= 2) {
-                    if (lane < width) partial[gl_LocalInvocationID.x] += partial[gl_LocalInvocationID.x + width];
-                    barrier();
+    uint per_stage = stage_capacity(false);
+    for (uint t0 = 0; t0 < pc.n_tok; t0 += per_stage) {
+        uint count = min(per_stage, pc.n_tok - t0);
+        stage_block(q, h, t0, count, false);
+        for (uint u = 0; u < count; ++u) {
+            uint t = t0 + u, su = u * (2 * pc.d_state + pc.head_dim + 1);
+            uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+            float dts = DTS_AT(q, t, h), shared_decay = exp(dts * RATE(0)), acc = 0.0;
+            FOR_OWNED(i) {
+                uint p, n;
+                if (element(i, p, n)) {
+                    float decay = pc.a_rows == 1 ? shared_decay : exp(dts * RATE(n));
+                    float s_new = STATE(i, p * pc.d_state + n) * decay + B_AT(n) * (X_AT(p) * dts);
+                    STATE(i, p * pc.d_state + n) = s_new;
+                    acc += s_new * C_AT(n);
                 }
-                uint y_row = row + rows * (i >> pc.slot_shift);
-                if (lane == 0 && y_row < pc.head_dim) pc.o.v[xt + y_row] = partial[gl_LocalInvocationID.x];
-                acc = 0.0;
+                if ((i & slot_mask) == slot_mask) {  // a row's last slot (the same i for every invocation)
+                    partial[gl_LocalInvocationID.x] = acc;
+                    barrier();
+                    for (uint width = pc.lanes / 2; width > 0; width /= 2) {
+                        if (lane < width) partial[gl_LocalInvocationID.x] += partial[gl_LocalInvocationID.x + width];
+                        barrier();
+                    }
+                    uint y_row = row + rows * (i >> pc.slot_shift);
+                    if (lane == 0 && y_row < pc.head_dim) pc.o.v[xt + y_row] = partial[gl_LocalInvocationID.x];
+                    acc = 0.0;
+                }
             }
         }
     }
@@ -178,6 +245,7 @@ float gr[kMaxOwned];
 void main() {
     setup();
     uint task = flat_group(), q = task / pc.n_head, h = task % pc.n_head;
+    load_rates(h);
     uint E = pc.d_state * pc.head_dim, Q = pc.chunk, n_chunks = (pc.n_tok + Q - 1) / Q;
     uint y_size = pc.head_dim * pc.n_head * pc.n_tok * pc.n_seqs, final_size = E * pc.n_head * pc.n_seqs;
     uint per_token = pc.d_state * pc.n_head * pc.n_tok * pc.n_seqs;
@@ -196,9 +264,15 @@ void main() {
         uint p, n;
         if (element(i, p, n)) STATE(i, p * pc.d_state + n) = pc.s.v[initial_state(q, h) + p * pc.d_state + n];
     }
-    for (uint t = 0; t < pc.n_tok; ++t) {
-        if (t % Q == 0) store_state(checkpoints + (t / Q) * E);
-        step(q, t, h);
+    uint per_stage = stage_capacity(false), width = 2 * pc.d_state + pc.head_dim + 1;
+    for (uint t0 = 0; t0 < pc.n_tok; t0 += per_stage) {
+        uint count = min(per_stage, pc.n_tok - t0);
+        stage_block(q, h, t0, count, false);
+        for (uint u = 0; u < count; ++u) {
+            uint t = t0 + u;
+            if (t % Q == 0) store_state(checkpoints + (t / Q) * E);
+            step(q, t, h, u * width);
+        }
     }
 
     // the running gradient of the state, from the final state's gradient
@@ -210,22 +284,32 @@ void main() {
     for (uint c = n_chunks; c-- > 0;) {
         uint t0 = c * Q, len = min(Q, pc.n_tok - t0);
         load_state(checkpoints + c * E);
-        for (uint k = 0; k < len; ++k) {  // the states after each token of the chunk
-            step(q, t0 + k, h);
-            store_state(states + k * E);
-        }
-        for (uint k = len; k-- > 0;) {  // the state gradients, per element
-            uint t = t0 + k, bc = group_base(q, t, h), yt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
-            float dts = softplus_of(pc.dt.v[(q * pc.n_tok + t) * pc.n_head + h]);
-            float shared_decay = exp(dts * a_of(h, 0));
-            FOR_OWNED(i) {
-                uint p, n;
-                if (!element(i, p, n)) continue;
-                uint off = p * pc.d_state + n;
-                float grad = GRAD(i, off) + pc.c.v[bc + n] * pc.g.v[yt + p];  // y_t reads S_t
-                o_coherent.v[grads + k * E + off] = grad;
-                GRAD(i, off) = grad * (pc.a_rows == 1 ? shared_decay : exp(dts * a_of(h, n)));
+        for (uint k0 = 0; k0 < len; k0 += per_stage) {  // the states after each token of the chunk
+            uint count = min(per_stage, len - k0);
+            stage_block(q, h, t0 + k0, count, false);
+            for (uint u = 0; u < count; ++u) {
+                step(q, t0 + k0 + u, h, u * width);
+                store_state(states + (k0 + u) * E);
             }
+        }
+        uint per_stage_gy = stage_capacity(true), width_gy = 2 * (pc.d_state + pc.head_dim) + 1;
+        for (uint end = len; end > 0;) {  // the state gradients, per element, walking back
+            uint begin = end - min(end, per_stage_gy);
+            stage_block(q, h, t0 + begin, end - begin, true);
+            for (uint k = end; k-- > begin;) {
+                uint t = t0 + k, su = (k - begin) * width_gy;
+                uint bc = group_base(q, t, h), xt = ((q * pc.n_tok + t) * pc.n_head + h) * pc.head_dim;
+                float dts = DTS_AT(q, t, h), shared_decay = exp(dts * RATE(0));
+                FOR_OWNED(i) {
+                    uint p, n;
+                    if (!element(i, p, n)) continue;
+                    uint off = p * pc.d_state + n;
+                    float grad = GRAD(i, off) + C_AT(n) * GY_AT(p);  // y_t reads S_t
+                    o_coherent.v[grads + k * E + off] = grad;
+                    GRAD(i, off) = grad * (pc.a_rows == 1 ? shared_decay : exp(dts * RATE(n)));
+                }
+            }
+            end = begin;
         }
         memoryBarrierBuffer();
         barrier();

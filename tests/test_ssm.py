@@ -80,6 +80,8 @@ def scan_with_gradients(arrays, device, weights):
     (128, 64, 2, 16, 2, 2, False),   # the demo's sizes
     (256, 64, 1, 9, 1, 1, False),    # as many state elements as registers hold
     (256, 128, 1, 6, 1, 1, False),   # more: the state lives in device memory
+    (512, 8, 2, 64, 1, 1, False),    # 3 tokens per shared-memory stage: several stages per chunk
+    (2048, 1, 2, 5, 1, 1, True),     # a token too large for the shared-memory stage: read from memory
 ])
 def test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1):
     rng = np.random.default_rng(d_state + head_dim)

@@ -490,7 +490,7 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
     while ((int64_t(1) << slot_shift) * lanes < d.d_state) ++slot_shift;
     const int64_t slots = int64_t(1) << slot_shift;
     const int64_t owned = (d.head_dim + rows - 1) / rows * slots;
-    constexpr int64_t kMaxOwned = 64;  // ssm_scan.comp's registers per invocation
+    constexpr int64_t kMaxOwned = 64, kStage = 4096;  // ssm_scan.comp's registers per invocation, staged floats
     const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
                      &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
     SsmScanPush p{s.address(), x.address(), dt.address(), a.address(), b.address(), c.address(), ids.address(),
@@ -500,7 +500,8 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
                   u32(d.chunk(), pass), u32(lanes, pass), slot_shift};
     std::vector<vk::Range> reads{span(s), span(x), span(dt), span(a), span(b), span(c), span(ids)};
     if (g) reads.push_back(span(*g));
-    const std::string shader = std::string(g ? "ssm_scan_backward" : "ssm_scan_forward") + (owned > kMaxOwned ? "_memory" : "");
+    const std::string shader = std::string(g ? "ssm_scan_backward" : "ssm_scan_forward") +
+                               (owned > kMaxOwned || 2 * (d.d_state + d.head_dim) > kStage ? "_memory" : "");
     record(shader, p, uint64_t(d.tasks()), reads, {span(out)});
 }
 
