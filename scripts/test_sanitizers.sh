@@ -15,7 +15,7 @@ cmake --build build/sanitize
 # A copy of the package with the sanitized module, so the installed rlkit stays as it is.
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
-cp -r rlkit tests pyproject.toml "$tree"/
+cp -r rlkit tests scripts pyproject.toml "$tree"/
 rm -f "$tree"/rlkit/_native*.so
 cp build/sanitize/_native*.so "$tree"/rlkit/
 cd "$tree"
@@ -26,6 +26,7 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 python3 -m pytest -q -p no:cacheprovider \
   tests/test_ops.py tests/test_op_table.py tests/test_tensor.py tests/test_autograd.py tests/test_optim.py \
   tests/test_random_ops.py tests/test_buffers.py tests/test_replay.py tests/test_capture.py tests/test_graph.py \
-  tests/test_graph_api.py tests/test_ssm.py tests/test_vulkan.py tests/test_runtime.py tests/test_checkpoint.py \
+  tests/test_graph_api.py tests/test_ssm.py tests/test_rwkv.py tests/test_rwkv7.py tests/test_recurrent_blocks.py \
+  tests/test_vulkan.py tests/test_runtime.py tests/test_checkpoint.py \
   tests/test_properties.py
 echo "[rlkit sanitizers] no AddressSanitizer or UndefinedBehaviorSanitizer report"
