@@ -5,6 +5,7 @@ show what this build and machine offer.
     rlkit eval runs/DQN_1/model.safetensors
     rlkit plot runs -o plot.png
     rlkit info
+    rlkit launch -n 4 train.py [args]     # one process per replica, under MPI
 
 Bad input (an unknown algorithm, hyperparameter, environment or file) prints
 ``rlkit: error: ...`` on stderr and returns 2, argparse's convention, without a traceback.
@@ -17,6 +18,8 @@ import dataclasses
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import types
 import typing
@@ -105,12 +108,22 @@ def _add_info_parser(commands) -> None:
     info.set_defaults(run=_info)
 
 
+def _add_launch_parser(commands) -> None:
+    launch = commands.add_parser("launch", help="run a script as N MPI processes (data-parallel replicas)",
+                                 description="Runs `mpiexec -n N python -m mpi4py SCRIPT ARGS`: one process per "
+                                             "replica; an uncaught exception in any of them ends them all.")
+    launch.add_argument("-n", "--nproc", type=_positive_int, required=True, help="number of processes (ranks)")
+    launch.add_argument("script", help="the Python script each rank runs")
+    launch.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    launch.set_defaults(run=_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of all subcommands; each sets ``run``, the function that carries it out."""
     parser = argparse.ArgumentParser(prog="rlkit", description="Reinforcement-learning training kit.")
     parser.add_argument("--version", action="version", version=f"rlkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train_parser, _add_eval_parser, _add_plot_parser, _add_info_parser):
+    for add in (_add_train_parser, _add_eval_parser, _add_plot_parser, _add_info_parser, _add_launch_parser):
         add(commands)
     return parser
 
@@ -433,3 +446,26 @@ def _info(args: argparse.Namespace) -> int:
     """rlkit info: the lines of info_lines()."""
     print("\n".join(info_lines()))
     return 0
+
+
+# ---- launch -------------------------------------------------------------------------------------
+
+def mpiexec_command(nproc: int, script: str, args: list[str]) -> list[str]:
+    """The mpiexec command line of ``rlkit launch`` (mpi4py's runner aborts every rank when one
+    raises). mpiexec is looked up beside this Python first: the mpich wheel installs it there."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+    if mpiexec is None:
+        raise UsageError("mpiexec not found: install an MPI (pip install mpich) or put mpiexec on PATH")
+    return [mpiexec, "-n", str(nproc), sys.executable, "-m", "mpi4py", script, *args]
+
+
+def _launch(args) -> int:
+    if not os.path.isfile(args.script):
+        raise UsageError(f"no script {args.script!r}")
+    try:
+        import mpi4py  # noqa: F401  (the ranks run the script through it)
+    except ImportError:
+        raise UsageError("mpi4py is not installed (pip install mpi4py mpich)") from None
+    return subprocess.call(mpiexec_command(args.nproc, args.script, args.args))
+

@@ -263,6 +263,11 @@ void Context::init(std::string* why) {
             return;
         }
         physical_ = devices[i];
+    } else if (const char* local_rank = std::getenv("RLKIT_VK_DEVICE_FOR_RANK")) {
+        // data-parallel ranks (rlkit.core.parallel): rank k takes hardware GPU k modulo their
+        // number, so ranks share GPUs only when there are fewer GPUs than ranks
+        const int hardware = int(std::count_if(devices.begin(), devices.end(), [&](auto d) { return rank(d) < 3; }));
+        physical_ = devices[hardware > 0 ? std::max(0, std::atoi(local_rank)) % hardware : 0];
     } else {
         physical_ = devices[0];
     }

@@ -24,7 +24,8 @@ from rlkit.core.ops import (
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_to, tanh, transpose,
 )
-from rlkit.core import graph, nn, optim, sched
+from rlkit.core import graph, nn, optim, parallel, sched
+from rlkit.core.parallel import dp_train
 
 __all__ = [
     "Tensor", "tensor", "param", "zeros", "ones", "full", "as_tensor", "synchronize", "gpu_stats",
@@ -38,4 +39,5 @@ __all__ = [
     "stop_gradient",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
     "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched",
+    "parallel", "dp_train",
 ]
