@@ -16,6 +16,7 @@ from rlkit.core import nn, parallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 import equivalence  # noqa: E402  (tests/mpi/equivalence.py, also run under mpiexec)
+import trainer as trainer_script  # noqa: E402  (tests/mpi/trainer.py, likewise)
 from conftest import DEVICES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -176,3 +177,33 @@ def test_dp_train_demo_passes_its_checks_with_1_2_and_4_replicas():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all checks passed" in run.stdout
+
+
+def test_distributed_trainer_on_2_ranks_matches_one_rank_at_twice_the_batch(tmp_path):
+    """Trainer(distributed=True): shards of batch 4 on 2 ranks train as one rank on batches of 8
+    (history and parameters); only rank 0 writes the TensorBoard events and the checkpoint."""
+    ranks, single = tmp_path / "ranks", tmp_path / "single"
+    ranks.mkdir()
+    single.mkdir()
+    run = mpi_run(2, os.path.join(HERE, "mpi", "trainer.py"), str(ranks), "4")
+    assert run.returncode == 0, run.stderr
+    trainer_script.run(str(single), 8, distributed=False)
+    got, expected = np.load(ranks / "result.npz"), np.load(single / "result.npz")
+    assert set(got.files) == set(expected.files) and "val_mean_abs_error" in got.files
+    for name in expected.files:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert len(list((ranks / "logs").iterdir())) == 1
+    assert sorted(p.name for p in ranks.iterdir()) == ["last.ckpt", "logs", "result.npz"]
+
+
+def test_distributed_trainer_wants_arrays_to_shard():
+    from rlkit.train.trainer import _loader
+
+    comm = parallel.Communicator(None)
+    comm_of_two = type("Two", (), {"size": 2, "rank": 1})()
+    loader = rc.DataLoader(np.zeros((2, 8)), np.zeros((1, 8)), batch_size=2)
+    assert _loader(loader, 2, False, True, None, comm) is loader  # one rank: as it is
+    with pytest.raises(TypeError, match="shards the data itself: pass an \\(x, y\\) tuple"):
+        _loader(loader, 2, False, True, None, comm_of_two)
+    shard = _loader((np.arange(14.0).reshape(2, 7), np.arange(7.0)), 1, False, True, None, comm_of_two)
+    np.testing.assert_array_equal(shard.x.numpy(), [[1, 3, 5], [8, 10, 12]])  # columns 1, 3, 5 of the first 6

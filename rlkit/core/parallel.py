@@ -79,6 +79,10 @@ class Communicator:
             self._comm.Bcast(values, root=root)
         return values
 
+    def all_gather(self, obj) -> list:
+        """Every rank's picklable object, in rank order, on every rank."""
+        return [obj] if self._comm is None else self._comm.allgather(obj)
+
     def broadcast_object(self, obj, root: int = 0):
         """Rank ``root``'s picklable object on every rank."""
         return obj if self._comm is None else self._comm.bcast(obj, root=root)

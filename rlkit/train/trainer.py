@@ -5,6 +5,13 @@ gradient clipping, the optimizer step; then validation, the epoch's scalars to T
 (train/loss, val/loss, val/<metric>, lr), the scheduler step and the callbacks. A run
 resumed from a checkpoint continues exactly as the uninterrupted run would on the CPU: the
 checkpoint holds the model, optimizer, scheduler, epoch and every random generator.
+
+``Trainer(distributed=True)`` trains data-parallel over MPI (rlkit.core.parallel; launch the
+script with ``rlkit launch -n N``): every rank starts from rank 0's weights and optimizer
+state, trains on its own shard of the training data (columns rank, rank + N, ...), averages its
+gradients with the others' every step, and logs, reduces and reports the same figures (losses
+and metrics over all ranks' examples); only rank 0 writes TensorBoard logs and checkpoints.
+With its shards' batches of B, N ranks train as one rank would on batches of N * B.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.core import parallel
 from rlkit.checkpoint import load_checkpoint, save_checkpoint
 from rlkit.logger import SummaryWriter
 
@@ -126,12 +134,28 @@ class _RunState:
         t.history = {k: [float(x) for x in v] for k, v in state["history"].items()}
 
 
-def _loader(data, batch_size: int, shuffle: bool, drop_last: bool, seed) -> rc.DataLoader:
+def _loader(data, batch_size: int, shuffle: bool, drop_last: bool, seed, comm=None) -> rc.DataLoader:
+    """A DataLoader over ``data``; with a communicator of several ranks, over this rank's shard:
+    columns rank, rank + N, ... of the first N * (n // N) (every rank gets as many)."""
     if isinstance(data, rc.DataLoader):
+        if comm is not None and comm.size > 1:
+            raise TypeError("Trainer(distributed=True) shards the data itself: pass an (x, y) tuple, not a DataLoader")
         return data
     if isinstance(data, tuple) and len(data) == 2:
-        return rc.DataLoader(data[0], data[1], batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+        x, y = data
+        if comm is not None and comm.size > 1:
+            x, y = (_shard(a, comm) for a in (x, y))
+            seed = None if seed is None else seed + comm.rank
+        return rc.DataLoader(x, y, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
     raise TypeError(f"expected a DataLoader or an (x, y) tuple of column-major arrays, got {type(data).__name__}")
+
+
+def _shard(a, comm):
+    a = a.numpy() if isinstance(a, rc.Tensor) else np.asarray(a)
+    if a.ndim == 1:
+        a = a.reshape(1, -1)
+    n = a.shape[1] - a.shape[1] % comm.size
+    return np.asfortranarray(a[:, comm.rank:n:comm.size])
 
 
 class Trainer:
@@ -143,7 +167,7 @@ class Trainer:
 
     def __init__(self, model, loss_fn: Callable, optimizer, scheduler=None, metrics: Sequence = (),
                  callbacks: Sequence[Callback] = (), logdir: str | None = None, max_grad_norm: float | None = None,
-                 progress_bar: bool = False, hparams: dict | None = None):
+                 progress_bar: bool = False, hparams: dict | None = None, distributed: bool = False):
         if not callable(loss_fn):
             raise TypeError(f"Trainer: loss_fn must be callable, got {type(loss_fn).__name__}")
         self.model, self.loss_fn, self.optimizer, self.scheduler = model, loss_fn, optimizer, scheduler
@@ -162,8 +186,13 @@ class Trainer:
                 raise TypeError(f"Trainer: callbacks must be Callback instances, got {type(cb).__name__}")
         self.callbacks = list(callbacks)
         self.max_grad_norm = max_grad_norm
-        self.progress_bar = progress_bar
-        self.writer = SummaryWriter(logdir) if logdir else None
+        self.comm = parallel.world() if distributed else None
+        if self.comm is not None:
+            parallel.broadcast_parameters(model, self.comm)  # every rank starts from rank 0's state
+            parallel.broadcast_optimizer_state(optimizer, self.comm)
+        self.is_root = self.comm is None or self.comm.is_root
+        self.progress_bar = progress_bar and self.is_root
+        self.writer = SummaryWriter(logdir) if logdir and self.is_root else None
         self.hparams = dict(hparams or {})
         self.epoch = 0
         self.history: dict[str, list[float]] = {}
@@ -179,11 +208,11 @@ class Trainer:
         already has); returns the history of every logged figure per epoch."""
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"fit: epochs must be a positive int, got {epochs!r}")
-        self._train_loader = _loader(train, batch_size, shuffle, True, seed)
+        self._train_loader = _loader(train, batch_size, shuffle, True, seed, self.comm)
         if self._pending_loader_rng is not None:
             self._train_loader._rng.bit_generator.state = self._pending_loader_rng
             self._pending_loader_rng = None
-        val_loader = None if val is None else _loader(val, batch_size, False, False, None)
+        val_loader = None if val is None else _loader(val, batch_size, False, False, None, self.comm)
         self.stop_training = False
         if self.writer is not None and self.epoch == 0:
             self.writer.add_hparams({**self._default_hparams(epochs), **self.hparams})
@@ -193,7 +222,7 @@ class Trainer:
         for _ in epochs_bar:
             logs = {"train/loss": self._train_epoch(self._train_loader)}
             if val_loader is not None:
-                logs.update({f"val/{k}": v for k, v in self.evaluate(val_loader).items()})
+                logs.update({f"val/{k}": v for k, v in self._evaluate(val_loader).items()})
             logs["lr"] = float(self.optimizer.lr)
             self._log(logs)
             if self.scheduler is not None:
@@ -220,6 +249,8 @@ class Trainer:
             with rc.grad_tape():
                 loss = self.loss_fn(self.model(batch.x), batch.y)
             grads = rc.backward(loss)
+            if self.comm is not None:
+                grads = parallel.all_reduce_gradients(grads, params, self.comm)
             if self.max_grad_norm is not None:
                 rc.clip_grad_norm(params, grads, self.max_grad_norm)
             self.optimizer.step(grads)
@@ -227,7 +258,14 @@ class Trainer:
             n = batch.x.shape[1]
             total += loss.item() * n
             count += n
+        total, count = self._summed(total, count)
         return total / count
+
+    def _summed(self, *values: float) -> tuple[float, ...]:
+        """The sums over the ranks (the values themselves without distributed training)."""
+        if self.comm is None:
+            return values
+        return tuple(float(v) for v in self.comm.all_reduce(np.array(values, np.float64)))
 
     def _log(self, logs: dict) -> None:
         for key, value in logs.items():
@@ -238,8 +276,11 @@ class Trainer:
     # ---- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, data, batch_size: int = 256) -> dict[str, float]:
-        """Mean loss and the metrics over ``data`` (a DataLoader or an (x, y) tuple), in eval mode."""
-        loader = _loader(data, batch_size, False, False, None)
+        """Mean loss and the metrics over ``data`` (a DataLoader or an (x, y) tuple), in eval mode;
+        distributed, each rank evaluates its shard and the figures cover every rank's."""
+        return self._evaluate(_loader(data, batch_size, False, False, None, self.comm))
+
+    def _evaluate(self, loader: rc.DataLoader) -> dict[str, float]:
         self._set_mode(False)
         total, count, preds, targets = 0.0, 0, [], []
         with rc.no_grad():
@@ -251,8 +292,12 @@ class Trainer:
                 if self.metrics:
                     preds.append(pred.numpy())
                     targets.append(batch.y.numpy())
+        total, count = self._summed(total, count)
         results = {"loss": total / count}
         if self.metrics:
+            if self.comm is not None:  # every rank's predictions, in rank order
+                preds = [p for rank_preds in self.comm.all_gather(preds) for p in rank_preds]
+                targets = [t for rank_targets in self.comm.all_gather(targets) for t in rank_targets]
             pred_all, target_all = np.concatenate(preds, axis=1), np.concatenate(targets, axis=1)
             results.update({name: float(fn(pred_all, target_all)) for name, fn in self.metrics.items()})
         self._set_mode(True)
@@ -280,8 +325,12 @@ class Trainer:
         return objects
 
     def save_checkpoint(self, path: str) -> None:
-        """Everything needed to resume: model, optimizer, scheduler, epoch, RNG states, history."""
-        save_checkpoint(path, self._stateful(), step=self.epoch)
+        """Everything needed to resume: model, optimizer, scheduler, epoch, RNG states, history
+        (distributed: rank 0 writes it, the others wait until it is written)."""
+        if self.is_root:
+            save_checkpoint(path, self._stateful(), step=self.epoch)
+        if self.comm is not None:
+            self.comm.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         """Restores what save_checkpoint wrote; the next fit continues from that epoch."""
