@@ -207,3 +207,31 @@ def test_distributed_trainer_wants_arrays_to_shard():
         _loader(loader, 2, False, True, None, comm_of_two)
     shard = _loader((np.arange(14.0).reshape(2, 7), np.arange(7.0)), 1, False, True, None, comm_of_two)
     np.testing.assert_array_equal(shard.x.numpy(), [[1, 3, 5], [8, 10, 12]])  # columns 1, 3, 5 of the first 6
+
+
+def test_apex_dqn_learner_trains_on_every_actor_transition(tmp_path):
+    """learn_distributed with 2 actor ranks: the learner's buffer holds every step the actors
+    took (one lane per actor), every rank ends with the learner's weights, and the policy plays
+    CartPole far above a random one (about 22) after 12k steps."""
+    out = tmp_path / "apex.npz"
+    run = mpi_run(3, os.path.join(HERE, "mpi", "apex.py"), str(out), "12000", timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = np.load(out)
+    assert int(result["steps"]) == 12000 and int(result["stored"]) == 12000 and int(result["lanes"]) == 2
+    assert len(set(result["checksums"].tolist())) == 1
+    assert float(result["ret"]) > 100, float(result["ret"])
+
+
+def test_learn_distributed_on_one_rank_is_learn():
+    from rlkit.agents import DQN, DQNConfig
+    from rlkit.agents.distributed import learn_distributed
+
+    config = DQNConfig(learning_starts=50, train_freq=4, gradient_steps=1, net_arch=(16,), batch_size=16)
+    agent = learn_distributed(lambda n_envs, seed: DQN("CartPole-v1", config, seed=seed), total_timesteps=200,
+                              comm=parallel.Communicator(None))
+    reference = DQN("CartPole-v1", config, seed=0).learn(200)
+    assert agent.num_timesteps == reference.num_timesteps == 200
+    for a, b in zip(agent._policy_parameters(), reference._policy_parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="rollout_steps must be a positive int"):
+        learn_distributed(lambda n_envs, seed: None, 100, rollout_steps=0, comm=parallel.Communicator(None))

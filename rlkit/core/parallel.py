@@ -79,6 +79,10 @@ class Communicator:
             self._comm.Bcast(values, root=root)
         return values
 
+    def gather(self, obj, root: int = 0) -> list | None:
+        """Every rank's picklable object, in rank order, on rank ``root`` (None elsewhere)."""
+        return [obj] if self._comm is None else self._comm.gather(obj, root=root)
+
     def all_gather(self, obj) -> list:
         """Every rank's picklable object, in rank order, on every rank."""
         return [obj] if self._comm is None else self._comm.allgather(obj)
