@@ -58,6 +58,23 @@ def normal(rng, shape):
     return rng.normal(size=shape)
 
 
+def time_op(op: str, inputs: list, description: str) -> dict:
+    """The forward op's time and the forward op's plus its backward helper's, with the bytes an
+    ideal kernel moves: forward, the float inputs in and the output out; backward, the output's
+    gradient and the inputs in, a gradient per float input out."""
+    out = ops.apply(op, tuple(inputs))
+    grad = rc.full(out.shape, 1.0)
+    read = sum(t.numel for t in inputs if t.dtype != "i32") * F32
+    written = out.numel * F32
+    return {
+        "op": description,
+        "forward": median_seconds(lambda: ops.apply(op, tuple(inputs))),
+        "forward_backward": median_seconds(lambda: (ops.apply(op, tuple(inputs)), ops.apply(f"{op}_back", (grad, *inputs)))),
+        "bytes_forward": read + written,
+        "bytes_forward_backward": (read + written) + (written + read) + read,
+    }
+
+
 def bench_ssm_scan(rng, n_tok: int) -> dict:
     d_state, head_dim, n_head, n_seqs = 128, 64, 32, 4
     t = tensors(rng, {
@@ -69,19 +86,8 @@ def bench_ssm_scan(rng, n_tok: int) -> dict:
         "C": ((d_state, 1, n_tok, n_seqs), normal),
     })
     ids = rc.tensor(np.arange(n_seqs, dtype=np.int32))
-    inputs = (t["s"], t["x"], t["dt"], t["A"], t["B"], t["C"], ids)
-    out = ops.apply("ssm_scan", inputs)
-    grad = rc.full(out.shape, 1.0)
-    read = sum(v.numel for v in t.values()) * F32
-    written = out.numel * F32
-    return {
-        "op": f"ssm_scan d_state {d_state}, head_dim {head_dim}, {n_head} heads, {n_tok} tokens x {n_seqs}",
-        "forward": median_seconds(lambda: ops.apply("ssm_scan", inputs)),
-        "forward_backward": median_seconds(lambda: (ops.apply("ssm_scan", inputs), ops.apply("ssm_scan_back", (grad, *inputs)))),
-        # forward: inputs in, y and states out; backward: the gradient and inputs in, a gradient per input out
-        "bytes_forward": read + written,
-        "bytes_forward_backward": (read + written) + (written + read) + read,
-    }
+    return time_op("ssm_scan", list(t.values()) + [ids],
+                   f"ssm_scan d_state {d_state}, head_dim {head_dim}, {n_head} heads, {n_tok} tokens x {n_seqs}")
 
 
 def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
@@ -98,18 +104,7 @@ def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
         "a": ((S, H, T), lambda r, s: -unit(r, s)), "b": ((S, H, T), unit),
         "state": ((S * S * H, n_seqs), normal),
     })
-    inputs = tuple(t.values())
-    out = ops.apply("rwkv_wkv7", inputs)
-    grad = rc.full(out.shape, 1.0)
-    read = sum(v.numel for v in t.values()) * F32
-    written = out.numel * F32
-    return {
-        "op": f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}",
-        "forward": median_seconds(lambda: ops.apply("rwkv_wkv7", inputs)),
-        "forward_backward": median_seconds(lambda: (ops.apply("rwkv_wkv7", inputs), ops.apply("rwkv_wkv7_back", (grad, *inputs)))),
-        "bytes_forward": read + written,
-        "bytes_forward_backward": (read + written) + (written + read) + read,
-    }
+    return time_op("rwkv_wkv7", list(t.values()), f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}")
 
 
 def bench_demo(device: str, epochs: int) -> float:

@@ -412,6 +412,48 @@ class MultiheadAttention(Module):
         return f"d_model={self.d_model}, n_heads={self.n_heads}"
 
 
+class _RecurrentBlock(Module):
+    """What the recurrent blocks share: tokens in columns, x [d_model, seq, batch] (or
+    [d_model, seq]), a state carried between calls (``initial_state`` gives the zeros a sequence
+    starts from) and ``step``, one token at a time for acting."""
+
+    d_model: int
+
+    def initial_state(self, batch_size: int = 1):
+        """Zeros: the state before a sequence's first token."""
+        raise NotImplementedError
+
+    def _sequence_and_state(self, x, state) -> tuple[Tensor, tuple, int, int]:
+        """x as [d_model, seq, batch], the state (zeros for None, else checked), seq and batch."""
+        layer = type(self).__name__
+        x = ops.as_tensor(x, op=layer)
+        _check_rows(layer, x, self.d_model)
+        if x.ndim == 2:
+            x = ops.reshape(x, (self.d_model, x.shape[1], 1))
+        if x.ndim != 3:
+            raise ValueError(f"{layer}: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
+        seq, batch = x.shape[1], x.shape[2]
+        expected = self.initial_state(batch)
+        if state is None:
+            return x, expected, seq, batch
+        if type(state) is not type(expected):
+            raise TypeError(f"{layer}: state must be a {type(expected).__name__} (see initial_state), "
+                            f"got {type(state).__name__}")
+        for name, have, want in zip(expected._fields, state, expected):
+            if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
+                raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
+        return x, state, seq, batch
+
+    def step(self, x_t, state):
+        """One token per sequence, x_t [d_model, batch] -> (y_t [d_model, batch], new state)."""
+        layer = f"{type(self).__name__}.step"
+        x_t = ops.as_tensor(x_t, op=layer)
+        _check_rows(layer, x_t, self.d_model)
+        batch = x_t.shape[1] if x_t.ndim > 1 else 1
+        y, state = self.forward(ops.reshape(x_t, (self.d_model, 1, batch)), state)
+        return ops.reshape(y, (self.d_model, batch)), state
+
+
 class MambaState(NamedTuple):
     """The recurrent state a MambaBlock carries between calls: the last d_conv - 1 inputs of
     its convolution [d_conv - 1, d_inner, batch] and the scan's state
@@ -421,7 +463,7 @@ class MambaState(NamedTuple):
     ssm: Tensor
 
 
-class MambaBlock(Module):
+class MambaBlock(_RecurrentBlock):
     """A Mamba block over tokens in columns, x [d_model, seq, batch] (or [d_model, seq]):
     input projection to the inner width and the gate z, causal depthwise convolution with SiLU,
     selective projections of dt (per head), B and C (per group) from the convolved sequence, the
@@ -473,14 +515,7 @@ class MambaBlock(Module):
                           ops.full((self.d_state, self.head_dim, self.n_heads, batch_size), 0.0, dtype=dtype, device=device))
 
     def forward(self, x, state: MambaState | None = None) -> tuple[Tensor, MambaState]:
-        x = ops.as_tensor(x, op="MambaBlock")
-        _check_rows("MambaBlock", x, self.d_model)
-        if x.ndim == 2:
-            x = ops.reshape(x, (self.d_model, x.shape[1], 1))
-        if x.ndim != 3:
-            raise ValueError(f"MambaBlock: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
-        seq, batch = x.shape[1], x.shape[2]
-        state = self.initial_state(batch) if state is None else self._checked_state(state, batch)
+        x, state, seq, batch = self._sequence_and_state(x, state)
         d = self.d_inner
         xz = ops.matmul(self.W_in, x)  # [2 d_inner, seq, batch]
         x_in, z = ops.slice_rows(xz, 0, d), ops.slice_rows(xz, d, d)
@@ -496,17 +531,6 @@ class MambaBlock(Module):
         out = ops.matmul(self.W_out, ops.mul(y, ops.silu(z)))  # [d_model, seq, batch]
         conv_state = ops.slice_rows(sx, seq, self.d_conv - 1)  # the last d_conv - 1 inputs
         return out, MambaState(conv_state, ssm_state)
-
-    def step(self, x_t, state: MambaState) -> tuple[Tensor, MambaState]:
-        """One token per sequence, x_t [d_model, batch] -> (y_t [d_model, batch], new state)."""
-        x_t = ops.as_tensor(x_t, op="MambaBlock.step")
-        _check_rows("MambaBlock.step", x_t, self.d_model)
-        batch = x_t.shape[1] if x_t.ndim > 1 else 1
-        y, state = self.forward(ops.reshape(x_t, (self.d_model, 1, batch)), state)
-        return ops.reshape(y, (self.d_model, batch)), state
-
-    def _checked_state(self, state, batch: int) -> MambaState:
-        return _checked_recurrent_state("MambaBlock", state, self.initial_state(batch), batch)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, d_conv={self.d_conv}, d_inner={self.d_inner}, "
@@ -533,7 +557,7 @@ def _token_shift(x: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
     return ops.transpose(previous), ops.reshape(ops.slice_rows(by_time, seq - 1, 1), (d, batch))
 
 
-class RWKVBlock(Module):
+class RWKVBlock(_RecurrentBlock):
     """An RWKV-7 block over tokens in columns, x [d_model, seq, batch] (or [d_model, seq]):
     LayerNorm, time mixing (token shift, r, k, v, the decay w = exp(-0.606531 sigmoid(.)) in
     [0.545, 1], the in-context learning rate a, the normalised key kk, the rwkv_wkv7 recurrence
@@ -579,14 +603,7 @@ class RWKVBlock(Module):
         return RWKVState(shift, wkv, shift)
 
     def forward(self, x, state: RWKVState | None = None) -> tuple[Tensor, RWKVState]:
-        x = ops.as_tensor(x, op="RWKVBlock")
-        _check_rows("RWKVBlock", x, self.d_model)
-        if x.ndim == 2:
-            x = ops.reshape(x, (self.d_model, x.shape[1], 1))
-        if x.ndim != 3:
-            raise ValueError(f"RWKVBlock: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
-        seq, batch = x.shape[1], x.shape[2]
-        state = self.initial_state(batch) if state is None else self._checked_state(state, batch)
+        x, state, seq, batch = self._sequence_and_state(x, state)
         d, tokens = self.d_model, seq * batch
         x = ops.reshape(x, (d, tokens))  # sequence b owns columns [b seq, (b + 1) seq), as rwkv_wkv7 reads them
         attention, time_last, wkv = self._time_mixing(self.ln_time(x), state, seq, batch)
@@ -624,26 +641,6 @@ class RWKVBlock(Module):
         hidden = ops.square(ops.relu(ops.matmul(self.W_ffn_in, mixed)))  # [4 d, tokens]
         return ops.matmul(self.W_ffn_out, hidden), last
 
-    def step(self, x_t, state: RWKVState) -> tuple[Tensor, RWKVState]:
-        """One token per sequence, x_t [d_model, batch] -> (y_t [d_model, batch], new state)."""
-        x_t = ops.as_tensor(x_t, op="RWKVBlock.step")
-        _check_rows("RWKVBlock.step", x_t, self.d_model)
-        batch = x_t.shape[1] if x_t.ndim > 1 else 1
-        y, state = self.forward(ops.reshape(x_t, (self.d_model, 1, batch)), state)
-        return ops.reshape(y, (self.d_model, batch)), state
-
-    def _checked_state(self, state, batch: int) -> RWKVState:
-        return _checked_recurrent_state("RWKVBlock", state, self.initial_state(batch), batch)
-
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, head_size={self.head_size}, n_heads={self.n_heads}"
 
-
-def _checked_recurrent_state(layer: str, state, expected: tuple, batch: int):
-    """``state`` when it is of ``expected``'s type and shapes, else a clear error."""
-    if type(state) is not type(expected):
-        raise TypeError(f"{layer}: state must be a {type(expected).__name__} (see initial_state), got {type(state).__name__}")
-    for name, have, want in zip(expected._fields, state, expected):
-        if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
-            raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
-    return state
