@@ -187,17 +187,19 @@ def all_reduce_gradients(grads: Gradients, params, comm: Communicator | None = N
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"all_reduce_gradients: bucket_bytes must be a positive int, got {bucket_bytes!r}")
     params = _parameter_list(params)
-    local = {id(p): (grads.tensor(p).numpy() if p in grads else np.zeros(p.shape, _dtype_of(p))) for p in params}
-    averaged: dict[int, np.ndarray] = {}
+    averaged: dict[int, Tensor] = {}
     for bucket in _buckets(params, bucket_bytes):
-        flat = np.concatenate([local[id(p)].ravel(order="F") for p in bucket])
-        mean = comm.all_reduce(flat, average=True).astype(flat.dtype, copy=False)
-        start = 0
+        flat = None  # the bucket's gradients packed on their device: one download, one upload
         for p in bucket:
-            n = int(np.prod(p.shape))
-            averaged[id(p)] = mean[start:start + n].reshape(p.shape, order="F")
-            start += n
-    return Gradients({p: ops.as_tensor(averaged[id(p)], like=p) for p in params})
+            g = grads.tensor(p) if p in grads else ops.full(p.shape, 0.0, dtype=p.dtype, device=p.device)
+            column = ops.reshape(g, (g.numel, 1))
+            flat = column if flat is None else ops.concat_rows(flat, column)
+        host = flat.numpy().ravel(order="F")
+        mean = comm.all_reduce(host, average=True).astype(host.dtype, copy=False)
+        packed = ops.as_tensor(mean.reshape(-1, 1), like=flat)
+        for p, g in zip(bucket, ops._unpack_columns(packed, [(int(np.prod(p.shape)), p.shape) for p in bucket])):
+            averaged[id(p)] = g
+    return Gradients({p: averaged[id(p)] for p in params})
 
 
 def _dtype_of(p: Tensor):
