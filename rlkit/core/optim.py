@@ -7,6 +7,15 @@ first group's rate; setting it rescales every group by the same factor, so their
 
 With ``accumulate_steps=k`` the optimizer sums the gradients of k calls of ``step()`` and
 updates on the k-th (by their mean when ``average``); ``step()`` returns whether it updated.
+
+Mixed precision: with ``master_weights=True`` the update of an f16 parameter is applied to an
+f32 copy (its optimizer state is f32 too) and the parameter becomes that copy rounded to f16.
+``loss_scale`` multiplies the loss before backward (``optimizer.scale_loss(loss)``) so small
+f16 gradients do not flush to zero; ``step`` divides the gradients by it again. With
+``loss_scale="dynamic"`` the scale starts at 2**15 (the largest power of two f16 holds: the
+gradient entering an f16 graph is the scale itself), a step whose gradients hold an Inf or a NaN
+is skipped and halves it, and every ``growth_interval`` clean steps double it (PyTorch's
+GradScaler rule).
 """
 
 from __future__ import annotations
@@ -56,9 +65,11 @@ class Optimizer:
     defaults: dict = {}
     slots: tuple[str, ...] = ()
 
-    def __init__(self, params, accumulate_steps: int = 1, average: bool = True, **hyper):
+    def __init__(self, params, accumulate_steps: int = 1, average: bool = True, master_weights: bool = False,
+                 loss_scale: float | str | None = None, growth_interval: int = 2000, **hyper):
         if isinstance(accumulate_steps, bool) or not isinstance(accumulate_steps, int) or accumulate_steps < 1:
             raise ValueError(f"optimizer: accumulate_steps must be a positive int, got {accumulate_steps!r}")
+        self._scaling = _LossScale(loss_scale, growth_interval)
         self.accumulate_steps = accumulate_steps
         self.average = bool(average)
         settings = {name: self._check(name, hyper[name]) for name in self.defaults}
@@ -83,9 +94,14 @@ class Optimizer:
         if not seen:
             raise ValueError("optimizer: got an empty parameter list")
         self._base_lrs = [g["lr"] for g in self.param_groups]
-        self.state: dict[int, dict] = {
-            id(p): {"step": 0, **{slot: _zeros_like(p) for slot in self.slots}} for p in self.params
-        }
+        self.master: dict[int, Tensor] = {}  # f32 copies of f16 parameters, by the parameter's id
+        if master_weights:
+            self.master = {id(p): ops.cast(p, "f32") for p in self.params if p.dtype == "f16"}
+        self.state: dict[int, dict] = {}
+        for p in self.params:
+            target = self.master.get(id(p), p)
+            self.state[id(p)] = {"step": 0, **{slot: _zeros_like(target) for slot in self.slots}}
+            self.state[id(target)] = self.state[id(p)]  # the update rules look the state up by what they update
         self._pending = 0  # calls of step() accumulated so far
         self._sums: dict[int, Tensor] = {}
 
@@ -123,6 +139,32 @@ class Optimizer:
                 found[id(p)] = g
         return found
 
+    @property
+    def loss_scale(self) -> float:
+        """The factor ``scale_loss`` multiplies the loss by (1.0 without loss scaling)."""
+        return self._scaling.scale
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        """The loss times the loss scale: call backward on this (``step`` undoes the factor)."""
+        return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
+
+    def _unscaled(self, current: dict[int, Tensor]) -> dict[int, Tensor] | None:
+        """The gradients in f32 where the update is applied to an f32 master, divided by the loss
+        scale; None when dynamic scaling finds an Inf or NaN among them (the step is skipped)."""
+        if self._scaling.mode is None and not self.master:
+            return current
+        factor = 1.0 / self._scaling.scale
+        out = {}
+        for key, g in current.items():
+            if key in self.master and g.dtype == "f16":
+                g = ops.cast(g, "f32")
+            out[key] = g if factor == 1.0 else ops.scale(g, factor)
+        if self._scaling.mode == "dynamic":
+            total = sum(ops.sum(ops.square(ops.cast(g, "f32") if g.dtype == "f16" else g)).item() for g in out.values())
+            if not self._scaling.update(math.isfinite(total)):
+                return None
+        return out
+
     def step(self, grads: Gradients | None = None) -> bool:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
         accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did.
@@ -130,7 +172,9 @@ class Optimizer:
         trace = capturing.tracing()
         if trace is not None:
             return self._record_step(trace, grads)
-        current = self._current_gradients(grads)
+        current = self._unscaled(self._current_gradients(grads))
+        if current is None:
+            return False
         if self.accumulate_steps > 1:
             for key, g in current.items():
                 self._sums[key] = g if key not in self._sums else ops.add(self._sums[key], g)
@@ -145,10 +189,20 @@ class Optimizer:
             if members:
                 for p in members:
                     self.state[id(p)]["step"] += 1
-                self._update(group, members, [current[id(p)] for p in members])
+                self._check_dtypes(members)
+                self._update(group, [self.master.get(id(p), p) for p in members], [current[id(p)] for p in members])
+                for p in members:
+                    if id(p) in self.master:  # the parameter: its f32 master rounded to f16
+                        p._impl = ops.cast(self.master[id(p)], p.dtype)._impl
         if any(p.device == "gpu" for p in self.params):
             _native.submit("gpu")  # a step ends: the GPU starts on it while the host goes on
         return True
+
+    def _check_dtypes(self, params: list[Tensor]) -> None:
+        for p in params:
+            if p.dtype == "f16" and id(p) not in self.master:
+                raise TypeError(f"optimizer: the f16 parameter {p.name or tuple(p.shape)} needs master_weights=True "
+                                "(f32 copies the update is applied to)")
 
     def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
         raise NotImplementedError
@@ -161,6 +215,8 @@ class Optimizer:
         gradient scale was finite."""
         if self.accumulate_steps > 1:
             raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
+        if self.master or self._scaling.mode is not None:
+            raise capturing.CaptureError("capture: an optimizer with master weights or loss scaling cannot be captured yet")
         current = self._current_gradients(grads)
         scale = trace.grad_scale
         if scale is None:
@@ -205,10 +261,11 @@ class Optimizer:
         index = {id(p): i for i, p in enumerate(self.params)}
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(p)] for p in g["params"]]}
                   for g in self.param_groups]
-        state = {str(i): {"step": self.state[id(p)]["step"], **{s: self.state[id(p)][s].numpy() for s in self.slots}}
+        state = {str(i): {"step": self.state[id(p)]["step"], **{s: self.state[id(p)][s].numpy() for s in self.slots},
+                          **({"master": self.master[id(p)].numpy()} if id(p) in self.master else {})}
                  for i, p in enumerate(self.params)}
         return {"type": type(self).__name__, "param_groups": groups, "state": state,
-                "accumulate_steps": self.accumulate_steps}
+                "accumulate_steps": self.accumulate_steps, "loss_scale": self._scaling.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores what state_dict returned (hyperparameters included), after checking that it
@@ -234,8 +291,47 @@ class Optimizer:
             entry = per_param[str(i)]
             self.state[id(p)]["step"] = int(entry["step"])
             for slot in self.slots:
-                self.state[id(p)][slot]._impl.write(entry[slot].astype(_NUMPY_DTYPES[p.dtype], order="F"))
+                slot_tensor = self.state[id(p)][slot]
+                slot_tensor._impl.write(entry[slot].astype(_NUMPY_DTYPES[slot_tensor.dtype], order="F"))
+            if id(p) in self.master and "master" in entry:
+                self.master[id(p)]._impl.write(np.asfortranarray(entry["master"], dtype=np.float32))
+        if "loss_scale" in state:
+            self._scaling.load_state_dict(state["loss_scale"])
         self._pending, self._sums = 0, {}
+
+
+class _LossScale:
+    """The loss scale of an optimizer: none (1.0), a fixed factor, or "dynamic"."""
+
+    def __init__(self, loss_scale, growth_interval: int):
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"optimizer: growth_interval must be a positive int, got {growth_interval!r}")
+        self.growth_interval, self.clean_steps = growth_interval, 0
+        if loss_scale is None:
+            self.mode, self.scale = None, 1.0
+        elif loss_scale == "dynamic":
+            self.mode, self.scale = "dynamic", 2.0**15  # the largest power of two f16 holds
+        elif isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool) and 0 < loss_scale < math.inf:
+            self.mode, self.scale = "static", float(loss_scale)
+        else:
+            raise ValueError(f"optimizer: loss_scale must be None, a positive number or 'dynamic', got {loss_scale!r}")
+
+    def update(self, finite: bool) -> bool:
+        """After a step's gradients were checked: halves the scale on Inf/NaN (returns False:
+        skip the step), doubles it after growth_interval clean steps."""
+        if not finite:
+            self.scale, self.clean_steps = self.scale * 0.5, 0
+            return False
+        self.clean_steps += 1
+        if self.clean_steps % self.growth_interval == 0:
+            self.scale *= 2.0
+        return True
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "scale": self.scale, "clean_steps": self.clean_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.clean_steps = float(state["scale"]), int(state["clean_steps"])
 
 
 class SGD(Optimizer):
@@ -246,8 +342,10 @@ class SGD(Optimizer):
     slots = ("velocity",)
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
-                 accumulate_steps: int = 1, average: bool = True):
-        super().__init__(params, accumulate_steps, average, lr=lr, momentum=momentum, weight_decay=weight_decay)
+                 accumulate_steps: int = 1, average: bool = True, master_weights: bool = False,
+                 loss_scale: float | str | None = None, growth_interval: int = 2000):
+        super().__init__(params, accumulate_steps, average, master_weights, loss_scale, growth_interval,
+                         lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     @property
     def momentum(self) -> float:
@@ -280,8 +378,10 @@ class Adam(Optimizer):
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, accumulate_steps: int = 1, average: bool = True):
-        super().__init__(params, accumulate_steps, average, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 0.0, accumulate_steps: int = 1, average: bool = True,
+                 master_weights: bool = False, loss_scale: float | str | None = None, growth_interval: int = 2000):
+        super().__init__(params, accumulate_steps, average, master_weights, loss_scale, growth_interval,
+                         lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     @property
     def betas(self) -> tuple[float, float]:
@@ -327,5 +427,7 @@ class AdamW(Adam):
     decoupled = True
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, accumulate_steps: int = 1, average: bool = True):
-        super().__init__(params, lr, betas, eps, weight_decay, accumulate_steps, average)
+                 weight_decay: float = 0.01, accumulate_steps: int = 1, average: bool = True,
+                 master_weights: bool = False, loss_scale: float | str | None = None, growth_interval: int = 2000):
+        super().__init__(params, lr, betas, eps, weight_decay, accumulate_steps, average, master_weights, loss_scale,
+                         growth_interval)
