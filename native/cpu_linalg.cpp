@@ -1,6 +1,8 @@
-// matmul: C = op(A) @ op(B) per batch slice (dims 2 and 3 broadcast), through gemm().
+// matmul: C = op(A) @ op(B) per batch slice (dims 2 and 3 broadcast), through gemm(); linear:
+// act(W x + b) in one op (the product, then the bias and the activation on it in place).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 
 #include "blas.hpp"
 #include "kernel_util.hpp"
@@ -48,6 +50,58 @@ void cpu_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                      out.ptr<T>() + sc * c_slice);
             }
         }
+    });
+}
+
+// The activations the fused linear op applies after its bias (the order of its ints[0]).
+enum class Activation : int64_t { none = 0, relu = 1, tanh = 2, sigmoid = 3 };
+
+Activation linear_activation(const OpAttrs& attrs) {
+    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > 3)
+        throw std::invalid_argument("linear: expected one attribute, the activation (0 none, 1 relu, 2 tanh, 3 sigmoid)");
+    return Activation(attrs.ints[0]);
+}
+
+OutSpec shape_linear(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl &w = *in[0], &x = *in[1], &b = *in[2];
+    linear_activation(attrs);
+    require_same_float("linear", w, x);
+    require_same_float("linear", w, b);
+    require_2d("linear", w, "W");
+    if (x.ne[0] != w.ne[1])
+        throw std::invalid_argument("linear: W " + w.shape_str() + " is [out, in] with in = " + std::to_string(w.ne[1]) +
+                                    " but x " + x.shape_str() + " has " + std::to_string(x.ne[0]) + " rows");
+    if (b.ne[0] != w.ne[0] || b.numel() != w.ne[0])
+        throw std::invalid_argument("linear: b must be [out, 1] = [" + std::to_string(w.ne[0]) + ", 1] for W " +
+                                    w.shape_str() + ", got " + b.shape_str());
+    return shape_matmul({in[0], in[1]}, OpAttrs{{0, 0}, {}});
+}
+
+void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const Activation act = linear_activation(attrs);
+    cpu_matmul({in[0], in[1]}, OpAttrs{{0, 0}, {}}, out);
+    const TensorImpl& b = *in[2];
+    const int64_t rows = out.ne[0], columns = out.numel() / rows;
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* bias = b.ptr<T>();
+        T* o = out.ptr<T>();
+        parallel_for(columns, std::max<int64_t>(1, kElementGrain / rows), [&](int64_t lo, int64_t hi) {
+            for (int64_t j = lo; j < hi; ++j) {
+                T* column = o + j * rows;
+                for (int64_t i = 0; i < rows; ++i) {
+                    const T z = column[i] + bias[i];
+                    switch (act) {
+                        case Activation::none: column[i] = z; break;
+                        case Activation::relu: column[i] = z > T(0) ? z : T(0); break;
+                        case Activation::tanh: column[i] = std::tanh(z); break;
+                        case Activation::sigmoid:
+                            column[i] = z >= T(0) ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
+                            break;
+                    }
+                }
+            }
+        });
     });
 }
 

@@ -1,4 +1,6 @@
 // C[m, n] = op(A)[m, k] @ op(B)[k, n], column-major, op = transpose when ta / tb.
+// LINEAR: C = act(A @ B + bias) with bias [m] and act (pc.activation) none, relu, tanh or sigmoid,
+// applied to the accumulators before they are stored (the linear op: one kernel, not three).
 // 64 x 64 output tiles per workgroup, k in slices of 16 staged in shared memory (8.5 KiB), each
 // of the 256 invocations computing a 4 x 4 block; batch slices along z (dims 2 and 3,
 // broadcast where a side has size 1).
@@ -15,7 +17,23 @@ layout(push_constant) uniform Push {
     uint ne2;              // output batch size along dim 2
     uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
     uint groups_m;         // tiles along m
+#if defined(LINEAR)
+    Floats bias;
+    uint activation;       // 0 none, 1 relu, 2 tanh, 3 sigmoid
+#endif
 } pc;
+
+float epilogue(float acc, uint i) {
+#if defined(LINEAR)
+    float z = acc + pc.bias.v[i];
+    if (pc.activation == 1) return max(z, 0.0);
+    if (pc.activation == 2) return tanh(z);
+    if (pc.activation == 3) return sigmoid_of(z);
+    return z;
+#else
+    return acc;
+#endif
+}
 
 const uint BM = 64, BN = 64, BK = 16;
 shared float As[BK][BM + 1];
@@ -69,7 +87,7 @@ void main() {
         if (j >= pc.n) continue;
         for (uint r = 0; r < 4; ++r) {
             uint i = row0 + tx + 16 * r;
-            if (i < pc.m) pc.c.v[base_c + i + j * pc.m] = acc[r][q];
+            if (i < pc.m) pc.c.v[base_c + i + j * pc.m] = epilogue(acc[r][q], i);
         }
     }
 }

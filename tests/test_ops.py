@@ -252,6 +252,16 @@ def np_matmul(a, b, ta=False, tb=False):
     return np.moveaxis(a @ b, (-2, -1), (0, 1))
 
 
+def np_linear(activation):
+    """act(w @ x + b), b [out, 1] added to every column of every batch slice."""
+    act = {None: lambda z: z, "relu": lambda z: np.maximum(z, 0), "tanh": np.tanh, "sigmoid": np_sigmoid}[activation]
+
+    def ref(w, x, b):
+        z = np_matmul(w, x)
+        return act(z + b.reshape(b.shape[0], *([1] * (z.ndim - 1))))
+    return ref
+
+
 def np_reduce(f, dim, keepdim):
     """sum / mean as rlkit shapes them: dim None gives [1, 1]; results keep 2 dimensions; a 3-D or
     4-D input loses the reduced dimension unless keepdim."""
@@ -411,6 +421,9 @@ CASES: list[Case] = [
     Case("matmul_batched", "matmul", rc.matmul, np_matmul,
          ((N(3, 2, 4), N(2, 5, 1)), (N(3, 2, 1), N(2, 3, 2)), (N(2, 2, 3), N(2, 2, 3)), (N(3, 2), N(2, 2, 3)),
           (N(2, 2, 2, 1), N(2, 3, 1, 2)))),
+    *[Case(f"linear_{activation}", "linear", lambda w, x, b, a=activation: rc.linear(w, x, b, a), np_linear(activation),
+           ((N(3, 2), N(2, 4), N(3, 1)), (N(4, 3), N(3, 2, 2), N(4, 1)), (N(1, 5), N(5, 1), N(1, 1))))
+      for activation in (None, "relu", "tanh", "sigmoid")],
     Case("matmul_batched_tb", "matmul", lambda a, b: rc.matmul(a, b, transpose_b=True),
          lambda a, b: np_matmul(a, b, tb=True), ((N(3, 2, 2), N(4, 2, 1)), (N(2, 3, 1), N(2, 3, 3)))),
     # reductions and broadcasting

@@ -215,9 +215,16 @@ struct MatmulPush {
     uint32_t m, n, k, lda, ldb, ta, tb, ne2, sa2, sa3, sb2, sb3, groups_m;
 };
 
-void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    const TensorImpl &a = *in[0], &b = *in[1];
-    const bool ta = attrs.ints[0] != 0, tb = attrs.ints[1] != 0;
+// The linear op's push constants: matmul's, then its bias and activation.
+struct LinearPush {
+    MatmulPush matmul;
+    uint64_t bias;
+    uint32_t activation;
+};
+
+// matmul.comp's push constants for C = op(A) @ op(B) into out, and its workgroup count.
+MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
+                       uint64_t& tiles) {
     MatmulPush p{a.address(), b.address(), out.address()};
     p.m = u32(out.ne[0], "matmul");
     p.n = u32(out.ne[1], "matmul");
@@ -233,8 +240,22 @@ void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     p.sb2 = b.ne[2] == 1 ? 0 : u32(b_slice, "matmul");
     p.sb3 = b.ne[3] == 1 ? 0 : u32(b_slice * b.ne[2], "matmul");
     p.groups_m = uint32_t((p.m + 63) / 64);
-    const uint64_t tiles = uint64_t(p.groups_m) * ((p.n + 63) / 64);
+    tiles = uint64_t(p.groups_m) * ((p.n + 63) / 64);
+    return p;
+}
+
+void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &a = *in[0], &b = *in[1];
+    uint64_t tiles = 0;
+    const MatmulPush p = matmul_push(a, b, attrs.ints[0] != 0, attrs.ints[1] != 0, out, tiles);
     record("matmul", p, tiles, {span(a), span(b)}, {span(out)}, u32(out.ne[2] * out.ne[3], "matmul"));
+}
+
+void vk_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &w = *in[0], &x = *in[1], &bias = *in[2];
+    uint64_t tiles = 0;
+    const LinearPush p{matmul_push(w, x, false, false, out, tiles), bias.address(), uint32_t(attrs.ints[0])};
+    record("matmul_linear", p, tiles, {span(w), span(x), span(bias)}, {span(out)}, u32(out.ne[2] * out.ne[3], "linear"));
 }
 
 struct SumToPush {

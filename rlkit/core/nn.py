@@ -217,6 +217,8 @@ class Linear(Module):
     def forward(self, x: Tensor) -> Tensor:
         x = ops.as_tensor(x, op="Linear")
         _check_rows("Linear", x, self.in_features)
+        if self.b is not None and self.activation in ops.LINEAR_ACTIVATIONS:
+            return ops.linear(self.W, x, self.b, self.activation)  # one kernel: product, bias, activation
         y = ops.matmul(self.W, x)  # [out, batch]
         if self.b is not None:
             y = ops.add(y, self.b)

@@ -214,6 +214,19 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
     return apply("matmul", (a, b), ints=(int(ta), int(tb)), transpose_a=ta, transpose_b=tb)
 
 
+LINEAR_ACTIVATIONS = (None, "relu", "tanh", "sigmoid")  # the fused activations, in the native op's order
+
+
+def linear(w, x, b, activation: str | None = None) -> Tensor:
+    """activation(w @ x + b) in one kernel: w [out, in], x [in, n] (dims 2 and 3 of x are batch
+    dimensions, as in :func:`matmul`), b [out, 1]; activation None, "relu", "tanh" or "sigmoid"."""
+    if activation not in LINEAR_ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
+    w = as_tensor(w, op="linear", arg="w")
+    x, b = as_tensor(x, like=w, op="linear", arg="x"), as_tensor(b, like=w, op="linear", arg="b")
+    return apply("linear", (w, x, b), ints=(LINEAR_ACTIVATIONS.index(activation),), activation=activation)
+
+
 # ---- reductions and broadcasting -------------------------------------------------------
 
 def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -31,6 +31,13 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
 
 
+def _linear(g, out, w, x, b, activation):
+    # the activation's derivative from its output, then the matmul's and the bias's gradients
+    if activation is not None:
+        g = ops.apply(f"{activation}_back", (g, out))  # relu' from out > 0, tanh' = 1 - out^2, sigmoid' = out (1 - out)
+    return ops.matmul(g, x, transpose_b=True), ops.matmul(w, g, transpose_a=True), g
+
+
 def _first_max_mask(x):
     """1 at the first maximum of each column of x, 0 elsewhere; shaped like x."""
     return ops.reshape(ops.one_hot(ops.argmax(x), x.shape[0], dtype=x.dtype), x.shape)
@@ -104,6 +111,7 @@ VJP = {
     "clamp": lambda g, out, x, lo, hi: (ops.apply("clamp_back", (g, x), floats=(lo, hi)),),
     "cast": lambda g, out, x, dtype: (ops.cast(g, dtype),),
     "matmul": _matmul,
+    "linear": _linear,
     "sum_to": lambda g, out, x: (ops.expand(g, x.shape),),
     "expand": lambda g, out, x: (ops.sum_to(g, x.shape),),
     "softmax": lambda g, out, x: (ops.apply("softmax_back", (g, out)),),
