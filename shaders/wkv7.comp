@@ -7,12 +7,13 @@
 //   y[i]   = sum_j S[i, j] r[j]
 // FORWARD:  o = [S*H, T + S*n_seqs], y's T columns then the final states. The state is updated in
 //           place in o's state block; sa is kept in the token's y column until y overwrites it.
-// BACKWARD: g = the gradient of the forward's o; o = [S*H, 6T + S*n_seqs], the gradients of
-//           r, w, k, v, a, b (T columns each) then of state. Per (sequence, head) a scratch region
-//           (see ops.def) holds the adjoint D, the states of one chunk, the checkpoints and sa, gsa:
-//           a forward pass keeps the state before every chunk-th token, then chunk by chunk from the
-//           end the chunk's states are recomputed from its checkpoint and D walks back through them
-//           (reference/vulkan-ssm.md 5.3). The update is never inverted.
+// BACKWARD: g = the gradient of the forward's o; o = [S*H, 6T + S*n_seqs + scratch], the gradients
+//           of r, w, k, v, a, b (T columns each), of state, then per (sequence, head) a scratch region
+//           (see ops.def; the host passes its address) holding the adjoint D, the states of one
+//           chunk, the checkpoints and sa, gsa: a forward pass keeps the state before every
+//           chunk-th token, then chunk by chunk from the end the chunk's states are recomputed
+//           from its checkpoint and D walks back through them (reference/vulkan-ssm.md 5.3). The
+//           update is never inverted.
 // S x S matrices live in global memory, so any S fits: in elementwise passes each element has one
 // owner invocation (e = tid + 256 m); row and column sums go through `partial`, each summed in a
 // fixed order (deterministic, no atomics).
