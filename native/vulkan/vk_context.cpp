@@ -358,13 +358,9 @@ void Context::init(std::string* why) {
     check(api_.vkCreateCommandPool(device_, &pci, nullptr, &pool_), "vkCreateCommandPool");
     slots_.resize(kSlots);
     for (auto& slot : slots_) {
-        VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-        cai.commandPool = pool_;
-        cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-        cai.commandBufferCount = 1;
-        check(api_.vkAllocateCommandBuffers(device_, &cai, &slot.cmd), "vkAllocateCommandBuffers");
-        VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-        check(api_.vkCreateFence(device_, &fci, nullptr, &slot.fence), "vkCreateFence");
+        const ProgramCommands made = new_commands();
+        slot.cmd = made.cmd;
+        slot.fence = made.fence;
     }
 
     VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, kPushConstantBytes};
@@ -674,6 +670,10 @@ Context::ProgramCommands Context::take_program_commands() {
         spare_program_commands_.pop_back();
         return commands;
     }
+    return new_commands();
+}
+
+Context::ProgramCommands Context::new_commands() {
     ProgramCommands commands;
     VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
     cai.commandPool = pool_;

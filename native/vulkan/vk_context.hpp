@@ -140,6 +140,7 @@ class Context {
         VkFence fence = VK_NULL_HANDLE;
     };
     ProgramCommands take_program_commands();
+    ProgramCommands new_commands();  // a primary command buffer of pool_ and an unsignalled fence
     void give_back_program_commands(ProgramCommands commands);
     std::vector<ProgramCommands> spare_program_commands_;
     void begin_program(VkCommandBuffer cmd, ProgramRecording* recording);

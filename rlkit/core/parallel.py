@@ -32,7 +32,7 @@ from rlkit.core import _runtime, ops
 from rlkit.core.autograd import Gradients, backward, grad_tape
 from rlkit.core.clip import clip_grad_norm
 from rlkit.core.optim import Adam
-from rlkit.core.tensor import Tensor
+from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket size
 
@@ -197,13 +197,9 @@ def all_reduce_gradients(grads: Gradients, params, comm: Communicator | None = N
         host = flat.numpy().ravel(order="F")
         mean = comm.all_reduce(host, average=True).astype(host.dtype, copy=False)
         packed = ops.as_tensor(mean.reshape(-1, 1), like=flat)
-        for p, g in zip(bucket, ops._unpack_columns(packed, [(int(np.prod(p.shape)), p.shape) for p in bucket])):
+        for p, g in zip(bucket, ops._unpack_columns(packed, [(p.numel, p.shape) for p in bucket])):
             averaged[id(p)] = g
     return Gradients({p: averaged[id(p)] for p in params})
-
-
-def _dtype_of(p: Tensor):
-    return {"f32": np.float32, "f64": np.float64, "f16": np.float16}[p.dtype]
 
 
 def _buckets(params: Sequence[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
@@ -212,7 +208,7 @@ def _buckets(params: Sequence[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     buckets: list[list[Tensor]] = []
     open_bucket: dict[str, tuple[list[Tensor], int]] = {}
     for p in params:
-        size = int(np.prod(p.shape)) * np.dtype(_dtype_of(p)).itemsize
+        size = p.numel * np.dtype(_NUMPY_DTYPES[p.dtype]).itemsize
         members, used = open_bucket.get(p.dtype, ([], 0))
         if members and used + size > bucket_bytes:
             buckets.append(members)
