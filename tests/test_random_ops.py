@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from test_ops import NP_DTYPE, np_softmax
+from op_references import np_softmax
+from test_ops import NP_DTYPE
 
 # ---- random ops --------------------------------------------------------------------------------------
 

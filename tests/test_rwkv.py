@@ -10,7 +10,7 @@ import pytest
 import rlkit.core as rc
 from rlkit import _native
 
-from test_ops import np_recurrence
+from op_references import np_recurrence
 
 GPU_REASON = _native.gpu_unavailable_reason()
 SCALE = 0.3

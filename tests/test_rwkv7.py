@@ -8,7 +8,7 @@ import pytest
 
 import rlkit.core as rc
 from rlkit import _native
-from test_ops import np_rwkv_wkv7, packed
+from op_references import np_rwkv_wkv7, packed
 
 GPU = not _native.gpu_unavailable_reason()
 on_gpu_only = pytest.mark.skipif(not GPU, reason="no Vulkan device")

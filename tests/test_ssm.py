@@ -15,7 +15,7 @@ import rlkit.core as rc
 from rlkit.core import ops
 
 from conftest import DEVICES
-from test_ops import np_ssm_scan
+from op_references import np_ssm_scan
 
 
 def test_ssm_conv_chunks_with_carried_state_match_the_whole_sequence(device):

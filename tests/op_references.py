@@ -1,0 +1,284 @@
+"""Input generators and numpy references of the op tests (tests/test_ops.py's case table, and
+the state-space and RWKV tests): each generator takes a numpy Generator and returns an array;
+each reference computes an op's result in float64 (or int32) independently of rlkit."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+import rlkit.core as rc
+
+# ---- input generators: each takes a numpy Generator and returns an array -------------------------
+
+def N(*shape, s=1.0):
+    """Standard normal values (times s)."""
+    return lambda r: s * r.normal(size=shape)
+
+
+def SORTED(n):
+    """An ascending column [n, 1] (standard normal values, sorted)."""
+    return lambda r: np.sort(r.normal(size=(n, 1)), axis=0)
+
+
+def np_searchsorted(sorted_column, query):
+    n = sorted_column.shape[0]
+    found = np.searchsorted(sorted_column.ravel(), query.ravel(order="F"), side="right")
+    return np.minimum(found, n - 1).astype(np.int32).reshape(query.shape, order="F")
+
+
+def np_ssm_conv(sx, c):
+    """out[i, t, s] = sum_k sx[t + k, i, s] c[k, i] (ggml_ssm_conv), written as shifted sums."""
+    sx = sx.reshape(sx.shape[0], sx.shape[1], -1)
+    d_conv = c.shape[0]
+    n_t = sx.shape[0] - d_conv + 1
+    out = sum(sx[k:k + n_t] * c[k][None, :, None] for k in range(d_conv))  # [n_t, d_inner, n_s]
+    return np.transpose(out, (1, 0, 2))
+
+
+def np_softplus(v):
+    return np.where(v > 20, v, np.log1p(np.exp(np.minimum(v, 20))))
+
+
+def np_ssm_scan(s, x, dt, A, B, C, ids):
+    """ggml_ssm_scan written as its recurrence, one (sequence, head) at a time; returns
+    (y like x, final states [d_state, head_dim, n_head, n_seqs])."""
+    d_state, n_group = B.shape[0], B.shape[1]
+    _, n_head, n_tok, n_seqs = x.shape
+    y, final = np.zeros_like(x), np.zeros((d_state, x.shape[0], n_head, n_seqs))
+    for q in range(n_seqs):
+        for h in range(n_head):
+            g = h // (n_head // n_group)
+            state = s[:, :, h, ids[q]].copy()  # [d_state, head_dim]
+            for t in range(n_tok):
+                dts = np_softplus(dt[h, t, q])
+                decay = np.exp(dts * A[:, h])[:, None]  # [d_state or 1, 1]
+                state = state * decay + np.outer(B[:, g, t, q], x[:, h, t, q] * dts)
+                y[:, h, t, q] = C[:, g, t, q] @ state
+            final[:, :, h, q] = state
+    return y, final
+
+
+def packed(y, final):
+    """Both results of a recurrent op as one column (rlkit tensors or numpy arrays)."""
+    if isinstance(y, np.ndarray):
+        return np.concatenate([y.reshape(-1, order="F"), final.reshape(-1, order="F")])[:, None]
+    return rc.concat_rows(rc.reshape(y, (-1, 1)), rc.reshape(final, (-1, 1)))
+
+
+def DECAY(*shape):
+    """Negative decay rates, as Mamba's A = -exp(A_log)."""
+    return lambda r: -np.exp(r.normal(size=shape))
+
+
+def np_recurrence(k, v, r, w, state, u=None, scale=1.0):
+    """(y [S*H, T], new state) of rwkv_wkv6 (with the bonus u: reads the state before each token)
+    or gated_linear_attn (u None: reads it after, times scale), one token at a time."""
+    S, H, T = k.shape[0], k.shape[1], k.shape[2] if k.ndim > 2 else 1
+    k, v, r, w = (x.reshape(S, H, T) for x in (k, v, r, w))
+    n_seqs = state.shape[1]
+    y, new_state = np.zeros((S * H, T)), state.copy()
+    for b, h in itertools.product(range(n_seqs), range(H)):
+        st = state[h * S * S:(h + 1) * S * S, b].reshape(S, S).copy()  # st[i, j]: key i, value j
+        for t in range(b * T // n_seqs, (b + 1) * T // n_seqs):
+            kv = np.outer(k[:, h, t], v[:, h, t])
+            if u is not None:
+                y[h * S:(h + 1) * S, t] = r[:, h, t] @ (u[:, h, None] * kv + st)
+                st = w[:, h, t, None] * st + kv
+            else:
+                st = w[:, h, t, None] * st + kv
+                y[h * S:(h + 1) * S, t] = scale * (r[:, h, t] @ st)
+        new_state[h * S * S:(h + 1) * S * S, b] = st.ravel()
+    return y, new_state
+
+
+def RECURRENCE(S, H, T, n_seqs, bonus):
+    """Inputs of rwkv_wkv6 (bonus: k, v, r, tf, td, state) or gated_linear_attn (k, v, q, g,
+    state), with decays in [0.5, 1)."""
+    vectors = [N(S, H, T), N(S, H, T), N(S, H, T)]
+    return tuple(vectors + ([N(S, H)] if bonus else []) + [U(0.5, 1.0, S, H, T), N(S * S * H, n_seqs)])
+
+
+# (S, H, T, n_seqs) of the recurrence cases: one chunk; T / n_seqs past the 16-token chunk of the
+# backward pass and not a multiple of it; two sequences of 17 tokens.
+RECURRENCE_SHAPES = [(2, 2, 6, 2), (3, 1, 18, 1), (2, 1, 34, 2)]
+
+
+def np_rwkv_wkv7(r, w, k, v, a, b, state):
+    """ggml_rwkv_wkv7 as a plain loop: per sequence, head and token, sa = S a,
+    S = S diag(w) + v k^T + sa b^T, y = S r; S[i, j] at state[h*S*S + i*S + j]. Returns
+    (y [S*H, T], final_state like state)."""
+    S, H, T = r.shape
+    n_seqs = state.shape[1]
+    L = T // n_seqs
+    y, final = np.zeros((S * H, T)), np.zeros(state.shape)
+    for seq in range(n_seqs):
+        for h in range(H):
+            st = state[h * S * S:(h + 1) * S * S, seq].reshape(S, S)
+            for t in range(seq * L, (seq + 1) * L):
+                sa = st @ a[:, h, t]
+                st = st * w[None, :, h, t] + np.outer(v[:, h, t], k[:, h, t]) + np.outer(sa, b[:, h, t])
+                y[h * S:(h + 1) * S, t] = st @ r[:, h, t]
+            final[h * S * S:(h + 1) * S * S, seq] = st.reshape(-1)
+    return y, final
+
+
+def WKV7(S, H, T, n_seqs):
+    """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
+    w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""
+    def unit(r):
+        x = r.normal(size=(S, H, T))
+        return x / np.linalg.norm(x, axis=0, keepdims=True)
+    return (N(S, H, T), lambda r: r.uniform(0.5, 1.0, size=(S, H, T)), N(S, H, T), N(S, H, T),
+            lambda r: -unit(r), lambda r: unit(r) * r.uniform(size=(S, H, T)), N(S * S * H, n_seqs, s=0.5))
+
+
+def U(lo, hi, *shape):
+    """Uniform values in [lo, hi)."""
+    return lambda r: r.uniform(lo, hi, size=shape)
+
+
+def POS(*shape):
+    """Positive values, away from 0 (for log, sqrt, pow, divisors)."""
+    return U(0.5, 2.0, *shape)
+
+
+def AWAY(*shape):
+    """|x| in [0.2, 2): away from the kinks of relu, abs and sign at 0."""
+    return lambda r: r.choice([-1.0, 1.0], size=shape) * r.uniform(0.2, 2.0, size=shape)
+
+
+def GRID(*shape, offset=0.0):
+    """k / 2 + offset with a jitter of at most 0.05: two grids with offsets 0 and 0.25 never come
+    closer than 0.15, so minimum / maximum have no ties and clamp bounds on the other grid are
+    never touched."""
+    return lambda r: r.integers(-4, 5, size=shape) * 0.5 + offset + r.uniform(-0.05, 0.05, size=shape)
+
+
+def DISTINCT(*shape):
+    """Every column (along dim 0) a permutation of values 0.5 apart: no ties for max / argmax."""
+    def make(r):
+        ranks = np.argsort(r.random(shape), axis=0)
+        return (ranks - shape[0] / 2) * 0.5 + r.uniform(-0.1, 0.1, size=shape)
+    return make
+
+
+def ONEHOT(classes, n):
+    """A float one-hot target [classes, n]."""
+    return lambda r: np.eye(classes)[r.integers(0, classes, size=n)].T.copy()
+
+
+def SOFT(classes, n):
+    """A soft target [classes, n]: each column a probability vector."""
+    def make(r):
+        p = r.uniform(0.1, 1.0, size=(classes, n))
+        return p / p.sum(axis=0, keepdims=True)
+    return make
+
+
+def IDX(*values):
+    """Fixed 0-based indices (an i32 tensor of one column)."""
+    return lambda r: np.array(values, dtype=np.int32)
+
+
+def RIDX(n, hi):
+    """n random 0-based indices below hi (repeats likely)."""
+    return lambda r: r.integers(0, hi, size=n).astype(np.int32)
+
+
+def CONST(values):
+    """Fixed float values."""
+    return lambda r: np.array(values, dtype=np.float64)
+
+
+# ---- numpy reference helpers ----------------------------------------------------------------------
+
+def _align(*arrays):
+    """rlkit broadcasts from the first dimension (ggml's ne order): pad trailing sizes of 1."""
+    nd = max(a.ndim for a in arrays)
+    return [a.reshape(a.shape + (1,) * (nd - a.ndim)) for a in arrays]
+
+
+def binary(f):
+    return lambda a, b: f(*_align(a, b))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def np_log_softmax(x):
+    m = x.max(axis=0, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=0, keepdims=True))
+
+
+def np_sigmoid(x):
+    return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
+
+
+def np_matmul(a, b, ta=False, tb=False):
+    """Column-major batched matmul: dims 0, 1 are the matrix, dims 2, 3 broadcast batches."""
+    a, b = _align(a, b)
+    if a.ndim == 2:
+        return (a.T if ta else a) @ (b.T if tb else b)
+    a = np.moveaxis(a, (0, 1), (-2, -1))
+    b = np.moveaxis(b, (0, 1), (-2, -1))
+    a = np.swapaxes(a, -1, -2) if ta else a
+    b = np.swapaxes(b, -1, -2) if tb else b
+    return np.moveaxis(a @ b, (-2, -1), (0, 1))
+
+
+def np_linear(activation):
+    """act(w @ x + b), b [out, 1] added to every column of every batch slice."""
+    act = {None: lambda z: z, "relu": lambda z: np.maximum(z, 0), "tanh": np.tanh, "sigmoid": np_sigmoid}[activation]
+
+    def ref(w, x, b):
+        z = np_matmul(w, x)
+        return act(z + b.reshape(b.shape[0], *([1] * (z.ndim - 1))))
+    return ref
+
+
+def np_reduce(f, dim, keepdim):
+    """sum / mean as rlkit shapes them: dim None gives [1, 1]; results keep 2 dimensions; a 3-D or
+    4-D input loses the reduced dimension unless keepdim."""
+    def ref(x):
+        if dim is None:
+            return np.asarray(f(x)).reshape(1, 1)
+        out = f(x, axis=dim, keepdims=True)
+        return out if keepdim or x.ndim == 2 else np.squeeze(out, axis=dim)
+    return ref
+
+
+def np_reshape(shape):
+    def ref(x):
+        out = np.reshape(x, shape, order="F")  # column-major, as the engine stores values
+        return out.reshape(-1, 1) if out.ndim == 1 else out
+    return ref
+
+
+def np_scatter_cols(g, idx, columns):
+    out = np.zeros((g.shape[0], columns), dtype=g.dtype)
+    np.add.at(out.T, idx.ravel(), g.T)
+    return out
+
+
+def np_huber_terms(p, t, delta):
+    d = np.abs(p - t)
+    return np.where(d <= delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+
+
+def np_huber(p, t, delta):
+    return np.mean(np_huber_terms(p, t, delta)).reshape(1, 1)
+
+
+def to_f16(x):
+    with np.errstate(over="ignore"):  # out-of-range values become inf, as they should
+        return x.astype(np.float16)
+
+
+def np_randn_like(shape, seed):
+    """The noise sample_normal draws: the first randn stream after rc.manual_seed(seed)."""
+    rc.manual_seed(seed)
+    return rc.randn(shape, dtype="f64").numpy()
