@@ -658,6 +658,10 @@ for _op in ("add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt"):
 _BAD += [
     _bad("matmul", lambda: rc.matmul(_t(3, 2), _t(3, 4)), ValueError, "[3, 2]", "[3, 4]"),
     _bad("matmul", lambda: rc.matmul(_t(3, 2), _t(3, 4), transpose_a=True, transpose_b=True), ValueError, "[3, 2]", "[3, 4]"),
+    _bad("linear", lambda: rc.linear(_t(3, 2), _t(3, 4), _t(3, 1)), ValueError, "W [3, 2]", "in = 2", "x [3, 4] has 3 rows"),
+    _bad("linear", lambda: rc.linear(_t(3, 2), _t(2, 4), _t(2, 1)), ValueError, "b must be [out, 1] = [3, 1]", "[2, 1]"),
+    _bad("linear", lambda: rc.linear(_t(3, 2, 2), _t(2, 4), _t(3, 1)), ValueError, "W must be 2-D"),
+    _bad("linear", lambda: rc.linear(_t(3, 2), _t(2, 4), _t(3, 1), "gelu"), ValueError, "activation must be one of", "'gelu'"),
     _bad("matmul", lambda: rc.matmul(_t(3, 2, 2), _t(2, 4, 3)), ValueError, "[3, 2, 2]", "[2, 4, 3]"),
     _bad("scale", lambda: rc.scale(_t(2, 2), "2"), TypeError, "s"),
     _bad("scale", lambda: rc.scale(_t(2, 2), True), TypeError, "s"),
