@@ -31,36 +31,16 @@ struct Operands {
     const TensorImpl *k, *v, *r, *w, *u, *state;
 };
 
-// The sizes of a forward op, validated: the same float dtype everywhere, matching S and H, T
-// divisible by n_seqs. `names` are the op's names of the four per-token vectors.
-RecurrenceDims recurrence_dims(const char* op, const Operands& o, const char* const* names) {
-    const TensorImpl* vectors[] = {o.k, o.v, o.r, o.w};
-    const TensorImpl *bonus = o.u, &state = *o.state;
-    const TensorImpl& k = *o.k;
-    require_float(op, k, names[0]);
-    if (k.ne[3] != 1)
-        throw std::invalid_argument(op_err(op, std::string(names[0]) + " must be [S, H, T] (3 dimensions), got " + k.shape_str()));
-    const RecurrenceDims d{k.ne[0], k.ne[1], k.ne[2], state.ne[1]};
-    for (size_t n = 1; n < 4; ++n) {
-        require_like(op, *vectors[n], k, names[n], names[0]);
-        if (vectors[n]->ne != k.ne)
-            throw std::invalid_argument(op_err(op, std::string(names[n]) + " must be [S, H, T] like " + names[0] + " " +
-                                                       k.shape_str() + ", got " + vectors[n]->shape_str()));
-    }
-    if (bonus) {
-        require_like(op, *bonus, k, "tf", names[0]);
-        if (bonus->ne[0] != d.S || bonus->ne[1] != d.H || bonus->ne[2] != 1 || bonus->ne[3] != 1)
+// The sizes of a forward op, validated: recurrence_dims, and rwkv_wkv6's bonus [S, H].
+RecurrenceDims checked_dims(const char* op, const Operands& o, const char* const* names) {
+    const RecurrenceDims d =
+        recurrence_dims(op, {{o.k, names[0]}, {o.v, names[1]}, {o.r, names[2]}, {o.w, names[3]}}, *o.state);
+    if (o.u) {
+        require_like(op, *o.u, *o.k, "tf", names[0]);
+        if (o.u->ne[0] != d.S || o.u->ne[1] != d.H || o.u->ne[2] != 1 || o.u->ne[3] != 1)
             throw std::invalid_argument(op_err(op, "tf must be [S, H] = " + sizes(d.S, d.H) + " (one bonus per key channel "
-                                                   "and head), got " + bonus->shape_str()));
+                                                   "and head), got " + o.u->shape_str()));
     }
-    require_like(op, state, k, "state", names[0]);
-    if (state.ne[0] != d.S * d.S * d.H || state.ne[2] != 1 || state.ne[3] != 1)
-        throw std::invalid_argument(op_err(op, "state must be [S*S*H, n_seqs] with S*S*H = " + std::to_string(d.S * d.S * d.H) +
-                                                   " (one S x S matrix per head and sequence), got " + state.shape_str()));
-    if (d.T % d.n_seqs != 0)
-        throw std::invalid_argument(op_err(op, "T = " + std::to_string(d.T) + " tokens do not split into n_seqs = " +
-                                               std::to_string(d.n_seqs) + " sequences of equal length (state " +
-                                               state.shape_str() + " has one column per sequence)"));
     return d;
 }
 
@@ -83,7 +63,7 @@ Operands gla_operands(const Inputs& in, size_t first) {  // (k, v, q, g, state)
     return {in[first].get(), in[first + 1].get(), in[first + 2].get(), in[first + 3].get(), nullptr, in[first + 4].get()};
 }
 
-RecurrenceDims dims_of(const char* op, const Operands& o) { return recurrence_dims(op, o, o.u ? kWkv6Names : kGlaNames); }
+RecurrenceDims dims_of(const char* op, const Operands& o) { return checked_dims(op, o, o.u ? kWkv6Names : kGlaNames); }
 
 // Per-(sequence, head) addressing of the token vectors, states and outputs.
 struct Task {
@@ -249,6 +229,31 @@ double scale_attr(const char* op, const OpAttrs& attrs) {
 }
 
 }  // namespace
+
+RecurrenceDims recurrence_dims(const char* op, const std::vector<NamedInput>& vectors, const TensorImpl& state) {
+    const TensorImpl& first = *vectors[0].tensor;
+    const char* first_name = vectors[0].name;
+    for (const NamedInput& v : vectors) require_float(op, *v.tensor, v.name);
+    if (first.ne[3] != 1)
+        throw std::invalid_argument(op_err(op, std::string(first_name) + " must be [S, H, T] (3 dimensions), got " +
+                                                   first.shape_str()));
+    const RecurrenceDims d{first.ne[0], first.ne[1], first.ne[2], state.ne[1]};
+    for (const NamedInput& v : vectors) {
+        require_like(op, *v.tensor, first, v.name, first_name);
+        if (v.tensor->ne != first.ne)
+            throw std::invalid_argument(op_err(op, std::string(v.name) + " must be [S, H, T] like " + first_name + " " +
+                                                       first.shape_str() + ", got " + v.tensor->shape_str()));
+    }
+    require_like(op, state, first, "state", first_name);
+    if (state.ne[0] != d.S * d.S * d.H || state.ne[2] != 1 || state.ne[3] != 1)
+        throw std::invalid_argument(op_err(op, "state must be [S*S*H, n_seqs] with S*S*H = " + std::to_string(d.S * d.S * d.H) +
+                                                   " (one S x S matrix per head and sequence), got " + state.shape_str()));
+    if (d.T % d.n_seqs != 0)
+        throw std::invalid_argument(op_err(op, "T = " + std::to_string(d.T) + " tokens do not split into n_seqs = " +
+                                               std::to_string(d.n_seqs) + " sequences of equal length (state " +
+                                               state.shape_str() + " has one column per sequence)"));
+    return d;
+}
 
 OutSpec shape_rwkv_wkv6(const Inputs& in, const OpAttrs&) {
     return forward_spec(dims_of("rwkv_wkv6", wkv6_operands(in, 0)), in[0]->dtype);

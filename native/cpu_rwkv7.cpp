@@ -34,33 +34,10 @@ struct Wkv7Dims {
 
 // Checks the seven inputs (r, w, k, v, a, b, state) starting at in[first] and returns the dims.
 Wkv7Dims wkv7_dims(const char* op, const Inputs& in, size_t first) {
-    const TensorImpl& r = *in[first];
-    for (size_t x = 0; x < 7; ++x) {
-        const TensorImpl& t = *in[first + x];
-        require_float(op, t, kArgNames[x]);
-        if (t.dtype != r.dtype)
-            throw TypeError(op_err(op, std::string(kArgNames[x]) + " is " + dtype_name(t.dtype) + " but r is " +
-                                           dtype_name(r.dtype) + " (expected the same float dtype for every input)"));
-    }
-    if (r.ne[3] != 1)
-        throw std::invalid_argument(op_err(op, "r must be [S, H, T] (3-D), got " + r.shape_str()));
-    for (size_t x = 1; x < 6; ++x) {
-        const TensorImpl& t = *in[first + x];
-        if (t.ne != r.ne)
-            throw std::invalid_argument(op_err(op, std::string(kArgNames[x]) + " " + t.shape_str() + " differs from r " +
-                                                       r.shape_str() + " (expected r, w, k, v, a, b all [S, H, T])"));
-    }
-    const Wkv7Dims d{r.ne[0], r.ne[1], r.ne[2], 1};
-    const TensorImpl& state = *in[first + 6];
-    if (state.ne[0] != d.S * d.S * d.H || state.ne[2] != 1 || state.ne[3] != 1)
-        throw std::invalid_argument(op_err(op, "state " + state.shape_str() + " must be [S*S*H, n_seqs] = [" +
-                                                   std::to_string(d.S * d.S * d.H) + ", n_seqs] for S = " +
-                                                   std::to_string(d.S) + ", H = " + std::to_string(d.H)));
-    const int64_t n_seqs = state.ne[1];
-    if (d.T % n_seqs != 0)
-        throw std::invalid_argument(op_err(op, "T = " + std::to_string(d.T) + " tokens do not split into n_seqs = " +
-                                                   std::to_string(n_seqs) + " equal sequences (state's dim 1)"));
-    return {d.S, d.H, d.T, n_seqs};
+    std::vector<NamedInput> vectors;
+    for (size_t x = 0; x < 6; ++x) vectors.push_back({in[first + x].get(), kArgNames[x]});
+    const RecurrenceDims d = recurrence_dims(op, vectors, *in[first + 6]);
+    return {d.S, d.H, d.T, d.n_seqs};
 }
 
 // One token's update of one head's state in place: sa = S a, then S = S diag(w) + v k^T + sa b^T.

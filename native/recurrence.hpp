@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ops.hpp"
 
@@ -48,6 +49,17 @@ inline BackLayout back_layout(const RecurrenceDims& d, bool with_bonus) {
     l.total = l.scratch + d.slabs() * d.matrix() * d.H * d.n_seqs;
     return l;
 }
+
+// A per-token input of a recurrence and its name in error messages.
+struct NamedInput {
+    const TensorImpl* tensor;
+    const char* name;
+};
+
+// The sizes of a recurrence's inputs, checked (cpu_rwkv.cpp): every per-token vector a float
+// [S, H, T] tensor like the first, the state [S*S*H, n_seqs] of the same dtype, T divisible by
+// n_seqs. Shared by rwkv_wkv6, gated_linear_attn and rwkv_wkv7.
+RecurrenceDims recurrence_dims(const char* op, const std::vector<NamedInput>& vectors, const TensorImpl& state);
 
 // The sizes read from k [S, H, T] and state [S*S*H, n_seqs] (shapes the shape rule validated).
 inline RecurrenceDims recurrence_sizes(const TensorImpl& k, const TensorImpl& state) {

@@ -139,12 +139,12 @@ def _t(*shape, dtype="f32"):
 
 
 @pytest.mark.parametrize("args, message", [
-    (lambda: [_t(4, 2, 6)] * 6 + [_t(32, 4)], r"T = 6 tokens do not split into n_seqs = 4 equal sequences"),
-    (lambda: [_t(4, 2, 6)] * 6 + [_t(16, 2)], r"state \[16, 2\] must be \[S\*S\*H, n_seqs\] = \[32, n_seqs\]"),
-    (lambda: [_t(4, 2, 6)] * 3 + [_t(4, 2, 5)] + [_t(4, 2, 6)] * 2 + [_t(32, 1)], r"v \[4, 2, 5\] differs from r"),
-    (lambda: [_t(4, 2, 6)] * 5 + [_t(4, 3, 6)] + [_t(32, 1)], r"b \[4, 3, 6\] differs from r"),
-    (lambda: [_t(4, 2, 6, 2)] * 6 + [_t(32, 1)], r"r must be \[S, H, T\] \(3-D\)"),
-    (lambda: [_t(4, 2, 6)] * 6 + [_t(32, 1, 2)], r"state \[32, 1, 2\] must be \[S\*S\*H, n_seqs\]"),
+    (lambda: [_t(4, 2, 6)] * 6 + [_t(32, 4)], r"T = 6 tokens do not split into n_seqs = 4 sequences of equal length \(state \[32, 4\]"),
+    (lambda: [_t(4, 2, 6)] * 6 + [_t(16, 2)], r"state must be \[S\*S\*H, n_seqs\] with S\*S\*H = 32 .*, got \[16, 2\]"),
+    (lambda: [_t(4, 2, 6)] * 3 + [_t(4, 2, 5)] + [_t(4, 2, 6)] * 2 + [_t(32, 1)], r"v must be \[S, H, T\] like r \[4, 2, 6\], got \[4, 2, 5\]"),
+    (lambda: [_t(4, 2, 6)] * 5 + [_t(4, 3, 6)] + [_t(32, 1)], r"b must be \[S, H, T\] like r \[4, 2, 6\], got \[4, 3, 6\]"),
+    (lambda: [_t(4, 2, 6, 2)] * 6 + [_t(32, 1)], r"r must be \[S, H, T\] \(3 dimensions\), got \[4, 2, 6, 2\]"),
+    (lambda: [_t(4, 2, 6)] * 6 + [_t(32, 1, 2)], r"state must be \[S\*S\*H, n_seqs\] with S\*S\*H = 32 .*, got \[32, 1, 2\]"),
 ])
 def test_bad_shapes_are_refused(device, args, message):
     with pytest.raises(ValueError, match=r"^rwkv_wkv7: " + message):
@@ -152,7 +152,7 @@ def test_bad_shapes_are_refused(device, args, message):
 
 
 def test_bad_dtypes_are_refused():
-    with pytest.raises(TypeError, match=r"^rwkv_wkv7: state is f64 but r is f32"):
+    with pytest.raises(TypeError, match=r"^rwkv_wkv7: dtypes differ: r is f32 but state is f64"):
         rc.rwkv_wkv7(*[_t(4, 2, 6)] * 6, _t(32, 1, dtype="f64"))
     with pytest.raises(TypeError, match=r"^rwkv_wkv7: k must be a float tensor"):
         rc.rwkv_wkv7(_t(4, 2, 6), _t(4, 2, 6), rc.tensor(np.ones((4, 2, 6), np.int32)), *[_t(4, 2, 6)] * 3, _t(32, 1))

@@ -593,11 +593,7 @@ void vk_gated_linear_attn_back(const Inputs& in, const OpAttrs& attrs, TensorImp
     recurrence("gla", true, in, 1, nullptr, in[0].get(), float(attrs.floats[0]), out);
 }
 
-}  // namespace rk
-
-namespace rk {
-
-// ---- RWKV ------------------------------------------------------------------------------------
+// ---- RWKV-7 ----------------------------------------------------------------------------------
 
 namespace {
 
