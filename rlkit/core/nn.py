@@ -421,9 +421,18 @@ class _RecurrentBlock(Module):
 
     d_model: int
 
+    state_type: type  # the NamedTuple of the state's tensors
+
+    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+        """The shape of each state tensor, in state_type's field order."""
+        raise NotImplementedError
+
     def initial_state(self, batch_size: int = 1):
         """Zeros: the state before a sequence's first token."""
-        raise NotImplementedError
+        batch_size = positive_int(batch_size, f"{type(self).__name__}.initial_state: batch_size")
+        like = next(iter(self.parameters().values()))
+        return self.state_type(*[ops.full(shape, 0.0, dtype=like.dtype, device=like.device)
+                                 for shape in self._state_shapes(batch_size)])
 
     def _sequence_and_state(self, x, state) -> tuple[Tensor, tuple, int, int]:
         """x as [d_model, seq, batch], the state (zeros for None, else checked), seq and batch."""
@@ -435,15 +444,14 @@ class _RecurrentBlock(Module):
         if x.ndim != 3:
             raise ValueError(f"{layer}: x must be [d_model, seq] or [d_model, seq, batch], got {x.shape}")
         seq, batch = x.shape[1], x.shape[2]
-        expected = self.initial_state(batch)
         if state is None:
-            return x, expected, seq, batch
-        if type(state) is not type(expected):
-            raise TypeError(f"{layer}: state must be a {type(expected).__name__} (see initial_state), "
+            return x, self.initial_state(batch), seq, batch
+        if type(state) is not self.state_type:
+            raise TypeError(f"{layer}: state must be a {self.state_type.__name__} (see initial_state), "
                             f"got {type(state).__name__}")
-        for name, have, want in zip(expected._fields, state, expected):
-            if tuple(have.shape) + (1,) * (len(want.shape) - len(have.shape)) != tuple(want.shape):
-                raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want.shape} for batch {batch}")
+        for name, have, want in zip(self.state_type._fields, state, self._state_shapes(batch)):
+            if tuple(have.shape) + (1,) * (len(want) - len(have.shape)) != want:
+                raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want} for batch {batch}")
         return x, state, seq, batch
 
     def step(self, x_t, state):
@@ -509,12 +517,10 @@ class MambaBlock(_RecurrentBlock):
         self.D = param(np.ones((d, 1)))
         self.W_out = param(_fan_in_uniform(self.d_model, d, 1.0, rng))
 
-    def initial_state(self, batch_size: int = 1) -> MambaState:
-        """Zeros: the state before a sequence's first token."""
-        batch_size = positive_int(batch_size, "MambaBlock.initial_state: batch_size")
-        dtype, device = self.W_in.dtype, self.W_in.device
-        return MambaState(ops.full((self.d_conv - 1, self.d_inner, batch_size), 0.0, dtype=dtype, device=device),
-                          ops.full((self.d_state, self.head_dim, self.n_heads, batch_size), 0.0, dtype=dtype, device=device))
+    state_type = MambaState
+
+    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+        return (self.d_conv - 1, self.d_inner, batch_size), (self.d_state, self.head_dim, self.n_heads, batch_size)
 
     def forward(self, x, state: MambaState | None = None) -> tuple[Tensor, MambaState]:
         x, state, seq, batch = self._sequence_and_state(x, state)
@@ -596,13 +602,10 @@ class RWKVBlock(_RecurrentBlock):
         self.W_ffn_in = param(_fan_in_uniform(4 * d, d, 1.0, rng))
         self.W_ffn_out = param(_fan_in_uniform(d, 4 * d, 1.0, rng))
 
-    def initial_state(self, batch_size: int = 1) -> RWKVState:
-        """Zeros: the state before a sequence's first token."""
-        batch_size = positive_int(batch_size, "RWKVBlock.initial_state: batch_size")
-        dtype, device = self.W_r.dtype, self.W_r.device
-        shift = ops.full((self.d_model, batch_size), 0.0, dtype=dtype, device=device)
-        wkv = ops.full((self.head_size * self.d_model, batch_size), 0.0, dtype=dtype, device=device)
-        return RWKVState(shift, wkv, shift)
+    state_type = RWKVState
+
+    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+        return (self.d_model, batch_size), (self.head_size * self.d_model, batch_size), (self.d_model, batch_size)
 
     def forward(self, x, state: RWKVState | None = None) -> tuple[Tensor, RWKVState]:
         x, state, seq, batch = self._sequence_and_state(x, state)
