@@ -11,6 +11,7 @@ import pytest
 import rlkit.core as rc
 from conftest import DEVICES
 from rlkit.buffers import ReplayBuffer
+from rlkit.buffers.replay import SequenceSamples
 
 
 
@@ -139,25 +140,69 @@ def test_bad_input():
 
 # ---- sequences ---------------------------------------------------------------------------------
 
+def _check_windows(seq, history, n_envs, burn_in, length, batch, first_stored, last_step):
+    """Every window is consecutive steps of one lane between the oldest stored step and the
+    newest, masked from the step after its episode's end, with each step's true next obs."""
+    window = burn_in + length
+    assert seq.obs.shape == (3, window, batch) and seq.mask.shape == (1, window, batch)
+    assert seq.next_obs.shape == (3, window, batch) and seq.terminated.shape == (1, window, batch)
+    obs, mask, reward = seq.obs.numpy(), seq.mask.numpy()[0], seq.reward.numpy()[0]
+    next_obs, terminated = seq.next_obs.numpy(), seq.terminated.numpy()[0]
+    stored = {tuple(history[t][0][e]): (t, e) for t in range(first_stored, last_step) for e in range(n_envs)}
+    starts = set()
+    for b in range(batch):
+        t0, e = stored[tuple(obs[:, 0, b])]
+        starts.add((t0, e))
+        assert t0 + window <= last_step  # never past the newest step
+        alive = True
+        for k in range(window):
+            np.testing.assert_array_equal(obs[:, k, b], history[t0 + k][0][e])  # one lane, consecutive steps
+            np.testing.assert_array_equal(next_obs[:, k, b], history[t0 + k][3][e])
+            assert reward[k, b] == history[t0 + k][2][e]
+            assert terminated[k, b] == float(history[t0 + k][4][e])
+            assert mask[k, b] == float(alive)
+            alive = alive and not (history[t0 + k][4][e] or history[t0 + k][5][e])
+    return starts
+
+
 def test_sequences_are_consecutive_and_masked_after_episode_ends(device):
     n_envs = 2
     buf = ReplayBuffer(40, 3, 2, n_envs=n_envs, seed=5)
     history = _rollout([buf], 28, n_envs, seed=6)  # wraps the 20-step lanes
-    burn_in, length, batch = 2, 4, 32
-    seq = buf.sample_sequences(batch, length, burn_in=burn_in)
-    window = burn_in + length
-    assert seq.obs.shape == (3, window, batch) and seq.mask.shape == (1, window, batch)
-    obs, mask, reward = seq.obs.numpy(), seq.mask.numpy()[0], seq.reward.numpy()[0]
-    stored = {tuple(history[t][0][e]): (t, e) for t in range(8, 28) for e in range(n_envs)}
-    for b in range(batch):
-        t0, e = stored[tuple(obs[:, 0, b])]
-        assert t0 + window <= 28  # never past the newest step
-        alive = True
-        for k in range(window):
-            np.testing.assert_array_equal(obs[:, k, b], history[t0 + k][0][e])  # one lane, consecutive steps
-            assert reward[k, b] == history[t0 + k][2][e]
-            assert mask[k, b] == float(alive)
-            alive = alive and not (history[t0 + k][4][e] or history[t0 + k][5][e])
+    seq = buf.sample_sequences(32, 4, burn_in=2)
+    _check_windows(seq, history, n_envs, 2, 4, 32, first_stored=8, last_step=28)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_sequences_sampled_on_the_device_in_a_captured_function(device, wrapped):
+    """The device sampler inside a capture: each replay reads where the ring stands through
+    its ``starts`` input, draws fresh windows, and covers every valid start and lane."""
+    n_envs, burn_in, length, batch = 2, 2, 4, 256
+    buf = ReplayBuffer(40, 3, 2, n_envs=n_envs, seed=5)
+    rc.manual_seed(3)
+    steps = 28 if wrapped else 14
+    history = _rollout([buf], steps, n_envs, seed=6)
+
+    def fields(starts):
+        seq = buf.sample_sequences_on_device(batch, length, burn_in, starts)
+        return seq.obs, seq.action, seq.reward, seq.terminated, seq.mask, seq.next_obs
+
+    sample = rc.capture(fields, [buf._obs])
+    seen = set()
+    for _ in range(2):
+        obs, action, reward, terminated, mask, next_obs = sample(starts=buf.sequence_starts())
+        seq = SequenceSamples(*(rc.tensor(a) for a in (obs, action, reward, terminated, mask)), burn_in,
+                              rc.tensor(next_obs))
+        seen |= _check_windows(seq, history, n_envs, burn_in, length, batch,
+                               first_stored=max(0, steps - 20), last_step=steps)
+    valid_starts = min(steps, 20) - (burn_in + length) + 1
+    assert len(seen) == valid_starts * n_envs  # every start of every lane drawn: uniform over all of them
+    if not wrapped:  # the same program, replayed after more steps, reads the new ring position
+        history += _rollout([buf], 14, n_envs, seed=7)
+        obs = sample(starts=buf.sequence_starts())[0]
+        stored = {tuple(history[t][0][e]) for t in range(8, 28) for e in range(n_envs)}
+        assert all(tuple(obs[:, 0, b]) in stored for b in range(batch))
+        assert sample.traces == 1
 
 
 def test_sequence_errors():
@@ -169,6 +214,10 @@ def test_sequence_errors():
         buf.sample_sequences(2, 0)
     with pytest.raises(ValueError, match="burn_in must be an int >= 0"):
         buf.sample_sequences(2, 1, burn_in=-1)
+    with pytest.raises(ValueError, match="needs that many stored steps"):
+        buf.sample_sequences_on_device(2, 3)
+    with pytest.raises(ValueError, match="longer than the 10 steps a lane holds"):
+        buf.sample_sequences_on_device(2, 8, burn_in=3)
 
 
 # ---- saving ------------------------------------------------------------------------------------

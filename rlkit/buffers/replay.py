@@ -32,9 +32,10 @@ from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
 class SequenceSamples(NamedTuple):
-    """A batch of sequences: obs [obs_rows, T, B], action [action_rows, T, B], reward,
-    terminated and mask [1, T, B] with T = burn_in + length. mask is 1 on the steps of the
-    sampled episode and 0 after it ended, so no sequence crosses an episode boundary unmasked."""
+    """A batch of sequences: obs and next_obs [obs_rows, T, B], action [action_rows, T, B],
+    reward, terminated and mask [1, T, B] with T = burn_in + length. mask is 1 on the steps of
+    the sampled episode and 0 after it ended, so no sequence crosses an episode boundary
+    unmasked. next_obs is each step's true next observation (None with optimize_memory)."""
 
     obs: Tensor
     action: Tensor
@@ -42,6 +43,7 @@ class SequenceSamples(NamedTuple):
     terminated: Tensor
     mask: Tensor
     burn_in: int
+    next_obs: Tensor | None = None
 
 
 class ReplaySamples(NamedTuple):
@@ -94,6 +96,8 @@ class ReplayBuffer:
         # rewards and terminations on the device too, for sampling without the host
         self._reward_row = DeviceBuffer(1, self.capacity, "f32", device)
         self._terminated_row = DeviceBuffer(1, self.capacity, "f32", device)
+        # episode ends (terminated or truncated), for masking sequences sampled on the device
+        self._ended_row = DeviceBuffer(1, self.capacity, "f32", device)
         # n-step sums on the device stop after a step flagged here: an episode's end, or the
         # newest step (whose successor is not written yet)
         self._stop_row = DeviceBuffer(1, self.capacity, "f32", device) if self.n_step > 1 else None
@@ -132,6 +136,7 @@ class ReplayBuffer:
         self._action.write(action_cols, column)
         self._reward_row.write(rewards[None, :], column)
         self._terminated_row.write(terminated[None, :].astype(np.float32), column)
+        self._ended_row.write((terminated | truncated)[None, :].astype(np.float32), column)
         if self._next_obs is not None:
             self._next_obs.write(next_cols, column)
         else:
@@ -299,6 +304,68 @@ class ReplayBuffer:
             obs=gathered(self._obs), action=gathered(self._action),
             reward=host(self._reward[steps, e]), terminated=host(self._terminated[steps, e]),
             mask=host(mask), burn_in=int(burn_in),
+            next_obs=None if self._next_obs is None else gathered(self._next_obs),
+        )
+
+    def sequence_starts(self) -> np.ndarray:
+        """[[oldest ring step], [ring steps stored per environment]]: what
+        ``sample_sequences_on_device`` reads to place its windows (pass it as an input of a
+        captured function, so every replay sees the buffer as it is then)."""
+        stored = self.lane_length if self.full else self.pos
+        return np.array([[self.pos if self.full else 0], [stored]], np.float32)
+
+    def sample_sequences_on_device(self, batch_size: int, length: int, burn_in: int = 0,
+                                   starts=None) -> SequenceSamples:
+        """``sample_sequences`` drawn on the device from the engine's generator (as
+        ``sample_on_device``): nothing crosses from the host, so it can sit inside a captured
+        update. ``starts`` is ``sequence_starts()`` as a [2, 1] tensor (an input of the captured
+        function), or None for the buffer as it is now. Windows never wrap past the write
+        position; the buffer must hold a whole window per environment when it runs."""
+        for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"ReplayBuffer.sample_sequences_on_device: {name} must be an int >= {low}, "
+                                 f"got {value!r}")
+        if self.optimize_memory:
+            raise ValueError("ReplayBuffer.sample_sequences_on_device: not with optimize_memory")
+        window = int(burn_in) + int(length)
+        if window > self.lane_length:
+            raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps is longer than "
+                             f"the {self.lane_length} steps a lane holds")
+        if starts is None:
+            now = self.sequence_starts()
+            if now[1, 0] < window:
+                raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps needs that "
+                                 f"many stored steps per environment; {int(now[1, 0])} are stored")
+            starts = rc.tensor(now, device=self._obs.device)
+        return self._sequences_on_device(int(batch_size), window, int(burn_in), starts)
+
+    def _sequences_on_device(self, batch_size: int, window: int, burn_in: int, starts: Tensor) -> SequenceSamples:
+        """Windows of ``window`` steps of one lane each, in column arithmetic (exact in f32
+        below 2^24): step k of a window starting at ring step s is column
+        ((s + k) mod lane_length) * n_envs + lane."""
+        device = self._obs.device
+        oldest, stored = rc.slice_rows(starts, 0, 1), rc.slice_rows(starts, 1, 1)  # [1, 1] each
+        n_starts = rc.add(stored, float(1 - window))  # windows that fit before the write position
+        uniform = rc.rand((1, batch_size), dtype="f32", device=device)
+        first = rc.add(rc.cast(rc.cast(rc.mul(uniform, n_starts), "i32"), "f32"), oldest)  # [1, B] ring steps
+        offsets = rc.add(rc.cumsum(rc.full((window, 1), 1.0, dtype="f32", device=device)), -1.0)  # [T, 1]: 0..T-1
+        step = rc.add(first, offsets)  # [T, B]
+        step = rc.sub(step, rc.scale(rc.ge(step, float(self.lane_length)), float(self.lane_length)))
+        lane = rc.cast(rc.cast(rc.scale(rc.rand((1, batch_size), dtype="f32", device=device), float(self.n_envs)),
+                               "i32"), "f32")  # [1, B]
+        column = rc.add(rc.scale(step, float(self.n_envs)), lane)  # [T, B]
+        index = rc.reshape(rc.cast(column, "i32"), (1, window * batch_size))  # t fastest, then b
+
+        def gathered(buffer: DeviceBuffer) -> Tensor:
+            return rc.reshape(rc.get_rows(buffer, index), (buffer.rows, window, batch_size))
+
+        ended = rc.reshape(rc.get_rows(self._ended_row, index), (window, batch_size))  # [T, B]
+        ended_before = rc.sub(rc.cumsum(ended), ended)  # episode ends strictly before each step
+        mask = rc.sub(1.0, rc.ge(ended_before, 0.5))  # [T, B]
+        return SequenceSamples(
+            obs=gathered(self._obs), action=gathered(self._action), reward=gathered(self._reward_row),
+            terminated=gathered(self._terminated_row), mask=rc.reshape(mask, (1, window, batch_size)),
+            burn_in=burn_in, next_obs=gathered(self._next_obs),
         )
 
     # ---- saving ----------------------------------------------------------------------------
@@ -411,6 +478,7 @@ class ReplayBuffer:
         (row t, lane e is column t * n_envs + e, the row-major order of the host arrays)."""
         self._reward_row.write(self._reward.reshape(1, -1))
         self._terminated_row.write(self._terminated.reshape(1, -1).astype(np.float32))
+        self._ended_row.write((self._terminated | self._truncated).reshape(1, -1).astype(np.float32))
         if self._stop_row is not None:
             stop = (self._terminated | self._truncated).astype(np.float32)
             if len(self) > 0:
