@@ -149,6 +149,27 @@ def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
         for i, (a, b) in enumerate(pairs)])
 
 
+class EpsilonGreedy:
+    """Exploration of the DQN family (a mixin before OffPolicyAgent): each lane takes a uniform
+    action with probability epsilon, else the greedy one; epsilon falls linearly from
+    ``exploration_initial_eps`` to ``exploration_final_eps`` over ``exploration_fraction`` of
+    training, and is logged as rollout/exploration_rate."""
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
+        explore = self._rng.random(len(obs)) < self._epsilon()
+        actions[explore, 0] = self._rng.integers(0, self.n_actions, int(explore.sum()))
+        return actions
+
+    def _epsilon(self) -> float:
+        cfg = self.config
+        progress = min(1.0, self._progress() / cfg.exploration_fraction)
+        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+    def _extra_scalars(self) -> dict[str, float]:
+        return {"rollout/exploration_rate": self._epsilon()}
+
+
 # ---- config checks ------------------------------------------------------------------------------
 
 def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:
@@ -280,6 +301,10 @@ class OffPolicyAgent:
     def _after_env_step(self) -> None:
         """Work after every vector-environment step (a target update, for DQN)."""
 
+    def _episodes_ended(self, done: np.ndarray) -> None:
+        """Called after every step with the lanes whose episode ended (a recurrent agent zeroes
+        their states)."""
+
     def _extra_scalars(self) -> dict[str, float]:
         """Scalars besides the shared ones to log (the exploration rate, for DQN)."""
         return {}
@@ -379,6 +404,7 @@ class OffPolicyAgent:
             next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
             self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
             stats.step(reward, terminated | truncated)
+            self._episodes_ended(terminated | truncated)
             obs = next_obs
             before = self.num_timesteps
             self.num_timesteps += lanes.n
@@ -528,12 +554,17 @@ def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None,
     if isinstance(n_episodes, bool) or not isinstance(n_episodes, int) or n_episodes < 1:
         raise ValueError(f"evaluate: n_episodes must be a positive int, got {n_episodes!r}")
     env = make_env(env, seed)
+    recurrent = getattr(agent, "recurrent", False)
     returns = []
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=None if seed is None else seed + episode)
-        total, steps, done = 0.0, 0, False
+        total, steps, done, state = 0.0, 0, False, None
         while not done:
-            obs, reward, terminated, truncated, _ = env.step(agent.predict(obs, deterministic=True))
+            if recurrent:  # the state carried through the episode, from zeros
+                action, state = agent.predict(obs, state, deterministic=True)
+            else:
+                action = agent.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             steps += 1
             done = terminated or truncated

@@ -15,7 +15,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import (
-    OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
+    EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
 )
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core._checks import positive_int
@@ -109,7 +109,7 @@ def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...], dueling: boo
     return mlp((n_obs, *hidden, n_actions), final_activation=False)
 
 
-class DQN(OffPolicyAgent):
+class DQN(EpsilonGreedy, OffPolicyAgent):
     """DQN on ``env`` (a Gymnasium environment, its id, or a vector environment) with
     ``config`` on ``device``; TensorBoard runs go to ``<logdir>/DQN_<N>``."""
 
@@ -180,21 +180,6 @@ class DQN(OffPolicyAgent):
 
     def _policy_parameters(self) -> list:
         return list(self.q.parameters().values())
-
-    def _explore(self, obs: np.ndarray) -> np.ndarray:
-        """Epsilon-greedy: each lane acts at random with probability epsilon."""
-        actions = self._policy(obs, deterministic=True)
-        explore = self._rng.random(len(obs)) < self._epsilon()
-        actions[explore, 0] = self._rng.integers(0, self.n_actions, int(explore.sum()))
-        return actions
-
-    def _epsilon(self) -> float:
-        cfg = self.config
-        progress = min(1.0, self._progress() / cfg.exploration_fraction)
-        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
-
-    def _extra_scalars(self) -> dict[str, float]:
-        return {"rollout/exploration_rate": self._epsilon()}
 
     def _state_objects(self) -> dict:
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}

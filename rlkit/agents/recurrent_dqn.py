@@ -1,0 +1,175 @@
+"""Recurrent DQN (R2D2-style; Kapturowski et al., 2019) with a state-space (Mamba) or RWKV
+encoder, for partially observed tasks.
+
+Every gradient step is one captured program: windows of ``burn_in + sequence_length``
+consecutive steps sampled on the device from the replay buffer, the encoder run over each
+window from a zero state (the burn-in steps only warm the state up: they carry no loss), the
+TD targets from the target network run over the windows' next observations, the masked Huber
+loss, backward, clipping and Adam. Acting runs the encoder one step at a time with a state
+carried per environment lane (see rlkit.agents.recurrent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+import rlkit.core as rc
+from rlkit.agents.common import EpsilonGreedy, Polyak, check_common_fields, check_in_range, check_positive_number, mlp
+from rlkit.agents.recurrent import (
+    RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
+)
+from rlkit.buffers import ReplayBuffer
+from rlkit.core._checks import positive_int
+
+
+@dataclass
+class RecurrentDQNConfig:
+    """Hyperparameters (the defaults learn velocity-hidden CartPole, rlkit/CartPoleNoVel-v1)."""
+
+    learning_rate: float = 1e-3
+    """Adam's learning rate."""
+    buffer_size: int = 100_000
+    """Transitions the replay buffer holds."""
+    learning_starts: int = 1000
+    """Environment steps before the first gradient step."""
+    batch_size: int = 16
+    """Sequences per gradient step."""
+    sequence_length: int = 16
+    """Steps of each sequence that carry loss."""
+    burn_in: int = 8
+    """Steps before them that only warm the encoder's state up (R2D2's burn-in)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 256
+    """Environment steps between rounds of gradient steps."""
+    gradient_steps: int = 64
+    """Gradient steps per round."""
+    target_update_interval: int = 256
+    """Environment steps between target-network updates."""
+    tau: float = 1.0
+    """Polyak coefficient of the target update (1: copy)."""
+    exploration_fraction: float = 0.2
+    """Fraction of training over which epsilon falls linearly."""
+    exploration_initial_eps: float = 1.0
+    """Epsilon at the start."""
+    exploration_final_eps: float = 0.02
+    """Epsilon after the fall."""
+    max_grad_norm: float = 10.0
+    """Gradients are clipped to this global norm."""
+    encoder: str = "mamba"
+    """The sequence layer: "mamba" (a Mamba block) or "rwkv" (an RWKV-7 block)."""
+    d_model: int = 32
+    """The encoder's width."""
+    d_state: int = 16
+    """The Mamba block's state size per channel (unused by RWKV)."""
+    net_arch: tuple[int, ...] = field(default=(64,))
+    """Hidden layer sizes of the Q head on the encoder's features."""
+    double: bool = True
+    """Double DQN: the online network chooses the next action, the target network values it."""
+    n_envs: int = 1
+    """Environments stepped together (a vector environment made from the id when > 1)."""
+    log_interval: int = 1000
+    """Environment steps between TensorBoard writes."""
+
+    def __post_init__(self):
+        check_common_fields(self)
+        check_encoder_fields(self)
+        positive_int(self.target_update_interval, "RecurrentDQNConfig: target_update_interval")
+        check_in_range(self, "exploration_fraction", 0.0, 1.0, low_open=True)
+        check_in_range(self, "exploration_initial_eps", 0.0, 1.0)
+        check_in_range(self, "exploration_final_eps", 0.0, 1.0)
+        check_positive_number(self, "max_grad_norm")
+
+
+class RecurrentQNetwork(rc.nn.Module):
+    """Q-values from observation histories: a sequence encoder, then an MLP head per step."""
+
+    def __init__(self, n_obs: int, n_actions: int, config: RecurrentDQNConfig):
+        super().__init__()
+        self.encoder = SequenceEncoder(n_obs, config.d_model, config.d_state, config.encoder)
+        self.head = mlp((config.d_model, *config.net_arch, n_actions), final_activation=False)
+
+    def forward(self, obs, state=None):
+        """(Q [actions, T * B], final state) for observation windows [n_obs, T, B]."""
+        features, state = self.encoder(obs, state)  # [d_model, T, B]
+        return self.head(flat_steps(features)), state  # [actions, T * B]
+
+    def step(self, obs, state):
+        """(Q [actions, n], new state) for one observation per lane [n_obs, n]."""
+        features, state = self.encoder.step(obs, state)  # [d_model, n]
+        return self.head(features), state
+
+
+class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
+    """Recurrent DQN on ``env`` (a Gymnasium environment, its id, or a vector environment) with
+    ``config`` on ``device``; TensorBoard runs go to ``<logdir>/RecurrentDQN_<N>``."""
+
+    algo = "RecurrentDQN"
+    config_class = RecurrentDQNConfig
+
+    def _check_spaces(self) -> None:
+        self._require_spaces("discrete")
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.n_actions = int(self.action_space.n)
+        self.q = RecurrentQNetwork(self.n_obs, self.n_actions, cfg)
+        self.target = RecurrentQNetwork(self.n_obs, self.n_actions, cfg)
+        self.target.load_state_dict(self.q.state_dict())
+        self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, device=self.device,
+                                   action_dtype="i32", gamma=cfg.gamma, seed=self.seed)
+        self._burn_in_weights = burn_in_weights(cfg.burn_in, cfg.sequence_length, self.device)  # [1, T, 1]
+        self._update_target = Polyak(self.target.parameters(), self.q.parameters())
+        self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
+                                           max_grad_norm=cfg.max_grad_norm)
+
+    # ---- the update (traced once, then replayed) ----------------------------------------------
+
+    def _loss(self, starts):
+        """The masked Huber loss of Q(history, a) against the TD target over sampled windows."""
+        cfg = self.config
+        s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length, cfg.burn_in, starts)
+        with rc.no_grad():
+            # the target network runs over the next observations: at step t it has seen the
+            # window's history shifted by one, ending in step t's true next observation
+            next_q, _ = self.target(s.next_obs)  # [actions, T * B]
+            if cfg.double:
+                online_next, _ = self.q(s.next_obs)  # [actions, T * B]
+                best_next = rc.gather(next_q, rc.argmax(online_next))  # [1, T * B]
+            else:
+                best_next = rc.max(next_q)  # [1, T * B]
+            not_terminated = rc.sub(1.0, flat_steps(s.terminated))  # [1, T * B]
+            td_target = rc.stop_gradient(flat_steps(s.reward) + cfg.gamma * not_terminated * best_next)
+        q, _ = self.q(s.obs)  # [actions, T * B]
+        q_taken = rc.gather(q, flat_steps(s.action))  # [1, T * B]
+        weights, count = learning_weights(s, self._burn_in_weights)
+        return rc.div(rc.sum(weights * rc.huber_loss(q_taken, td_target, reduction="none")), count)
+
+    def _train(self, gradient_steps: int) -> dict[str, float]:
+        starts = self.buffer.sequence_starts()
+        if starts[1, 0] < self.config.burn_in + self.config.sequence_length:
+            return {}  # not a whole window stored per lane yet
+        for _ in range(gradient_steps):
+            loss, _ = self._train_step(starts=starts)
+        return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
+
+    def _after_env_step(self) -> None:
+        if self._n_calls % max(self.config.target_update_interval // self.lanes.n, 1) == 0:
+            self._update_target(self.config.tau)
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    def _policy_encoder(self) -> SequenceEncoder:
+        return self.q.encoder
+
+    def _act_step(self, obs, state, deterministic: bool):
+        q, state = self.q.step(obs, state)  # [actions, n]
+        return rc.argmax(q), state  # [1, n] i32: greedy
+
+    def _policy_parameters(self) -> list:
+        return list(self.q.parameters().values())
+
+    def _state_objects(self) -> dict:
+        return {"q": self.q, "target": self.target, "optimizer": self.optimizer}

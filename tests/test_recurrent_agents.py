@@ -1,0 +1,149 @@
+"""Recurrent agents (rlkit.agents.RecurrentDQN, RecurrentSAC) and the partially observed tasks
+(rlkit.envs): acting step by step gives what training computes over whole windows, lane states
+reset where episodes end, the sequence loss against a numpy reference, save/load, smoke runs on
+both backends and encoders, and the learning gate on velocity-hidden CartPole (slow)."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+from conftest import DEVICES
+from rlkit.agents import DQN, RecurrentDQN, RecurrentDQNConfig, RecurrentSAC, RecurrentSACConfig, evaluate
+from rlkit.envs import HideVelocity
+
+CARTPOLE, PENDULUM = "rlkit/CartPoleNoVel-v1", "rlkit/PendulumNoVel-v1"
+SMALL_DQN = dict(learning_starts=100, train_freq=50, gradient_steps=2, batch_size=4, sequence_length=4, burn_in=2,
+                 d_model=8, d_state=4, net_arch=(8,), buffer_size=2000)
+SMALL_SAC = dict(learning_starts=100, train_freq=20, gradient_steps=2, batch_size=4, sequence_length=4, burn_in=2, d_model=8, d_state=4,
+                 net_arch=(8,), buffer_size=2000)
+
+
+# ---- the partially observed tasks ---------------------------------------------------------------
+
+@pytest.mark.parametrize("hidden_id, base_id, kept", [(CARTPOLE, "CartPole-v1", [0, 2]),
+                                                      (PENDULUM, "Pendulum-v1", [0, 1])])
+def test_hidden_velocity_tasks_keep_the_positions_of_the_full_task(hidden_id, base_id, kept):
+    hidden, full = gym.make(hidden_id), gym.make(base_id)
+    assert hidden.spec.id == hidden_id and hidden.spec.max_episode_steps == full.spec.max_episode_steps
+    assert hidden.observation_space.shape == (2,)
+    np.testing.assert_array_equal(hidden.observation_space.low, full.observation_space.low[kept])
+    obs, _ = hidden.reset(seed=3)
+    full_obs, _ = full.reset(seed=3)
+    np.testing.assert_array_equal(obs, full_obs[kept])
+    for _ in range(20):  # the same dynamics: the same actions give the same positions and rewards
+        action = full.action_space.sample()
+        obs, reward, terminated, truncated, _ = hidden.step(action)
+        full_obs, full_reward, full_terminated, full_truncated, _ = full.step(action)
+        np.testing.assert_array_equal(obs, full_obs[kept])
+        assert (reward, terminated, truncated) == (full_reward, full_terminated, full_truncated)
+        if terminated or truncated:
+            break
+
+
+def test_hide_velocity_refuses_environments_it_does_not_know():
+    with pytest.raises(ValueError, match="only for .*CartPoleEnv.*got MountainCarEnv"):
+        HideVelocity(gym.make("MountainCar-v0"))
+
+
+# ---- acting step by step equals the training-time pass over the window ---------------------------
+
+@pytest.mark.parametrize("encoder", ["mamba", "rwkv"])
+def test_acting_steps_match_the_whole_sequence_pass(device, encoder):
+    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN, encoder=encoder), device=device, seed=1)
+    rng = np.random.default_rng(0)
+    episode = rng.standard_normal((12, 2)).astype(np.float32)  # [T, n_obs]
+    q_sequence, _ = agent.q(rc.tensor(episode.T.reshape(2, 12, 1).copy(), device=device))  # [actions, T]
+    greedy = q_sequence.numpy().argmax(axis=0)
+    state, actions = None, []
+    for t in range(12):
+        action, state = agent.predict(episode[t], state)
+        actions.append(action)
+    np.testing.assert_array_equal(actions, greedy)
+    # a lane flagged as starting an episode forgets its history
+    fresh, _ = agent.predict(episode[5], None)
+    restarted, _ = agent.predict(episode[5], state, episode_start=True)
+    assert restarted == fresh
+    with pytest.raises(ValueError, match="state has shapes"):
+        agent.predict(episode[:2], state)
+
+
+def test_lane_states_reset_where_episodes_end():
+    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN, n_envs=2), seed=2)
+    agent._policy(np.ones((2, 2), np.float32), True)
+    assert all(np.abs(part).sum(axis=tuple(range(part.ndim - 1))).min() > 0 for part in agent._lane_state)
+    agent._episodes_ended(np.array([False, True]))
+    for part in agent._lane_state:
+        assert np.all(part[..., 1] == 0) and np.any(part[..., 0] != 0)
+
+
+# ---- the sequence loss against numpy ----------------------------------------------------------------
+
+def _reference_loss(agent, seq):
+    """The masked Huber TD loss written out in numpy from the networks' outputs."""
+    cfg = agent.config
+    q = agent.q(seq.obs)[0].numpy()  # [actions, T * B]
+    next_target = agent.target(seq.next_obs)[0].numpy()
+    next_online = agent.q(seq.next_obs)[0].numpy()
+    flat = lambda t: t.numpy().reshape(-1, order="F")  # noqa: E731
+    action, reward, terminated, mask = (flat(t) for t in (seq.action, seq.reward, seq.terminated, seq.mask))
+    columns = np.arange(q.shape[1])
+    best = next_target[next_online.argmax(axis=0), columns]
+    target = reward + cfg.gamma * (1 - terminated) * best
+    d = q[action.astype(int), columns] - target
+    huber = np.where(np.abs(d) <= 1, 0.5 * d * d, np.abs(d) - 0.5)
+    window = cfg.burn_in + cfg.sequence_length
+    learn = (np.arange(q.shape[1]) % window) >= cfg.burn_in  # time is the fastest index
+    weights = mask * learn
+    return float((weights * huber).sum() / max(weights.sum(), 1.0))
+
+
+def test_sequence_loss_matches_numpy(device, monkeypatch):
+    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN), device=device, seed=4)
+    agent.learn(300)  # episodes of a random policy end often: windows cross their ends
+    with agent.on_device():
+        seq = agent.buffer.sample_sequences(16, agent.config.sequence_length, burn_in=agent.config.burn_in)
+        assert seq.mask.numpy().min() == 0  # some steps masked after an episode's end
+        monkeypatch.setattr(agent.buffer, "sample_sequences_on_device", lambda *args: seq)
+        loss = float(agent._loss(None).numpy().reshape(-1)[0])
+    assert loss == pytest.approx(_reference_loss(agent, seq), rel=1e-5)
+
+
+# ---- saving, smoke runs --------------------------------------------------------------------------
+
+def test_a_loaded_agent_acts_identically(tmp_path):
+    agent = RecurrentSAC(PENDULUM, RecurrentSACConfig(**SMALL_SAC), seed=5)
+    agent.learn(160)
+    agent.save(str(tmp_path / "agent.safetensors"))
+    loaded = RecurrentSAC.load(str(tmp_path / "agent.safetensors"))
+    obs = np.random.default_rng(1).uniform(-1, 1, (10, 2)).astype(np.float32)
+    state_a = state_b = None
+    for t in range(10):
+        a, state_a = agent.predict(obs[t], state_a)
+        b, state_b = loaded.predict(obs[t], state_b)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("agent_class, env_id, small", [(RecurrentDQN, CARTPOLE, SMALL_DQN),
+                                                        (RecurrentSAC, PENDULUM, SMALL_SAC)])
+@pytest.mark.parametrize("encoder", ["mamba", "rwkv"])
+def test_smoke_runs(device, agent_class, env_id, small, encoder, tmp_path):
+    agent = agent_class(env_id, agent_class.config_class(**small, encoder=encoder, n_envs=2), device=device,
+                        seed=0, logdir=str(tmp_path))
+    agent.learn(300)
+    assert agent.num_timesteps == 300 and agent._train_scalars
+    assert all(np.isfinite(v) for v in agent._train_scalars.values())
+    mean, _ = evaluate(agent, env_id, n_episodes=1, seed=0)
+    assert np.isfinite(mean)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        RecurrentDQNConfig(encoder="lstm")
+    with pytest.raises(ValueError, match="burn_in must be an int >= 0"):
+        RecurrentDQNConfig(burn_in=-1)
+    with pytest.raises(ValueError, match="does not fit"):
+        RecurrentSACConfig(buffer_size=20, sequence_length=16, burn_in=8)
+    with pytest.raises(TypeError, match="acts with a carried state"):
+        RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN))._act(None, True)
