@@ -1,0 +1,89 @@
+"""The benchmark scripts run end to end in their smoke mode, and scripts/bench_gpu.py's PyTorch
+updates compute what rlkit's agents compute (the check that makes its comparison honest).
+Speeds are not asserted here: the scripts measure them."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str):
+    """A script imported as a module (registered under its name: dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench_gpu():
+    return load_script("bench_gpu")
+
+
+def test_bench_gpu_measures_rlkit_without_torch(bench_gpu, monkeypatch, tmp_path, capsys):
+    """With PyTorch absent and --no-torch, every measurement still runs on rlkit's side: each
+    figure positive and finite, the PyTorch columns empty, the tables printed and written."""
+    monkeypatch.setattr(bench_gpu, "torch", None)
+    out = tmp_path / "rows.json"
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("before\n<!-- bench_gpu_torch begin -->\nold\n<!-- bench_gpu_torch end -->\nafter\n")
+    bench_gpu.main(["--quick", "--no-torch", "--device", "cpu", "--out", str(out), "--markdown", str(doc)])
+    rows = json.loads(out.read_text())["rows"]
+    labels = [row["label"] for row in rows]
+    for size in (64, 128):
+        assert sum(label == f"n = {size}" for label in labels) == 2  # f32 and f16
+    for name in ("adds of 32 x 32", "SAC update", "DQN update", "MLP 64-64-64-64"):
+        assert any(name in label for label in labels), name
+    for row in rows:
+        assert row["rlkit"] > 0 and math.isfinite(row["rlkit"]), row
+        assert row["torch"] is None and row["speed_ratio"] is None, row
+    printed = capsys.readouterr().out
+    for table in ("| matmul f32 |", "| matmul f16 |", "| dispatch |", "| RL updates |", "| MLP |"):
+        assert table in printed
+    written = doc.read_text()
+    assert written.startswith("before\n<!-- bench_gpu_torch begin -->\nMachine: ") and written.endswith(
+        "<!-- bench_gpu_torch end -->\nafter\n")
+    assert "old" not in written
+
+
+def test_bench_gpu_refuses_bad_arguments(bench_gpu):
+    for argv in (["--sizes", "64,x"], ["--sizes", "0"], ["--repeats", "0"], ["--check", "--no-torch"]):
+        with pytest.raises(SystemExit):
+            bench_gpu.parse_args(argv)
+
+
+def test_bench_gpu_speed_ratio_reads_above_one_where_rlkit_is_faster(bench_gpu):
+    throughput = bench_gpu.Row("t", "l", "TFLOP/s", 2.0, 4.0, "ref", higher_is_better=True)
+    time = bench_gpu.Row("t", "l", "us", 2.0, 4.0, "ref", higher_is_better=False)
+    assert throughput.speed_ratio == 0.5 and time.speed_ratio == 2.0
+    assert bench_gpu.Row("t", "l", "us", 2.0, None, "ref", higher_is_better=False).speed_ratio is None
+
+
+def test_bench_gpu_torch_updates_match_rlkit_agents(bench_gpu):
+    """One DQN and one SAC update from the same weights and batch: same losses (1e-4), same
+    gradient norm and weights after the step (the script raises SystemExit otherwise)."""
+    pytest.importorskip("torch")
+    dqn, sac = bench_gpu.check_equivalence()
+    assert dqn.startswith("DQN: loss ") and "gradient norm" in dqn
+    assert sac.startswith("SAC: critic_loss ") and "log alpha after the step" in sac
+
+
+def test_bench_gpu_check_catches_a_different_update(bench_gpu, monkeypatch):
+    """A PyTorch DQN update with another discount fails the check: it can tell."""
+    pytest.importorskip("torch")
+    original = bench_gpu.TorchDQN.__init__
+
+    def other_discount(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.gamma = 0.9
+
+    monkeypatch.setattr(bench_gpu.TorchDQN, "__init__", other_discount)
+    with pytest.raises(SystemExit, match="check failed: loss"):
+        bench_gpu.check_dqn()
