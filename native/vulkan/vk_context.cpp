@@ -286,13 +286,43 @@ void Context::init(std::string* why) {
         return;
     }
 
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    auto has_extension = [&](const char* name) {
+        uint32_t count = 0;
+        api_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &count, nullptr);
+        std::vector<VkExtensionProperties> all(count);
+        api_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &count, all.data());
+        return std::any_of(all.begin(), all.end(),
+                           [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+    };
+    // Whether the device lists the fragment matmul_coopmat.comp multiplies: 16x16x16, f16 A and B,
+    // f32 C and result, subgroup scope.
+    auto has_f16_fragment = [&] {
+        auto properties = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+            api_.vkGetInstanceProcAddr(instance_, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+        if (!properties) return false;
+        uint32_t count = 0;
+        properties(physical_, &count, nullptr);
+        std::vector<VkCooperativeMatrixPropertiesNV> all(count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+        properties(physical_, &count, all.data());
+        return std::any_of(all.begin(), all.end(), [](const VkCooperativeMatrixPropertiesNV& p) {
+            return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 && p.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                   p.BType == VK_COMPONENT_TYPE_FLOAT16_NV && p.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                   p.DType == VK_COMPONENT_TYPE_FLOAT32_NV && p.scope == VK_SCOPE_SUBGROUP_NV;
+        });
+    };
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV fcoop{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &fcoop};
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     api_.vkGetPhysicalDeviceFeatures2(physical_, &f2);
     if (!f12.bufferDeviceAddress || !f2.features.shaderInt64) {
         *why = device_name_ + " lacks bufferDeviceAddress or shaderInt64, which rlkit's shaders use";
         return;
     }
+    limits_.cooperative_matrix_f16 = has_extension(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) && fcoop.cooperativeMatrix &&
+                                     f11.storageBuffer16BitAccess && f12.shaderFloat16 && f12.vulkanMemoryModel &&
+                                     limits_.subgroup_size == 32 && has_f16_fragment() &&
+                                     !env_flag("RLKIT_VK_NO_COOPMAT");
 
     uint32_t nq = 0;
     api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
@@ -314,13 +344,26 @@ void Context::init(std::string* why) {
     qci.queueFamilyIndex = queue_family_;
     qci.queueCount = 1;
     qci.pQueuePriorities = &priority;
-    VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    // The cooperative-matrix kernel's features are enabled only where it will run (lavapipe and
+    // others get the device they always got).
+    const bool coop = limits_.cooperative_matrix_f16;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV enable_coop{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    enable_coop.cooperativeMatrix = VK_TRUE;
+    VkPhysicalDeviceVulkan11Features enable11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                              coop ? &enable_coop : nullptr};
+    enable11.storageBuffer16BitAccess = coop;
+    VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &enable11};
     enable12.bufferDeviceAddress = VK_TRUE;
+    enable12.shaderFloat16 = coop;
+    enable12.vulkanMemoryModel = coop;
     VkPhysicalDeviceFeatures2 enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &enable12};
     enable.features.shaderInt64 = VK_TRUE;
+    const char* coop_extension = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
     VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &enable};
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = coop ? 1 : 0;
+    dci.ppEnabledExtensionNames = coop ? &coop_extension : nullptr;
     check(api_.vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
 #define RK_LOAD_DEVICE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetDeviceProcAddr(device_, #name));
     RK_VK_DEVICE_FUNCTIONS(RK_LOAD_DEVICE)

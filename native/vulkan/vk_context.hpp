@@ -30,6 +30,9 @@ struct Limits {
     uint32_t max_push_constants = 0;
     uint32_t max_group_count_x = 0;
     uint64_t max_allocation = 0;
+    // Cooperative matrices (VK_NV_cooperative_matrix) with f16 inputs, f32 accumulators, 16x16x16
+    // subgroup-scope fragments and 32-invocation subgroups: what matmul_coopmat.comp assumes.
+    bool cooperative_matrix_f16 = false;
 };
 
 struct TransferStats {

@@ -1,0 +1,164 @@
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] for f16 A, B and C with f32 accumulation, on cooperative
+// matrices (tensor cores): matmul.comp's push constants and LINEAR epilogue (bias f16 here).
+// Used only where the device lists 16x16x16 f16 x f16 -> f32 subgroup fragments and runs
+// 32-invocation subgroups (vk_context.cpp): the 256 invocations are 8 subgroups.
+// A workgroup computes a 128 x 128 tile; subgroup s owns its 64 x 32 quarter-column at
+// (64 (s % 2), 32 (s / 2)) as 4 x 2 fragments. k goes in slices of 32, staged in shared memory
+// as 8-element (16-byte) chunks along each operand's contiguous dimension, so a transposed
+// operand is loaded row-major instead of being transposed; the next slice is read into
+// registers while the current one is multiplied. Results leave through a per-subgroup 16 x 16
+// f32 scratch, where edges are clipped and the epilogue applied.
+#version 450
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#include "common.glsl"
+
+layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer Chunks { uvec4 v[]; };
+
+layout(push_constant) uniform Push {
+    Halfs a;
+    Halfs b;
+    Halfs c;
+    uint m, n, k;
+    uint lda, ldb;
+    uint ta, tb;
+    uint ne2;              // output batch size along dim 2
+    uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
+    uint groups_m;         // tiles along m
+    Halfs bias;            // LINEAR only
+    uint activation;       // LINEAR only: 0 none, 1 relu, 2 tanh, 3 sigmoid
+    uint chunked;          // bit 0: A, bit 1: B may be read as whole 16-byte chunks (aligned, lda % 8 == 0)
+} pc;
+
+float epilogue(float acc, uint i) {
+#if defined(LINEAR)
+    float z = acc + float(pc.bias.v[i]);
+    if (pc.activation == 1) return max(z, 0.0);
+    if (pc.activation == 2) return tanh(z);
+    if (pc.activation == 3) return sigmoid_of(z);
+    return z;
+#else
+    return acc;
+#endif
+}
+
+const uint BM = 128, BN = 128, BK = 32;
+// Shared slices in chunks of 8 halves; a slice is [BK][BM + 8] (rows contiguous) or [BM][BK + 8]
+// (k contiguous), the 8 halves of padding spreading fragment rows over the banks.
+const uint WIDE = (BM + 8) / 8, NARROW = (BK + 8) / 8;  // chunks per shared row
+const uint SLICE = BM * NARROW;                          // the larger of BK * WIDE and BM * NARROW
+shared uvec4 As[SLICE];
+shared uvec4 Bs[SLICE];
+shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, column-major
+
+#define FRAGMENT_16 fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAGMENT_32 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+
+// Eight halves at element `at` along a contiguous dimension, zero past `limit` there or where the
+// other index is out of range: one 16-byte read where allowed, else eight 2-byte reads.
+uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool inside) {
+    if (!inside || start >= limit) return uvec4(0);
+    if (whole) return Chunks(uint64_t(src) + 2 * uint64_t(at)).v[0];
+    float16_t h[8];
+    for (uint e = 0; e < 8; ++e) h[e] = start + e < limit ? src.v[at + e] : float16_t(0.0);
+    return uvec4(packFloat2x16(f16vec2(h[0], h[1])), packFloat2x16(f16vec2(h[2], h[3])),
+                 packFloat2x16(f16vec2(h[4], h[5])), packFloat2x16(f16vec2(h[6], h[7])));
+}
+
+// Chunk c (0..511) of A's slice at k = p0, and where it goes in As.
+uvec4 read_a(uint c, uint base, uint row0, uint p0, out uint slot) {
+    bool whole = (pc.chunked & 1) != 0;
+    if (pc.ta == 0) {  // rows contiguous: chunk (rows 8 r.., column p)
+        uint r = c % (BM / 8), p = c / (BM / 8), i = row0 + 8 * r;
+        slot = p * WIDE + r;
+        return read_chunk(pc.a, whole, base + i + (p0 + p) * pc.lda, i, pc.m, p0 + p < pc.k);
+    }
+    uint q = c % (BK / 8), i = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (row i, k 8 q..)
+    slot = i * NARROW + q;
+    return read_chunk(pc.a, whole, base + p + (row0 + i) * pc.lda, p, pc.k, row0 + i < pc.m);
+}
+
+uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
+    bool whole = (pc.chunked & 2) != 0;
+    if (pc.tb == 0) {  // k contiguous: (k 8 q.., column j)
+        uint q = c % (BK / 8), j = c / (BK / 8), p = p0 + 8 * q;
+        slot = j * NARROW + q;
+        return read_chunk(pc.b, whole, base + p + (col0 + j) * pc.ldb, p, pc.k, col0 + j < pc.n);
+    }
+    uint r = c % (BN / 8), p = c / (BN / 8), j = col0 + 8 * r;  // columns contiguous: (k p, columns 8 r..)
+    slot = p * WIDE + r;
+    return read_chunk(pc.b, whole, base + j + (p0 + p) * pc.ldb, j, pc.n, p0 + p < pc.k);
+}
+
+void main() {
+    uint tile = flat_group();
+    uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
+    uint z = gl_WorkGroupID.z;
+    uint i2 = z % pc.ne2, i3 = z / pc.ne2;
+    uint base_a = i2 * pc.sa2 + i3 * pc.sa3, base_b = i2 * pc.sb2 + i3 * pc.sb3;
+    uint base_c = z * pc.m * pc.n;
+    uint t = gl_LocalInvocationID.x;
+    uint s = gl_SubgroupID;
+    uint wm = 64 * (s % 2), wn = 32 * (s / 2);  // this subgroup's corner in the tile
+
+    FRAGMENT_32 acc[4][2];
+    for (uint r = 0; r < 4; ++r)
+        for (uint q = 0; q < 2; ++q) acc[r][q] = FRAGMENT_32(0.0);
+
+    uvec4 next_a[2], next_b[2];
+    uint slot_a[2], slot_b[2];
+    for (uint l = 0; l < 2; ++l) {
+        next_a[l] = read_a(t + 256 * l, base_a, row0, 0, slot_a[l]);
+        next_b[l] = read_b(t + 256 * l, base_b, col0, 0, slot_b[l]);
+    }
+
+    for (uint p0 = 0; p0 < pc.k; p0 += BK) {
+        for (uint l = 0; l < 2; ++l) {
+            As[slot_a[l]] = next_a[l];
+            Bs[slot_b[l]] = next_b[l];
+        }
+        barrier();
+        if (p0 + BK < pc.k)
+            for (uint l = 0; l < 2; ++l) {
+                next_a[l] = read_a(t + 256 * l, base_a, row0, p0 + BK, slot_a[l]);
+                next_b[l] = read_b(t + 256 * l, base_b, col0, p0 + BK, slot_b[l]);
+            }
+        for (uint kk = 0; kk < BK; kk += 16) {
+            FRAGMENT_16 fa[4], fb[2];
+            for (uint r = 0; r < 4; ++r) {
+                uint i = wm + 16 * r;
+                if (pc.ta == 0)
+                    coopMatLoadNV(fa[r], As, kk * WIDE + i / 8, WIDE, true);
+                else
+                    coopMatLoadNV(fa[r], As, i * NARROW + kk / 8, NARROW, false);
+            }
+            for (uint q = 0; q < 2; ++q) {
+                uint j = wn + 16 * q;
+                if (pc.tb == 0)
+                    coopMatLoadNV(fb[q], Bs, j * NARROW + kk / 8, NARROW, true);
+                else
+                    coopMatLoadNV(fb[q], Bs, kk * WIDE + j / 8, WIDE, false);
+            }
+            for (uint r = 0; r < 4; ++r)
+                for (uint q = 0; q < 2; ++q) acc[r][q] = coopMatMulAddNV(fa[r], fb[q], acc[r][q]);
+        }
+        barrier();
+    }
+
+    uint lane = gl_SubgroupInvocationID;
+    for (uint r = 0; r < 4; ++r)
+        for (uint q = 0; q < 2; ++q) {
+            coopMatStoreNV(acc[r][q], scratch, 256 * s, 16, true);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            for (uint e = lane; e < 256; e += 32) {
+                uint i = row0 + wm + 16 * r + e % 16, j = col0 + wn + 16 * q + e / 16;
+                if (i < pc.m && j < pc.n) pc.c.v[base_c + i + j * pc.m] = float16_t(epilogue(scratch[256 * s + e], i));
+            }
+            subgroupBarrier();
+        }
+}
