@@ -7,6 +7,7 @@
 // memory into registers while the current one is multiplied. Batch slices along z (dims 2 and 3,
 // broadcast where a side has size 1).
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(push_constant) uniform Push {
@@ -77,52 +78,52 @@ void main() {
     uint tx = t % 16, ty = t / 16;
 
     float acc[TM][TN];
-    for (uint r = 0; r < TM; ++r)
-        for (uint q = 0; q < TN; ++q) acc[r][q] = 0.0;
+    [[unroll]] for (uint r = 0; r < TM; ++r)
+        [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] = 0.0;
 
     float next_a[LOADS_A], next_b[LOADS_B];
-    for (uint l = 0; l < LOADS_A; ++l) {
+    [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
         uvec2 s = a_slot(t + 256 * l);
         next_a[l] = load_a(base_a, row0 + s.x, s.y);
     }
-    for (uint l = 0; l < LOADS_B; ++l) {
+    [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
         uvec2 s = b_slot(t + 256 * l);
         next_b[l] = load_b(base_b, s.y, col0 + s.x);
     }
 
     for (uint p0 = 0; p0 < pc.k; p0 += BK) {
-        for (uint l = 0; l < LOADS_A; ++l) {
+        [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
             uvec2 s = a_slot(t + 256 * l);
             As[s.y][s.x / 4][s.x % 4] = next_a[l];
         }
-        for (uint l = 0; l < LOADS_B; ++l) {
+        [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
             uvec2 s = b_slot(t + 256 * l);
             Bs[s.y][s.x / 4][s.x % 4] = next_b[l];
         }
         barrier();
         if (p0 + BK < pc.k) {
-            for (uint l = 0; l < LOADS_A; ++l) {
+            [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
                 uvec2 s = a_slot(t + 256 * l);
                 next_a[l] = load_a(base_a, row0 + s.x, p0 + BK + s.y);
             }
-            for (uint l = 0; l < LOADS_B; ++l) {
+            [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
                 uvec2 s = b_slot(t + 256 * l);
                 next_b[l] = load_b(base_b, p0 + BK + s.y, col0 + s.x);
             }
         }
-        for (uint p = 0; p < BK; ++p) {
+        [[unroll]] for (uint p = 0; p < BK; ++p) {
             vec4 av[TM / 4], bv[TN / 4];
-            for (uint r = 0; r < TM / 4; ++r) av[r] = As[p][16 * r + tx];
-            for (uint q = 0; q < TN / 4; ++q) bv[q] = Bs[p][16 * q + ty];
-            for (uint r = 0; r < TM; ++r)
-                for (uint q = 0; q < TN; ++q) acc[r][q] += av[r / 4][r % 4] * bv[q / 4][q % 4];
+            [[unroll]] for (uint r = 0; r < TM / 4; ++r) av[r] = As[p][16 * r + tx];
+            [[unroll]] for (uint q = 0; q < TN / 4; ++q) bv[q] = Bs[p][16 * q + ty];
+            [[unroll]] for (uint r = 0; r < TM; ++r)
+                [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] += av[r / 4][r % 4] * bv[q / 4][q % 4];
         }
         barrier();
     }
-    for (uint q = 0; q < TN; ++q) {
+    [[unroll]] for (uint q = 0; q < TN; ++q) {
         uint j = col0 + 4 * (16 * (q / 4) + ty) + q % 4;
         if (j >= pc.n) continue;
-        for (uint r = 0; r < TM; ++r) {
+        [[unroll]] for (uint r = 0; r < TM; ++r) {
             uint i = row0 + 4 * (16 * (r / 4) + tx) + r % 4;
             if (i < pc.m) pc.c.v[base_c + i + j * pc.m] = epilogue(acc[r][q], i);
         }

@@ -14,6 +14,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
@@ -64,7 +65,7 @@ uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool in
     if (!inside || start >= limit) return uvec4(0);
     if (whole) return Chunks(uint64_t(src) + 2 * uint64_t(at)).v[0];
     float16_t h[8];
-    for (uint e = 0; e < 8; ++e) h[e] = start + e < limit ? src.v[at + e] : float16_t(0.0);
+    [[unroll]] for (uint e = 0; e < 8; ++e) h[e] = start + e < limit ? src.v[at + e] : float16_t(0.0);
     return uvec4(packFloat2x16(f16vec2(h[0], h[1])), packFloat2x16(f16vec2(h[2], h[3])),
                  packFloat2x16(f16vec2(h[4], h[5])), packFloat2x16(f16vec2(h[6], h[7])));
 }
@@ -106,52 +107,52 @@ void main() {
     uint wm = 64 * (s % 2), wn = 32 * (s / 2);  // this subgroup's corner in the tile
 
     FRAGMENT_32 acc[4][2];
-    for (uint r = 0; r < 4; ++r)
-        for (uint q = 0; q < 2; ++q) acc[r][q] = FRAGMENT_32(0.0);
+    [[unroll]] for (uint r = 0; r < 4; ++r)
+        [[unroll]] for (uint q = 0; q < 2; ++q) acc[r][q] = FRAGMENT_32(0.0);
 
     uvec4 next_a[2], next_b[2];
     uint slot_a[2], slot_b[2];
-    for (uint l = 0; l < 2; ++l) {
+    [[unroll]] for (uint l = 0; l < 2; ++l) {
         next_a[l] = read_a(t + 256 * l, base_a, row0, 0, slot_a[l]);
         next_b[l] = read_b(t + 256 * l, base_b, col0, 0, slot_b[l]);
     }
 
     for (uint p0 = 0; p0 < pc.k; p0 += BK) {
-        for (uint l = 0; l < 2; ++l) {
+        [[unroll]] for (uint l = 0; l < 2; ++l) {
             As[slot_a[l]] = next_a[l];
             Bs[slot_b[l]] = next_b[l];
         }
         barrier();
         if (p0 + BK < pc.k)
-            for (uint l = 0; l < 2; ++l) {
+            [[unroll]] for (uint l = 0; l < 2; ++l) {
                 next_a[l] = read_a(t + 256 * l, base_a, row0, p0 + BK, slot_a[l]);
                 next_b[l] = read_b(t + 256 * l, base_b, col0, p0 + BK, slot_b[l]);
             }
-        for (uint kk = 0; kk < BK; kk += 16) {
+        [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
             FRAGMENT_16 fa[4], fb[2];
-            for (uint r = 0; r < 4; ++r) {
+            [[unroll]] for (uint r = 0; r < 4; ++r) {
                 uint i = wm + 16 * r;
                 if (pc.ta == 0)
                     coopMatLoadNV(fa[r], As, kk * WIDE + i / 8, WIDE, true);
                 else
                     coopMatLoadNV(fa[r], As, i * NARROW + kk / 8, NARROW, false);
             }
-            for (uint q = 0; q < 2; ++q) {
+            [[unroll]] for (uint q = 0; q < 2; ++q) {
                 uint j = wn + 16 * q;
                 if (pc.tb == 0)
                     coopMatLoadNV(fb[q], Bs, j * NARROW + kk / 8, NARROW, true);
                 else
                     coopMatLoadNV(fb[q], Bs, kk * WIDE + j / 8, WIDE, false);
             }
-            for (uint r = 0; r < 4; ++r)
-                for (uint q = 0; q < 2; ++q) acc[r][q] = coopMatMulAddNV(fa[r], fb[q], acc[r][q]);
+            [[unroll]] for (uint r = 0; r < 4; ++r)
+                [[unroll]] for (uint q = 0; q < 2; ++q) acc[r][q] = coopMatMulAddNV(fa[r], fb[q], acc[r][q]);
         }
         barrier();
     }
 
     uint lane = gl_SubgroupInvocationID;
-    for (uint r = 0; r < 4; ++r)
-        for (uint q = 0; q < 2; ++q) {
+    [[unroll]] for (uint r = 0; r < 4; ++r)
+        [[unroll]] for (uint q = 0; q < 2; ++q) {
             coopMatStoreNV(acc[r][q], scratch, 256 * s, 16, true);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
