@@ -5,7 +5,8 @@
 // A workgroup computes a 128 x 128 tile; subgroup s owns its 64 x 32 quarter-column at
 // (64 (s % 2), 32 (s / 2)) as 4 x 2 fragments. k goes in slices of 32, staged in shared memory
 // as 8-element (16-byte) chunks along each operand's contiguous dimension, so a transposed
-// operand is loaded row-major instead of being transposed; the next slice is read into
+// operand (variants TRANSPOSE_A, TRANSPOSE_B) is loaded row-major instead of being transposed;
+// the next slice is read into
 // registers while the current one is multiplied. Results leave through a per-subgroup 16 x 16
 // f32 scratch, where edges are clipped and the epilogue applied.
 #version 450
@@ -61,56 +62,69 @@ shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way o
 
 // Eight halves at element `at` along a contiguous dimension, zero past `limit` there or where the
 // other index is out of range: one 16-byte read where allowed, else eight 2-byte reads.
+float16_t read_half(Halfs src, uint at, uint index, uint limit) {
+    return index < limit ? src.v[at] : float16_t(0.0);
+}
+
+uint read_pair(Halfs src, uint at, uint start, uint limit) {
+    return packFloat2x16(f16vec2(read_half(src, at, start, limit), read_half(src, at + 1, start + 1, limit)));
+}
+
 uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool inside) {
     if (!inside || start >= limit) return uvec4(0);
     if (whole) return Chunks(uint64_t(src) + 2 * uint64_t(at)).v[0];
-    float16_t h[8];
-    [[unroll]] for (uint e = 0; e < 8; ++e) h[e] = start + e < limit ? src.v[at + e] : float16_t(0.0);
-    return uvec4(packFloat2x16(f16vec2(h[0], h[1])), packFloat2x16(f16vec2(h[2], h[3])),
-                 packFloat2x16(f16vec2(h[4], h[5])), packFloat2x16(f16vec2(h[6], h[7])));
+    return uvec4(read_pair(src, at, start, limit), read_pair(src, at + 2, start + 2, limit),
+                 read_pair(src, at + 4, start + 4, limit), read_pair(src, at + 6, start + 6, limit));
 }
+
+// The staging layouts and fragment loads are fixed per variant (TRANSPOSE_A, TRANSPOSE_B): no
+// branch around a cooperative-matrix load.
 
 // Chunk c (0..511) of A's slice at k = p0, and where it goes in As.
 uvec4 read_a(uint c, uint base, uint row0, uint p0, out uint slot) {
     bool whole = (pc.chunked & 1) != 0;
-    if (pc.ta == 0) {  // rows contiguous: chunk (rows 8 r.., column p)
-        uint r = c % (BM / 8), p = c / (BM / 8), i = row0 + 8 * r;
-        slot = p * WIDE + r;
-        return read_chunk(pc.a, whole, base + i + (p0 + p) * pc.lda, i, pc.m, p0 + p < pc.k);
-    }
+#if !defined(TRANSPOSE_A)
+    uint r = c % (BM / 8), p = c / (BM / 8), i = row0 + 8 * r;  // rows contiguous: (rows 8 r.., column p)
+    slot = p * WIDE + r;
+    return read_chunk(pc.a, whole, base + i + (p0 + p) * pc.lda, i, pc.m, p0 + p < pc.k);
+#else
     uint q = c % (BK / 8), i = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (row i, k 8 q..)
     slot = i * NARROW + q;
     return read_chunk(pc.a, whole, base + p + (row0 + i) * pc.lda, p, pc.k, row0 + i < pc.m);
+#endif
 }
 
 uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
     bool whole = (pc.chunked & 2) != 0;
-    if (pc.tb == 0) {  // k contiguous: (k 8 q.., column j)
-        uint q = c % (BK / 8), j = c / (BK / 8), p = p0 + 8 * q;
-        slot = j * NARROW + q;
-        return read_chunk(pc.b, whole, base + p + (col0 + j) * pc.ldb, p, pc.k, col0 + j < pc.n);
-    }
+#if !defined(TRANSPOSE_B)
+    uint q = c % (BK / 8), j = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (k 8 q.., column j)
+    slot = j * NARROW + q;
+    return read_chunk(pc.b, whole, base + p + (col0 + j) * pc.ldb, p, pc.k, col0 + j < pc.n);
+#else
     uint r = c % (BN / 8), p = c / (BN / 8), j = col0 + 8 * r;  // columns contiguous: (k p, columns 8 r..)
     slot = p * WIDE + r;
     return read_chunk(pc.b, whole, base + j + (p0 + p) * pc.ldb, j, pc.n, p0 + p < pc.k);
+#endif
 }
 
 // A's 16 x 16 fragment at rows i.., k kk.. of the staged slice; B's at k kk.., columns j...
 FRAGMENT_16 a_fragment(uint i, uint kk) {
     FRAGMENT_16 f;
-    if (pc.ta == 0)
-        coopMatLoadNV(f, As, kk * WIDE + i / 8, WIDE, true);
-    else
-        coopMatLoadNV(f, As, i * NARROW + kk / 8, NARROW, false);
+#if !defined(TRANSPOSE_A)
+    coopMatLoadNV(f, As, kk * WIDE + i / 8, WIDE, true);
+#else
+    coopMatLoadNV(f, As, i * NARROW + kk / 8, NARROW, false);
+#endif
     return f;
 }
 
 FRAGMENT_16 b_fragment(uint kk, uint j) {
     FRAGMENT_16 f;
-    if (pc.tb == 0)
-        coopMatLoadNV(f, Bs, j * NARROW + kk / 8, NARROW, true);
-    else
-        coopMatLoadNV(f, Bs, kk * WIDE + j / 8, WIDE, false);
+#if !defined(TRANSPOSE_B)
+    coopMatLoadNV(f, Bs, j * NARROW + kk / 8, NARROW, true);
+#else
+    coopMatLoadNV(f, Bs, kk * WIDE + j / 8, WIDE, false);
+#endif
     return f;
 }
 

@@ -246,13 +246,14 @@ MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
 
 uint32_t tile_size(MatmulKernel kernel) { return kernel == MatmulKernel::tiled ? 64 : 128; }
 
-// The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR.
-std::string matmul_shader(MatmulKernel kernel, bool linear) {
+// The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
+// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile time).
+std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb) {
     const std::string base = linear ? "matmul_linear" : "matmul";
     switch (kernel) {
         case MatmulKernel::tiled: return base;
         case MatmulKernel::tiled_large: return base + "_large";
-        case MatmulKernel::coopmat: return base + "_coopmat";
+        case MatmulKernel::coopmat: return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "");
     }
     return base;
 }
@@ -296,7 +297,7 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
                             activation};
     std::vector<vk::Range> reads{span(a), span(b)};
     if (bias) reads.push_back(span(*bias));
-    const std::string shader = matmul_shader(kernel, bias != nullptr);
+    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb);
     const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
     if (kernel == MatmulKernel::coopmat) {
         const CoopmatPush p{linear, uint32_t(reads_in_chunks(a)) | uint32_t(reads_in_chunks(b)) << 1};
