@@ -32,6 +32,8 @@ struct Limits {
     uint64_t max_allocation = 0;
     // Cooperative matrices (VK_NV_cooperative_matrix) with f16 inputs, f32 accumulators, 16x16x16
     // subgroup-scope fragments and 32-invocation subgroups: what matmul_coopmat.comp assumes.
+    // NV's extension, not VK_KHR_cooperative_matrix: the glslc rlkit builds with (shaderc 2023.2)
+    // compiles only GL_NV_cooperative_matrix.
     bool cooperative_matrix_f16 = false;
 };
 
