@@ -10,12 +10,17 @@
 // registers while the current one is multiplied. Results leave through a per-subgroup 16 x 16
 // f32 scratch, where edges are clipped and the epilogue applied.
 #version 450
+#if defined(KHR_COOPMAT)
+#extension GL_KHR_cooperative_matrix : require
+#else
 #extension GL_NV_cooperative_matrix : require
+#endif
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require  // glslangValidator does not imply it, as glslc does
 #include "common.glsl"
 
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
@@ -57,8 +62,27 @@ shared uvec4 As[SLICE];
 shared uvec4 Bs[SLICE];
 shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, column-major
 
-#define FRAGMENT_16 fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAGMENT_32 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+// VK_KHR_cooperative_matrix where the build's shader compiler knows it (KHR_COOPMAT; its
+// fragments declare their use, A, B or accumulator), else VK_NV_cooperative_matrix.
+#if defined(KHR_COOPMAT)
+#define FRAGMENT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAGMENT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAGMENT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define COLUMN_MAJOR gl_CooperativeMatrixLayoutColumnMajor
+#define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
+#define LOAD_FRAGMENT coopMatLoad
+#define STORE_FRAGMENT coopMatStore
+#define MUL_ADD coopMatMulAdd
+#else
+#define FRAGMENT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAGMENT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAGMENT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define COLUMN_MAJOR true
+#define ROW_MAJOR false
+#define LOAD_FRAGMENT coopMatLoadNV
+#define STORE_FRAGMENT coopMatStoreNV
+#define MUL_ADD coopMatMulAddNV
+#endif
 
 // Eight halves at element `at` along a contiguous dimension, zero past `limit` there or where the
 // other index is out of range: one 16-byte read where allowed, else eight 2-byte reads.
@@ -108,30 +132,30 @@ uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
 }
 
 // A's 16 x 16 fragment at rows i.., k kk.. of the staged slice; B's at k kk.., columns j...
-FRAGMENT_16 a_fragment(uint i, uint kk) {
-    FRAGMENT_16 f;
+FRAGMENT_A a_fragment(uint i, uint kk) {
+    FRAGMENT_A f;
 #if !defined(TRANSPOSE_A)
-    coopMatLoadNV(f, As, kk * WIDE + i / 8, WIDE, true);
+    LOAD_FRAGMENT(f, As, kk * WIDE + i / 8, WIDE, COLUMN_MAJOR);
 #else
-    coopMatLoadNV(f, As, i * NARROW + kk / 8, NARROW, false);
+    LOAD_FRAGMENT(f, As, i * NARROW + kk / 8, NARROW, ROW_MAJOR);
 #endif
     return f;
 }
 
-FRAGMENT_16 b_fragment(uint kk, uint j) {
-    FRAGMENT_16 f;
+FRAGMENT_B b_fragment(uint kk, uint j) {
+    FRAGMENT_B f;
 #if !defined(TRANSPOSE_B)
-    coopMatLoadNV(f, Bs, j * NARROW + kk / 8, NARROW, true);
+    LOAD_FRAGMENT(f, Bs, j * NARROW + kk / 8, NARROW, COLUMN_MAJOR);
 #else
-    coopMatLoadNV(f, Bs, kk * WIDE + j / 8, WIDE, false);
+    LOAD_FRAGMENT(f, Bs, kk * WIDE + j / 8, WIDE, ROW_MAJOR);
 #endif
     return f;
 }
 
 // Writes fragment f, the output block at rows i0.., columns j0.., through subgroup s's scratch:
 // clipped at the edges, the epilogue applied, rounded to f16.
-void store_fragment(FRAGMENT_32 f, uint i0, uint j0, uint base_c, uint s) {
-    coopMatStoreNV(f, scratch, 256 * s, 16, true);
+void store_fragment(FRAGMENT_C f, uint i0, uint j0, uint base_c, uint s) {
+    STORE_FRAGMENT(f, scratch, 256 * s, 16, COLUMN_MAJOR);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     for (uint e = gl_SubgroupInvocationID; e < 256; e += 32) {
@@ -154,8 +178,15 @@ void main() {
 
     // The 4 x 2 accumulators are named, not an array: NVIDIA's compiler kept an array of
     // cooperative matrices in local memory (about 30 TFLOP/s instead of tensor-core rates).
-    FRAGMENT_32 c00 = FRAGMENT_32(0.0), c01 = FRAGMENT_32(0.0), c10 = FRAGMENT_32(0.0), c11 = FRAGMENT_32(0.0);
-    FRAGMENT_32 c20 = FRAGMENT_32(0.0), c21 = FRAGMENT_32(0.0), c30 = FRAGMENT_32(0.0), c31 = FRAGMENT_32(0.0);
+    // (One declaration each: glslang 13 misreads a list of cooperative-matrix declarators.)
+    FRAGMENT_C c00 = FRAGMENT_C(0.0);
+    FRAGMENT_C c01 = FRAGMENT_C(0.0);
+    FRAGMENT_C c10 = FRAGMENT_C(0.0);
+    FRAGMENT_C c11 = FRAGMENT_C(0.0);
+    FRAGMENT_C c20 = FRAGMENT_C(0.0);
+    FRAGMENT_C c21 = FRAGMENT_C(0.0);
+    FRAGMENT_C c30 = FRAGMENT_C(0.0);
+    FRAGMENT_C c31 = FRAGMENT_C(0.0);
 
     uvec4 next_a[2], next_b[2];
     uint slot_a[2], slot_b[2];
@@ -176,19 +207,20 @@ void main() {
                 next_b[l] = read_b(t + 256 * l, base_b, col0, p0 + BK, slot_b[l]);
             }
         [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
-            FRAGMENT_16 b0 = b_fragment(kk, wn), b1 = b_fragment(kk, wn + 16);
-            FRAGMENT_16 a = a_fragment(wm, kk);
-            c00 = coopMatMulAddNV(a, b0, c00);
-            c01 = coopMatMulAddNV(a, b1, c01);
+            FRAGMENT_B b0 = b_fragment(kk, wn);
+            FRAGMENT_B b1 = b_fragment(kk, wn + 16);
+            FRAGMENT_A a = a_fragment(wm, kk);
+            c00 = MUL_ADD(a, b0, c00);
+            c01 = MUL_ADD(a, b1, c01);
             a = a_fragment(wm + 16, kk);
-            c10 = coopMatMulAddNV(a, b0, c10);
-            c11 = coopMatMulAddNV(a, b1, c11);
+            c10 = MUL_ADD(a, b0, c10);
+            c11 = MUL_ADD(a, b1, c11);
             a = a_fragment(wm + 32, kk);
-            c20 = coopMatMulAddNV(a, b0, c20);
-            c21 = coopMatMulAddNV(a, b1, c21);
+            c20 = MUL_ADD(a, b0, c20);
+            c21 = MUL_ADD(a, b1, c21);
             a = a_fragment(wm + 48, kk);
-            c30 = coopMatMulAddNV(a, b0, c30);
-            c31 = coopMatMulAddNV(a, b1, c31);
+            c30 = MUL_ADD(a, b0, c30);
+            c31 = MUL_ADD(a, b1, c31);
         }
         barrier();
     }

@@ -321,8 +321,13 @@ bool takes_f16(Op op, const Inputs& in) {
 
 std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
     const MatmulKernel kernel = choose_matmul(dtype, m, n, batch);
+#if defined(RLKIT_COOPMAT_KHR)
+    const std::string extension = "VK_KHR_cooperative_matrix";
+#else
+    const std::string extension = "VK_NV_cooperative_matrix";
+#endif
     if (kernel == MatmulKernel::coopmat)
-        return "cooperative matrices, 128x128 tiles of 16x16x16 f16 fragments, f32 accumulation";
+        return "cooperative matrices (" + extension + "), 128x128 tiles of 16x16x16 f16 fragments, f32 accumulation";
     const std::string tile = std::to_string(tile_size(kernel));
     const std::string widened = dtype == DType::f16 ? " (f16 operands widened to f32)" : "";
     return "f32 SIMT, " + tile + "x" + tile + " tiles" + widened;
