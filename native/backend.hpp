@@ -35,7 +35,8 @@ class Backend {
   public:
     virtual ~Backend() = default;
     virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
-    // Runs op into `out` (already sized, storage assigned). Kernels see f32/f64/i32 only.
+    // Runs op into `out` (already sized, storage assigned). Kernels see f32/f64/i32 only, except
+    // where takes_f16 says otherwise.
     virtual void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) = 0;
     // Host <-> device copies of n bytes at a byte offset into a tensor (counted in
     // transfer_stats on the GPU): whole tensors, or a few columns of a buffer.
@@ -52,6 +53,9 @@ class Backend {
     virtual void submit() {}
     // Waits for everything recorded so far.
     virtual void synchronize() {}
+    // Whether op's kernel reads these f16 inputs as they are; otherwise f16 inputs are widened to
+    // f32 first (and an f16 result rounded once at the end).
+    virtual bool takes_f16(Op, const Inputs&) const { return false; }
 };
 
 // The Vulkan backend, created on first use; null (and `why` says what is missing) where no
@@ -75,6 +79,9 @@ struct GpuInfo {
     bool validation = false;  // the Khronos validation layer is on (RLKIT_VK_VALIDATION=1)
 };
 bool gpu_info(GpuInfo* info);
+// The kernel GPU matmul uses for operands of this dtype and an [m, n] output with `batch`
+// slices, in words (empty without a GPU).
+std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);
 // Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.
 void set_gpu_poison(bool on);
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);

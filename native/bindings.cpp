@@ -260,6 +260,21 @@ PYBIND11_MODULE(_native, m) {
         d["validation"] = info.validation;
         return d;
     });
+    m.def(
+        "gpu_matmul_kernel",
+        [](const std::string& dtype, int64_t m, int64_t n, int64_t batch) -> py::object {
+            const DType d = dtype_from_name(dtype);
+            if (d != DType::f32 && d != DType::f16)
+                throw TypeError("gpu_matmul_kernel: dtype must be 'f32' or 'f16', got '" + dtype + "'");
+            if (m < 1 || n < 1 || batch < 1)
+                throw std::invalid_argument("gpu_matmul_kernel: m, n and batch must be >= 1");
+            const std::string kernel = gpu_matmul_kernel(d, m, n, batch);
+            if (kernel.empty()) return py::none();
+            return py::str(kernel);
+        },
+        py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("batch") = 1,
+        "The kernel GPU matmul uses for this dtype and an [m, n] output with `batch` slices, in words; "
+        "None without a GPU.");
     m.def("gpu_counters", [](bool reset) {
         py::dict d;
         for (const auto& [k, v] : gpu_counters(reset)) d[k.c_str()] = v;

@@ -72,6 +72,7 @@ Backend* vulkan_backend(std::string* why) {
     return nullptr;
 }
 bool gpu_info(GpuInfo*) { return false; }
+std::string gpu_matmul_kernel(DType, int64_t, int64_t, int64_t) { return {}; }
 void set_gpu_poison(bool) {}
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }
 int provoke_validation_error() { return -1; }
@@ -101,7 +102,7 @@ void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out)
     Backend& be = backend(out.device);
     bool any_half = out.dtype == DType::f16;
     for (const auto& t : inputs) any_half |= t->dtype == DType::f16;
-    if (!any_half || op == Op::cast) {
+    if (!any_half || op == Op::cast || be.takes_f16(op, inputs)) {
         be.run(op, inputs, attrs, out);
         return;
     }

@@ -422,6 +422,16 @@ def _device_line(row: dict) -> str:
             f"subgroup size {row['subgroup_size']}")
 
 
+def _gpu_matmul_lines() -> list[str]:
+    """Which kernel GPU matmul uses per dtype on this device, at a small and a large output (the
+    tile size follows the output's size)."""
+    from rlkit import _native
+
+    sizes = (256, 4096)
+    return [f"gpu matmul {dtype}: " + "; ".join(f"{n}x{n}: {_native.gpu_matmul_kernel(dtype, n, n)}" for n in sizes)
+            for dtype in ("f32", "f16")]
+
+
 def info_lines() -> list[str]:
     """The version, the devices and the build facts, one per line."""
     import numpy as np
@@ -438,6 +448,8 @@ def info_lines() -> list[str]:
     lines += [f"vulkan backend: {vulkan}"]
     if gpu_problem:
         lines += [f"gpu: unavailable: {gpu_problem}"]
+    else:
+        lines += _gpu_matmul_lines()
     lines += [f"blas: {blas}"]
     return lines
 

@@ -2,8 +2,10 @@
 
     python scripts/bench_core.py [--quick] [--markdown BENCHMARKS.md]
     python scripts/bench_core.py --gpu [--markdown BENCHMARKS.md]   # the GPU column, on a GPU machine
+    python scripts/bench_core.py --gpu-matmul [--quick]              # the GPU matmul table alone
 
-Figures: dispatch overhead of a tiny eager op; matmul GFLOP/s at 64, 256 and 1024 (f32);
+Figures: dispatch overhead of a tiny eager op; matmul GFLOP/s at 64, 256 and 1024 (f32; on the GPU,
+TFLOP/s at 1024 to 8192, f32 and f16; `--gpu-matmul` runs that table alone);
 forward + backward + Adam of a 4-256-256-2 MLP at batch 64. Every figure is the median of
 several rounds; the PyTorch column is left out where torch is not installed
 (`pip install torch==2.13.0`).
@@ -20,6 +22,7 @@ import time
 import numpy as np
 
 import rlkit.core as rc
+from rlkit import _native
 
 try:
     import torch
@@ -260,6 +263,30 @@ def report(dispatch: dict, matmuls: dict, mlp: dict) -> str:
 
 # ---- the GPU column (rlkit's Vulkan backend against PyTorch CUDA on the same machine) -----------
 
+def gpu_matmul_table(rounds: int, cuda_sync) -> list[str]:
+    """TFLOP/s of n x n @ n x n on the GPU, f32 and f16, against cuBLAS (true f32: no TF32) where
+    PyTorch CUDA is given (cuda_sync), with the kernel rlkit chose for each."""
+    lines = ["| matmul, n x n @ n x n | rlkit TFLOP/s | cuBLAS TFLOP/s | rlkit / cuBLAS | rlkit kernel |",
+             "|---|---|---|---|---|"]
+    for dtype in ("f32", "f16"):
+        np_dtype = np.float16 if dtype == "f16" else np.float32
+        for n in (1024, 2048, 4096, 8192):
+            x = np.random.default_rng(n).standard_normal((n, n)).astype(np_dtype)
+            ga = rc.tensor(x, dtype=dtype, device="gpu")
+            gb = rc.tensor(x.T.copy(order="F"), dtype=dtype, device="gpu")
+            iters = max(2, int((4e12 if dtype == "f16" else 4e11) / n**3))
+            ours = 2.0 * n**3 / gpu_seconds(lambda: rc.matmul(ga, gb), rc.synchronize, iters, rounds) / 1e12
+            kernel = _native.gpu_matmul_kernel(dtype, n, n)
+            if cuda_sync is not None:
+                torch.backends.cuda.matmul.allow_tf32 = False  # a true f32 reference
+                tx = torch.from_numpy(x).cuda()
+                theirs = 2.0 * n**3 / gpu_seconds(lambda: torch.mm(tx, tx), cuda_sync, iters, rounds) / 1e12
+                lines.append(f"| {dtype}, n = {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x | {kernel} |")
+            else:
+                lines.append(f"| {dtype}, n = {n} | {ours:.2f} | - | - | {kernel} |")
+    return lines
+
+
 def bench_gpu(rounds: int) -> str:
     has_cuda = torch is not None and torch.cuda.is_available()
     cuda_sync = torch.cuda.synchronize if has_cuda else None
@@ -277,19 +304,7 @@ def bench_gpu(rounds: int) -> str:
         row += " - | - |"
     lines += ["| | rlkit Vulkan | PyTorch CUDA | rlkit / torch |", "|---|---|---|---|", row]
 
-    lines += ["", "| matmul f32, n x n @ n x n | rlkit TFLOP/s | cuBLAS TFLOP/s | rlkit / cuBLAS |", "|---|---|---|---|"]
-    for n in (1024, 2048, 4096, 8192):
-        x = np.random.default_rng(n).standard_normal((n, n)).astype(np.float32)
-        ga, gb = rc.tensor(x, device="gpu"), rc.tensor(x.T.copy(order="F"), device="gpu")
-        iters = max(2, int(4e11 / n**3))
-        ours = 2.0 * n**3 / gpu_seconds(lambda: rc.matmul(ga, gb), rc.synchronize, iters, rounds) / 1e12
-        if has_cuda:
-            torch.backends.cuda.matmul.allow_tf32 = False  # a true f32 reference
-            tx = torch.from_numpy(x).cuda()
-            theirs = 2.0 * n**3 / gpu_seconds(lambda: torch.mm(tx, tx), cuda_sync, iters, rounds) / 1e12
-            lines.append(f"| n = {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
-        else:
-            lines.append(f"| n = {n} | {ours:.2f} | - | - |")
+    lines += [""] + gpu_matmul_table(rounds, cuda_sync if has_cuda else None)
 
     rng = np.random.default_rng(0)
     layers = mlp_init(rng)
@@ -319,8 +334,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument("--markdown", help="also write the tables into this file, between the bench_core markers")
     parser.add_argument("--gpu", action="store_true", help="measure the Vulkan backend against PyTorch CUDA instead")
+    parser.add_argument("--gpu-matmul", action="store_true", help="only the GPU matmul table (f32 and f16)")
     args = parser.parse_args()
     rounds = 3 if args.quick else 9
+    if args.gpu_matmul:
+        has_cuda = torch is not None and torch.cuda.is_available()
+        print("\n".join(gpu_matmul_table(rounds, torch.cuda.synchronize if has_cuda else None)))
+        return
     if args.gpu:
         text = bench_gpu(rounds)
         print(text)

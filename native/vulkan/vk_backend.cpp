@@ -48,6 +48,7 @@ class VulkanBackend final : public Backend {
     std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
         return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
     }
+    bool takes_f16(Op op, const Inputs& inputs) const override { return vk::takes_f16(op, inputs); }
     void submit() override { ctx_.submit(); }
     void synchronize() override { ctx_.flush(); }
 
@@ -83,6 +84,11 @@ bool gpu_info(GpuInfo* info) {
     info->memory_reserved = ctx->memory_reserved();
     info->validation = ctx->validating();
     return true;
+}
+
+std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    std::string why;
+    return vk::Context::get(&why) ? vk::matmul_kernel(dtype, m, n, batch) : std::string();
 }
 
 int provoke_validation_error() {

@@ -32,6 +32,50 @@ constexpr size_t kSlots = 3;               // command buffers in rotation
 constexpr size_t kMaxUnsynced = 256;       // ranges tracked between barriers
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
+// The cooperative-matrix extension matmul_coopmat.comp was built for (CMakeLists.txt): KHR where
+// the shader compiler knew GL_KHR_cooperative_matrix, else NV. The two query alike.
+#if defined(RLKIT_COOPMAT_KHR)
+#if !defined(VK_KHR_cooperative_matrix)
+// VK_KHR_cooperative_matrix as the Vulkan registry defines it, for headers older than 1.3.255.
+#define VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME "VK_KHR_cooperative_matrix"
+constexpr VkStructureType VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR = VkStructureType(1000506000);
+constexpr VkStructureType VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR = VkStructureType(1000506001);
+struct VkPhysicalDeviceCooperativeMatrixFeaturesKHR {
+    VkStructureType sType;
+    void* pNext;
+    VkBool32 cooperativeMatrix;
+    VkBool32 cooperativeMatrixRobustBufferAccess;
+};
+struct VkCooperativeMatrixPropertiesKHR {
+    VkStructureType sType;
+    void* pNext;
+    uint32_t MSize, NSize, KSize;
+    VkComponentTypeNV AType, BType, CType, ResultType;  // the KHR enums have the NV values
+    VkBool32 saturatingAccumulation;
+    VkScopeNV scope;
+};
+using PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*,
+                                                                                    VkCooperativeMatrixPropertiesKHR*);
+#endif
+using CoopmatFeatures = VkPhysicalDeviceCooperativeMatrixFeaturesKHR;
+using CoopmatProperties = VkCooperativeMatrixPropertiesKHR;
+using PFN_coopmat_properties = PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR;
+constexpr VkStructureType kCoopmatFeatures = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR;
+constexpr VkStructureType kCoopmatProperties = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR;
+constexpr const char* kCoopmatExtension = VK_KHR_COOPERATIVE_MATRIX_EXTENSION_NAME;
+constexpr const char* kCoopmatPropertiesFunction = "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR";
+int result_type(const CoopmatProperties& p) { return int(p.ResultType); }
+#else
+using CoopmatFeatures = VkPhysicalDeviceCooperativeMatrixFeaturesNV;
+using CoopmatProperties = VkCooperativeMatrixPropertiesNV;
+using PFN_coopmat_properties = PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV;
+constexpr VkStructureType kCoopmatFeatures = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV;
+constexpr VkStructureType kCoopmatProperties = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+constexpr const char* kCoopmatExtension = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+constexpr const char* kCoopmatPropertiesFunction = "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV";
+int result_type(const CoopmatProperties& p) { return int(p.DType); }
+#endif
+
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 bool env_flag(const char* name) {
@@ -286,13 +330,46 @@ void Context::init(std::string* why) {
         return;
     }
 
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    auto has_extension = [&](const char* name) {
+        uint32_t count = 0;
+        api_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &count, nullptr);
+        std::vector<VkExtensionProperties> all(count);
+        api_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &count, all.data());
+        return std::any_of(all.begin(), all.end(),
+                           [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+    };
+    // Whether the device lists the fragment matmul_coopmat.comp multiplies: 16x16x16, f16 A and B,
+    // f32 C and result, subgroup scope.
+    auto has_f16_fragment = [&] {
+        auto properties = reinterpret_cast<PFN_coopmat_properties>(
+            api_.vkGetInstanceProcAddr(instance_, kCoopmatPropertiesFunction));
+        if (!properties) return false;
+        uint32_t count = 0;
+        properties(physical_, &count, nullptr);
+        CoopmatProperties blank{};
+        blank.sType = kCoopmatProperties;
+        std::vector<CoopmatProperties> all(count, blank);
+        properties(physical_, &count, all.data());
+        return std::any_of(all.begin(), all.end(), [](const CoopmatProperties& p) {
+            return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 && p.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                   p.BType == VK_COMPONENT_TYPE_FLOAT16_NV && p.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                   result_type(p) == VK_COMPONENT_TYPE_FLOAT32_NV && p.scope == VK_SCOPE_SUBGROUP_NV;
+        });
+    };
+    CoopmatFeatures fcoop{};
+    fcoop.sType = kCoopmatFeatures;
+    VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &fcoop};
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     api_.vkGetPhysicalDeviceFeatures2(physical_, &f2);
     if (!f12.bufferDeviceAddress || !f2.features.shaderInt64) {
         *why = device_name_ + " lacks bufferDeviceAddress or shaderInt64, which rlkit's shaders use";
         return;
     }
+    limits_.cooperative_matrix_f16 = has_extension(kCoopmatExtension) && fcoop.cooperativeMatrix &&
+                                     f11.storageBuffer16BitAccess && f12.shaderFloat16 && f12.vulkanMemoryModel &&
+                                     limits_.subgroup_size == 32 && has_f16_fragment() &&
+                                     !env_flag("RLKIT_VK_NO_COOPMAT");
 
     uint32_t nq = 0;
     api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
@@ -314,13 +391,27 @@ void Context::init(std::string* why) {
     qci.queueFamilyIndex = queue_family_;
     qci.queueCount = 1;
     qci.pQueuePriorities = &priority;
-    VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    // The cooperative-matrix kernel's features are enabled only where it will run (lavapipe and
+    // others get the device they always got).
+    const bool coop = limits_.cooperative_matrix_f16;
+    CoopmatFeatures enable_coop{};
+    enable_coop.sType = kCoopmatFeatures;
+    enable_coop.cooperativeMatrix = VK_TRUE;
+    VkPhysicalDeviceVulkan11Features enable11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                              coop ? &enable_coop : nullptr};
+    enable11.storageBuffer16BitAccess = coop;
+    VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &enable11};
     enable12.bufferDeviceAddress = VK_TRUE;
+    enable12.shaderFloat16 = coop;
+    enable12.vulkanMemoryModel = coop;
     VkPhysicalDeviceFeatures2 enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &enable12};
     enable.features.shaderInt64 = VK_TRUE;
+    const char* coop_extension = kCoopmatExtension;
     VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &enable};
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
+    dci.enabledExtensionCount = coop ? 1 : 0;
+    dci.ppEnabledExtensionNames = coop ? &coop_extension : nullptr;
     check(api_.vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
 #define RK_LOAD_DEVICE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetDeviceProcAddr(device_, #name));
     RK_VK_DEVICE_FUNCTIONS(RK_LOAD_DEVICE)

@@ -30,6 +30,11 @@ struct Limits {
     uint32_t max_push_constants = 0;
     uint32_t max_group_count_x = 0;
     uint64_t max_allocation = 0;
+    // Cooperative matrices with f16 inputs, f32 accumulators, 16x16x16 subgroup-scope fragments and
+    // 32-invocation subgroups: what matmul_coopmat.comp assumes. The extension is the one the
+    // shader was built for: VK_KHR_cooperative_matrix where the build had a shader compiler that
+    // knows it (glslang 13.1+), else VK_NV_cooperative_matrix (glslc 2023.2 knows only that one).
+    bool cooperative_matrix_f16 = false;
 };
 
 struct TransferStats {

@@ -210,6 +210,8 @@ RK_VK_UNARY(clamp)
 
 void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
 
+namespace {
+
 struct MatmulPush {
     uint64_t a, b, c;
     uint32_t m, n, k, lda, ldb, ta, tb, ne2, sa2, sa3, sb2, sb3, groups_m;
@@ -222,9 +224,43 @@ struct LinearPush {
     uint32_t activation;
 };
 
+// matmul_coopmat.comp's: the linear op's (bias unused by plain matmul), then which operands may be
+// read in whole 16-byte chunks.
+struct CoopmatPush {
+    LinearPush linear;
+    uint32_t chunked;
+};
+
+// The matmul kernel for a product: cooperative matrices for f16 where the device has them, else
+// the f32 SIMT kernel (f16 operands widened first), with 128 x 128 tiles where the output has
+// enough of them to keep a large GPU busy and 64 x 64 tiles below that.
+enum class MatmulKernel { tiled, tiled_large, coopmat };
+
+constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
+
+MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16) return MatmulKernel::coopmat;
+    const uint64_t large_tiles = uint64_t((m + 127) / 128) * uint64_t((n + 127) / 128) * uint64_t(batch);
+    return large_tiles >= kLargeTilesWanted ? MatmulKernel::tiled_large : MatmulKernel::tiled;
+}
+
+uint32_t tile_size(MatmulKernel kernel) { return kernel == MatmulKernel::tiled ? 64 : 128; }
+
+// The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
+// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile time).
+std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb) {
+    const std::string base = linear ? "matmul_linear" : "matmul";
+    switch (kernel) {
+        case MatmulKernel::tiled: return base;
+        case MatmulKernel::tiled_large: return base + "_large";
+        case MatmulKernel::coopmat: return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "");
+    }
+    return base;
+}
+
 // matmul.comp's push constants for C = op(A) @ op(B) into out, and its workgroup count.
 MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
-                       uint64_t& tiles) {
+                       uint32_t tile, uint64_t& tiles) {
     MatmulPush p{a.address(), b.address(), out.address()};
     p.m = u32(out.ne[0], "matmul");
     p.n = u32(out.ne[1], "matmul");
@@ -239,23 +275,72 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
     p.sa3 = a.ne[3] == 1 ? 0 : u32(a_slice * a.ne[2], "matmul");
     p.sb2 = b.ne[2] == 1 ? 0 : u32(b_slice, "matmul");
     p.sb3 = b.ne[3] == 1 ? 0 : u32(b_slice * b.ne[2], "matmul");
-    p.groups_m = uint32_t((p.m + 63) / 64);
-    tiles = uint64_t(p.groups_m) * ((p.n + 63) / 64);
+    p.groups_m = (p.m + tile - 1) / tile;
+    tiles = uint64_t(p.groups_m) * ((p.n + tile - 1) / tile);
     return p;
 }
 
-void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    const TensorImpl &a = *in[0], &b = *in[1];
+// Whether an f16 operand can be read in 16-byte chunks: 16-byte aligned, and its leading
+// dimension (hence every column and batch slice) a multiple of 8 halves.
+bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
+
+// Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
+// dtype, device and shape call for.
+void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
+                   uint32_t activation, TensorImpl& out, const char* op) {
+    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], out.ne[2] * out.ne[3]);
+    if ((a.dtype == DType::f16) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
+        throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 on cooperative "
+                               "matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
     uint64_t tiles = 0;
-    const MatmulPush p = matmul_push(a, b, attrs.ints[0] != 0, attrs.ints[1] != 0, out, tiles);
-    record("matmul", p, tiles, {span(a), span(b)}, {span(out)}, u32(out.ne[2] * out.ne[3], "matmul"));
+    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_size(kernel), tiles), bias ? bias->address() : 0,
+                            activation};
+    std::vector<vk::Range> reads{span(a), span(b)};
+    if (bias) reads.push_back(span(*bias));
+    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb);
+    const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
+    if (kernel == MatmulKernel::coopmat) {
+        const CoopmatPush p{linear, uint32_t(reads_in_chunks(a)) | uint32_t(reads_in_chunks(b)) << 1};
+        record(shader, p, tiles, reads, {span(out)}, batches);
+    } else if (bias) {
+        record(shader, linear, tiles, reads, {span(out)}, batches);
+    } else {
+        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
+    }
+}
+
+}  // namespace
+
+namespace vk {
+
+bool takes_f16(Op op, const Inputs& in) {
+    if (op != Op::matmul && op != Op::linear) return false;
+    const bool all_f16 = std::all_of(in.begin(), in.end(), [](const TensorPtr& t) { return t->dtype == DType::f16; });
+    return all_f16 && ctx().limits().cooperative_matrix_f16;
+}
+
+std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    const MatmulKernel kernel = choose_matmul(dtype, m, n, batch);
+#if defined(RLKIT_COOPMAT_KHR)
+    const std::string extension = "VK_KHR_cooperative_matrix";
+#else
+    const std::string extension = "VK_NV_cooperative_matrix";
+#endif
+    if (kernel == MatmulKernel::coopmat)
+        return "cooperative matrices (" + extension + "), 128x128 tiles of 16x16x16 f16 fragments, f32 accumulation";
+    const std::string tile = std::to_string(tile_size(kernel));
+    const std::string widened = dtype == DType::f16 ? " (f16 operands widened to f32)" : "";
+    return "f32 SIMT, " + tile + "x" + tile + " tiles" + widened;
+}
+
+}  // namespace vk
+
+void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    record_matmul(*in[0], *in[1], attrs.ints[0] != 0, attrs.ints[1] != 0, nullptr, 0, out, "matmul");
 }
 
 void vk_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    const TensorImpl &w = *in[0], &x = *in[1], &bias = *in[2];
-    uint64_t tiles = 0;
-    const LinearPush p{matmul_push(w, x, false, false, out, tiles), bias.address(), uint32_t(attrs.ints[0])};
-    record("matmul_linear", p, tiles, {span(w), span(x), span(bias)}, {span(out)}, u32(out.ne[2] * out.ne[3], "linear"));
+    record_matmul(*in[0], *in[1], false, false, in[2].get(), uint32_t(attrs.ints[0]), out, "linear");
 }
 
 struct SumToPush {

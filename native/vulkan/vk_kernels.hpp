@@ -1,6 +1,10 @@
-// The fused optimizer updates on the GPU (the ops' vk_<name> kernels are declared in ops.hpp).
+// The fused optimizer updates on the GPU, and which matmul kernel runs where (the ops' vk_<name>
+// kernels are declared in ops.hpp).
 #pragma once
 
+#include <string>
+
+#include "ops.hpp"
 #include "optim.hpp"
 #include "tensor.hpp"
 
@@ -8,5 +12,12 @@ namespace rk::vk {
 
 void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c);
 void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay);
+
+// Whether op runs on these f16 inputs as they are (matmul and linear on cooperative matrices)
+// rather than on f32 copies.
+bool takes_f16(Op op, const Inputs& inputs);
+// The kernel matmul uses here for operands of this dtype and an [m, n] output with `batch`
+// slices, in words.
+std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);
 
 }  // namespace rk::vk

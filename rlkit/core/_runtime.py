@@ -100,7 +100,8 @@ def check_device(name: str) -> str:
 
 def dtype(name: str | None = None) -> str:
     """Sets the default float dtype of new tensors and parameters ("f32", "f16" or "f64");
-    returns the previous one. On the CPU, f16 is a storage format: ops compute in f32."""
+    returns the previous one. f16 is a storage format: ops compute in f32, except GPU matmul and
+    linear on a device with cooperative matrices, which multiply the f16 values with f32 sums."""
     previous = _state["dtype"]
     if name is None:
         return previous

@@ -1,0 +1,237 @@
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] for f16 A, B and C with f32 accumulation, on cooperative
+// matrices (tensor cores): matmul.comp's push constants and LINEAR epilogue (bias f16 here).
+// Used only where the device lists 16x16x16 f16 x f16 -> f32 subgroup fragments and runs
+// 32-invocation subgroups (vk_context.cpp): the 256 invocations are 8 subgroups.
+// A workgroup computes a 128 x 128 tile; subgroup s owns its 64 x 32 quarter-column at
+// (64 (s % 2), 32 (s / 2)) as 4 x 2 fragments. k goes in slices of 32, staged in shared memory
+// as 8-element (16-byte) chunks along each operand's contiguous dimension, so a transposed
+// operand (variants TRANSPOSE_A, TRANSPOSE_B) is loaded row-major instead of being transposed;
+// the next slice is read into
+// registers while the current one is multiplied. Results leave through a per-subgroup 16 x 16
+// f32 scratch, where edges are clipped and the epilogue applied.
+#version 450
+#if defined(KHR_COOPMAT)
+#extension GL_KHR_cooperative_matrix : require
+#else
+#extension GL_NV_cooperative_matrix : require
+#endif
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require  // glslangValidator does not imply it, as glslc does
+#include "common.glsl"
+
+layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer Chunks { uvec4 v[]; };
+
+layout(push_constant) uniform Push {
+    Halfs a;
+    Halfs b;
+    Halfs c;
+    uint m, n, k;
+    uint lda, ldb;
+    uint ta, tb;
+    uint ne2;              // output batch size along dim 2
+    uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
+    uint groups_m;         // tiles along m
+    Halfs bias;            // LINEAR only
+    uint activation;       // LINEAR only: 0 none, 1 relu, 2 tanh, 3 sigmoid
+    uint chunked;          // bit 0: A, bit 1: B may be read as whole 16-byte chunks (aligned, lda % 8 == 0)
+} pc;
+
+float epilogue(float acc, uint i) {
+#if defined(LINEAR)
+    float z = acc + float(pc.bias.v[i]);
+    if (pc.activation == 1) return max(z, 0.0);
+    if (pc.activation == 2) return tanh(z);
+    if (pc.activation == 3) return sigmoid_of(z);
+    return z;
+#else
+    return acc;
+#endif
+}
+
+const uint BM = 128, BN = 128, BK = 32;
+// Shared slices in chunks of 8 halves; a slice is [BK][BM + 8] (rows contiguous) or [BM][BK + 8]
+// (k contiguous), the 8 halves of padding spreading fragment rows over the banks.
+const uint WIDE = (BM + 8) / 8, NARROW = (BK + 8) / 8;  // chunks per shared row
+const uint SLICE = BM * NARROW;                          // the larger of BK * WIDE and BM * NARROW
+shared uvec4 As[SLICE];
+shared uvec4 Bs[SLICE];
+shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, column-major
+
+// VK_KHR_cooperative_matrix where the build's shader compiler knows it (KHR_COOPMAT; its
+// fragments declare their use, A, B or accumulator), else VK_NV_cooperative_matrix.
+#if defined(KHR_COOPMAT)
+#define FRAGMENT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAGMENT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAGMENT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define COLUMN_MAJOR gl_CooperativeMatrixLayoutColumnMajor
+#define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
+#define LOAD_FRAGMENT coopMatLoad
+#define STORE_FRAGMENT coopMatStore
+#define MUL_ADD coopMatMulAdd
+#else
+#define FRAGMENT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAGMENT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAGMENT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define COLUMN_MAJOR true
+#define ROW_MAJOR false
+#define LOAD_FRAGMENT coopMatLoadNV
+#define STORE_FRAGMENT coopMatStoreNV
+#define MUL_ADD coopMatMulAddNV
+#endif
+
+// Eight halves at element `at` along a contiguous dimension, zero past `limit` there or where the
+// other index is out of range: one 16-byte read where allowed, else eight 2-byte reads.
+float16_t read_half(Halfs src, uint at, uint index, uint limit) {
+    return index < limit ? src.v[at] : float16_t(0.0);
+}
+
+uint read_pair(Halfs src, uint at, uint start, uint limit) {
+    return packFloat2x16(f16vec2(read_half(src, at, start, limit), read_half(src, at + 1, start + 1, limit)));
+}
+
+uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool inside) {
+    if (!inside || start >= limit) return uvec4(0);
+    if (whole) return Chunks(uint64_t(src) + 2 * uint64_t(at)).v[0];
+    return uvec4(read_pair(src, at, start, limit), read_pair(src, at + 2, start + 2, limit),
+                 read_pair(src, at + 4, start + 4, limit), read_pair(src, at + 6, start + 6, limit));
+}
+
+// The staging layouts and fragment loads are fixed per variant (TRANSPOSE_A, TRANSPOSE_B): no
+// branch around a cooperative-matrix load.
+
+// Chunk c (0..511) of A's slice at k = p0, and where it goes in As.
+uvec4 read_a(uint c, uint base, uint row0, uint p0, out uint slot) {
+    bool whole = (pc.chunked & 1) != 0;
+#if !defined(TRANSPOSE_A)
+    uint r = c % (BM / 8), p = c / (BM / 8), i = row0 + 8 * r;  // rows contiguous: (rows 8 r.., column p)
+    slot = p * WIDE + r;
+    return read_chunk(pc.a, whole, base + i + (p0 + p) * pc.lda, i, pc.m, p0 + p < pc.k);
+#else
+    uint q = c % (BK / 8), i = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (row i, k 8 q..)
+    slot = i * NARROW + q;
+    return read_chunk(pc.a, whole, base + p + (row0 + i) * pc.lda, p, pc.k, row0 + i < pc.m);
+#endif
+}
+
+uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
+    bool whole = (pc.chunked & 2) != 0;
+#if !defined(TRANSPOSE_B)
+    uint q = c % (BK / 8), j = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (k 8 q.., column j)
+    slot = j * NARROW + q;
+    return read_chunk(pc.b, whole, base + p + (col0 + j) * pc.ldb, p, pc.k, col0 + j < pc.n);
+#else
+    uint r = c % (BN / 8), p = c / (BN / 8), j = col0 + 8 * r;  // columns contiguous: (k p, columns 8 r..)
+    slot = p * WIDE + r;
+    return read_chunk(pc.b, whole, base + j + (p0 + p) * pc.ldb, j, pc.n, p0 + p < pc.k);
+#endif
+}
+
+// A's 16 x 16 fragment at rows i.., k kk.. of the staged slice; B's at k kk.., columns j...
+FRAGMENT_A a_fragment(uint i, uint kk) {
+    FRAGMENT_A f;
+#if !defined(TRANSPOSE_A)
+    LOAD_FRAGMENT(f, As, kk * WIDE + i / 8, WIDE, COLUMN_MAJOR);
+#else
+    LOAD_FRAGMENT(f, As, i * NARROW + kk / 8, NARROW, ROW_MAJOR);
+#endif
+    return f;
+}
+
+FRAGMENT_B b_fragment(uint kk, uint j) {
+    FRAGMENT_B f;
+#if !defined(TRANSPOSE_B)
+    LOAD_FRAGMENT(f, Bs, j * NARROW + kk / 8, NARROW, COLUMN_MAJOR);
+#else
+    LOAD_FRAGMENT(f, Bs, kk * WIDE + j / 8, WIDE, ROW_MAJOR);
+#endif
+    return f;
+}
+
+// Writes fragment f, the output block at rows i0.., columns j0.., through subgroup s's scratch:
+// clipped at the edges, the epilogue applied, rounded to f16.
+void store_fragment(FRAGMENT_C f, uint i0, uint j0, uint base_c, uint s) {
+    STORE_FRAGMENT(f, scratch, 256 * s, 16, COLUMN_MAJOR);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    for (uint e = gl_SubgroupInvocationID; e < 256; e += 32) {
+        uint i = i0 + e % 16, j = j0 + e / 16;
+        if (i < pc.m && j < pc.n) pc.c.v[base_c + i + j * pc.m] = float16_t(epilogue(scratch[256 * s + e], i));
+    }
+    subgroupBarrier();
+}
+
+void main() {
+    uint tile = flat_group();
+    uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
+    uint z = gl_WorkGroupID.z;
+    uint i2 = z % pc.ne2, i3 = z / pc.ne2;
+    uint base_a = i2 * pc.sa2 + i3 * pc.sa3, base_b = i2 * pc.sb2 + i3 * pc.sb3;
+    uint base_c = z * pc.m * pc.n;
+    uint t = gl_LocalInvocationID.x;
+    uint s = gl_SubgroupID;
+    uint wm = 64 * (s % 2), wn = 32 * (s / 2);  // this subgroup's corner in the tile
+
+    // The 4 x 2 accumulators are named, not an array: NVIDIA's compiler kept an array of
+    // cooperative matrices in local memory (about 30 TFLOP/s instead of tensor-core rates).
+    // (One declaration each: glslang 13 misreads a list of cooperative-matrix declarators.)
+    FRAGMENT_C c00 = FRAGMENT_C(0.0);
+    FRAGMENT_C c01 = FRAGMENT_C(0.0);
+    FRAGMENT_C c10 = FRAGMENT_C(0.0);
+    FRAGMENT_C c11 = FRAGMENT_C(0.0);
+    FRAGMENT_C c20 = FRAGMENT_C(0.0);
+    FRAGMENT_C c21 = FRAGMENT_C(0.0);
+    FRAGMENT_C c30 = FRAGMENT_C(0.0);
+    FRAGMENT_C c31 = FRAGMENT_C(0.0);
+
+    uvec4 next_a[2], next_b[2];
+    uint slot_a[2], slot_b[2];
+    [[unroll]] for (uint l = 0; l < 2; ++l) {
+        next_a[l] = read_a(t + 256 * l, base_a, row0, 0, slot_a[l]);
+        next_b[l] = read_b(t + 256 * l, base_b, col0, 0, slot_b[l]);
+    }
+
+    for (uint p0 = 0; p0 < pc.k; p0 += BK) {
+        [[unroll]] for (uint l = 0; l < 2; ++l) {
+            As[slot_a[l]] = next_a[l];
+            Bs[slot_b[l]] = next_b[l];
+        }
+        barrier();
+        if (p0 + BK < pc.k)
+            [[unroll]] for (uint l = 0; l < 2; ++l) {
+                next_a[l] = read_a(t + 256 * l, base_a, row0, p0 + BK, slot_a[l]);
+                next_b[l] = read_b(t + 256 * l, base_b, col0, p0 + BK, slot_b[l]);
+            }
+        [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
+            FRAGMENT_B b0 = b_fragment(kk, wn);
+            FRAGMENT_B b1 = b_fragment(kk, wn + 16);
+            FRAGMENT_A a = a_fragment(wm, kk);
+            c00 = MUL_ADD(a, b0, c00);
+            c01 = MUL_ADD(a, b1, c01);
+            a = a_fragment(wm + 16, kk);
+            c10 = MUL_ADD(a, b0, c10);
+            c11 = MUL_ADD(a, b1, c11);
+            a = a_fragment(wm + 32, kk);
+            c20 = MUL_ADD(a, b0, c20);
+            c21 = MUL_ADD(a, b1, c21);
+            a = a_fragment(wm + 48, kk);
+            c30 = MUL_ADD(a, b0, c30);
+            c31 = MUL_ADD(a, b1, c31);
+        }
+        barrier();
+    }
+
+    uint i0 = row0 + wm, j0 = col0 + wn;
+    store_fragment(c00, i0, j0, base_c, s);
+    store_fragment(c01, i0, j0 + 16, base_c, s);
+    store_fragment(c10, i0 + 16, j0, base_c, s);
+    store_fragment(c11, i0 + 16, j0 + 16, base_c, s);
+    store_fragment(c20, i0 + 32, j0, base_c, s);
+    store_fragment(c21, i0 + 32, j0 + 16, base_c, s);
+    store_fragment(c30, i0 + 48, j0, base_c, s);
+    store_fragment(c31, i0 + 48, j0 + 16, base_c, s);
+}

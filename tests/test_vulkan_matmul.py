@@ -1,0 +1,139 @@
+"""GPU matmul and linear kernels against the CPU backend at sizes that are not multiples of any
+tile (edges, k remainders), with transposes, batch broadcasting and the LINEAR epilogue; each
+kernel variant (64 x 64 and 128 x 128 f32 SIMT tiles, and f16 cooperative matrices where the
+device has them) is reached, and the choice reported by rlkit.
+
+Lavapipe (CI) has no cooperative matrices: there f16 operands are widened to the f32 kernels,
+and the cooperative-matrix kernel is exercised on a GPU that lists them (the H200).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+from rlkit import _native
+from rlkit.cli import info_lines
+
+GPU_REASON = _native.gpu_unavailable_reason()
+if GPU_REASON and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
+    raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_REASON}")
+pytestmark = pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
+
+# (m, n, k): one element; primes around the 64 and 128 tiles and the 16 / 32 k slices; exact
+# tiles; multiples of 8 that the f16 kernel reads in 16-byte chunks.
+SHAPES = [(1, 1, 1), (17, 33, 65), (100, 257, 31), (129, 130, 257), (64, 64, 64), (136, 24, 40), (5, 200, 1)]
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+# m, n, k whose output has enough 128 x 128 tiles for the large-tile kernel
+LARGE = (1409, 1500, 37)
+
+
+@pytest.fixture
+def on_gpu():
+    """Poisons new GPU memory (NaN) for the test, so that unwritten output elements show."""
+    _native.set_gpu_poison(True)
+    yield
+    _native.set_gpu_poison(False)
+
+
+def _operands(m, n, k, ta, tb, dtype, seed, batch_a=(), batch_b=()):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(((k, m) if ta else (m, k)) + batch_a).astype(dtype)
+    b = rng.standard_normal(((n, k) if tb else (k, n)) + batch_b).astype(dtype)
+    return a, b
+
+
+def _matmul_on(device, a, b, ta, tb, dtype):
+    ta_t = rc.tensor(np.asfortranarray(a), dtype=dtype, device=device)
+    tb_t = rc.tensor(np.asfortranarray(b), dtype=dtype, device=device)
+    out = rc.matmul(ta_t, tb_t, transpose_a=ta, transpose_b=tb)
+    assert out.device == device and out.dtype == dtype
+    return out.numpy()
+
+
+def _linear_on(device, w, x, bias, activation, dtype):
+    args = [rc.tensor(np.asfortranarray(v), dtype=dtype, device=device) for v in (w, x, bias)]
+    out = rc.linear(*args, activation=activation)
+    assert out.device == device and out.dtype == dtype
+    return out.numpy()
+
+
+def _assert_f16_close(got, expected):
+    # the CPU rounds an f32 sum once to f16; the GPU sums in another order, so the rounded results
+    # may differ by an f16 ulp or two (relative 2^-10), never by a lost or doubled product
+    assert got.dtype == expected.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+def test_f32_matmul_matches_cpu(m, n, k, ta, tb, on_gpu):
+    a, b = _operands(m, n, k, ta, tb, np.float32, seed=m + n + k)
+    expected = _matmul_on("cpu", a, b, ta, tb, "f32")
+    np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+def test_f32_matmul_large_tiles_match_cpu(ta, tb, on_gpu):
+    m, n, k = LARGE
+    assert "128x128" in _native.gpu_matmul_kernel("f32", m, n)
+    a, b = _operands(m, n, k, ta, tb, np.float32, seed=3)
+    expected = _matmul_on("cpu", a, b, ta, tb, "f32")
+    np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_batched_matmul_broadcasts_like_the_cpu(dtype, on_gpu):
+    # a has 3 slices along dim 2, b 2 along dim 3: the output has 3 x 2 slices
+    a, b = _operands(19, 45, 70, False, True, np.float16 if dtype == "f16" else np.float32, seed=8,
+                     batch_a=(3, 1), batch_b=(1, 2))
+    expected = _matmul_on("cpu", a, b, False, True, dtype)
+    got = _matmul_on("gpu", a, b, False, True, dtype)
+    assert got.shape == (19, 45, 3, 2)
+    if dtype == "f16":
+        _assert_f16_close(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES + [(264, 136, 48)])
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+def test_f16_matmul_matches_cpu(m, n, k, ta, tb, on_gpu):
+    a, b = _operands(m, n, k, ta, tb, np.float16, seed=m * n + k)
+    _assert_f16_close(_matmul_on("gpu", a, b, ta, tb, "f16"), _matmul_on("cpu", a, b, ta, tb, "f16"))
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("out_features, in_features, n", [(1, 1, 1), (33, 65, 17), (130, 31, 257), (LARGE[0], LARGE[2], LARGE[1])])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, on_gpu):
+    rng = np.random.default_rng(out_features + n)
+    np_dtype = np.float16 if dtype == "f16" else np.float32
+    w = rng.standard_normal((out_features, in_features)).astype(np_dtype)
+    x = rng.standard_normal((in_features, n)).astype(np_dtype)
+    bias = rng.standard_normal((out_features, 1)).astype(np_dtype)
+    expected = _linear_on("cpu", w, x, bias, activation, dtype)
+    got = _linear_on("gpu", w, x, bias, activation, dtype)
+    if dtype == "f16":
+        _assert_f16_close(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_choice_is_reported():
+    # f32 operands never go to cooperative matrices (they take no f32 inputs): f32 stays exact
+    for n in (1, 256, 4096):
+        assert _native.gpu_matmul_kernel("f32", n, n).startswith("f32 SIMT")
+    assert "64x64" in _native.gpu_matmul_kernel("f32", 100, 100)
+    assert "128x128" in _native.gpu_matmul_kernel("f32", 4096, 4096)
+    assert "128x128" in _native.gpu_matmul_kernel("f32", 512, 512, batch=16)  # batch slices fill the GPU too
+    f16 = _native.gpu_matmul_kernel("f16", 4096, 4096)
+    assert f16.startswith("cooperative matrices") or f16.endswith("(f16 operands widened to f32)")
+    lines = info_lines()
+    assert any(line.startswith("gpu matmul f32: ") and "SIMT" in line for line in lines)
+    assert any(line.startswith("gpu matmul f16: ") and f16 in line for line in lines)
+    with pytest.raises(TypeError, match="dtype must be 'f32' or 'f16'"):
+        _native.gpu_matmul_kernel("i32", 4, 4)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        _native.gpu_matmul_kernel("f32", 0, 4)
