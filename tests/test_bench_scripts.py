@@ -87,3 +87,22 @@ def test_bench_gpu_check_catches_a_different_update(bench_gpu, monkeypatch):
     monkeypatch.setattr(bench_gpu.TorchDQN, "__init__", other_discount)
     with pytest.raises(SystemExit, match="check failed: loss"):
         bench_gpu.check_dqn()
+
+
+def test_bench_recurrent_runs_both_modes(tmp_path, monkeypatch, capsys):
+    """Speed rows for every agent of both pairs, and learning curves drawn with rlkit plot."""
+    bench = load_script("bench_recurrent")
+    monkeypatch.setattr(sys, "argv", ["bench_recurrent.py", "speed", "--steps", "40", "--repeats", "1"])
+    bench.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split(" | ")[1] for row in rows[1:]] == ["RecurrentDQN", "DQN", "RecurrentSAC", "SAC"]
+    for row in rows[1:]:
+        rate, update, step = (float(cell) for cell in row.split(" | ")[2:5])
+        assert rate > 0 and update > 0 and step > 0, row
+    plot = tmp_path / "curves.png"
+    monkeypatch.setattr(sys, "argv", ["bench_recurrent.py", "curves", "--steps", "400", "--eval-every", "200",
+                                      "--logdir", str(tmp_path / "runs"), "--plot", str(plot)])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "| 200 |" in out and "| 400 |" in out
+    assert plot.stat().st_size > 1000  # a PNG with two curves

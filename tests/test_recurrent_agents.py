@@ -48,18 +48,27 @@ def test_hide_velocity_refuses_environments_it_does_not_know():
 
 # ---- acting step by step equals the training-time pass over the window ---------------------------
 
-@pytest.mark.parametrize("encoder", ["mamba", "rwkv"])
-def test_acting_steps_match_the_whole_sequence_pass(device, encoder):
-    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN, encoder=encoder), device=device, seed=1)
-    rng = np.random.default_rng(0)
-    episode = rng.standard_normal((12, 2)).astype(np.float32)  # [T, n_obs]
-    q_sequence, _ = agent.q(rc.tensor(episode.T.reshape(2, 12, 1).copy(), device=device))  # [actions, T]
-    greedy = q_sequence.numpy().argmax(axis=0)
+def _with_previous_actions(obs: np.ndarray, actions: np.ndarray, n_actions: int) -> np.ndarray:
+    """Encoder inputs written out in numpy: obs [n_obs, T, B] with the one-hot of the action
+    taken one step earlier (zeros at the first step) below it: [n_obs + n_actions, T, B]."""
+    one_hot = np.eye(n_actions, dtype=np.float32)[actions.astype(int)]  # [T, B, actions]
+    previous = np.concatenate([np.zeros_like(one_hot[:1]), one_hot[:-1]])  # [T, B, actions]
+    return np.concatenate([obs, previous.transpose(2, 0, 1)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("encoder, previous_action", [("mamba", True), ("mamba", False), ("rwkv", True)])
+def test_acting_steps_match_the_whole_sequence_pass(device, encoder, previous_action):
+    config = RecurrentDQNConfig(**SMALL_DQN, encoder=encoder, previous_action=previous_action)
+    agent = RecurrentDQN(CARTPOLE, config, device=device, seed=1)
+    episode = np.random.default_rng(0).standard_normal((12, 2)).astype(np.float32)  # [T, n_obs]
     state, actions = None, []
     for t in range(12):
         action, state = agent.predict(episode[t], state)
         actions.append(action)
-    np.testing.assert_array_equal(actions, greedy)
+    obs = episode.T.reshape(2, 12, 1)
+    inputs = _with_previous_actions(obs, np.array(actions)[:, None], 2) if previous_action else obs
+    q_sequence, _ = agent.q(rc.tensor(inputs.copy(), device=device))  # [actions, T]
+    np.testing.assert_array_equal(actions, q_sequence.numpy().argmax(axis=0))
     # a lane flagged as starting an episode forgets its history
     fresh, _ = agent.predict(episode[5], None)
     restarted, _ = agent.predict(episode[5], state, episode_start=True)
@@ -68,11 +77,13 @@ def test_acting_steps_match_the_whole_sequence_pass(device, encoder):
         agent.predict(episode[:2], state)
 
 
-def test_lane_states_reset_where_episodes_end():
+def test_lane_states_keep_the_actions_taken_and_reset_where_episodes_end():
     agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN, n_envs=2), seed=2)
     agent._policy(np.ones((2, 2), np.float32), True)
+    agent._stepped(np.array([[1], [0]]), np.array([False, False]))
+    np.testing.assert_array_equal(agent._lane_state[-1], [[0, 1], [1, 0]])  # one-hot, lanes in columns
     assert all(np.abs(part).sum(axis=tuple(range(part.ndim - 1))).min() > 0 for part in agent._lane_state)
-    agent._episodes_ended(np.array([False, True]))
+    agent._stepped(np.array([[0], [1]]), np.array([False, True]))
     for part in agent._lane_state:
         assert np.all(part[..., 1] == 0) and np.any(part[..., 0] != 0)
 
@@ -80,17 +91,22 @@ def test_lane_states_reset_where_episodes_end():
 # ---- the sequence loss against numpy ----------------------------------------------------------------
 
 def _reference_loss(agent, seq):
-    """The masked Huber TD loss written out in numpy from the networks' outputs."""
+    """The masked Huber TD loss written out in numpy from the networks' outputs on inputs
+    assembled in numpy."""
     cfg = agent.config
-    q = agent.q(seq.obs)[0].numpy()  # [actions, T * B]
-    next_target = agent.target(seq.next_obs)[0].numpy()
-    next_online = agent.q(seq.next_obs)[0].numpy()
+    actions = seq.action.numpy()[0]  # [T, B]
+    one_hot = np.eye(2, dtype=np.float32)[actions.astype(int)].transpose(2, 0, 1)  # [actions, T, B]
+    inputs = rc.tensor(_with_previous_actions(seq.obs.numpy(), actions, 2))
+    next_inputs = rc.tensor(np.concatenate([seq.next_obs.numpy(), one_hot]))  # a step's own action precedes its next obs
+    q = agent.q(inputs)[0].numpy()  # [actions, T * B]
+    next_target = agent.target(next_inputs)[0].numpy()
+    next_online = agent.q(next_inputs)[0].numpy()
     flat = lambda t: t.numpy().reshape(-1, order="F")  # noqa: E731
-    action, reward, terminated, mask = (flat(t) for t in (seq.action, seq.reward, seq.terminated, seq.mask))
+    reward, terminated, mask = (flat(t) for t in (seq.reward, seq.terminated, seq.mask))
     columns = np.arange(q.shape[1])
     best = next_target[next_online.argmax(axis=0), columns]
     target = reward + cfg.gamma * (1 - terminated) * best
-    d = q[action.astype(int), columns] - target
+    d = q[actions.reshape(-1, order="F").astype(int), columns] - target
     huber = np.where(np.abs(d) <= 1, 0.5 * d * d, np.abs(d) - 0.5)
     window = cfg.burn_in + cfg.sequence_length
     learn = (np.arange(q.shape[1]) % window) >= cfg.burn_in  # time is the fastest index
@@ -106,7 +122,8 @@ def test_sequence_loss_matches_numpy(device, monkeypatch):
         assert seq.mask.numpy().min() == 0  # some steps masked after an episode's end
         monkeypatch.setattr(agent.buffer, "sample_sequences_on_device", lambda *args: seq)
         loss = float(agent._loss(None).numpy().reshape(-1)[0])
-    assert loss == pytest.approx(_reference_loss(agent, seq), rel=1e-5)
+        reference = _reference_loss(agent, seq)
+    assert loss == pytest.approx(reference, rel=1e-5)
 
 
 # ---- saving, smoke runs --------------------------------------------------------------------------
@@ -141,6 +158,8 @@ def test_smoke_runs(device, agent_class, env_id, small, encoder, tmp_path):
 def test_config_errors():
     with pytest.raises(ValueError, match="encoder must be one of"):
         RecurrentDQNConfig(encoder="lstm")
+    with pytest.raises(ValueError, match="previous_action must be a bool"):
+        RecurrentSACConfig(previous_action=1)
     with pytest.raises(ValueError, match="burn_in must be an int >= 0"):
         RecurrentDQNConfig(burn_in=-1)
     with pytest.raises(ValueError, match="does not fit"):

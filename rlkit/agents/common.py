@@ -301,9 +301,9 @@ class OffPolicyAgent:
     def _after_env_step(self) -> None:
         """Work after every vector-environment step (a target update, for DQN)."""
 
-    def _episodes_ended(self, done: np.ndarray) -> None:
-        """Called after every step with the lanes whose episode ended (a recurrent agent zeroes
-        their states)."""
+    def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
+        """Called after every step with the actions taken (in the buffer's space) and the lanes
+        whose episode ended (a recurrent agent keeps the actions and zeroes those lanes' states)."""
 
     def _extra_scalars(self) -> dict[str, float]:
         """Scalars besides the shared ones to log (the exploration rate, for DQN)."""
@@ -404,7 +404,7 @@ class OffPolicyAgent:
             next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
             self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
             stats.step(reward, terminated | truncated)
-            self._episodes_ended(terminated | truncated)
+            self._stepped(actions, terminated | truncated)
             obs = next_obs
             before = self.num_timesteps
             self.num_timesteps += lanes.n

@@ -3,8 +3,10 @@ sequences, and acting step by step with a state carried per environment lane.
 
 Training runs the encoder over whole windows sampled from the replay buffer
 (``sample_sequences_on_device``: R2D2's burn-in, from a zero state); acting runs the same encoder
-one token at a time through ``step``, so the two see the same function of the history. A lane's
-state is zeroed when its episode ends. ``predict`` follows SB3-Contrib's recurrent policies:
+one token at a time through ``step``, so the two see the same function of the history. With
+``previous_action`` (R2D2's choice) each step's input is the observation with the action taken
+before it (one-hot for discrete actions; zeros at an episode's start): what hidden velocities
+can be recovered from. A lane's state is zeroed when its episode ends. ``predict`` follows SB3-Contrib's recurrent policies:
 ``predict(obs, state, episode_start) -> (actions, state)``.
 """
 
@@ -25,6 +27,8 @@ def check_encoder_fields(config) -> None:
     prefix = type(config).__name__
     if config.encoder not in ENCODERS:
         raise ValueError(f"{prefix}: encoder must be one of {ENCODERS}, got {config.encoder!r}")
+    if not isinstance(config.previous_action, bool):
+        raise ValueError(f"{prefix}: previous_action must be a bool, got {config.previous_action!r}")
     for name in ("d_model", "d_state", "sequence_length"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -62,6 +66,10 @@ class SequenceEncoder(rc.nn.Module):
         """Zeros: the state before an episode's first step."""
         return self.block.initial_state(batch_size)
 
+    def state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+        """The shape of each of the state's tensors for ``batch_size`` sequences."""
+        return self.block._state_shapes(batch_size)
+
     def forward(self, obs: Tensor, state=None):
         """(features [d_model, T, B], final state) of observations [n_obs, T, B]."""
         x = self.embed(obs)  # [d_model, T, B]
@@ -73,6 +81,12 @@ class SequenceEncoder(rc.nn.Module):
         x = self.embed(obs)  # [d_model, n]
         y, state = self.block.step(x, state)  # [d_model, n]
         return rc.add(x, y), state
+
+
+def shifted_by_one_step(x: Tensor) -> Tensor:
+    """Windows [rows, T, B] moved one step later in time: step t holds step t - 1, step 0 zeros."""
+    by_time = rc.transpose(x)  # [T, rows, B]
+    return rc.transpose(rc.slice_rows(rc.pad_rows(by_time, 1, 0), 0, x.shape[1]))  # [rows, T, B]
 
 
 def flat_steps(x: Tensor) -> Tensor:
@@ -94,8 +108,9 @@ def burn_in_weights(burn_in: int, sequence_length: int, device: str) -> Tensor:
 
 
 class RecurrentAgent(OffPolicyAgent):
-    """An off-policy agent whose policy carries a recurrent state: the training lanes' states
-    live on the host between steps (one upload and download per step with the observations),
+    """An off-policy agent whose policy carries a recurrent state: the encoder's state and,
+    with ``previous_action``, the features of the action taken last. The training lanes'
+    states live on the host between steps (uploaded and downloaded with the observations),
     zeroed where an episode ends. Subclasses supply ``_policy_encoder`` and ``_act_step``."""
 
     recurrent = True
@@ -104,49 +119,100 @@ class RecurrentAgent(OffPolicyAgent):
         """The encoder acting runs."""
         raise NotImplementedError
 
-    def _act_step(self, obs: Tensor, state, deterministic: bool):
-        """(actions [action_rows, n] in the buffer's space, new state) for one step of every lane."""
+    def _act_step(self, inputs: Tensor, state, deterministic: bool):
+        """(actions [action_rows, n] in the buffer's space, new encoder state) for one step of
+        every lane; ``inputs`` [encoder_inputs, n] are the observations (and previous actions)."""
         raise NotImplementedError
 
     def _act(self, obs, deterministic: bool):
         raise TypeError(f"{self.algo} acts with a carried state: use predict(obs, state, episode_start)")
 
+    # ---- the encoder's inputs ---------------------------------------------------------------------
+
+    @property
+    def action_features(self) -> int:
+        """Rows of an action as the encoder reads it: one-hot (Discrete) or the vector (Box)."""
+        return int(self.action_space.n) if self.discrete else int(np.prod(self.action_space.shape))
+
+    @property
+    def encoder_inputs(self) -> int:
+        """Rows of the encoder's input per step: the observation, then the previous action."""
+        return self.n_obs + (self.action_features if self.config.previous_action else 0)
+
+    def _features_of_actions(self, actions: Tensor) -> Tensor:
+        """Stored actions [action_rows, T, B] as the encoder reads them: [action_features, T, B]."""
+        if not self.discrete:
+            return actions
+        rows, steps, batch = actions.shape
+        one_hot = rc.one_hot(flat_steps(actions), self.action_features)  # [actions, T * B]
+        return rc.reshape(one_hot, (self.action_features, steps, batch))
+
+    def _window_inputs(self, samples) -> tuple[Tensor, Tensor]:
+        """The encoder's inputs over sampled windows [encoder_inputs, T, B]: at each step's
+        observation and at its next observation (for the targets)."""
+        if not self.config.previous_action:
+            return samples.obs, samples.next_obs
+        taken = self._features_of_actions(samples.action)  # [action_features, T, B]
+        return (rc.concat_rows(samples.obs, shifted_by_one_step(taken)),  # the action before each step
+                rc.concat_rows(samples.next_obs, taken))  # before each next observation: the step's own
+
+    def _host_action_features(self, actions: np.ndarray) -> np.ndarray:
+        """Actions [n, action_rows] as the encoder reads them, [action_features, n]."""
+        if not self.discrete:
+            return actions.T.astype(np.float32)
+        return np.eye(self.action_features, dtype=np.float32)[actions.reshape(-1).astype(np.int64)].T
+
+    # ---- the carried state ------------------------------------------------------------------------
+
     def initial_state(self, n: int = 1) -> tuple[np.ndarray, ...]:
-        """Zero states for ``n`` lanes (host arrays, lanes in the last dimension)."""
-        with self.on_device():
-            return tuple(t.numpy() for t in self._policy_encoder().initial_state(n))
+        """Zero states for ``n`` lanes (host arrays, lanes in the last dimension): the encoder's,
+        then (with previous_action) the previous action's features."""
+        state = tuple(np.zeros(shape, np.float32) for shape in self._policy_encoder().state_shapes(n))
+        if self.config.previous_action:
+            state += (np.zeros((self.action_features, n), np.float32),)
+        return state
 
     def _stepper(self, deterministic: bool):
-        """The captured acting step: observations and the state in, actions and the new state out."""
+        """The captured acting step: observations and the state in, actions and the encoder's
+        new state out."""
         act = self._acting.get(deterministic)
         if act is None:
             state_type = self._policy_encoder().state_type
 
-            def step(obs, **state):
-                actions, new_state = self._act_step(obs, state_type(**state), deterministic)
+            def step(obs, previous_action=None, **state):
+                inputs = obs if previous_action is None else rc.concat_rows(obs, previous_action)
+                actions, new_state = self._act_step(inputs, state_type(**state), deterministic)
                 return (actions, *new_state)
 
             act = self._acting[deterministic] = rc.capture(step, self._policy_parameters())
         return act
 
     def _policy_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], deterministic: bool):
-        """(actions [n, action_rows], new state) for observations [n, n_obs]."""
+        """(actions [n, action_rows], the encoder's new state) for observations [n, n_obs]."""
         fields = self._policy_encoder().state_type._fields
-        outputs = self._stepper(deterministic)(obs=obs.T, **dict(zip(fields, state)))
+        inputs = dict(zip(fields, state))
+        if self.config.previous_action:
+            inputs["previous_action"] = state[-1]
+        outputs = self._stepper(deterministic)(obs=obs.T, **inputs)
         return outputs[0].T, tuple(outputs[1:])
 
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """Actions for the training lanes, advancing their states."""
+        """Actions for the training lanes, advancing their encoder states."""
         if getattr(self, "_lane_state", None) is None:
             self._lane_state = self.initial_state(len(obs))
-        actions, self._lane_state = self._policy_with_state(obs, self._lane_state, deterministic)
+        actions, encoder_state = self._policy_with_state(obs, self._lane_state, deterministic)
+        self._lane_state = encoder_state + self._lane_state[len(encoder_state):]
         return actions
 
-    def _episodes_ended(self, done: np.ndarray) -> None:
-        """Zeroes the states of the lanes whose episode ended (their next step starts anew)."""
-        if getattr(self, "_lane_state", None) is not None:
-            for part in self._lane_state:
-                part[..., np.asarray(done, bool).reshape(-1)] = 0.0
+    def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
+        """Records the actions the lanes took and zeroes the states of the lanes whose episode
+        ended (their next step starts anew)."""
+        if getattr(self, "_lane_state", None) is None:
+            self._lane_state = self.initial_state(len(actions))
+        if self.config.previous_action:
+            self._lane_state[-1][...] = self._host_action_features(actions)
+        for part in self._lane_state:
+            part[..., np.asarray(done, bool).reshape(-1)] = 0.0
 
     def predict(self, obs, state=None, episode_start=None, deterministic: bool = True):
         """``(actions, state)`` for one observation or a batch [n, *obs_shape], as SB3-Contrib's
@@ -154,8 +220,8 @@ class RecurrentAgent(OffPolicyAgent):
         zeros; pass the returned state back with the next observations."""
         batch, single = self._obs_batch(obs)
         n = len(batch)
-        state = self.initial_state(n) if state is None else tuple(np.array(s, np.float32, copy=True) for s in state)
         expected = self.initial_state(n)
+        state = expected if state is None else tuple(np.array(s, np.float32, copy=True) for s in state)
         if len(state) != len(expected) or any(s.shape != e.shape for s, e in zip(state, expected)):
             raise ValueError(f"{self.algo}.predict: state has shapes {[s.shape for s in state]}, expected "
                              f"{[e.shape for e in expected]} for {n} observation(s) (see initial_state)")
@@ -166,8 +232,10 @@ class RecurrentAgent(OffPolicyAgent):
             for part in state:
                 part[..., starts] = 0.0
         with self.on_device():
-            actions, state = self._policy_with_state(batch, state, deterministic)
-            actions = self._to_env_action(actions)
+            actions, encoder_state = self._policy_with_state(batch, state, deterministic)
+        if self.config.previous_action:
+            encoder_state += (self._host_action_features(actions),)
+        actions = self._to_env_action(actions)
         if single:
-            return (int(actions[0]) if self.discrete else actions[0]), state
-        return actions, state
+            return (int(actions[0]) if self.discrete else actions[0]), encoder_state
+        return actions, encoder_state

@@ -63,6 +63,8 @@ class RecurrentDQNConfig:
     """The encoder's width."""
     d_state: int = 16
     """The Mamba block's state size per channel (unused by RWKV)."""
+    previous_action: bool = True
+    """Feed each step's previous action (one-hot) to the encoder with the observation."""
     net_arch: tuple[int, ...] = field(default=(64,))
     """Hidden layer sizes of the Q head on the encoder's features."""
     double: bool = True
@@ -85,19 +87,19 @@ class RecurrentDQNConfig:
 class RecurrentQNetwork(rc.nn.Module):
     """Q-values from observation histories: a sequence encoder, then an MLP head per step."""
 
-    def __init__(self, n_obs: int, n_actions: int, config: RecurrentDQNConfig):
+    def __init__(self, n_inputs: int, n_actions: int, config: RecurrentDQNConfig):
         super().__init__()
-        self.encoder = SequenceEncoder(n_obs, config.d_model, config.d_state, config.encoder)
+        self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
         self.head = mlp((config.d_model, *config.net_arch, n_actions), final_activation=False)
 
-    def forward(self, obs, state=None):
-        """(Q [actions, T * B], final state) for observation windows [n_obs, T, B]."""
-        features, state = self.encoder(obs, state)  # [d_model, T, B]
+    def forward(self, inputs, state=None):
+        """(Q [actions, T * B], final state) for windows of the encoder's inputs [n_inputs, T, B]."""
+        features, state = self.encoder(inputs, state)  # [d_model, T, B]
         return self.head(flat_steps(features)), state  # [actions, T * B]
 
-    def step(self, obs, state):
-        """(Q [actions, n], new state) for one observation per lane [n_obs, n]."""
-        features, state = self.encoder.step(obs, state)  # [d_model, n]
+    def step(self, inputs, state):
+        """(Q [actions, n], new state) for one step's inputs per lane [n_inputs, n]."""
+        features, state = self.encoder.step(inputs, state)  # [d_model, n]
         return self.head(features), state
 
 
@@ -114,8 +116,8 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
     def _build(self) -> None:
         cfg = self.config
         self.n_actions = int(self.action_space.n)
-        self.q = RecurrentQNetwork(self.n_obs, self.n_actions, cfg)
-        self.target = RecurrentQNetwork(self.n_obs, self.n_actions, cfg)
+        self.q = RecurrentQNetwork(self.encoder_inputs, self.n_actions, cfg)
+        self.target = RecurrentQNetwork(self.encoder_inputs, self.n_actions, cfg)
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, device=self.device,
@@ -131,18 +133,19 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         """The masked Huber loss of Q(history, a) against the TD target over sampled windows."""
         cfg = self.config
         s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length, cfg.burn_in, starts)
+        inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each
         with rc.no_grad():
             # the target network runs over the next observations: at step t it has seen the
             # window's history shifted by one, ending in step t's true next observation
-            next_q, _ = self.target(s.next_obs)  # [actions, T * B]
+            next_q, _ = self.target(next_inputs)  # [actions, T * B]
             if cfg.double:
-                online_next, _ = self.q(s.next_obs)  # [actions, T * B]
+                online_next, _ = self.q(next_inputs)  # [actions, T * B]
                 best_next = rc.gather(next_q, rc.argmax(online_next))  # [1, T * B]
             else:
                 best_next = rc.max(next_q)  # [1, T * B]
             not_terminated = rc.sub(1.0, flat_steps(s.terminated))  # [1, T * B]
             td_target = rc.stop_gradient(flat_steps(s.reward) + cfg.gamma * not_terminated * best_next)
-        q, _ = self.q(s.obs)  # [actions, T * B]
+        q, _ = self.q(inputs)  # [actions, T * B]
         q_taken = rc.gather(q, flat_steps(s.action))  # [1, T * B]
         weights, count = learning_weights(s, self._burn_in_weights)
         return rc.div(rc.sum(weights * rc.huber_loss(q_taken, td_target, reduction="none")), count)
@@ -164,8 +167,8 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
     def _policy_encoder(self) -> SequenceEncoder:
         return self.q.encoder
 
-    def _act_step(self, obs, state, deterministic: bool):
-        q, state = self.q.step(obs, state)  # [actions, n]
+    def _act_step(self, inputs, state, deterministic: bool):
+        q, state = self.q.step(inputs, state)  # [actions, n]
         return rc.argmax(q), state  # [1, n] i32: greedy
 
     def _policy_parameters(self) -> list:

@@ -66,6 +66,8 @@ class RecurrentSACConfig:
     """The encoders' width."""
     d_state: int = 16
     """The Mamba blocks' state size per channel (unused by RWKV)."""
+    previous_action: bool = True
+    """Feed each step's previous action to the encoders with the observation."""
     net_arch: tuple[int, ...] = field(default=(64, 64))
     """Hidden layer sizes of the actor's head and of each critic's head."""
     n_envs: int = 1
@@ -89,28 +91,30 @@ class RecurrentSACConfig:
 class RecurrentActor(rc.nn.Module):
     """A sequence encoder, then SAC's tanh-squashed Gaussian head on each step's features."""
 
-    def __init__(self, n_obs: int, n_actions: int, config: RecurrentSACConfig):
+    def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
-        self.encoder = SequenceEncoder(n_obs, config.d_model, config.d_state, config.encoder)
+        self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
         self.head = GaussianActor(config.d_model, n_actions, config.net_arch)
 
-    def sample(self, obs):
-        """(actions [actions, T * B], log-probabilities [1, T * B]) for windows [n_obs, T, B]."""
-        features, _ = self.encoder(obs)  # [d_model, T, B]
+    def sample(self, inputs):
+        """(actions [actions, T * B], log-probabilities [1, T * B]) for windows of the encoder's
+        inputs [n_inputs, T, B]."""
+        features, _ = self.encoder(inputs)  # [d_model, T, B]
         return self.head.sample(flat_steps(features))
 
 
 class RecurrentCritics(rc.nn.Module):
     """One sequence encoder shared by ``n`` critic heads (SAC's twin critics)."""
 
-    def __init__(self, n_obs: int, n_actions: int, config: RecurrentSACConfig):
+    def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
-        self.encoder = SequenceEncoder(n_obs, config.d_model, config.d_state, config.encoder)
+        self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
         self.heads = Critics(config.n_critics, config.d_model, n_actions, config.net_arch)
 
-    def features(self, obs):
-        """The encoder's features of windows [n_obs, T, B], one column per step: [d_model, T * B]."""
-        return flat_steps(self.encoder(obs)[0])
+    def features(self, inputs):
+        """The encoder's features of input windows [n_inputs, T, B], one column per step:
+        [d_model, T * B]."""
+        return flat_steps(self.encoder(inputs)[0])
 
 
 class RecurrentSAC(RecurrentAgent):
@@ -128,9 +132,9 @@ class RecurrentSAC(RecurrentAgent):
         alpha, self.tune_alpha = initial_ent_coef(cfg.ent_coef)
         self.n_actions = int(np.prod(self.action_space.shape))
         self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
-        self.actor = RecurrentActor(self.n_obs, self.n_actions, cfg)
-        self.critic = RecurrentCritics(self.n_obs, self.n_actions, cfg)
-        self.critic_target = RecurrentCritics(self.n_obs, self.n_actions, cfg)
+        self.actor = RecurrentActor(self.encoder_inputs, self.n_actions, cfg)
+        self.critic = RecurrentCritics(self.encoder_inputs, self.n_actions, cfg)
+        self.critic_target = RecurrentCritics(self.encoder_inputs, self.n_actions, cfg)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.ent_coef = EntropyCoefficient(alpha)
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
@@ -146,16 +150,16 @@ class RecurrentSAC(RecurrentAgent):
 
     # ---- the update (traced once, then replayed) ----------------------------------------------
 
-    def _critic_loss(self, s, weights, count, alpha):
+    def _critic_loss(self, s, inputs, next_inputs, weights, count, alpha):
         """Half the critics' summed weighted mean squared errors against the soft target
         r + gamma (1 - terminated) (min Q_target(h', a') - alpha log pi(a' | h'))."""
         with rc.no_grad():
-            next_action, next_log_prob = self.actor.sample(s.next_obs)  # [actions, T * B], [1, T * B]
-            next_features = self.critic_target.features(s.next_obs)  # [d_model, T * B]
+            next_action, next_log_prob = self.actor.sample(next_inputs)  # [actions, T * B], [1, T * B]
+            next_features = self.critic_target.features(next_inputs)  # [d_model, T * B]
             next_q = self.critic_target.heads.min(next_features, next_action) - alpha * next_log_prob
             not_terminated = rc.sub(1.0, flat_steps(s.terminated))  # [1, T * B]
             target = rc.stop_gradient(flat_steps(s.reward) + self.config.gamma * not_terminated * next_q)
-        features = self.critic.features(s.obs)  # [d_model, T * B]
+        features = self.critic.features(inputs)  # [d_model, T * B]
         action = flat_steps(s.action)  # [actions, T * B]
         total = None
         for q in self.critic.heads(features, action):  # n x [1, T * B]
@@ -166,16 +170,17 @@ class RecurrentSAC(RecurrentAgent):
     def _update(self, starts):
         cfg = self.config
         s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length, cfg.burn_in, starts)
+        inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each
         weights, count = learning_weights(s, self._burn_in_weights)  # [1, T * B], [1, 1]
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, weights, count, alpha),
+        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, inputs, next_inputs, weights, count, alpha),
                                                    self.critic.parameters(), self.critic_optimizer)
         with rc.no_grad():
-            features = rc.stop_gradient(self.critic.features(s.obs))  # the updated critics' view of the windows
+            features = rc.stop_gradient(self.critic.features(inputs))  # the updated critics' view of the windows
         sampled = {}
 
         def actor_loss():
-            action, sampled["log_prob"] = self.actor.sample(s.obs)  # [actions, T * B], [1, T * B]
+            action, sampled["log_prob"] = self.actor.sample(inputs)  # [actions, T * B], [1, T * B]
             value = alpha * sampled["log_prob"] - self.critic.heads.min(features, action)  # [1, T * B]
             return rc.div(rc.sum(weights * value), count)
 
@@ -207,8 +212,8 @@ class RecurrentSAC(RecurrentAgent):
     def _policy_encoder(self) -> SequenceEncoder:
         return self.actor.encoder
 
-    def _act_step(self, obs, state, deterministic: bool):
-        features, state = self.actor.encoder.step(obs, state)  # [d_model, n]
+    def _act_step(self, inputs, state, deterministic: bool):
+        features, state = self.actor.encoder.step(inputs, state)  # [d_model, n]
         head = self.actor.head
         return (head(features) if deterministic else head.sample(features)[0]), state  # [actions, n]
 
