@@ -100,6 +100,14 @@ def test_layernorm_matches_numpy_and_gradients(f64):
     assert rc.gradcheck(lambda t: ln(t) * rc.tensor(_x(4, 3, seed=9)), [x])
 
 
+def test_layernorm_normalises_each_column_of_a_sequence_batch(f64):
+    """[features, seq, batch]: every (step, sequence) column normalised on its own."""
+    ln = nn.LayerNorm(4)
+    x = np.random.default_rng(2).standard_normal((4, 3, 2))
+    expected = (x - x.mean(0, keepdims=True)) / np.sqrt(x.var(0, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(ln(rc.tensor(x)).numpy(), expected, rtol=1e-10)
+
+
 def test_batchnorm_gradient(f64):
     bn = nn.BatchNorm(3)
     weights = rc.tensor(_x(3, 5, seed=4))

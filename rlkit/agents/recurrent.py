@@ -42,8 +42,10 @@ def check_encoder_fields(config) -> None:
 
 
 class SequenceEncoder(rc.nn.Module):
-    """Observations [n_obs, T, B] to features [d_model, T, B]: a linear embedding, then a Mamba
-    (or RWKV-7) block with a residual connection around it. ``step`` runs one token per lane."""
+    """Inputs [n_inputs, T, B] to features [d_model, T, B]: a linear embedding, a Mamba (or
+    RWKV-7) block with a residual connection around it, then LayerNorm (features of a bounded
+    scale however long the carried state has run, which also keeps TD learning on them stable).
+    ``step`` runs one token per lane."""
 
     def __init__(self, n_obs: int, d_model: int, d_state: int, kind: str = "mamba"):
         super().__init__()
@@ -56,6 +58,7 @@ class SequenceEncoder(rc.nn.Module):
             self.block = rc.nn.MambaBlock(d_model, d_state, head_dim=min(16, 2 * d_model), dt_min=0.1, dt_max=1.0)
         else:
             self.block = rc.nn.RWKVBlock(d_model, head_size=min(16, d_model))
+        self.norm = rc.nn.LayerNorm(d_model)
 
     @property
     def state_type(self) -> type:
@@ -74,13 +77,13 @@ class SequenceEncoder(rc.nn.Module):
         """(features [d_model, T, B], final state) of observations [n_obs, T, B]."""
         x = self.embed(obs)  # [d_model, T, B]
         y, state = self.block(x, state)  # [d_model, T, B]
-        return rc.add(x, y), state
+        return self.norm(rc.add(x, y)), state
 
     def step(self, obs: Tensor, state):
         """(features [d_model, n], new state) of one observation per lane [n_obs, n]."""
         x = self.embed(obs)  # [d_model, n]
         y, state = self.block.step(x, state)  # [d_model, n]
-        return rc.add(x, y), state
+        return self.norm(rc.add(x, y)), state
 
 
 def shifted_by_one_step(x: Tensor) -> Tensor:

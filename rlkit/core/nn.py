@@ -316,8 +316,8 @@ class LayerNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         x = ops.as_tensor(x, op="LayerNorm")
         _check_rows("LayerNorm", x, self.normalized_shape)
-        centered = ops.sub(x, ops.mean(x, dim=0))  # [F, batch]
-        var = ops.mean(ops.square(centered), dim=0)  # [1, batch]
+        centered = ops.sub(x, ops.mean(x, dim=0, keepdim=True))  # [F, batch, ...]
+        var = ops.mean(ops.square(centered), dim=0, keepdim=True)  # [1, batch, ...]
         y = ops.div(centered, ops.sqrt(ops.add(var, self.eps)))
         return ops.add(ops.mul(y, self.gamma), self.beta) if self.affine else y
 
