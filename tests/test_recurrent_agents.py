@@ -95,35 +95,46 @@ def test_lane_states_keep_the_actions_taken_and_reset_where_episodes_end():
 # ---- the sequence loss against numpy ----------------------------------------------------------------
 
 def _reference_loss(agent, seq):
-    """The masked Huber TD loss written out in numpy from the networks' outputs on inputs
-    assembled in numpy."""
+    """The masked Huber TD loss with n-step targets written out in numpy from the networks'
+    outputs on inputs assembled in numpy (episodes here end by termination only)."""
     cfg = agent.config
     actions = seq.action.numpy()[0]  # [T, B]
+    window, batch = actions.shape
     one_hot = np.eye(2, dtype=np.float32)[actions.astype(int)].transpose(2, 0, 1)  # [actions, T, B]
     inputs = rc.tensor(_with_previous_actions(seq.obs.numpy(), actions, 2))
     next_inputs = rc.tensor(np.concatenate([seq.next_obs.numpy(), one_hot]))  # a step's own action precedes its next obs
-    q = agent.q(inputs)[0].numpy()  # [actions, T * B]
-    next_target = agent.target(next_inputs)[0].numpy()
-    next_online = agent.q(next_inputs)[0].numpy()
-    flat = lambda t: t.numpy().reshape(-1, order="F")  # noqa: E731
-    reward, terminated, mask = (flat(t) for t in (seq.reward, seq.terminated, seq.mask))
-    columns = np.arange(q.shape[1])
-    best = next_target[next_online.argmax(axis=0), columns]
-    target = reward + cfg.gamma * (1 - terminated) * best
-    d = q[actions.reshape(-1, order="F").astype(int), columns] - target
-    huber = np.where(np.abs(d) <= 1, 0.5 * d * d, np.abs(d) - 0.5)
-    window = cfg.burn_in + cfg.sequence_length
-    learn = (np.arange(q.shape[1]) % window) >= cfg.burn_in  # time is the fastest index
-    weights = mask * learn
-    return float((weights * huber).sum() / max(weights.sum(), 1.0))
+    q = agent.q(inputs)[0].numpy().reshape(2, window, batch, order="F")
+    next_target = agent.target(next_inputs)[0].numpy().reshape(2, window, batch, order="F")
+    next_online = agent.q(next_inputs)[0].numpy().reshape(2, window, batch, order="F")
+    reward, terminated, mask = (t.numpy()[0] for t in (seq.reward, seq.terminated, seq.mask))  # [T, B]
+    total, count = 0.0, 0.0
+    for b in range(batch):
+        for t in range(cfg.burn_in, cfg.burn_in + cfg.sequence_length):
+            if not mask[t, b]:
+                continue
+            ret, k = 0.0, 0
+            while True:  # sum up to n rewards, stopping at the episode's end
+                ret += cfg.gamma ** k * reward[t + k, b]
+                if terminated[t + k, b] or k == cfg.n_steps - 1:
+                    break
+                k += 1
+            best = next_target[next_online[:, t + k, b].argmax(), t + k, b]
+            target = ret + cfg.gamma ** (k + 1) * (1 - terminated[t + k, b]) * best
+            d = q[int(actions[t, b]), t, b] - target
+            total += 0.5 * d * d if abs(d) <= 1 else abs(d) - 0.5
+            count += 1
+    return total / max(count, 1.0)
 
 
-def test_sequence_loss_matches_numpy(device, monkeypatch):
-    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN), device=device, seed=4)
-    agent.learn(300)  # episodes of a random policy end often: windows cross their ends
+@pytest.mark.parametrize("n_steps", [1, 3])
+def test_sequence_loss_matches_numpy(device, monkeypatch, n_steps):
+    agent = RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN, n_steps=n_steps), device=device, seed=4)
+    agent.learn(300)  # episodes of a random policy end often (by termination): windows cross their ends
+    cfg = agent.config
     with agent.on_device():
-        seq = agent.buffer.sample_sequences(16, agent.config.sequence_length, burn_in=agent.config.burn_in)
+        seq = agent.buffer.sample_sequences(16, cfg.sequence_length + n_steps - 1, burn_in=cfg.burn_in)
         assert seq.mask.numpy().min() == 0  # some steps masked after an episode's end
+        assert not agent.buffer._truncated.any()
         monkeypatch.setattr(agent.buffer, "sample_sequences_on_device", lambda *args: seq)
         loss = float(agent._loss(None).numpy().reshape(-1)[0])
         reference = _reference_loss(agent, seq)

@@ -104,9 +104,11 @@ def learning_weights(samples, burn_in_weights: Tensor) -> tuple[Tensor, Tensor]:
     return weights, rc.maximum(rc.sum(weights), 1.0)
 
 
-def burn_in_weights(burn_in: int, sequence_length: int, device: str) -> Tensor:
-    """[1, T, 1]: 0 on the burn-in steps (they only warm the state up), 1 after."""
-    steps = np.concatenate([np.zeros(burn_in), np.ones(sequence_length)]).astype(np.float32)
+def burn_in_weights(burn_in: int, sequence_length: int, device: str, tail: int = 0) -> Tensor:
+    """[1, T, 1]: 0 on the burn-in steps (they only warm the state up), 1 on the
+    ``sequence_length`` steps after, 0 on ``tail`` steps at the end (read only as the
+    bootstrap of n-step targets)."""
+    steps = np.concatenate([np.zeros(burn_in), np.ones(sequence_length), np.zeros(tail)]).astype(np.float32)
     return rc.tensor(steps.reshape(1, -1, 1), device=device)
 
 

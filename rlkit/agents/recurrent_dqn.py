@@ -69,6 +69,9 @@ class RecurrentDQNConfig:
     """Hidden layer sizes of the Q head on the encoder's features."""
     double: bool = True
     """Double DQN: the online network chooses the next action, the target network values it."""
+    n_steps: int = 1
+    """Rewards summed into each target before bootstrapping (R2D2's n-step returns; the sums stop
+    at episode ends). Windows grow by n_steps - 1 steps that only serve as bootstraps."""
     n_envs: int = 1
     """Environments stepped together (a vector environment made from the id when > 1)."""
     log_interval: int = 1000
@@ -78,6 +81,7 @@ class RecurrentDQNConfig:
         check_common_fields(self)
         check_encoder_fields(self)
         positive_int(self.target_update_interval, "RecurrentDQNConfig: target_update_interval")
+        positive_int(self.n_steps, "RecurrentDQNConfig: n_steps")
         check_in_range(self, "exploration_fraction", 0.0, 1.0, low_open=True)
         check_in_range(self, "exploration_initial_eps", 0.0, 1.0)
         check_in_range(self, "exploration_final_eps", 0.0, 1.0)
@@ -121,8 +125,10 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, n_envs=self.lanes.n, device=self.device,
-                                   action_dtype="i32", gamma=cfg.gamma, seed=self.seed)
-        self._burn_in_weights = burn_in_weights(cfg.burn_in, cfg.sequence_length, self.device)  # [1, T, 1]
+                                   action_dtype="i32", gamma=cfg.gamma, seed=self.seed, n_step=cfg.n_steps)
+        self._window_tail = cfg.n_steps - 1  # steps after the loss steps, read as n-step bootstraps
+        self._burn_in_weights = burn_in_weights(cfg.burn_in, cfg.sequence_length, self.device,
+                                                tail=self._window_tail)  # [1, T, 1]
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
@@ -132,27 +138,44 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
     def _loss(self, starts):
         """The masked Huber loss of Q(history, a) against the TD target over sampled windows."""
         cfg = self.config
-        s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length, cfg.burn_in, starts)
+        s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length + self._window_tail,
+                                                   cfg.burn_in, starts)
         inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each
         with rc.no_grad():
             # the target network runs over the next observations: at step t it has seen the
             # window's history shifted by one, ending in step t's true next observation
             next_q, _ = self.target(next_inputs)  # [actions, T * B]
-            if cfg.double:
-                online_next, _ = self.q(next_inputs)  # [actions, T * B]
-                best_next = rc.gather(next_q, rc.argmax(online_next))  # [1, T * B]
-            else:
-                best_next = rc.max(next_q)  # [1, T * B]
-            not_terminated = rc.sub(1.0, flat_steps(s.terminated))  # [1, T * B]
-            td_target = rc.stop_gradient(flat_steps(s.reward) + cfg.gamma * not_terminated * best_next)
+            online_next = self.q(next_inputs)[0] if cfg.double else None  # [actions, T * B]
+            if cfg.n_steps == 1:
+                returns, discount, done = flat_steps(s.reward), cfg.gamma, flat_steps(s.terminated)
+            else:  # bootstrap from the step each sum ended at, later in the same window
+                returns, done, discount, last = self.buffer.n_step_returns_on_device(s.index)  # [1, T * B] each
+                bootstrap = self._bootstrap_columns(s.index, last)  # [1, T * B]
+                next_q = rc.get_rows(next_q, bootstrap)
+                online_next = None if online_next is None else rc.get_rows(online_next, bootstrap)
+            best_next = rc.max(next_q) if online_next is None else rc.gather(next_q, rc.argmax(online_next))
+            td_target = rc.stop_gradient(returns + discount * rc.sub(1.0, done) * best_next)  # [1, T * B]
         q, _ = self.q(inputs)  # [actions, T * B]
         q_taken = rc.gather(q, flat_steps(s.action))  # [1, T * B]
         weights, count = learning_weights(s, self._burn_in_weights)
         return rc.div(rc.sum(weights * rc.huber_loss(q_taken, td_target, reduction="none")), count)
 
+    def _bootstrap_columns(self, index, last):
+        """Where each step's n-step sum bootstraps, as columns of the flattened windows: step j's
+        own column plus the steps the sum ran past it (the ring columns ``index`` and ``last`` of
+        one lane lie a multiple of n_envs apart, modulo the capacity)."""
+        capacity, n_envs = float(self.buffer.capacity), float(self.lanes.n)
+        ahead = rc.sub(rc.cast(last, "f32"), rc.cast(index, "f32"))  # [1, T * B]
+        ahead = rc.scale(rc.add(ahead, rc.scale(rc.gt(0.0, ahead), capacity)), 1.0 / n_envs)  # steps ahead
+        n = index.shape[1]
+        position = rc.reshape(rc.add(rc.cumsum(rc.full((n, 1), 1.0, dtype="f32", device=index.device)), -1.0),
+                              (1, n))  # [1, T * B]: 0 .. T * B - 1
+        # the tail steps carry no loss; clamping keeps the last window's tail inside the batch
+        return rc.cast(rc.minimum(rc.add(position, ahead), float(n - 1)), "i32")
+
     def _train(self, gradient_steps: int) -> dict[str, float]:
         starts = self.buffer.sequence_starts()
-        if starts[1, 0] < self.config.burn_in + self.config.sequence_length:
+        if starts[1, 0] < self.config.burn_in + self.config.sequence_length + self._window_tail:
             return {}  # not a whole window stored per lane yet
         for _ in range(gradient_steps):
             loss, _ = self._train_step(starts=starts)

@@ -44,6 +44,7 @@ class SequenceSamples(NamedTuple):
     mask: Tensor
     burn_in: int
     next_obs: Tensor | None = None
+    index: Tensor | None = None  # the windows' columns, i32 [1, T * B] (time fastest)
 
 
 class ReplaySamples(NamedTuple):
@@ -246,6 +247,13 @@ class ReplayBuffer:
                              reward=reward, next_obs=rc.get_rows(self._next_obs, last), done=done,
                              discount=discount, index=index, weights=weights)
 
+    def n_step_returns_on_device(self, index: Tensor):
+        """The n-step sums starting at the columns ``index`` [1, k] (``n_step`` of the buffer),
+        on the device: (discounted return, done, gamma^steps, the last column summed)."""
+        if self.n_step == 1:
+            raise ValueError("ReplayBuffer.n_step_returns_on_device: the buffer was made with n_step=1")
+        return self._n_step_on_device(index)
+
     def _n_step_on_device(self, index: Tensor):
         """As ``_n_step`` on the host, in column arithmetic: step k of a lane is column
         index + k * n_envs (mod capacity), and the sum stops after a step whose stop flag is set.
@@ -305,6 +313,7 @@ class ReplayBuffer:
             reward=host(self._reward[steps, e]), terminated=host(self._terminated[steps, e]),
             mask=host(mask), burn_in=int(burn_in),
             next_obs=None if self._next_obs is None else gathered(self._next_obs),
+            index=rc.tensor(index[None, :], device=device),
         )
 
     def sequence_starts(self) -> np.ndarray:
@@ -365,7 +374,7 @@ class ReplayBuffer:
         return SequenceSamples(
             obs=gathered(self._obs), action=gathered(self._action), reward=gathered(self._reward_row),
             terminated=gathered(self._terminated_row), mask=rc.reshape(mask, (1, window, batch_size)),
-            burn_in=burn_in, next_obs=gathered(self._next_obs),
+            burn_in=burn_in, next_obs=gathered(self._next_obs), index=index,
         )
 
     # ---- saving ----------------------------------------------------------------------------
