@@ -179,6 +179,10 @@ def test_config_errors():
         RecurrentDQNConfig(burn_in=-1)
     with pytest.raises(ValueError, match="does not fit"):
         RecurrentSACConfig(buffer_size=20, sequence_length=16, burn_in=8)
+    with pytest.raises(ValueError, match=r"window of 26 steps \(burn_in \+ sequence_length \+ n_steps - 1\)"):
+        RecurrentDQNConfig(buffer_size=25, sequence_length=16, burn_in=8, n_steps=3)
+    with pytest.raises(ValueError, match="n_steps must be a positive int"):
+        RecurrentDQNConfig(n_steps=0)
     with pytest.raises(TypeError, match="acts with a carried state"):
         RecurrentDQN(CARTPOLE, RecurrentDQNConfig(**SMALL_DQN))._act(None, True)
 

@@ -22,8 +22,9 @@ ENCODERS = ("mamba", "rwkv")
 """The sequence layers a recurrent agent's encoder can use."""
 
 
-def check_encoder_fields(config) -> None:
-    """The checks the recurrent configs share: the encoder kind and sizes, the window."""
+def check_encoder_fields(config, tail: int = 0) -> None:
+    """The checks the recurrent configs share: the encoder kind and sizes, and a window (burn-in,
+    the loss steps and ``tail`` bootstrap steps) that fits in a lane of the buffer."""
     prefix = type(config).__name__
     if config.encoder not in ENCODERS:
         raise ValueError(f"{prefix}: encoder must be one of {ENCODERS}, got {config.encoder!r}")
@@ -35,10 +36,11 @@ def check_encoder_fields(config) -> None:
             raise ValueError(f"{prefix}: {name} must be an int >= 1, got {value!r}")
     if isinstance(config.burn_in, bool) or not isinstance(config.burn_in, int) or config.burn_in < 0:
         raise ValueError(f"{prefix}: burn_in must be an int >= 0, got {config.burn_in!r}")
-    if config.burn_in + config.sequence_length > config.buffer_size // config.n_envs:
-        raise ValueError(f"{prefix}: a window of burn_in + sequence_length = {config.burn_in + config.sequence_length} "
-                         f"steps does not fit in the {config.buffer_size // config.n_envs} steps each lane of the "
-                         f"buffer holds")
+    window = config.burn_in + config.sequence_length + tail
+    if window > config.buffer_size // config.n_envs:
+        raise ValueError(f"{prefix}: a window of {window} steps (burn_in + sequence_length"
+                         f"{' + n_steps - 1' if tail else ''}) does not fit in the {config.buffer_size // config.n_envs} "
+                         f"steps each lane of the buffer holds")
 
 
 class SequenceEncoder(rc.nn.Module):
