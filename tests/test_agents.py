@@ -314,7 +314,7 @@ def test_bad_input():
         DQNConfig(n_steps=0)
     with pytest.raises(ValueError, match="do not match the observation space"):
         SAC("Pendulum-v1", SACConfig(net_arch=(8,))).predict(np.zeros(5))
-    assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "sac", "td3"]
+    assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "recurrent_dqn", "recurrent_sac", "sac", "td3"]
 
 
 # ---- learning gates (fixed seeds, CPU) ----------------------------------------------------------------
