@@ -6,7 +6,8 @@
 
 namespace rk::vk {
 
-void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c);
-void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay);
+// One dispatch each, over every parameter of the set.
+void adam(const UpdateSet& set, const AdamCoefficients& c);
+void sgd(const UpdateSet& set, const SgdCoefficients& c);
 
 }  // namespace rk::vk
