@@ -30,12 +30,20 @@ void check_member(const char* op, size_t index, const TensorImpl& w, std::initia
     }
 }
 
-// The parameters of a set are distinct: one updated twice in one pass would race on the GPU.
-void check_distinct(const char* op, const UpdateSet& set) {
+// Checks a whole set: every member as above, all on one device, and no parameter twice (one
+// updated twice in one pass would race on the GPU).
+void check_set(const char* op, const UpdateSet& set) {
     std::unordered_set<const TensorImpl*> seen;
-    for (size_t k = 0; k < set.size(); ++k)
-        if (!seen.insert(set[k].w).second)
+    for (size_t k = 0; k < set.size(); ++k) {
+        const UpdateTensors& u = set[k];
+        if (u.w->device != set[0].w->device)
+            throw std::invalid_argument(op_err(op, "parameter " + std::to_string(k) + " is on the " +
+                                                       device_name(u.w->device) + ", parameter 0 on the " +
+                                                       device_name(set[0].w->device)));
+        check_member(op, k, *u.w, {u.g, u.m, u.v});
+        if (!seen.insert(u.w).second)
             throw std::invalid_argument(op_err(op, "parameter " + std::to_string(k) + " is listed twice"));
+    }
 }
 
 // The eager call's lists as one update set, checked. v is null for SGD.
@@ -45,16 +53,9 @@ UpdateSet eager_set(const char* op, const std::vector<TensorPtr>& params, const 
         throw std::invalid_argument(op_err(op, "every list must have one entry per parameter"));
     UpdateSet set;
     set.reserve(params.size());
-    for (size_t k = 0; k < params.size(); ++k) {
-        if (params[k]->device != params[0]->device)
-            throw std::invalid_argument(op_err(op, "the parameters are on different devices (" +
-                                                       std::string(device_name(params[0]->device)) + " and " +
-                                                       device_name(params[k]->device) + ")"));
-        TensorImpl* second_state = v ? (*v)[k].get() : m[k].get();
-        check_member(op, k, *params[k], {grads[k].get(), m[k].get(), second_state});
-        set.push_back({params[k].get(), grads[k].get(), m[k].get(), second_state});
-    }
-    check_distinct(op, set);
+    for (size_t k = 0; k < params.size(); ++k)
+        set.push_back({params[k].get(), grads[k].get(), m[k].get(), v ? (*v)[k].get() : m[k].get()});
+    check_set(op, set);
     return set;
 }
 
@@ -171,7 +172,10 @@ namespace {
 
 constexpr size_t kLeadingInputs = 2;  // hyper, scale
 
-OutSpec update_spec(const char* op, const Inputs& in, size_t per_param) {
+size_t inputs_per_parameter(bool adam) { return adam ? 4 : 3; }
+
+OutSpec update_spec(const char* op, const Inputs& in, bool adam) {
+    const size_t per_param = inputs_per_parameter(adam);
     if (in.size() < kLeadingInputs + per_param || (in.size() - kLeadingInputs) % per_param != 0)
         throw std::invalid_argument(op_err(op, "expected hyper, scale, then " + std::to_string(per_param) +
                                                    " tensors per parameter; got " + std::to_string(in.size()) +
@@ -181,23 +185,14 @@ OutSpec update_spec(const char* op, const Inputs& in, size_t per_param) {
         throw std::invalid_argument(op_err(op, "hyper must be f32 with 8 values, got " + hyper.shape_str()));
     if (scale.dtype != DType::f32 || scale.numel() != 1)
         throw std::invalid_argument(op_err(op, "scale must be an f32 [1, 1], got " + scale.shape_str()));
-    UpdateSet set;
-    for (size_t at = kLeadingInputs, k = 0; at < in.size(); at += per_param, ++k) {
-        const TensorImpl& w = *in[at];
-        if (per_param == 4)
-            check_member(op, k, w, {in[at + 1].get(), in[at + 2].get(), in[at + 3].get()});
-        else
-            check_member(op, k, w, {in[at + 1].get(), in[at + 2].get()});
-        set.push_back({in[at].get(), nullptr, nullptr, nullptr});
-    }
-    check_distinct(op, set);
+    check_set(op, captured_update_set(in, adam));
     return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
 }
 
 }  // namespace
 
 UpdateSet captured_update_set(const Inputs& in, bool adam) {
-    const size_t per_param = adam ? 4 : 3;
+    const size_t per_param = inputs_per_parameter(adam);
     UpdateSet set;
     set.reserve((in.size() - kLeadingInputs) / per_param);
     for (size_t at = kLeadingInputs; at < in.size(); at += per_param)
@@ -205,7 +200,7 @@ UpdateSet captured_update_set(const Inputs& in, bool adam) {
     return set;
 }
 
-OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, 4); }
+OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, true); }
 
 void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const float* h = in[0]->ptr<float>();
@@ -215,7 +210,7 @@ void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     adam_cpu(captured_update_set(in, true), AdamCoefficients{h[0], h[1], h[2], h[3], h[4], h[5], h[6]}, scale);
 }
 
-OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, 3); }
+OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, false); }
 
 void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const float* h = in[0]->ptr<float>();
