@@ -139,6 +139,18 @@ def test_the_gpu_update_equals_the_cpus(rule):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"parameter {k} {AWKWARD_SHAPES[k]}")
 
 
+@gpu_only
+def test_a_table_longer_than_one_command_buffer_write(on_gpu):
+    """More chunk records than one vkCmdUpdateBuffer carries (64 KiB: 1638 records of 1024
+    elements) are written in pieces; every element is still updated."""
+    shapes = [(3, 1), (1700 * 1024 + 5, 1), (1, 1)]
+    got = _run_steps("sgd", shapes, one_call=True, scale=1.0, steps=1)
+    expected = _numpy_steps("sgd", shapes, scale=1.0, steps=1)
+    for k, (g, e) in enumerate(zip(got, expected)):
+        for a, b in zip(g, e):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=f"parameter {k} {shapes[k]}")
+
+
 @pytest.mark.parametrize("rule", ["adam", "sgd"])
 def test_a_non_finite_scale_leaves_the_whole_set_untouched(device, rule):
     shapes = [(1, 1), (1025, 1), (7, 3)]
