@@ -42,10 +42,9 @@ class Backend {
     // transfer_stats on the GPU): whole tensors, or a few columns of a buffer.
     virtual void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) = 0;
     virtual void download(const TensorImpl& src, size_t offset, void* host, size_t n) = 0;
-    // The fused optimizer updates of one parameter, in place.
-    virtual void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) = 0;
-    virtual void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
-                     double weight_decay) = 0;
+    // The fused optimizer updates of a parameter set, in place, in one pass over its elements.
+    virtual void adam(const UpdateSet& set, const AdamCoefficients& c) = 0;
+    virtual void sgd(const UpdateSet& set, const SgdCoefficients& c) = 0;
     // A recorder for a program with these input and output blocks; null where the backend runs
     // ops as they come (the CPU), and a program executes its nodes at every replay instead.
     virtual std::unique_ptr<RecordedProgram> recorded_program(TensorImpl&, TensorImpl&) { return nullptr; }

@@ -47,13 +47,8 @@ class CpuBackend final : public Backend {
     void download(const TensorImpl& src, size_t offset, void* host, size_t n) override {
         std::memcpy(host, static_cast<const char*>(src.data()) + offset, n);
     }
-    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) override {
-        adam_cpu(w, g, m, v, c);
-    }
-    void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
-             double weight_decay) override {
-        sgd_cpu(w, g, velocity, lr, momentum, weight_decay);
-    }
+    void adam(const UpdateSet& set, const AdamCoefficients& c) override { adam_cpu(set, c); }
+    void sgd(const UpdateSet& set, const SgdCoefficients& c) override { sgd_cpu(set, c); }
 };
 
 // A copy of t in another dtype, on t's device.
@@ -121,7 +116,7 @@ void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out)
 
 TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device) {
     const OpInfo& info = op_info(op);
-    if (int(inputs.size()) != info.n_inputs)
+    if (info.n_inputs != kVariadic && int(inputs.size()) != info.n_inputs)
         throw std::invalid_argument(std::string(info.name) + ": expected " + std::to_string(info.n_inputs) +
                                     " tensor inputs, got " + std::to_string(inputs.size()));
     for (const auto& t : inputs)

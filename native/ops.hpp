@@ -21,6 +21,9 @@ struct OutOfMemory : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The n_inputs of an op taking any number of inputs (its shape rule checks them).
+constexpr int kVariadic = -1;
+
 enum class Op : int {
 #define RK_OP(name, n_inputs) name,
 #include "ops.def"
@@ -49,7 +52,7 @@ using VkKernel = CpuKernel;
 
 struct OpInfo {
     const char* name;
-    int n_inputs;
+    int n_inputs;  // or kVariadic
     ShapeRule shape;
     CpuKernel cpu;
     VkKernel vk;  // null in a build without Vulkan

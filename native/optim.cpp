@@ -1,6 +1,8 @@
 #include "optim.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "backend.hpp"
 #include "kernel_util.hpp"
@@ -8,49 +10,106 @@
 namespace rk {
 namespace {
 
-void check_set(const char* op, const std::vector<TensorPtr>& params, std::initializer_list<const std::vector<TensorPtr>*> others) {
-    for (const auto* other : others)
-        if (other->size() != params.size())
-            throw std::invalid_argument(op_err(op, "every list must have one entry per parameter"));
-    for (size_t i = 0; i < params.size(); ++i) {
-        const TensorImpl& p = *params[i];
-        if (p.dtype != DType::f32 && p.dtype != DType::f64)
-            throw TypeError(op_err(op, std::string("parameters must be f32 or f64, got ") + dtype_name(p.dtype)));
-        for (const auto* other : others) {
-            const TensorImpl& t = *(*other)[i];
-            if (t.device != p.device)
-                throw std::invalid_argument(op_err(op, "parameter " + std::to_string(i) + " is on the " +
-                                                           device_name(p.device) + " but its state/gradient is on the " +
-                                                           device_name(t.device)));
-            if (t.ne != p.ne || t.dtype != p.dtype)
-                throw std::invalid_argument(op_err(op, "parameter " + std::to_string(i) + " is " + p.shape_str() + " " +
-                                                           dtype_name(p.dtype) + " but its state/gradient is " +
-                                                           t.shape_str() + " " + dtype_name(t.dtype)));
-        }
+// Checks one parameter of a set: a float parameter (f32, or f64 on the CPU) whose gradient and
+// state tensors match its shape, dtype and device. `index` names it in the messages.
+void check_member(const char* op, size_t index, const TensorImpl& w, std::initializer_list<const TensorImpl*> others) {
+    if (w.dtype != DType::f32 && w.dtype != DType::f64)
+        throw TypeError(op_err(op, "parameter " + std::to_string(index) + " must be f32 or f64, got " +
+                                       dtype_name(w.dtype)));
+    if (w.dtype == DType::f64 && w.device == Device::gpu)
+        throw TypeError(op_err(op, "parameter " + std::to_string(index) + " is f64: f64 tensors are CPU-only"));
+    for (const TensorImpl* t : others) {
+        if (t->device != w.device)
+            throw std::invalid_argument(op_err(op, "parameter " + std::to_string(index) + " is on the " +
+                                                       device_name(w.device) + " but its state/gradient is on the " +
+                                                       device_name(t->device)));
+        if (t->ne != w.ne || t->dtype != w.dtype)
+            throw std::invalid_argument(op_err(op, "parameter " + std::to_string(index) + " is " + w.shape_str() + " " +
+                                                       dtype_name(w.dtype) + " but its state/gradient is " +
+                                                       t->shape_str() + " " + dtype_name(t->dtype)));
     }
 }
 
-}  // namespace
+// Checks a whole set: every member as above, all on one device, and no parameter twice (one
+// updated twice in one pass would race on the GPU).
+void check_set(const char* op, const UpdateSet& set) {
+    std::unordered_set<const TensorImpl*> seen;
+    for (size_t k = 0; k < set.size(); ++k) {
+        const UpdateTensors& u = set[k];
+        if (u.w->device != set[0].w->device)
+            throw std::invalid_argument(op_err(op, "parameter " + std::to_string(k) + " is on the " +
+                                                       device_name(u.w->device) + ", parameter 0 on the " +
+                                                       device_name(set[0].w->device)));
+        check_member(op, k, *u.w, {u.g, u.m, u.v});
+        if (!seen.insert(u.w).second)
+            throw std::invalid_argument(op_err(op, "parameter " + std::to_string(k) + " is listed twice"));
+    }
+}
 
-namespace {
+// The eager call's lists as one update set, checked. v is null for SGD.
+UpdateSet eager_set(const char* op, const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
+                    const std::vector<TensorPtr>& m, const std::vector<TensorPtr>* v) {
+    if (grads.size() != params.size() || m.size() != params.size() || (v && v->size() != params.size()))
+        throw std::invalid_argument(op_err(op, "every list must have one entry per parameter"));
+    UpdateSet set;
+    set.reserve(params.size());
+    for (size_t k = 0; k < params.size(); ++k)
+        set.push_back({params[k].get(), grads[k].get(), m[k].get(), v ? (*v)[k].get() : m[k].get()});
+    check_set(op, set);
+    return set;
+}
 
-// One parameter's Adam update; restrict-qualified so that the loop vectorises.
+// An in-place write the host can see (state dicts, re-tracing captures) bumps the versions.
+void bump_versions(const UpdateSet& set) {
+    for (const UpdateTensors& u : set) {
+        ++u.w->version;
+        ++u.m->version;
+        if (u.v != u.m) ++u.v->version;
+    }
+}
+
+// Calls piece(k, begin, end) on the elements [begin, end) of parameter k, for every parameter
+// of the set, in one parallel pass over the concatenation of their elements (small parameters
+// share a chunk; chunk boundaries do not depend on the number of threads).
+template <typename Piece>
+void for_each_piece(const UpdateSet& set, const Piece& piece) {
+    std::vector<int64_t> start(set.size() + 1, 0);
+    for (size_t k = 0; k < set.size(); ++k) start[k + 1] = start[k] + set[k].w->numel();
+    parallel_for(start.back(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        size_t k = size_t(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+        for (; lo < hi; ++k) {
+            const int64_t end = std::min(hi, start[k + 1]);
+            if (end > lo) piece(k, lo - start[k], end - start[k]);
+            lo = end;
+        }
+    });
+}
+
+// Adam on n elements; restrict-qualified so that the loop vectorises.
 template <typename T>
 void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
                  const AdamCoefficients& c, T grad_scale) {
     const T b1 = T(c.beta1), b2 = T(c.beta2), eps = T(c.eps), coupled_wd = T(c.coupled_wd), decay = T(c.decay);
     const T step = T(c.step), inv_bc2 = T(c.inv_bc2);
-    // Captured by value: constants held by reference could alias the stores and block vectorising.
-    parallel_for(n, kElementGrain, [=](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) {
-            const T gi = grad_scale * g[i] + coupled_wd * w[i];
-            const T mi = b1 * m[i] + (T(1) - b1) * gi;
-            const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            w[i] = decay * w[i] - step * mi / (std::sqrt(vi * inv_bc2) + eps);
-        }
-    });
+    for (int64_t i = 0; i < n; ++i) {
+        const T gi = grad_scale * g[i] + coupled_wd * w[i];
+        const T mi = b1 * m[i] + (T(1) - b1) * gi;
+        const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = decay * w[i] - step * mi / (std::sqrt(vi * inv_bc2) + eps);
+    }
+}
+
+template <typename T>
+void sgd_kernel(T* __restrict w, const T* __restrict g, T* __restrict velocity, int64_t n, const SgdCoefficients& c,
+                T grad_scale) {
+    const T mu = T(c.momentum), wd = T(c.weight_decay), rate = T(c.lr);
+    for (int64_t i = 0; i < n; ++i) {
+        const T gi = grad_scale * g[i] + wd * w[i];
+        velocity[i] = mu * velocity[i] + gi;
+        w[i] -= rate * velocity[i];
+    }
 }
 
 }  // namespace
@@ -67,94 +126,98 @@ AdamCoefficients adam_coefficients(const AdamHyper& h) {
     return c;
 }
 
-void adam_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c,
-              float grad_scale) {
-    dispatch_float(w.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        adam_kernel<T>(w.ptr<T>(), g.ptr<T>(), m.ptr<T>(), v.ptr<T>(), w.numel(), c, T(grad_scale));
+void adam_cpu(const UpdateSet& set, const AdamCoefficients& c, float grad_scale) {
+    for_each_piece(set, [&](size_t k, int64_t begin, int64_t end) {
+        const UpdateTensors& u = set[k];
+        dispatch_float(u.w->dtype, [&](auto tag) {
+            using T = decltype(tag);
+            adam_kernel<T>(u.w->ptr<T>() + begin, u.g->ptr<T>() + begin, u.m->ptr<T>() + begin,
+                           u.v->ptr<T>() + begin, end - begin, c, T(grad_scale));
+        });
     });
 }
 
-void sgd_cpu(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay,
-             float grad_scale) {
-    dispatch_float(w.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        T *pw = w.ptr<T>(), *vel = velocity.ptr<T>();
-        const T* pg = g.ptr<T>();
-        const T mu = T(momentum), wd = T(weight_decay), rate = T(lr), scale = T(grad_scale);
-        parallel_for(w.numel(), kElementGrain, [=](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) {
-                const T gi = scale * pg[i] + wd * pw[i];
-                vel[i] = mu * vel[i] + gi;
-                pw[i] -= rate * vel[i];
-            }
+void sgd_cpu(const UpdateSet& set, const SgdCoefficients& c, float grad_scale) {
+    for_each_piece(set, [&](size_t k, int64_t begin, int64_t end) {
+        const UpdateTensors& u = set[k];
+        dispatch_float(u.w->dtype, [&](auto tag) {
+            using T = decltype(tag);
+            sgd_kernel<T>(u.w->ptr<T>() + begin, u.g->ptr<T>() + begin, u.m->ptr<T>() + begin, end - begin, c,
+                          T(grad_scale));
         });
     });
 }
 
 void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                  const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
-    check_set("adam_update", params, {&grads, &m, &v});
-    const AdamCoefficients c = adam_coefficients(h);
-    for (size_t k = 0; k < params.size(); ++k) {
-        backend(params[k]->device).adam(*params[k], *grads[k], *m[k], *v[k], c);
-        ++params[k]->version;
-        ++m[k]->version;
-        ++v[k]->version;
-    }
+    const UpdateSet set = eager_set("adam_update", params, grads, m, &v);
+    if (set.empty()) return;
+    backend(set[0].w->device).adam(set, adam_coefficients(h));
+    bump_versions(set);
 }
 
 void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
                 const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay) {
-    check_set("sgd_update", params, {&grads, &velocity});
-    for (size_t k = 0; k < params.size(); ++k) {
-        backend(params[k]->device).sgd(*params[k], *grads[k], *velocity[k], lr, momentum, weight_decay);
-        ++params[k]->version;
-        ++velocity[k]->version;
-    }
+    const UpdateSet set = eager_set("sgd_update", params, grads, velocity, nullptr);
+    if (set.empty()) return;
+    backend(set[0].w->device).sgd(set, SgdCoefficients{momentum, weight_decay, lr});
+    bump_versions(set);
 }
 
 // ---- the captured updates (ops adam_step and sgd_step) ------------------------------------
+//
+// Inputs: hyper, scale, then per parameter (w, g, m, v) for Adam or (w, g, velocity) for SGD.
 
 namespace {
 
-OutSpec update_spec(const char* op, const Inputs& in, size_t n_state) {
-    const TensorImpl& w = *in[0];
-    if (w.dtype != DType::f32 && w.dtype != DType::f64)
-        throw TypeError(op_err(op, std::string("parameters must be f32 or f64, got ") + dtype_name(w.dtype)));
-    for (size_t k = 1; k <= n_state; ++k)
-        if (in[k]->ne != w.ne || in[k]->dtype != w.dtype)
-            throw std::invalid_argument(op_err(op, "input " + std::to_string(k) + " " + in[k]->shape_str() +
-                                                       " must match the parameter " + w.shape_str()));
-    const TensorImpl &hyper = *in[n_state + 1], &scale = *in[n_state + 2];
+constexpr size_t kLeadingInputs = 2;  // hyper, scale
+
+size_t inputs_per_parameter(bool adam) { return adam ? 4 : 3; }
+
+OutSpec update_spec(const char* op, const Inputs& in, bool adam) {
+    const size_t per_param = inputs_per_parameter(adam);
+    if (in.size() < kLeadingInputs + per_param || (in.size() - kLeadingInputs) % per_param != 0)
+        throw std::invalid_argument(op_err(op, "expected hyper, scale, then " + std::to_string(per_param) +
+                                                   " tensors per parameter; got " + std::to_string(in.size()) +
+                                                   " inputs"));
+    const TensorImpl &hyper = *in[0], &scale = *in[1];
     if (hyper.dtype != DType::f32 || hyper.numel() != kHyperSize)
         throw std::invalid_argument(op_err(op, "hyper must be f32 with 8 values, got " + hyper.shape_str()));
     if (scale.dtype != DType::f32 || scale.numel() != 1)
         throw std::invalid_argument(op_err(op, "scale must be an f32 [1, 1], got " + scale.shape_str()));
+    check_set(op, captured_update_set(in, adam));
     return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
 }
 
 }  // namespace
 
-OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, 3); }
-
-void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const float* h = in[4]->ptr<float>();
-    const float scale = in[5]->ptr<float>()[0];
-    out.ptr<float>()[0] = scale;
-    if (!std::isfinite(scale)) return;
-    const AdamCoefficients c{h[0], h[1], h[2], h[3], h[4], h[5], h[6]};
-    adam_cpu(*in[0], *in[1], *in[2], *in[3], c, scale);
+UpdateSet captured_update_set(const Inputs& in, bool adam) {
+    const size_t per_param = inputs_per_parameter(adam);
+    UpdateSet set;
+    set.reserve((in.size() - kLeadingInputs) / per_param);
+    for (size_t at = kLeadingInputs; at < in.size(); at += per_param)
+        set.push_back({in[at].get(), in[at + 1].get(), in[at + 2].get(), in[at + per_param - 1].get()});
+    return set;
 }
 
-OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, 2); }
+OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, true); }
 
-void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const float* h = in[3]->ptr<float>();
-    const float scale = in[4]->ptr<float>()[0];
+void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const float* h = in[0]->ptr<float>();
+    const float scale = in[1]->ptr<float>()[0];
     out.ptr<float>()[0] = scale;
     if (!std::isfinite(scale)) return;
-    sgd_cpu(*in[0], *in[1], *in[2], h[2], h[0], h[1], scale);
+    adam_cpu(captured_update_set(in, true), AdamCoefficients{h[0], h[1], h[2], h[3], h[4], h[5], h[6]}, scale);
+}
+
+OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, false); }
+
+void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const float* h = in[0]->ptr<float>();
+    const float scale = in[1]->ptr<float>()[0];
+    out.ptr<float>()[0] = scale;
+    if (!std::isfinite(scale)) return;
+    sgd_cpu(captured_update_set(in, false), SgdCoefficients{h[0], h[1], h[2]}, scale);
 }
 
 }  // namespace rk

@@ -1,31 +1,37 @@
-// Fused optimizer updates of one parameter, in place. ADAM: Adam / AdamW (coupled_wd adds
-// wd * w to the gradient, decay = 1 - lr * wd scales w); SGD: momentum and weight decay.
+// Fused optimizer updates of a whole parameter set, in place, in one dispatch. ADAM: Adam /
+// AdamW (coupled_wd adds wd * w to the gradient, decay = 1 - lr * wd scales w); SGD: momentum
+// and weight decay. Workgroup i updates the elements of chunk i of the set: a record of the
+// table (the parameter's, gradient's and state's addresses, and which of their elements).
 // The coefficients come in push constants (an eager step) or, with FROM_BUFFERS (a captured
 // step), from a hyper buffer written before each replay, with a gradient scale: a non-finite
-// scale (a non-finite gradient norm) leaves the parameter and its state untouched.
+// scale (a non-finite gradient norm) leaves the parameters and their state untouched.
 #version 450
 #include "common.glsl"
 
-layout(push_constant) uniform Push {
+struct Chunk {
     Floats w;
     Floats g;
     Floats m;  // SGD: the velocity
-    Floats v;
-    uint n;
-    float beta1;     // SGD: momentum
-    float beta2;     // SGD: weight decay
-    float eps;       // SGD: lr
-    float coupled_wd;
-    float decay;
-    float step;      // Adam: lr / (1 - beta1^t)
-    float inv_bc2;   // 1 / (1 - beta2^t)
-    Floats hyper;    // FROM_BUFFERS: the seven coefficients above, in order
-    Floats scale;    // FROM_BUFFERS: the gradient's factor
+    Floats v;  // SGD: unused
+    uint begin;
+    uint count;
+};
+
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Chunks { Chunk chunk[]; };
+
+layout(push_constant) uniform Push {
+    Chunks table;
+    Floats hyper;  // FROM_BUFFERS: the seven coefficients below, in order
+    Floats scale;  // FROM_BUFFERS: the gradients' factor
+    uint n_chunks;
+    // Adam: beta1, beta2, eps, coupled_wd, decay, step = lr / (1 - beta1^t), inv_bc2 = 1 / (1 - beta2^t)
+    // SGD: momentum, weight decay, lr
+    float c[7];
 } pc;
 
 void main() {
-    uint i = flat_invocation();
-    if (i >= pc.n) return;
+    uint id = flat_group();
+    if (id >= pc.n_chunks) return;
 #if defined(FROM_BUFFERS)
     float scale = pc.scale.v[0];
     if (isnan(scale) || isinf(scale)) return;
@@ -33,20 +39,24 @@ void main() {
                           pc.hyper.v[6]);
 #else
     float scale = 1.0;
-    float c[7] = float[7](pc.beta1, pc.beta2, pc.eps, pc.coupled_wd, pc.decay, pc.step, pc.inv_bc2);
+    float c[7] = pc.c;
 #endif
-    float w = pc.w.v[i];
+    Chunk k = pc.table.chunk[id];
+    uint end = k.begin + k.count;
+    for (uint i = k.begin + gl_LocalInvocationID.x; i < end; i += gl_WorkGroupSize.x) {
+        float w = k.w.v[i];
 #if defined(ADAM)
-    float g = scale * pc.g.v[i] + c[3] * w;
-    float m = c[0] * pc.m.v[i] + (1.0 - c[0]) * g;
-    float v = c[1] * pc.v.v[i] + (1.0 - c[1]) * g * g;
-    pc.m.v[i] = m;
-    pc.v.v[i] = v;
-    pc.w.v[i] = c[4] * w - c[5] * m / (sqrt(v * c[6]) + c[2]);
+        float g = scale * k.g.v[i] + c[3] * w;
+        float m = c[0] * k.m.v[i] + (1.0 - c[0]) * g;
+        float v = c[1] * k.v.v[i] + (1.0 - c[1]) * g * g;
+        k.m.v[i] = m;
+        k.v.v[i] = v;
+        k.w.v[i] = c[4] * w - c[5] * m / (sqrt(v * c[6]) + c[2]);
 #elif defined(SGD)
-    float g = scale * pc.g.v[i] + c[1] * w;  // c: momentum, weight decay, lr
-    float vel = c[0] * pc.m.v[i] + g;
-    pc.m.v[i] = vel;
-    pc.w.v[i] = w - c[2] * vel;
+        float g = scale * k.g.v[i] + c[1] * w;
+        float vel = c[0] * k.m.v[i] + g;
+        k.m.v[i] = vel;
+        k.w.v[i] = w - c[2] * vel;
 #endif
+    }
 }

@@ -651,6 +651,12 @@ def _bad(op, call, exc, *needles):
     return pytest.param(op, call, exc, needles, id=f"{op}-{next(_BAD_IDS)}")
 
 
+def _sgd_step_listing_a_parameter_twice():
+    w = rc.param(np.ones((2, 2)))
+    return rc.ops.apply("sgd_step", (rc.zeros((8, 1)), rc.ones((1, 1)), w, rc.ones((2, 2)), rc.zeros((2, 2)),
+                                     w, rc.ones((2, 2)), rc.zeros((2, 2))))
+
+
 _BAD: list = []
 for _op in ("add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt"):
     _BAD.append(_bad(_op, lambda f=getattr(rc, _op): f(_t(3, 4), _t(2, 4)), ValueError, "[3, 4]", "[2, 4]"))
@@ -721,12 +727,22 @@ _BAD += [
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), _t(4, 4)), ValueError, "(3, 4)", "(4, 4)"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 4), [0, 1, 2]), ValueError, "3 class indices", "4 columns"),
     _bad("softmax_cross_entropy_loss", lambda: rc.softmax_cross_entropy_loss(_t(3, 2, dtype="i32"), [0, 1]), TypeError, "i32"),
-    _bad("adam_step", lambda: rc.ops.apply("adam_step", (rc.param(np.ones((2, 2))), rc.ones((2, 3)), rc.zeros((2, 2)),
-                                                          rc.zeros((2, 2)), rc.zeros((8, 1)), rc.ones((1, 1)))),
-         ValueError, "must match the parameter"),
-    _bad("sgd_step", lambda: rc.ops.apply("sgd_step", (rc.param(np.ones((2, 2))), rc.ones((2, 2)), rc.zeros((2, 2)),
-                                                        rc.zeros((7, 1)), rc.ones((1, 1)))),
+    _bad("adam_step", lambda: rc.ops.apply("adam_step", (rc.zeros((8, 1)), rc.ones((1, 1)), rc.param(np.ones((2, 2))),
+                                                          rc.ones((2, 2)), rc.zeros((2, 2)), rc.zeros((2, 2)),
+                                                          rc.param(np.ones((3, 1))), rc.ones((2, 3)), rc.zeros((3, 1)),
+                                                          rc.zeros((3, 1)))),
+         ValueError, "parameter 1 is [3, 1]", "[2, 3]"),
+    _bad("adam_step", lambda: rc.ops.apply("adam_step", (rc.zeros((8, 1)), rc.ones((1, 1)), rc.param(np.ones((2, 2))),
+                                                          rc.ones((2, 2)), rc.zeros((2, 2)))),
+         ValueError, "hyper, scale, then 4 tensors per parameter", "got 5 inputs"),
+    _bad("adam_step", lambda: rc.ops.apply("adam_step", (rc.zeros((8, 1)), rc.ones((1, 1)), rc.param(np.ones((2, 2))),
+                                                          rc.ones((2, 2), dtype="i32"), rc.zeros((2, 2)),
+                                                          rc.zeros((2, 2)))),
+         ValueError, "parameter 0 is [2, 2] f32", "[2, 2] i32"),
+    _bad("sgd_step", lambda: rc.ops.apply("sgd_step", (rc.zeros((7, 1)), rc.ones((1, 1)), rc.param(np.ones((2, 2))),
+                                                        rc.ones((2, 2)), rc.zeros((2, 2)))),
          ValueError, "hyper must be f32 with 8 values"),
+    _bad("sgd_step", lambda: _sgd_step_listing_a_parameter_twice(), ValueError, "parameter 1 is listed twice"),
     _bad("put_cols", lambda: rc.ops.apply("put_cols", (rc.zeros((2, 5)), rc.tensor(np.array([[1, 2]], np.int32)),
                                                         rc.ones((3, 2)))), ValueError, "put_cols", "[2, 2]"),
     _bad("searchsorted", lambda: rc.searchsorted(_t(3, 2), _t(1, 4)), ValueError, "one column [n, 1]", "[3, 2]"),

@@ -63,7 +63,8 @@ namespace rk::vk {
     X(vkCmdDispatch)                    \
     X(vkCmdPipelineBarrier)             \
     X(vkCmdCopyBuffer)                  \
-    X(vkCmdFillBuffer)
+    X(vkCmdFillBuffer)                  \
+    X(vkCmdUpdateBuffer)
 
 struct Api {
 #define RK_VK_MEMBER(name) PFN_##name name = nullptr;

@@ -38,13 +38,8 @@ class VulkanBackend final : public Backend {
         ctx_.download(src, offset, host, n);
     }
 
-    void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) override {
-        vk::adam(w, g, m, v, c);
-    }
-    void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum,
-             double weight_decay) override {
-        vk::sgd(w, g, velocity, lr, momentum, weight_decay);
-    }
+    void adam(const UpdateSet& set, const AdamCoefficients& c) override { vk::adam(set, c); }
+    void sgd(const UpdateSet& set, const SgdCoefficients& c) override { vk::sgd(set, c); }
     std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
         return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
     }

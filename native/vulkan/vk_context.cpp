@@ -645,6 +645,18 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     count_recorded();
 }
 
+void Context::write(const TensorImpl& dst, const void* data, uint64_t bytes) {
+    constexpr uint64_t kMaxUpdateBytes = 65536;  // vkCmdUpdateBuffer's limit per command
+    if (bytes % 4 != 0 || bytes > dst.nbytes()) throw std::logic_error("write: bad size for the destination");
+    const auto [buffer, offset] = locate(dst);
+    access({}, {{dst.address(), dst.address() + bytes}});
+    for (uint64_t done = 0; done < bytes; done += kMaxUpdateBytes) {
+        const uint64_t n = std::min(kMaxUpdateBytes, bytes - done);
+        api_.vkCmdUpdateBuffer(cmd_, buffer, offset + done, n, static_cast<const char*>(data) + done);
+    }
+    count_recorded();
+}
+
 void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
     if (program_) throw std::logic_error("upload while a program records its command buffer");
     auto staging = staging_pool_->allocate(size);

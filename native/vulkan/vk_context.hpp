@@ -116,6 +116,10 @@ class Context {
     void fill(const TensorImpl& dst, uint32_t pattern);
     void fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern);
     void copy(const TensorImpl& src, const TensorImpl& dst);
+    // Records a write of `bytes` (a multiple of 4) of host data into dst, carried in the command
+    // buffer itself: no staging and no transfer to count, and a program's recording repeats it
+    // at every replay (small tables of device addresses that kernels read).
+    void write(const TensorImpl& dst, const void* data, uint64_t bytes);
 
     void upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size);
     void download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size);

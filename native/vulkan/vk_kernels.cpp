@@ -493,55 +493,85 @@ void vk_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     random_op("random_sample_categorical", p, {span(logits)}, out);
 }
 
-namespace vk {
+// ---- optimizer updates ------------------------------------------------------------------
+//
+// One dispatch updates a whole parameter set: the host cuts each parameter's elements into
+// chunks of kUpdateChunk and writes one record per chunk (the four tensors' addresses and the
+// chunk's elements) into a table the dispatch reads by address; workgroup i updates chunk i.
+// The table is written into the command buffer (Context::write), so a recorded program carries
+// its own, made from the addresses it was recorded with (a moved tensor re-records it).
+
+namespace {
+
+constexpr int64_t kUpdateChunk = 4 * kGroup;  // elements per workgroup: 4 per invocation
+
+struct UpdateChunk {  // optim.comp's Chunk (std430: 40 bytes)
+    uint64_t w, g, m, v;
+    uint32_t begin, count;
+};
+static_assert(sizeof(UpdateChunk) == 40, "optim.comp reads records of 40 bytes");
 
 struct OptimPush {
-    uint64_t w, g, m, v;
-    uint32_t n;
-    float beta1, beta2, eps, coupled_wd, decay, step, inv_bc2;
-    uint64_t hyper, scale;  // the captured steps' buffers
+    uint64_t table, hyper, scale;  // hyper, scale: a captured step's buffers (else 0)
+    uint32_t n_chunks;
+    float c[7];  // an eager step's coefficients (the order of the hyper tensor)
 };
 
-void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c) {
-    OptimPush p{w.address(), g.address(), m.address(), v.address(), u32(w.numel(), "adam")};
-    p.beta1 = float(c.beta1);
-    p.beta2 = float(c.beta2);
-    p.eps = float(c.eps);
-    p.coupled_wd = float(c.coupled_wd);
-    p.decay = float(c.decay);
-    p.step = float(c.step);
-    p.inv_bc2 = float(c.inv_bc2);
-    record("optim_adam", p, groups(p.n), {span(w), span(g), span(m), span(v)}, {span(w), span(m), span(v)});
+// Records the update of `set` by `shader`; hyper and scale are null for an eager step.
+void update_parameters(const char* shader, const UpdateSet& set, OptimPush push, const TensorImpl* hyper,
+                       const TensorImpl* scale) {
+    std::vector<UpdateChunk> chunks;
+    std::vector<vk::Range> reads, writes;
+    for (const UpdateTensors& u : set) {
+        const int64_t n = u32(u.w->numel(), shader);
+        for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
+            chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), uint32_t(begin),
+                              uint32_t(std::min(kUpdateChunk, n - begin))});
+        reads.insert(reads.end(), {span(*u.w), span(*u.g), span(*u.m), span(*u.v)});
+        writes.insert(writes.end(), {span(*u.w), span(*u.m), span(*u.v)});
+    }
+    if (chunks.empty()) return;
+    if (hyper) reads.insert(reads.end(), {span(*hyper), span(*scale)});
+    const uint64_t bytes = chunks.size() * sizeof(UpdateChunk);
+    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
+    ctx().write(*table, chunks.data(), bytes);
+    reads.push_back(span(*table));
+    push.table = table->address();
+    push.hyper = hyper ? hyper->address() : 0;
+    push.scale = scale ? scale->address() : 0;
+    push.n_chunks = u32(int64_t(chunks.size()), shader);
+    record(shader, push, chunks.size(), reads, writes);
 }
 
-void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay) {
-    OptimPush p{w.address(), g.address(), velocity.address(), velocity.address(), u32(w.numel(), "sgd")};
-    p.beta1 = float(momentum);  // the SGD slots: momentum, weight decay, lr
-    p.beta2 = float(weight_decay);
-    p.eps = float(lr);
-    record("optim_sgd", p, groups(p.n), {span(w), span(g), span(velocity)}, {span(w), span(velocity)});
+}  // namespace
+
+namespace vk {
+
+void adam(const UpdateSet& set, const AdamCoefficients& c) {
+    OptimPush p{};
+    const double coefficients[7] = {c.beta1, c.beta2, c.eps, c.coupled_wd, c.decay, c.step, c.inv_bc2};
+    for (int k = 0; k < 7; ++k) p.c[k] = float(coefficients[k]);
+    update_parameters("optim_adam", set, p, nullptr, nullptr);
+}
+
+void sgd(const UpdateSet& set, const SgdCoefficients& c) {
+    OptimPush p{};
+    p.c[0] = float(c.momentum);
+    p.c[1] = float(c.weight_decay);
+    p.c[2] = float(c.lr);
+    update_parameters("optim_sgd", set, p, nullptr, nullptr);
 }
 
 }  // namespace vk
 
 void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const TensorImpl &w = *in[0], &g = *in[1], &m = *in[2], &v = *in[3], &hyper = *in[4], &scale = *in[5];
-    vk::OptimPush p{w.address(), g.address(), m.address(), v.address(), u32(w.numel(), "adam_step")};
-    p.hyper = hyper.address();
-    p.scale = scale.address();
-    record("optim_adam_step", p, groups(p.n), {span(w), span(g), span(m), span(v), span(hyper), span(scale)},
-           {span(w), span(m), span(v)});
-    ctx().copy(scale, out);
+    update_parameters("optim_adam_step", captured_update_set(in, true), OptimPush{}, in[0].get(), in[1].get());
+    ctx().copy(*in[1], out);
 }
 
 void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const TensorImpl &w = *in[0], &g = *in[1], &vel = *in[2], &hyper = *in[3], &scale = *in[4];
-    vk::OptimPush p{w.address(), g.address(), vel.address(), vel.address(), u32(w.numel(), "sgd_step")};
-    p.hyper = hyper.address();
-    p.scale = scale.address();
-    record("optim_sgd_step", p, groups(p.n), {span(w), span(g), span(vel), span(hyper), span(scale)},
-           {span(w), span(vel)});
-    ctx().copy(scale, out);
+    update_parameters("optim_sgd_step", captured_update_set(in, false), OptimPush{}, in[0].get(), in[1].get());
+    ctx().copy(*in[1], out);
 }
 
 // ---- state-space layers ------------------------------------------------------------------

@@ -10,8 +10,9 @@
 
 namespace rk::vk {
 
-void adam(TensorImpl& w, const TensorImpl& g, TensorImpl& m, TensorImpl& v, const AdamCoefficients& c);
-void sgd(TensorImpl& w, const TensorImpl& g, TensorImpl& velocity, double lr, double momentum, double weight_decay);
+// One dispatch each, over every parameter of the set.
+void adam(const UpdateSet& set, const AdamCoefficients& c);
+void sgd(const UpdateSet& set, const SgdCoefficients& c);
 
 // Whether op runs on these f16 inputs as they are (matmul and linear on cooperative matrices)
 // rather than on f32 copies.

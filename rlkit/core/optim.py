@@ -1,4 +1,5 @@
-"""Optimizers: each update rule is written once, as one fused native call per parameter set.
+"""Optimizers: each update rule is written once, as one fused native call per parameter set
+(one pass over all their elements: one dispatch on the GPU, eager or captured).
 
 Hyperparameters are plain numbers passed at every step, so changing ``lr`` (a schedule) never
 rebuilds anything. Parameters may be split into groups with their own settings, PyTorch style:
@@ -210,9 +211,9 @@ class Optimizer:
     # ---- inside a capture --------------------------------------------------------------------
 
     def _record_step(self, trace, grads: Gradients | None) -> bool:
-        """Records one in-place update op per parameter, reading coefficients the capture
-        computes on the host before every replay; steps are counted after replays whose
-        gradient scale was finite."""
+        """Records one in-place update op per parameter group (one dispatch on the GPU), reading
+        coefficients the capture computes on the host before every replay; steps are counted
+        after replays whose gradient scale was finite."""
         if self.accumulate_steps > 1:
             raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
         if self.master or self._scaling.mode is not None:
@@ -230,8 +231,7 @@ class Optimizer:
                 raise capturing.CaptureError("capture: the parameters of a group must share their step count")
             hyper = trace.host_input((capture_hyper_size, 1),
                                      lambda group=group, first=members[0]: self._coefficients(group, first))
-            for p in members:
-                self._record_update(p, current[id(p)], hyper, scale)
+            self._record_update(members, [current[id(p)] for p in members], hyper, scale)
             updated += members
 
         def count_steps(value, updated=updated):
@@ -245,7 +245,7 @@ class Optimizer:
     def _coefficients(self, group: dict, p: Tensor) -> np.ndarray:
         raise NotImplementedError
 
-    def _record_update(self, p: Tensor, g: Tensor, hyper: Tensor, scale: Tensor) -> None:
+    def _record_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -360,8 +360,9 @@ class SGD(Optimizer):
     def _coefficients(self, group, p):
         return np.array([group["momentum"], group["weight_decay"], group["lr"], 0, 0, 0, 0, 0], np.float32)
 
-    def _record_update(self, p, g, hyper, scale):
-        ops.apply("sgd_step", (p, g, self.state[id(p)]["velocity"], hyper, scale))
+    def _record_update(self, params, grads, hyper, scale):
+        tensors = [t for p, g in zip(params, grads) for t in (p, g, self.state[id(p)]["velocity"])]
+        ops.apply("sgd_step", (hyper, scale, *tensors))
 
     def _update(self, group, params, grads):
         _native.sgd_update([p._impl for p in params], [g._impl for g in grads],
@@ -401,9 +402,9 @@ class Adam(Optimizer):
         return np.array([beta1, beta2, group["eps"], coupled, decay, group["lr"] / (1.0 - beta1**t),
                          1.0 / (1.0 - beta2**t), 0.0], np.float32)
 
-    def _record_update(self, p, g, hyper, scale):
-        state = self.state[id(p)]
-        ops.apply("adam_step", (p, g, state["m"], state["v"], hyper, scale))
+    def _record_update(self, params, grads, hyper, scale):
+        tensors = [t for p, g in zip(params, grads) for t in (p, g, self.state[id(p)]["m"], self.state[id(p)]["v"])]
+        ops.apply("adam_step", (hyper, scale, *tensors))
 
     def _update(self, group, params, grads):
         beta1, beta2 = group["betas"]
