@@ -179,15 +179,20 @@ def test_dp_train_demo_passes_its_checks_with_1_2_and_4_replicas():
     assert "all checks passed" in run.stdout
 
 
-def test_distributed_trainer_on_2_ranks_matches_one_rank_at_twice_the_batch(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_distributed_trainer_on_2_ranks_matches_one_rank_at_twice_the_batch(tmp_path, device):
     """Trainer(distributed=True): shards of batch 4 on 2 ranks train as one rank on batches of 8
     (history and parameters); only rank 0 writes the TensorBoard events and the checkpoint."""
     ranks, single = tmp_path / "ranks", tmp_path / "single"
     ranks.mkdir()
     single.mkdir()
-    run = mpi_run(2, os.path.join(HERE, "mpi", "trainer.py"), str(ranks), "4")
+    run = mpi_run(2, os.path.join(HERE, "mpi", "trainer.py"), str(ranks), "4", device)
     assert run.returncode == 0, run.stderr
-    trainer_script.run(str(single), 8, distributed=False)
+    previous = rc.device()
+    try:
+        trainer_script.run(str(single), 8, distributed=False, device=device)
+    finally:
+        rc.device(previous)
     got, expected = np.load(ranks / "result.npz"), np.load(single / "result.npz")
     assert set(got.files) == set(expected.files) and "val_mean_abs_error" in got.files
     for name in expected.files:

@@ -1,7 +1,8 @@
 """Run by tests/test_parallel.py: Trainer(distributed=True) on a regression, each rank on its
 shard (batches of 4), TensorBoard logs and a checkpoint in the folder argv[1]; rank 0 saves the
-history and the parameters to argv[1]/result.npz. With no mpiexec it is the one-rank reference
-at the batch size argv[2]."""
+history and the parameters to argv[1]/result.npz, training on the device argv[3] (each rank on
+its own GPU where the machine has several). With no mpiexec it is the one-rank reference at the
+batch size argv[2]."""
 
 import os
 import sys
@@ -23,7 +24,8 @@ def data(n, seed):
     return np.asfortranarray(x), np.asfortranarray(np.vstack([x[0] * x[1], np.tanh(x[2])]))
 
 
-def run(folder, batch_size, distributed):
+def run(folder, batch_size, distributed, device="cpu"):
+    rc.device(device)
     rc.manual_seed(11 if not distributed else 11 + int(os.environ.get("PMI_RANK", "0")))  # ranks differ until the broadcast
     model = nn.Sequential(nn.Linear(3, 16, activation="tanh"), nn.Linear(16, 2))
     trainer = Trainer(model, rc.mse_loss, rc.optim.Adam(model.parameters(), lr=0.02), metrics=[mean_abs_error],
@@ -36,4 +38,4 @@ def run(folder, batch_size, distributed):
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], int(sys.argv[2]), distributed=len(sys.argv) < 4 or sys.argv[3] != "single")
+    run(sys.argv[1], int(sys.argv[2]), distributed=True, device=sys.argv[3])
