@@ -6,8 +6,8 @@ Training runs the encoder over whole windows sampled from the replay buffer
 one token at a time through ``step``, so the two see the same function of the history. With
 ``previous_action`` (R2D2's choice) each step's input is the observation with the action taken
 before it (one-hot for discrete actions; zeros at an episode's start): what hidden velocities
-can be recovered from. A lane's state is zeroed when its episode ends. ``predict`` follows SB3-Contrib's recurrent policies:
-``predict(obs, state, episode_start) -> (actions, state)``.
+can be recovered from. A lane's state is zeroed when its episode ends. ``predict`` follows
+SB3-Contrib's recurrent policies: ``predict(obs, state, episode_start) -> (actions, state)``.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class SequenceEncoder(rc.nn.Module):
     scale however long the carried state has run, which also keeps TD learning on them stable).
     ``step`` runs one token per lane."""
 
-    def __init__(self, n_obs: int, d_model: int, d_state: int, kind: str = "mamba"):
+    def __init__(self, n_inputs: int, d_model: int, d_state: int, kind: str = "mamba"):
         super().__init__()
-        self.embed = rc.nn.Linear(n_obs, d_model, init="fan_in_uniform")
+        self.embed = rc.nn.Linear(n_inputs, d_model, init="fan_in_uniform")
         if kind == "mamba":
             # dt starts in [0.1, 1] (decays per step of exp(-dt) .. exp(-16 dt), memories of at
             # most ~10 steps), not Mamba's language-model range [0.001, 0.1]: training sees
