@@ -327,7 +327,7 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
 # them against eager updates; the bad-input table below covers their checks.
 INTERNAL_OPS = {"adam_step", "sgd_step", "put_cols"}  # put_cols: the device prioritized buffer
-DEDICATED = {"rand", "randn", "sample_categorical", "full"} | INTERNAL_OPS
+DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
 

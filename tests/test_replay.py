@@ -218,6 +218,12 @@ def test_sequence_errors():
         buf.sample_sequences_on_device(2, 3)
     with pytest.raises(ValueError, match="longer than the 10 steps a lane holds"):
         buf.sample_sequences_on_device(2, 8, burn_in=3)
+    with pytest.raises(ValueError, match="sample_sequences_on_device: batch_size must be an int >= 1, got 0"):
+        buf.sample_sequences_on_device(0, 1)
+    with pytest.raises(ValueError, match="sample_sequences_on_device: length must be an int >= 1, got 1.5"):
+        buf.sample_sequences_on_device(2, 1.5)
+    with pytest.raises(ValueError, match="sample_sequences_on_device: not with optimize_memory"):
+        ReplayBuffer(10, 1, 1, optimize_memory=True).sample_sequences_on_device(2, 1)
 
 
 # ---- saving ------------------------------------------------------------------------------------

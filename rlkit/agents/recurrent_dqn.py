@@ -169,10 +169,10 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         one lane lie a multiple of n_envs apart, modulo the capacity)."""
         capacity, n_envs = float(self.buffer.capacity), float(self.lanes.n)
         ahead = rc.sub(rc.cast(last, "f32"), rc.cast(index, "f32"))  # [1, T * B]
-        ahead = rc.scale(rc.add(ahead, rc.scale(rc.gt(0.0, ahead), capacity)), 1.0 / n_envs)  # steps ahead
+        # steps ahead; a division (exact for these multiples), not a product with 1 / n_envs
+        ahead = rc.div(rc.add(ahead, rc.scale(rc.gt(0.0, ahead), capacity)), n_envs)
         n = index.shape[1]
-        position = rc.reshape(rc.add(rc.cumsum(rc.full((n, 1), 1.0, dtype="f32", device=index.device)), -1.0),
-                              (1, n))  # [1, T * B]: 0 .. T * B - 1
+        position = rc.reshape(rc.arange(n, device=index.device), (1, n))  # [1, T * B]: 0 .. T * B - 1
         # the tail steps carry no loss; clamping keeps the last window's tail inside the batch
         return rc.cast(rc.minimum(rc.add(position, ahead), float(n - 1)), "i32")
 

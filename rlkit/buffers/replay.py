@@ -67,6 +67,14 @@ def _shape(value, what: str) -> tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
+def _window_steps(where: str, batch_size, length, burn_in) -> int:
+    """burn_in + length after checking the arguments of a sequence sampler."""
+    for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}")
+    return int(burn_in) + int(length)
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` transitions (rounded down to a multiple of ``n_envs``).
 
@@ -284,10 +292,7 @@ class ReplayBuffer:
         """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment
         each, starting anywhere in the stored data (never wrapping past the write position);
         steps after an episode's end inside a window are masked out."""
-        for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"ReplayBuffer.sample_sequences: {name} must be an int >= {low}, got {value!r}")
-        window = int(burn_in) + int(length)
+        window = _window_steps("ReplayBuffer.sample_sequences", batch_size, length, burn_in)
         stored = self.lane_length if self.full else self.pos
         if window > stored:
             raise ValueError(f"ReplayBuffer.sample_sequences: a window of {window} steps needs that many stored "
@@ -330,13 +335,9 @@ class ReplayBuffer:
         update. ``starts`` is ``sequence_starts()`` as a [2, 1] tensor (an input of the captured
         function), or None for the buffer as it is now. Windows never wrap past the write
         position; the buffer must hold a whole window per environment when it runs."""
-        for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"ReplayBuffer.sample_sequences_on_device: {name} must be an int >= {low}, "
-                                 f"got {value!r}")
+        window = _window_steps("ReplayBuffer.sample_sequences_on_device", batch_size, length, burn_in)
         if self.optimize_memory:
             raise ValueError("ReplayBuffer.sample_sequences_on_device: not with optimize_memory")
-        window = int(burn_in) + int(length)
         if window > self.lane_length:
             raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps is longer than "
                              f"the {self.lane_length} steps a lane holds")
@@ -357,8 +358,7 @@ class ReplayBuffer:
         n_starts = rc.add(stored, float(1 - window))  # windows that fit before the write position
         uniform = rc.rand((1, batch_size), dtype="f32", device=device)
         first = rc.add(rc.cast(rc.cast(rc.mul(uniform, n_starts), "i32"), "f32"), oldest)  # [1, B] ring steps
-        offsets = rc.add(rc.cumsum(rc.full((window, 1), 1.0, dtype="f32", device=device)), -1.0)  # [T, 1]: 0..T-1
-        step = rc.add(first, offsets)  # [T, B]
+        step = rc.add(first, rc.arange(window, device=device))  # [T, B]: first + 0 .. T - 1
         step = rc.sub(step, rc.scale(rc.ge(step, float(self.lane_length)), float(self.lane_length)))
         lane = rc.cast(rc.cast(rc.scale(rc.rand((1, batch_size), dtype="f32", device=device), float(self.n_envs)),
                                "i32"), "f32")  # [1, B]

@@ -18,7 +18,7 @@ from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
 from rlkit.core.ops import (
-    abs, add, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
+    abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
     gated_linear_attn, rwkv_wkv6,
     linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
@@ -28,7 +28,7 @@ from rlkit.core import graph, nn, optim, parallel, sched
 from rlkit.core.parallel import dp_train
 
 __all__ = [
-    "Tensor", "tensor", "param", "zeros", "ones", "full", "as_tensor", "synchronize", "gpu_stats",
+    "Tensor", "tensor", "param", "zeros", "ones", "full", "arange", "as_tensor", "synchronize", "gpu_stats",
     "grad_tape", "no_grad", "backward", "Gradients", "tape_memory", "gradcheck", "GradcheckError",
     "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
     "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",

@@ -400,6 +400,15 @@ def scatter_cols(g, index, columns: int) -> Tensor:
 
 # ---- constants and random values -------------------------------------------------------
 
+def arange(n: int, device: str | None = None) -> Tensor:
+    """f32 [n, 1]: 0, 1, ..., n - 1, computed on the device (no upload, so a captured trace can
+    hold it); exact for n up to 2^24."""
+    n = _int_arg(n, "arange", "n")
+    if n < 1:
+        raise ValueError(f"arange: n must be at least 1, got {n}")
+    return add(cumsum(full((n, 1), 1.0, dtype="f32", device=device)), -1.0)  # 1 .. n, less one
+
+
 def full(shape, value: float, dtype: str | None = None, device: str | None = None) -> Tensor:
     """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload)."""
     if isinstance(shape, numbers.Integral):
@@ -507,18 +516,12 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
         if n_rs != n_seqs:
             raise ValueError(f"ssm_scan: without ids, s must hold one state per sequence (s.shape[3] = {n_seqs}), "
                              f"got {n_rs}; pass ids to pick states")
-        ids = _arange(n_seqs, x.device)  # made on the device, so that a captured trace can hold it
+        ids = reshape(cast(arange(n_seqs, device=x.device), "i32"), (n_seqs,))  # on the device: traceable
     ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
     packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state
-
-
-def _arange(n: int, device: str) -> Tensor:
-    """i32 [n]: 0, 1, ..., n - 1, computed on ``device`` (no host data: usable while tracing)."""
-    counts = cumsum(full((n, 1), 1.0, dtype="f32", device=device))  # [n, 1]: 1 .. n
-    return reshape(cast(add(counts, -1.0), "i32"), (n,))
 
 
 def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:
