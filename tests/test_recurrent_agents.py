@@ -79,6 +79,10 @@ def test_acting_steps_match_the_whole_sequence_pass(device, encoder, previous_ac
     assert restarted == fresh
     with pytest.raises(ValueError, match="state has shapes"):
         agent.predict(episode[:2], state)
+    with pytest.raises(ValueError, match="episode_start has 2 entries for 1 observations"):
+        agent.predict(episode[5], state, episode_start=[True, False])
+    with pytest.raises(ValueError, match="do not match the observation space"):
+        agent.predict(np.zeros(3, np.float32))
 
 
 def test_lane_states_keep_the_actions_taken_and_reset_where_episodes_end():

@@ -16,6 +16,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import OffPolicyAgent
+from rlkit.core._checks import positive_int
 from rlkit.core.tensor import Tensor
 
 ENCODERS = ("mamba", "rwkv")
@@ -31,9 +32,7 @@ def check_encoder_fields(config, tail: int = 0) -> None:
     if not isinstance(config.previous_action, bool):
         raise ValueError(f"{prefix}: previous_action must be a bool, got {config.previous_action!r}")
     for name in ("d_model", "d_state", "sequence_length"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{prefix}: {name} must be an int >= 1, got {value!r}")
+        positive_int(getattr(config, name), f"{prefix}: {name}")
     if isinstance(config.burn_in, bool) or not isinstance(config.burn_in, int) or config.burn_in < 0:
         raise ValueError(f"{prefix}: burn_in must be an int >= 0, got {config.burn_in!r}")
     window = config.burn_in + config.sequence_length + tail
@@ -121,6 +120,7 @@ class RecurrentAgent(OffPolicyAgent):
     zeroed where an episode ends. Subclasses supply ``_policy_encoder`` and ``_act_step``."""
 
     recurrent = True
+    _lane_state: tuple[np.ndarray, ...] | None = None  # the training lanes' states, made at the first step
 
     def _policy_encoder(self) -> SequenceEncoder:
         """The encoder acting runs."""
@@ -205,7 +205,7 @@ class RecurrentAgent(OffPolicyAgent):
 
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         """Actions for the training lanes, advancing their encoder states."""
-        if getattr(self, "_lane_state", None) is None:
+        if self._lane_state is None:
             self._lane_state = self.initial_state(len(obs))
         actions, encoder_state = self._policy_with_state(obs, self._lane_state, deterministic)
         self._lane_state = encoder_state + self._lane_state[len(encoder_state):]
@@ -214,7 +214,7 @@ class RecurrentAgent(OffPolicyAgent):
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
         """Records the actions the lanes took and zeroes the states of the lanes whose episode
         ended (their next step starts anew)."""
-        if getattr(self, "_lane_state", None) is None:
+        if self._lane_state is None:
             self._lane_state = self.initial_state(len(actions))
         if self.config.previous_action:
             self._lane_state[-1][...] = self._host_action_features(actions)
