@@ -746,6 +746,8 @@ _BAD += [
     _bad("put_cols", lambda: rc.ops.apply("put_cols", (rc.zeros((2, 5)), rc.tensor(np.array([[1, 2]], np.int32)),
                                                         rc.ones((3, 2)))), ValueError, "put_cols", "[2, 2]"),
     _bad("searchsorted", lambda: rc.searchsorted(_t(3, 2), _t(1, 4)), ValueError, "one column [n, 1]", "[3, 2]"),
+    _bad("arange", lambda: rc.arange(0), ValueError, "n must be at least 1, got 0"),
+    _bad("arange", lambda: rc.arange(2.5), TypeError, "n must be an int"),
     _bad("full", lambda: rc.full((0, 3), 1.0), ValueError, "(0, 3)"),
     _bad("full", lambda: rc.full((2, 3), [1.0]), TypeError, "value"),
     _bad("rand", lambda: rc.rand((0, 3)), ValueError, "(0, 3)"),

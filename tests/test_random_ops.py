@@ -140,11 +140,7 @@ def test_sample_normal_distribution():
 def test_arange_counts_on_the_device_and_inside_a_capture(device):
     np.testing.assert_array_equal(rc.arange(5).numpy(), np.arange(5, dtype=np.float32)[:, None])
     captured = rc.capture(lambda x: rc.add(x, rc.arange(3)))  # no host data: the trace holds it
-    np.testing.assert_array_equal(captured(x=np.ones((3, 1))), [[1.0], [2.0], [3.0]])
-    with pytest.raises(ValueError, match="arange: n must be at least 1, got 0"):
-        rc.arange(0)
-    with pytest.raises(TypeError, match="arange: n"):
-        rc.arange(2.5)
+    np.testing.assert_array_equal(captured(x=np.ones((3, 1))), [[1.0], [2.0], [3.0]])  # bad n: test_ops.py's table
 
 
 def test_full_makes_constants_of_every_dtype():
