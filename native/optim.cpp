@@ -220,4 +220,80 @@ void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     sgd_cpu(captured_update_set(in, false), SgdCoefficients{h[0], h[1], h[2]}, scale);
 }
 
+// ---- gradient norms and target networks (ops sum_squares and polyak_step) ----------------------
+
+OutSpec shape_sum_squares(const Inputs& in, const OpAttrs&) {
+    if (in.empty()) throw std::invalid_argument(op_err("sum_squares", "expected at least one tensor"));
+    for (size_t k = 0; k < in.size(); ++k) {
+        const TensorImpl& x = *in[k];
+        const std::string which = "tensor " + std::to_string(k);
+        if (x.dtype != DType::f32 && x.dtype != DType::f64)
+            throw TypeError(op_err("sum_squares", which + " must be f32 or f64 (cast f16 to f32 first), got " +
+                                                      dtype_name(x.dtype)));
+        if (x.dtype != in[0]->dtype)
+            throw TypeError(op_err("sum_squares", which + " is " + dtype_name(x.dtype) + ", tensor 0 " +
+                                                      dtype_name(in[0]->dtype) + " (expected one dtype)"));
+        if (x.device != in[0]->device)
+            throw std::invalid_argument(op_err("sum_squares", which + " is on the " + device_name(x.device) +
+                                                                  ", tensor 0 on the " + device_name(in[0]->device)));
+    }
+    return OutSpec{{1, 1, 1, 1}, 2, in[0]->dtype};
+}
+
+void cpu_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        double total = 0.0;  // in double, so the order of the terms hardly matters
+        for (const TensorPtr& x : in) {
+            const T* v = x->ptr<T>();
+            for (int64_t i = 0, n = x->numel(); i < n; ++i) total += double(v[i]) * double(v[i]);
+        }
+        out.ptr<T>()[0] = T(total);
+    });
+}
+
+// (target, source) pairs, as an update set: w the target, g the source (m and v unused).
+UpdateSet polyak_set(const Inputs& in) {
+    UpdateSet set;
+    for (size_t at = 0; at + 1 < in.size(); at += 2)
+        set.push_back({in[at].get(), in[at + 1].get(), in[at].get(), in[at].get()});
+    return set;
+}
+
+OutSpec shape_polyak_step(const Inputs& in, const OpAttrs& attrs) {
+    if (in.empty() || in.size() % 2 != 0)
+        throw std::invalid_argument(op_err("polyak_step", "expected (target, source) pairs; got " +
+                                                              std::to_string(in.size()) + " inputs"));
+    if (attrs.floats.size() != 1 || !(attrs.floats[0] >= 0.0 && attrs.floats[0] <= 1.0))
+        throw std::invalid_argument(op_err("polyak_step", "tau must be one number in [0, 1]"));
+    const UpdateSet set = polyak_set(in);
+    check_set("polyak_step", set);
+    std::unordered_set<const TensorImpl*> sources;
+    for (const UpdateTensors& u : set) sources.insert(u.g);
+    for (size_t k = 0; k < set.size(); ++k)
+        if (sources.count(set[k].w))
+            throw std::invalid_argument(op_err("polyak_step", "target " + std::to_string(k) +
+                                                                  " is also a source (expected separate networks)"));
+    return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
+}
+
+void cpu_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const double tau = attrs.floats[0];
+    out.ptr<float>()[0] = 0.0f;
+    const UpdateSet set = polyak_set(in);
+    for_each_piece(set, [&](size_t k, int64_t begin, int64_t end) {
+        dispatch_float(set[k].w->dtype, [&](auto tag) {
+            using T = decltype(tag);
+            T* __restrict target = set[k].w->ptr<T>() + begin;
+            const T* __restrict source = set[k].g->ptr<T>() + begin;
+            const T a = T(tau), b = T(1.0 - tau);
+            if (tau == 1.0) {  // a copy, even where the target holds Inf or NaN
+                std::copy(source, source + (end - begin), target);
+                return;
+            }
+            for (int64_t i = 0; i < end - begin; ++i) target[i] = a * source[i] + b * target[i];
+        });
+    });
+}
+
 }  // namespace rk

@@ -1,6 +1,7 @@
 // Fused optimizer updates of a whole parameter set, in place, in one dispatch. ADAM: Adam /
 // AdamW (coupled_wd adds wd * w to the gradient, decay = 1 - lr * wd scales w); SGD: momentum
-// and weight decay. Workgroup i updates the elements of chunk i of the set: a record of the
+// and weight decay; POLYAK: a target network's update, w = tau g + (1 - tau) w with g the
+// source network's parameter (tau = 1 copies, even over a non-finite target). Workgroup i updates the elements of chunk i of the set: a record of the
 // table (the parameter's, gradient's and state's addresses, and which of their elements).
 // The coefficients come in push constants (an eager step) or, with FROM_BUFFERS (a captured
 // step), from a hyper buffer written before each replay, with a gradient scale: a non-finite
@@ -26,6 +27,7 @@ layout(push_constant) uniform Push {
     uint n_chunks;
     // Adam: beta1, beta2, eps, coupled_wd, decay, step = lr / (1 - beta1^t), inv_bc2 = 1 / (1 - beta2^t)
     // SGD: momentum, weight decay, lr
+    // Polyak: tau
     float c[7];
 } pc;
 
@@ -57,6 +59,9 @@ void main() {
         float vel = c[0] * k.m.v[i] + g;
         k.m.v[i] = vel;
         k.w.v[i] = w - c[2] * vel;
+#elif defined(POLYAK)
+        float source = k.g.v[i];
+        k.w.v[i] = c[0] == 1.0 ? source : c[0] * source + (1.0 - c[0]) * w;
 #endif
     }
 }

@@ -262,3 +262,33 @@ def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu):
     assert not np.allclose(w.numpy(), before)
     np.testing.assert_allclose(after_step.numpy(), [[w.numpy().sum()]], rtol=1e-5)
     assert forward.traces == 1 and step.captured.traces == 1
+
+
+def test_a_recorded_program_runs_independent_kernels_between_fewer_barriers(on_gpu):
+    """Kernels that do not depend on each other share a level between two barriers; reads
+    before an in-place write still see the old values and reads after it the new ones."""
+    rng = np.random.default_rng(3)
+    weights = [rc.param(rng.standard_normal((5, 3)).astype(np.float32)) for _ in range(6)]
+    target = rc.param(np.zeros((5, 3), np.float32))
+    columns = rc.tensor(np.arange(3, dtype=np.int32)[None, :])
+
+    def branches(x):
+        before = rc.sum(rc.mul(target, 1.0))  # reads target before the write below
+        outs = [rc.sum(rc.tanh(rc.add(rc.mul(w, x), 1.0))) for w in weights]  # six independent chains
+        rc.ops.apply("put_cols", (target, columns, rc.stop_gradient(rc.mul(weights[0], x))))
+        after = rc.sum(target)  # reads it after
+        return [before, after, *outs]
+
+    program = rc.capture(branches, params=[*weights, target])
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    program(x=x)  # traces and records
+    target_values = target.numpy().copy()
+    rc.gpu_stats(reset=True)
+    got = program(x=np.full((5, 3), 2.0, np.float32))
+    stats = rc.gpu_stats()
+    assert stats["barriers"] < stats["dispatches"] / 2, stats
+    w = [p.numpy().astype(np.float64) for p in weights]
+    np.testing.assert_allclose(got[0], [[target_values.sum()]], rtol=1e-5)
+    np.testing.assert_allclose(got[1], [[(w[0] * 2.0).sum()]], rtol=1e-5)
+    for k in range(6):
+        np.testing.assert_allclose(got[2 + k], [[np.tanh(w[k] * 2.0 + 1.0).sum()]], rtol=1e-5, atol=1e-5)

@@ -316,6 +316,10 @@ CASES += [
          grad=False, int_ok=True),
     Case("scatter_cols_large", "scatter_cols", lambda g, i: rc.scatter_cols(g, i, 500), lambda g, i: np_scatter_cols(g, i, 500),
          ((N(8, 6000), RIDX(6000, 500)),), grad=False),
+    Case("sum_squares", "sum_squares", lambda *xs: rc.sum_squares(xs), lambda *xs: np.array([[sum((x * x).sum() for x in xs)]]),
+         ((N(3, 4), N(5, 1)), (N(2, 3, 2),), (N(1, 1), N(4, 1), N(2, 2, 2, 2)))),
+    Case("sum_squares_large", "sum_squares", lambda *xs: rc.sum_squares(xs),
+         lambda *xs: np.array([[sum((x * x).sum() for x in xs)]]), ((N(300, 201), N(1, 1), N(1025, 3)),), grad=False, atol32=5e-2),
     Case("matmul_large", "matmul", rc.matmul, np_matmul, ((N(64, 100), N(100, 80)), (N(30, 20, 4), N(20, 50, 1))),
          grad=False, atol32=5e-5),
 ]
@@ -326,7 +330,8 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # Ops covered by dedicated tests below rather than by table cases.
 # Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
 # them against eager updates; the bad-input table below covers their checks.
-INTERNAL_OPS = {"adam_step", "sgd_step", "put_cols"}  # put_cols: the device prioritized buffer
+# polyak_step: tests/test_agents_common.py checks it against numpy on both devices.
+INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols"}  # put_cols: the device prioritized buffer
 DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
@@ -651,6 +656,11 @@ def _bad(op, call, exc, *needles):
     return pytest.param(op, call, exc, needles, id=f"{op}-{next(_BAD_IDS)}")
 
 
+def _polyak_step_into_a_source():
+    a, b, c = rc.zeros((2, 2)), rc.ones((2, 2)), rc.ones((2, 2))
+    return rc.ops.apply("polyak_step", (a, b, b, c), floats=(0.5,))
+
+
 def _sgd_step_listing_a_parameter_twice():
     w = rc.param(np.ones((2, 2)))
     return rc.ops.apply("sgd_step", (rc.zeros((8, 1)), rc.ones((1, 1)), w, rc.ones((2, 2)), rc.zeros((2, 2)),
@@ -745,6 +755,15 @@ _BAD += [
     _bad("sgd_step", lambda: _sgd_step_listing_a_parameter_twice(), ValueError, "parameter 1 is listed twice"),
     _bad("put_cols", lambda: rc.ops.apply("put_cols", (rc.zeros((2, 5)), rc.tensor(np.array([[1, 2]], np.int32)),
                                                         rc.ones((3, 2)))), ValueError, "put_cols", "[2, 2]"),
+    _bad("sum_squares", lambda: rc.sum_squares([]), ValueError, "at least one tensor"),
+    _bad("sum_squares", lambda: rc.sum_squares([_t(2, 2), _t(3, 1, dtype="f64")]), TypeError, "tensor 1 is f64", "f32"),
+    _bad("polyak_step", lambda: rc.ops.apply("polyak_step", (rc.zeros((2, 2)), rc.ones((2, 2)), rc.zeros((3, 1))), floats=(0.5,)),
+         ValueError, "(target, source) pairs", "3 inputs"),
+    _bad("polyak_step", lambda: rc.ops.apply("polyak_step", (rc.zeros((2, 2)), rc.ones((2, 3))), floats=(0.5,)),
+         ValueError, "parameter 0 is [2, 2]", "[2, 3]"),
+    _bad("polyak_step", lambda: rc.ops.apply("polyak_step", (rc.zeros((2, 2)), rc.ones((2, 2))), floats=(1.5,)),
+         ValueError, "tau must be one number in [0, 1]"),
+    _bad("polyak_step", lambda: _polyak_step_into_a_source(), ValueError, "target 1 is also a source"),
     _bad("searchsorted", lambda: rc.searchsorted(_t(3, 2), _t(1, 4)), ValueError, "one column [n, 1]", "[3, 2]"),
     _bad("arange", lambda: rc.arange(0), ValueError, "n must be at least 1, got 0"),
     _bad("arange", lambda: rc.arange(2.5), TypeError, "n must be an int"),

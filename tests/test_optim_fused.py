@@ -2,7 +2,9 @@
 dispatch on the GPU) against the same update applied one parameter at a time, numpy's textbook
 Adam and SGD, and the CPU backend: awkward sizes (1 element, odd sizes, chunk edges, many
 tensors), parameter groups, f16 parameters with f32 masters next to f32 ones, gradient scales
-and skipped updates, captured steps, and a moved tensor re-recording the update's table."""
+and skipped updates, captured steps, and a moved tensor re-recording the update's table. The
+same for the other passes over a whole set: a target network's polyak update and the sum of
+squares behind a global gradient norm."""
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import rlkit.core as rc
 from conftest import DEVICES
 from rlkit import _native
+from rlkit.agents.common import Polyak
 
 gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
 
@@ -329,3 +332,71 @@ def test_a_moved_parameter_or_moment_re_records_the_table(on_gpu):
     expected = _numpy_captured_steps(shapes, inputs, lrs, betas=(0.9, 0.99), eps=1e-6)
     for k, (p, e) in enumerate(zip(params, expected)):
         np.testing.assert_allclose(p.numpy(), e, rtol=2e-5, atol=2e-6, err_msg=f"parameter {k} {shapes[k]}")
+
+
+# ---- polyak updates and sums of squares over a set ------------------------------------------------
+
+@pytest.mark.parametrize("tau", [0.005, 0.5, 1.0])
+def test_a_polyak_update_over_a_set_matches_numpy(device, tau):
+    sources, targets = _arrays(AWKWARD_SHAPES, 1), _arrays(AWKWARD_SHAPES, 2)
+    targets[4][0, 0] = np.nan  # tau = 1 copies over it; otherwise it stays NaN
+    source = {f"p{k}": rc.param(w) for k, w in enumerate(sources)}
+    target = {f"p{k}": rc.param(w) for k, w in enumerate(targets)}
+    polyak = Polyak(target, source)
+    polyak(tau)
+    polyak(tau)  # twice: (1 - tau)^2 of the old target is left
+    for k, (t, s0, t0) in enumerate(zip(target.values(), sources, targets)):
+        expected = (1 - (1 - tau) ** 2) * s0.astype(np.float64) + (1 - tau) ** 2 * t0
+        if tau == 1.0:
+            expected = s0
+        np.testing.assert_allclose(t.numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=f"parameter {k}")
+        np.testing.assert_array_equal(source[f"p{k}"].numpy(), s0)  # the source is only read
+
+
+def test_a_captured_polyak_update_follows_the_sources_update(device):
+    """A captured step as the agents make it: an SGD step of the source network on
+    sum((p - x)^2), then the polyak update of the target from the updated source."""
+    shapes = [(3, 2), (1025, 1), (1, 1)]
+    source = {f"p{k}": rc.param(w) for k, w in enumerate(_arrays(shapes, 1))}
+    target = {f"p{k}": rc.param(w) for k, w in enumerate(_arrays(shapes, 2))}
+    polyak = Polyak(target, source)
+    opt = rc.optim.SGD(list(source.values()), lr=0.1)
+
+    def step(**x):
+        loss, _ = rc.capturing.update_step(lambda: sum(rc.sum(rc.square(p - x[name])) for name, p in source.items()),
+                                 list(source.values()), opt)
+        polyak(0.25)
+        return loss
+
+    captured = rc.capture(step, list(source.values()) + list(target.values()))
+    expected_source = [w.astype(np.float64) for w in _arrays(shapes, 1)]
+    expected_target = [w.astype(np.float64) for w in _arrays(shapes, 2)]
+    for replay in range(3):
+        x = {f"p{k}": a for k, a in enumerate(_arrays(shapes, 50 + replay))}
+        captured(**x)
+        for k in range(len(shapes)):
+            expected_source[k] = expected_source[k] - 0.1 * 2 * (expected_source[k] - x[f"p{k}"])
+            expected_target[k] = 0.25 * expected_source[k] + 0.75 * expected_target[k]
+    assert captured.traces == 1
+    for k, (s, t) in enumerate(zip(source.values(), target.values())):
+        np.testing.assert_allclose(s.numpy(), expected_source[k], rtol=1e-5, atol=1e-6, err_msg=f"source {k}")
+        np.testing.assert_allclose(t.numpy(), expected_target[k], rtol=1e-5, atol=1e-6, err_msg=f"target {k}")
+
+
+@pytest.mark.parametrize("shapes", [AWKWARD_SHAPES, _many_shapes(150, 7)], ids=["awkward", "150 tensors"])
+def test_the_sum_of_squares_of_a_set_matches_numpy(device, shapes):
+    arrays = _arrays(shapes, 3)
+    got = rc.sum_squares([rc.tensor(a) for a in arrays]).numpy()
+    expected = sum(float(np.sum(a.astype(np.float64) ** 2)) for a in arrays)
+    assert got.shape == (1, 1)
+    np.testing.assert_allclose(got[0, 0], expected, rtol=1e-5)
+
+
+@gpu_only
+def test_the_sum_of_squares_of_any_number_of_tensors_is_two_dispatches(on_gpu):
+    for n in (1, 150):
+        tensors = [rc.tensor(a) for a in _arrays(_many_shapes(n, 5), 4)]
+        rc.synchronize()
+        before = rc.gpu_stats()["dispatches"]
+        rc.sum_squares(tensors)
+        assert rc.gpu_stats()["dispatches"] - before == 2, f"{n} tensors"

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,8 @@ constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push bl
 constexpr uint32_t kMaxRecorded = 4096;    // dispatches recorded before an early submit
 constexpr size_t kSlots = 3;               // command buffers in rotation
 constexpr size_t kMaxUnsynced = 256;       // ranges tracked between barriers
+constexpr size_t kScheduleLookback = 64;   // levels a program's command may move up past
+constexpr uint64_t kMaxUpdateBytes = 65536;  // vkCmdUpdateBuffer's limit per command
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
 // The cooperative-matrix extension matmul_coopmat.comp was built for (CMakeLists.txt): KHR where
@@ -605,18 +608,62 @@ void Context::access(const std::vector<Range>& reads, const std::vector<Range>& 
     unsynced_writes_.insert(unsynced_writes_.end(), writes.begin(), writes.end());
 }
 
+void Context::enqueue(std::vector<Range> reads, std::vector<Range> writes,
+                      std::function<void(VkCommandBuffer)> emit) {
+    if (program_) {
+        program_->commands.push_back({std::move(reads), std::move(writes), std::move(emit)});
+        return;
+    }
+    access(reads, writes);
+    emit(cmd_);
+}
+
+void Context::emit_scheduled(std::vector<DeferredCommand>& commands) {
+    struct Level {
+        std::vector<Range> reads, writes;
+        std::vector<size_t> members;
+    };
+    std::vector<Level> levels;
+    for (size_t i = 0; i < commands.size(); ++i) {
+        const DeferredCommand& c = commands[i];
+        // Searches down from the newest level; a command that depends on none of the last
+        // kScheduleLookback levels stays just above them (the barriers below keep it correct).
+        const size_t lowest = levels.size() > kScheduleLookback ? levels.size() - kScheduleLookback : 0;
+        size_t placed = lowest;
+        for (size_t level = levels.size(); level > lowest; --level) {
+            const Level& l = levels[level - 1];
+            if (any_overlap(c.reads, l.writes) || any_overlap(c.writes, l.writes) || any_overlap(c.writes, l.reads)) {
+                placed = level;
+                break;
+            }
+        }
+        if (placed == levels.size()) levels.emplace_back();
+        Level& l = levels[placed];
+        l.reads.insert(l.reads.end(), c.reads.begin(), c.reads.end());
+        l.writes.insert(l.writes.end(), c.writes.begin(), c.writes.end());
+        l.members.push_back(i);
+    }
+    for (size_t level = 0; level < levels.size(); ++level) {
+        if (level > 0) barrier();  // the first level follows the program's opening barrier
+        for (size_t i : levels[level].members) commands[i].emit(cmd_);
+    }
+}
+
 void Context::dispatch(const std::string& shader, const void* push, uint32_t push_size, uint64_t groups,
                        const std::vector<Range>& reads, const std::vector<Range>& writes, uint32_t groups_z) {
     if (push_size > kPushConstantBytes) throw std::logic_error(shader + ": push constants exceed 128 bytes");
     if (groups == 0) return;
     VkPipeline p = pipeline(shader);
-    access(reads, writes);
-    api_.vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-    api_.vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, push);
     const uint64_t max_x = limits_.max_group_count_x;
     const uint32_t gx = uint32_t(std::min<uint64_t>(groups, max_x));
     const uint32_t gy = uint32_t((groups + gx - 1) / gx);  // shaders fold (x, y) back into one index
-    api_.vkCmdDispatch(cmd_, gx, gy, groups_z);
+    std::array<uint8_t, kPushConstantBytes> constants{};
+    std::memcpy(constants.data(), push, push_size);
+    enqueue(reads, writes, [this, p, constants, push_size, gx, gy, groups_z](VkCommandBuffer cmd) {
+        api_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+        api_.vkCmdPushConstants(cmd, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, constants.data());
+        api_.vkCmdDispatch(cmd, gx, gy, groups_z);
+    });
     ++stats_.dispatches;
     count_recorded();
 }
@@ -631,29 +678,32 @@ void Context::fill(const TensorImpl& dst, uint32_t pattern) {
 }
 
 void Context::fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern) {
-    access({}, {{address, address + size}});
-    api_.vkCmdFillBuffer(cmd_, buffer, offset, size, pattern);
+    enqueue({}, {{address, address + size}},
+            [this, buffer, offset, size, pattern](VkCommandBuffer cmd) { api_.vkCmdFillBuffer(cmd, buffer, offset, size, pattern); });
 }
 
 void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     const auto [sb, so] = locate(src);
     const auto [db, doff] = locate(dst);
     const uint64_t size = std::min(src.nbytes(), dst.nbytes());
-    access({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}});
-    VkBufferCopy region{so, doff, size};
-    api_.vkCmdCopyBuffer(cmd_, sb, db, 1, &region);
+    const VkBufferCopy region{so, doff, size};
+    enqueue({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}},
+            [this, sb, db, region](VkCommandBuffer cmd) { api_.vkCmdCopyBuffer(cmd, sb, db, 1, &region); });
     count_recorded();
 }
 
 void Context::write(const TensorImpl& dst, const void* data, uint64_t bytes) {
-    constexpr uint64_t kMaxUpdateBytes = 65536;  // vkCmdUpdateBuffer's limit per command
     if (bytes % 4 != 0 || bytes > dst.nbytes()) throw std::logic_error("write: bad size for the destination");
     const auto [buffer, offset] = locate(dst);
-    access({}, {{dst.address(), dst.address() + bytes}});
-    for (uint64_t done = 0; done < bytes; done += kMaxUpdateBytes) {
-        const uint64_t n = std::min(kMaxUpdateBytes, bytes - done);
-        api_.vkCmdUpdateBuffer(cmd_, buffer, offset + done, n, static_cast<const char*>(data) + done);
-    }
+    const auto* first = static_cast<const uint8_t*>(data);
+    std::vector<uint8_t> bytes_copy(first, first + bytes);  // the caller's data may be gone when a program emits
+    enqueue({}, {{dst.address(), dst.address() + bytes}},
+            [this, buffer, offset, bytes_copy = std::move(bytes_copy)](VkCommandBuffer cmd) {
+                for (uint64_t done = 0; done < bytes_copy.size(); done += kMaxUpdateBytes) {
+                    const uint64_t n = std::min<uint64_t>(kMaxUpdateBytes, bytes_copy.size() - done);
+                    api_.vkCmdUpdateBuffer(cmd, buffer, offset + done, n, bytes_copy.data() + done);
+                }
+            });
     count_recorded();
 }
 
@@ -840,18 +890,26 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
     ctx_.begin_program(cmd, &recording_);
     try {
         const auto [in_buffer, in_offset] = ctx_.locate(inputs_);
-        ctx_.access({}, {{inputs_.address(), inputs_.address() + inputs_.nbytes()}});
-        VkBufferCopy in_region{input_staging_->offset, in_offset, inputs_.nbytes()};
-        api.vkCmdCopyBuffer(cmd, ctx_.staging_pool_->buffer(*input_staging_), in_buffer, 1, &in_region);
+        const VkBuffer in_staging = ctx_.staging_pool_->buffer(*input_staging_);
+        const VkBufferCopy in_region{input_staging_->offset, in_offset, inputs_.nbytes()};
+        ctx_.enqueue({}, {{inputs_.address(), inputs_.address() + inputs_.nbytes()}},
+                     [&api, in_staging, in_buffer, in_region](VkCommandBuffer c) {
+                         api.vkCmdCopyBuffer(c, in_staging, in_buffer, 1, &in_region);
+                     });
 
         kernels();
         if (recording_.next_stream != recording_.streams_end)
             throw std::logic_error("a program recorded fewer random ops than it reserved streams for");
 
         const auto [out_buffer, out_offset] = ctx_.locate(outputs_);
-        ctx_.access({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {});
-        VkBufferCopy out_region{out_offset, output_staging_->offset, outputs_.nbytes()};
-        api.vkCmdCopyBuffer(cmd, out_buffer, ctx_.staging_pool_->buffer(*output_staging_), 1, &out_region);
+        const VkBuffer out_staging = ctx_.staging_pool_->buffer(*output_staging_);
+        const VkBufferCopy out_region{out_offset, output_staging_->offset, outputs_.nbytes()};
+        ctx_.enqueue({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {},
+                     [&api, out_buffer, out_staging, out_region](VkCommandBuffer c) {
+                         api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &out_region);
+                     });
+        ctx_.emit_scheduled(recording_.commands);
+        recording_.commands.clear();  // the closures hold nothing the command buffer needs
         VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
         mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
         mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -137,11 +138,26 @@ class Context {
     // A program's recording (between begin_program and end_program): the recorder's calls go into
     // the program's command buffer instead of the eager ones, with no early submits and no host
     // transfers; storage allocated meanwhile lives as long as the recording.
+    // A command recorded into a program: what it reads and writes, and how to put it into a
+    // command buffer. Programs keep their commands until the recording ends, then schedule them.
+    struct DeferredCommand {
+        std::vector<Range> reads, writes;
+        std::function<void(VkCommandBuffer)> emit;
+    };
     struct ProgramRecording {
         uint64_t next_stream = 0, streams_end = 0;
         std::vector<std::shared_ptr<Storage>> keep;
-        TransferStats counted;  // what the recording counted (stats of one run)
+        std::vector<DeferredCommand> commands;  // in the order the kernels recorded them
+        TransferStats counted;                  // what the recording counted (stats of one run)
     };
+    // Puts a command into the eager recording now (with a barrier if it depends on unsynced
+    // work), or into the program being recorded.
+    void enqueue(std::vector<Range> reads, std::vector<Range> writes, std::function<void(VkCommandBuffer)> emit);
+    // Emits a program's commands in dependency levels: every command goes into the earliest
+    // level after all the commands it depends on (read after write, write after read or
+    // write, by address range), and one barrier separates consecutive levels. Independent work
+    // (two critics, a batch's gathers) then shares a level instead of a barrier each.
+    void emit_scheduled(std::vector<DeferredCommand>& commands);
     // A command buffer and fence for a program: recycled from programs destroyed earlier (so that
     // thousands of short-lived captures make no new Vulkan objects), or made.
     struct ProgramCommands {

@@ -574,6 +574,51 @@ void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     ctx().copy(*in[1], out);
 }
 
+void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    UpdateSet set;
+    for (size_t at = 0; at + 1 < in.size(); at += 2) set.push_back({in[at].get(), in[at + 1].get(), in[at].get(), in[at].get()});
+    OptimPush p{};
+    p.c[0] = float(attrs.floats[0]);
+    update_parameters("optim_polyak", set, p, nullptr, nullptr);
+    ctx().fill(out, 0);
+}
+
+// ---- the sum of squares of a tensor set (a gradient norm) --------------------------------------
+
+namespace {
+
+struct NormChunk {  // norm.comp's Chunk (std430: 16 bytes)
+    uint64_t x;
+    uint32_t begin, count;
+};
+static_assert(sizeof(NormChunk) == 16, "norm.comp reads records of 16 bytes");
+
+struct NormPush {
+    uint64_t table, partials, o;
+    uint32_t n_chunks;
+};
+
+}  // namespace
+
+void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    std::vector<NormChunk> chunks;
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& x : in) {
+        const int64_t n = u32(x->numel(), "sum_squares");
+        for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
+            chunks.push_back({x->address(), uint32_t(begin), uint32_t(std::min(kUpdateChunk, n - begin))});
+        reads.push_back(span(*x));
+    }
+    const uint64_t bytes = chunks.size() * sizeof(NormChunk);
+    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
+    TensorPtr partials = make_on(Device::gpu, {int64_t(chunks.size()), 1, 1, 1}, 2, DType::f32);  // [n_chunks, 1]
+    ctx().write(*table, chunks.data(), bytes);
+    reads.push_back(span(*table));
+    NormPush p{table->address(), partials->address(), out.address(), u32(int64_t(chunks.size()), "sum_squares")};
+    record("norm_partials", p, chunks.size(), reads, {span(*partials)});
+    record("norm_total", p, 1, {span(*partials)}, {span(out)});
+}
+
 // ---- state-space layers ------------------------------------------------------------------
 
 struct SsmConvPush {

@@ -103,14 +103,10 @@ class Polyak:
     def __init__(self, target: dict[str, Tensor], source: dict[str, Tensor]):
         if list(target) != list(source):
             raise ValueError("polyak: the target and source networks have different parameters")
-        self.pairs = [(target[name], source[name]) for name in target]
-        self._columns = [rc.tensor(np.arange(t.shape[1], dtype=np.int32)[None, :], device=t.device)
-                         for t, _ in self.pairs]
+        self._paired = tuple(x for name in target for x in (target[name], source[name]))  # target, source, ...
 
     def __call__(self, tau: float) -> None:
-        for (t, s), columns in zip(self.pairs, self._columns):
-            mixed = s if tau == 1.0 else rc.add(rc.scale(s, tau), rc.scale(t, 1.0 - tau))
-            rc.ops.apply("put_cols", (t, columns, rc.stop_gradient(mixed)))
+        rc.ops.apply("polyak_step", self._paired, floats=(float(tau),))  # every pair in one pass
 
 
 class EpisodeStats:

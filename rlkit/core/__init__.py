@@ -22,7 +22,7 @@ from rlkit.core.ops import (
     gated_linear_attn, rwkv_wkv6,
     linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
-    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_to, tanh, transpose,
+    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose,
 )
 from rlkit.core import graph, nn, optim, parallel, sched
 from rlkit.core.parallel import dp_train
@@ -33,7 +33,7 @@ __all__ = [
     "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
     "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",
     "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "linear", "sum",
-    "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
+    "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "rwkv_wkv6", "rwkv_wkv7", "gated_linear_attn",
     "stop_gradient",

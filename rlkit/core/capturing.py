@@ -229,13 +229,10 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     with autograd.grad_tape():
         loss = loss_fn()
     grads = autograd.backward(loss)
-    squares = [ops.sum(ops.square(grads.tensor(p))) for p in param_list if p in grads]
-    if not squares:
+    listed = [grads.tensor(p) for p in param_list if p in grads]
+    if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
-    total = squares[0]
-    for s in squares[1:]:
-        total = ops.add(total, s)
-    norm = ops.sqrt(total)  # [1, 1]
+    norm = ops.sqrt(ops.sum_squares(listed))  # [1, 1]
     # 1 (or the clipping factor), made NaN by a non-finite norm so the update skips itself
     factor = ops.minimum(ops.div(float(max_grad_norm), ops.add(norm, 1e-6)), 1.0) if max_grad_norm else 1.0
     _active.grad_scale = ops.add(ops.scale(norm, 0.0), factor)

@@ -52,7 +52,7 @@ def clip_grad_norm(params, grads: Gradients | None, max_norm: float) -> float:
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
         raise ValueError(f"clip_grad_norm: max_norm must be a positive number, got {max_norm!r}")
     pairs = [(p, g) for p in _params(params, "clip_grad_norm") if (g := _gradient(p, grads)) is not None]
-    total = math.sqrt(sum(ops.sum(ops.square(g)).item() for _, g in pairs))
+    total = math.sqrt(ops.sum_squares([g for _, g in pairs]).item()) if pairs else 0.0
     if total > max_norm:
         factor = max_norm / (total + 1e-6)
         for p, g in pairs:

@@ -270,6 +270,16 @@ def sum(x, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001  (the op's 
     return out
 
 
+def sum_squares(tensors) -> Tensor:
+    """[1, 1]: the sum of the squares of every element of ``tensors`` (a sequence of tensors on
+    one device; f16 ones are summed in f32), in one pass over all of them: a global gradient
+    norm's square without one reduction per tensor."""
+    tensors = [as_tensor(t, op="sum_squares") for t in tensors]
+    if not tensors:
+        raise ValueError("sum_squares: expected at least one tensor, got none")
+    return apply("sum_squares", tuple(cast(t, "f32") if t.dtype == "f16" else t for t in tensors))
+
+
 def mean(x, dim=None, keepdim: bool = False) -> Tensor:
     """Mean of all elements or along ``dim`` (shapes as :func:`sum`)."""
     x = as_tensor(x, op="mean")

@@ -161,7 +161,7 @@ class Optimizer:
                 g = ops.cast(g, "f32")
             out[key] = g if factor == 1.0 else ops.scale(g, factor)
         if self._scaling.mode == "dynamic":
-            total = sum(ops.sum(ops.square(ops.cast(g, "f32") if g.dtype == "f16" else g)).item() for g in out.values())
+            total = ops.sum_squares(list(out.values())).item()
             if not self._scaling.update(math.isfinite(total)):
                 return None
         return out

@@ -105,6 +105,7 @@ VJP = {
     "log": lambda g, out, x: (ops.div(g, x),),
     "sqrt": lambda g, out, x: (ops.div(ops.scale(g, 0.5), out),),
     "square": lambda g, out, x: (ops.mul(g, ops.scale(x, 2.0)),),
+    "sum_squares": lambda g, out, *xs: tuple(ops.mul(g, ops.scale(x, 2.0)) for x in xs),
     "abs": lambda g, out, x: (ops.mul(g, ops.sign(x)),),
     "scale": lambda g, out, x, s: (ops.scale(g, s),),
     "pow": lambda g, out, x, p: (ops.mul(g, ops.scale(ops.pow(x, p - 1.0), p)),),
@@ -139,7 +140,7 @@ VJP = {
 NOT_DIFFERENTIABLE = frozenset(
     {
         "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "sample_categorical",
-        "adam_step", "sgd_step",  # in-place updates of captured optimizer steps
+        "adam_step", "sgd_step", "polyak_step",  # in-place updates of captured optimizer steps
         "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
