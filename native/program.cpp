@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "backend.hpp"
+#include "elementwise_chain.hpp"
 #include "planner.hpp"
 #include "random.hpp"
 
@@ -53,6 +54,11 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
     for (const auto& t : outputs_) {
         if (!producer.count(t.get())) throw std::invalid_argument("capture: an output was not computed by the traced ops");
         is_output.insert(t.get());
+    }
+    if (device_ == Device::gpu) {  // runs of elementwise ops become one kernel each
+        fuse_elementwise_chains(nodes_, is_output);
+        producer.clear();
+        for (size_t k = 0; k < nodes_.size(); ++k) producer[nodes_[k].out.get()] = k;
     }
 
     // Live: the outputs, the in-place updates, and everything they read.

@@ -9,6 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import rlkit.core as rc
+from conftest import DEVICES
 from rlkit.agents import DQN, CheckpointCallback, DQNConfig, EvalCallback, evaluate
 from rlkit.buffers import ReplaySamples
 
@@ -118,6 +119,7 @@ def test_dqn_bad_input():
     ("gamma", "0.9", r"gamma must lie in \[0.0, 1.0\]"),
     ("max_grad_norm", 0.0, "max_grad_norm must be a positive number"),
     ("net_arch", (64, 0), "each net_arch width must be a positive int, got 0"),
+    ("act_on_host", "yes", "act_on_host must be True, False or None, got 'yes'"),
 ])
 def test_dqn_config_refuses_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -162,3 +164,46 @@ def test_learning_gate_dqn_cartpole():
     agent.learn(50_000, callback=gate)
     assert gate.best >= 475, gate.evaluations
     assert agent.num_timesteps <= 50_000 and evaluate(agent, "CartPole-v1", 10, seed=100)[0] >= 475
+
+
+# ---- acting --------------------------------------------------------------------------------------
+
+def test_no_forward_when_every_lane_explores(monkeypatch):
+    """As SB3: a step whose actions are all random runs no forward; otherwise the greedy lanes
+    take the network's actions."""
+    agent = DQN("CartPole-v1", DQNConfig(n_envs=4, exploration_initial_eps=1.0, exploration_final_eps=1.0), seed=0)
+    calls = []
+    monkeypatch.setattr(agent, "_policy", lambda obs, deterministic: calls.append(obs) or np.zeros((len(obs), 1), np.int32))
+    obs = np.zeros((4, 4), np.float32)
+    agent._learn_start, agent._learn_total = 0, 100
+    actions = agent._explore(obs)
+    assert calls == [] and actions.shape == (4, 1) and actions.dtype == np.int32
+    assert set(np.unique(np.concatenate([agent._explore(obs) for _ in range(20)]))) == {0, 1}
+    agent.config.exploration_initial_eps = agent.config.exploration_final_eps = 0.0
+    np.testing.assert_array_equal(agent._explore(obs), np.zeros((4, 1), np.int32))
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
+    agent = DQN("CartPole-v1", FAST, seed=2, device="gpu")
+    assert agent._host_q is not None and all(p.device == "cpu" for p in agent._policy_parameters())
+    obs = np.random.default_rng(1).standard_normal((200, 4)).astype(np.float32)
+
+    def gpu_q_values():
+        with agent.on_device():
+            return agent.q(rc.tensor(obs.T)).numpy()  # [2, 200], on the GPU
+
+    for trained in (False, True):  # before training, and after rounds of gradient steps
+        if trained:
+            agent.learn(700)
+        q = gpu_q_values()
+        clear = np.abs(q[0] - q[1]) > 1e-4  # where the argmax cannot flip on rounding
+        np.testing.assert_array_equal(agent.predict(obs)[clear], np.argmax(q, axis=0)[clear])
+        for name, p in agent.q.parameters().items():
+            np.testing.assert_array_equal(agent._host_q.parameters()[name].numpy(), p.numpy())
+    gpu_acting = DQN("CartPole-v1", DQNConfig(**{**FAST.__dict__, "act_on_host": False}), seed=2, device="gpu")
+    assert gpu_acting._host_q is None and all(p.device == "gpu" for p in gpu_acting._policy_parameters())
+    large = DQN("CartPole-v1", DQNConfig(net_arch=(1024, 1024)), seed=2, device="gpu")
+    assert large._host_q is None  # 1.05M parameters: acting stays on the GPU
+    assert DQN("CartPole-v1", DQNConfig(act_on_host=True), seed=2, device="cpu")._host_q is None

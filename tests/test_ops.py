@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
+from rlkit import _native
 
 from op_references import (  # tests/ is on sys.path when pytest imports a test module
     AWAY, CONST, DECAY, DISTINCT, GRID, IDX, N, ONEHOT, POS, RECURRENCE, RECURRENCE_SHAPES, RIDX, SOFT, SORTED, U,
@@ -330,8 +331,9 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # Ops covered by dedicated tests below rather than by table cases.
 # Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
 # them against eager updates; the bad-input table below covers their checks.
-# polyak_step: tests/test_agents_common.py checks it against numpy on both devices.
-INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols"}  # put_cols: the device prioritized buffer
+# polyak_step: tests/test_optim_fused.py checks it against numpy on both devices;
+# elementwise_chain: tests/test_elementwise_chain.py, against the ops it chains.
+INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols", "elementwise_chain"}  # put_cols: the device prioritized buffer
 DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
@@ -661,6 +663,16 @@ def _polyak_step_into_a_source():
     return rc.ops.apply("polyak_step", (a, b, b, c), floats=(0.5,))
 
 
+def _chain(inputs, steps):
+    """elementwise_chain on `inputs` with (op name, a, b) steps, floats 0, shaped like input 0."""
+    op_id = {name: k for k, name in enumerate(_native.op_names())}
+    shape = inputs[0].shape
+    ints = [*shape, *(1,) * (4 - len(shape)), len(shape)]
+    for name, a, b in steps:
+        ints += [op_id[name], a, b]
+    return rc.ops.apply("elementwise_chain", tuple(inputs), ints=ints, floats=[0.0] * (2 * len(steps)))
+
+
 def _sgd_step_listing_a_parameter_twice():
     w = rc.param(np.ones((2, 2)))
     return rc.ops.apply("sgd_step", (rc.zeros((8, 1)), rc.ones((1, 1)), w, rc.ones((2, 2)), rc.zeros((2, 2)),
@@ -764,6 +776,17 @@ _BAD += [
     _bad("polyak_step", lambda: rc.ops.apply("polyak_step", (rc.zeros((2, 2)), rc.ones((2, 2))), floats=(1.5,)),
          ValueError, "tau must be one number in [0, 1]"),
     _bad("polyak_step", lambda: _polyak_step_into_a_source(), ValueError, "target 1 is also a source"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3)], []), ValueError,
+         "expected ints ne[0..3], ndim, then (op, a, b) per step; got 5 ints"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3)], [("matmul", 0, 0)]), ValueError,
+         "step 0: op", "is not an elementwise op a chain can hold"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3)], [("neg", 0, -2), ("add", -1, 1)]), ValueError,
+         "step 1: operand b is 1; expected an input index or -1"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3)], [("add", -1, 0)]), ValueError,
+         "step 0: operand a is -1; expected an input index"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3), _t(3, 2)], [("add", 0, 1)]), ValueError,
+         "input 1 is [3, 2]; inputs must have the output's shape or one element"),
+    _bad("elementwise_chain", lambda: _chain([_t(2, 3, dtype="f64")], [("neg", 0, -2)]), TypeError, "input 0 must be f32, got f64"),
     _bad("searchsorted", lambda: rc.searchsorted(_t(3, 2), _t(1, 4)), ValueError, "one column [n, 1]", "[3, 2]"),
     _bad("arange", lambda: rc.arange(0), ValueError, "n must be at least 1, got 0"),
     _bad("arange", lambda: rc.arange(2.5), TypeError, "n must be an int"),

@@ -11,6 +11,7 @@
 #include "ssm_scan.hpp"
 #include "vulkan/vk_context.hpp"
 #include "vulkan/vk_kernels.hpp"
+#include "elementwise_chain.hpp"
 
 namespace rk {
 namespace {
@@ -209,6 +210,46 @@ RK_VK_UNARY(clamp)
 #undef RK_VK_UNARY
 
 void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
+
+namespace {
+
+struct ChainStepRecord {  // chain.comp's Step (std430: 20 bytes)
+    uint32_t op;
+    int32_t a, b;
+    float p0, p1;
+};
+static_assert(sizeof(ChainStepRecord) == 20, "chain.comp reads steps of 20 bytes");
+
+struct ChainPush {
+    uint64_t inputs[kMaxChainInputs];
+    uint64_t o, steps;
+    uint32_t n, n_steps, scalar_mask;
+};
+
+}  // namespace
+
+// The steps go into a table the kernel reads (written into the command buffer, as the
+// optimizers' tables are); each invocation runs the whole chain on one element.
+void vk_elementwise_chain(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    std::vector<ChainStepRecord> records;
+    for (const ChainStep& step : chain_steps(attrs))
+        records.push_back({chain_op(step.op)->code, step.a, step.b, step.p0, step.p1});
+    const uint64_t bytes = records.size() * sizeof(ChainStepRecord);
+    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
+    ctx().write(*table, records.data(), bytes);
+    ChainPush p{};
+    std::vector<vk::Range> reads{span(*table)};
+    for (size_t k = 0; k < in.size(); ++k) {
+        p.inputs[k] = in[k]->address();
+        if (in[k]->numel() == 1 && out.numel() != 1) p.scalar_mask |= 1u << k;
+        reads.push_back(span(*in[k]));
+    }
+    p.o = out.address();
+    p.steps = table->address();
+    p.n = u32(out.numel(), "elementwise_chain");
+    p.n_steps = uint32_t(records.size());
+    record("elementwise_chain", p, groups(p.n), reads, {span(out)});
+}
 
 namespace {
 

@@ -152,8 +152,10 @@ class EpsilonGreedy:
     training, and is logged as rollout/exploration_rate."""
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
-        actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
         explore = self._rng.random(len(obs)) < self._epsilon()
+        if explore.all() and not self.recurrent:  # as SB3: no forward for random actions only
+            return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
+        actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
         actions[explore, 0] = self._rng.integers(0, self.n_actions, int(explore.sum()))
         return actions
 
@@ -276,6 +278,10 @@ class OffPolicyAgent:
     def _policy_parameters(self) -> list[Tensor]:
         """The parameters ``_act`` reads."""
         raise NotImplementedError
+
+    recurrent = False
+    """Whether acting advances a per-lane state (a recurrent policy runs at every step, even
+    where the action taken is a random one)."""
 
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         """Actions (in the buffer's space) for observations [n, n_obs]: one replay of the

@@ -4,7 +4,8 @@ double-Q target (van Hasselt et al., 2016), dueling heads, n-step returns and pr
 Every gradient step is one captured program: a batch sampled on the device from the replay
 buffer, the TD target from the target network, the Huber loss, backward, gradient clipping and
 Adam; nothing crosses from the host but the coefficients of the step. Acting is one forward of
-the Q-network per environment step.
+the Q-network per environment step (none where every lane explores); on a GPU, a small
+Q-network acts from a copy on the host, refreshed after each round of gradient steps.
 """
 
 from __future__ import annotations
@@ -70,9 +71,16 @@ class DQNConfig:
     """Environments stepped together (a vector environment made from the id when > 1)."""
     log_interval: int = 1000
     """Environment steps between TensorBoard writes."""
+    act_on_host: bool | None = None
+    """On a GPU, choose actions with a copy of the Q-network on the host, refreshed after each
+    round of gradient steps (the only time the weights change): a CPU forward per step instead
+    of a round trip to the GPU. None: where the Q-network has at most 2^18 parameters (about
+    half a million multiply-adds per observation, cheaper on the host than a GPU round trip)."""
 
     def __post_init__(self):
         check_common_fields(self)
+        if self.act_on_host is not None and not isinstance(self.act_on_host, bool):
+            raise ValueError(f"DQNConfig: act_on_host must be True, False or None, got {self.act_on_host!r}")
         positive_int(self.target_update_interval, "DQNConfig: target_update_interval")
         check_in_range(self, "exploration_fraction", 0.0, 1.0, low_open=True)
         check_in_range(self, "exploration_initial_eps", 0.0, 1.0)
@@ -83,6 +91,9 @@ class DQNConfig:
         check_in_range(self, "prioritized_beta", 0.0, 1.0)
         if self.dueling and not self.net_arch:
             raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
+
+
+HOST_ACTING_MAX_PARAMETERS = 2**18  # act_on_host=None acts on the host up to this Q-network size
 
 
 class DuelingQNetwork(rc.nn.Module):
@@ -136,6 +147,22 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
+        self._host_q = self._host_copy()  # None: acting runs on self.device
+        self._host_q_stale = True  # refreshed before the next action
+
+    def _host_copy(self) -> rc.nn.Module | None:
+        """The Q-network's copy on the host to act with, where the config asks for one and the
+        agent trains on a GPU; its weights are copied in before the first action."""
+        cfg = self.config
+        size = sum(int(np.prod(p.shape)) for p in self.q.parameters().values())
+        wanted = cfg.act_on_host if cfg.act_on_host is not None else size <= HOST_ACTING_MAX_PARAMETERS
+        if self.device == "cpu" or not wanted:
+            return None
+        previous = rc.device("cpu")
+        try:
+            return _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
+        finally:
+            rc.device(previous)
 
     # ---- the update (traced once, then replayed) ----------------------------------------------
 
@@ -167,6 +194,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             inputs["beta"] = np.array([[beta + self._progress() * (1.0 - beta)]], np.float32)
         for _ in range(gradient_steps):
             loss, _ = self._train_step(**inputs)
+        self._host_q_stale = True
         return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
 
     def _after_env_step(self) -> None:
@@ -176,10 +204,24 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     # ---- acting ----------------------------------------------------------------------------------
 
     def _act(self, obs, deterministic: bool):
-        return rc.argmax(self.q(obs))  # [1, n] i32: greedy
+        q = self.q if self._host_q is None else self._host_q
+        return rc.argmax(q(obs))  # [1, n] i32: greedy
 
     def _policy_parameters(self) -> list:
-        return list(self.q.parameters().values())
+        q = self.q if self._host_q is None else self._host_q
+        return list(q.parameters().values())
+
+    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        if self._host_q is None:
+            return super()._policy(obs, deterministic)
+        if self._host_q_stale:  # after gradient steps, or a checkpoint loaded into self.q
+            self._host_q.load_state_dict(self.q.state_dict())
+            self._host_q_stale = False
+        previous = rc.device("cpu")  # the captured forward runs where the copy is
+        try:
+            return super()._policy(obs, deterministic)
+        finally:
+            rc.device(previous)
 
     def _state_objects(self) -> dict:
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}

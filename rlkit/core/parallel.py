@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -127,10 +128,13 @@ def _abort_on_uncaught_exception(comm: Communicator) -> None:
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
-        previous(kind, value, traceback)
         sys.stderr.write(f"[rlkit.parallel] rank {comm.rank} of {comm.size} failed with {kind.__name__}: {value}; "
                          "aborting every rank\n")
+        previous(kind, value, traceback)
         sys.stderr.flush()
+        # The abort also ends mpiexec's forwarding of this rank's output: on a loaded machine
+        # the lines above were lost without a moment for them to go through.
+        time.sleep(0.2)
         comm.abort(1)
 
     sys.excepthook = hook

@@ -142,6 +142,7 @@ NOT_DIFFERENTIABLE = frozenset(
         "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "sample_categorical",
         "adam_step", "sgd_step", "polyak_step",  # in-place updates of captured optimizer steps
         "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
+        "elementwise_chain",  # made from recorded ops by a captured GPU program, after the tape
         # backward helpers: used inside vjp rules, never differentiated themselves
         "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
         "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",

@@ -1,0 +1,154 @@
+"""Chains of elementwise ops in one kernel (elementwise_chain): every op a chain can hold, run
+inside a chain, equals the same ops run one by one on both backends; a captured GPU program
+fuses its runs of elementwise ops into chains, with the same results as the CPU program, fewer
+dispatches, and never across an in-place write or past a value read elsewhere."""
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+from conftest import DEVICES
+from rlkit import _native
+
+gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+
+OP_ID = {name: k for k, name in enumerate(_native.op_names())}
+
+# Every op a chain holds, with its float attributes and its unfused call.
+UNARY = {
+    "neg": ((), rc.neg), "relu": ((), rc.relu), "sigmoid": ((), rc.sigmoid), "tanh": ((), rc.tanh),
+    "softplus": ((), rc.softplus), "silu": ((), rc.silu), "exp": ((), rc.exp), "log": ((), rc.log),
+    "sqrt": ((), rc.sqrt), "square": ((), rc.square), "abs": ((), rc.abs), "sign": ((), rc.sign),
+    "scale": ((0.75,), lambda x: rc.scale(x, 0.75)), "pow": ((3.0,), lambda x: rc.pow(x, 3.0)),
+    "clamp": ((-0.5, 0.4), lambda x: rc.clamp(x, -0.5, 0.4)),
+}
+BINARY = {
+    "add": ((), rc.add), "sub": ((), rc.sub), "mul": ((), rc.mul), "div": ((), rc.div),
+    "minimum": ((), rc.minimum), "maximum": ((), rc.maximum), "ge": ((), rc.ge), "gt": ((), rc.gt),
+    "relu_back": ((), lambda g, x: rc.ops.apply("relu_back", (g, x))),
+    "sigmoid_back": ((), lambda g, y: rc.ops.apply("sigmoid_back", (g, y))),
+    "tanh_back": ((), lambda g, y: rc.ops.apply("tanh_back", (g, y))),
+    "silu_back": ((), lambda g, x: rc.ops.apply("silu_back", (g, x))),
+    "clamp_back": ((-0.5, 0.4), lambda g, x: rc.ops.apply("clamp_back", (g, x), floats=(-0.5, 0.4))),
+}
+SHAPE = (37, 29)  # not a multiple of a workgroup
+
+
+def _chain(inputs, steps):
+    """elementwise_chain over `inputs`: steps of (op name, a, b, floats), shaped like input 0."""
+    shape = inputs[0].shape
+    ints = [*shape, *(1,) * (4 - len(shape)), len(shape)]
+    floats = []
+    for name, a, b, numbers in steps:
+        ints += [OP_ID[name], a, b]
+        floats += [*numbers, *(0.0,) * (2 - len(numbers))]
+    return rc.ops.apply("elementwise_chain", tuple(inputs), ints=ints, floats=floats)
+
+
+def _arrays(n, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(n)]
+    arrays[0][0, :4] = [0.0, -0.5, 0.4, np.nan]  # zero, the clamp bounds, NaN
+    return arrays
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_a_unary_op_in_a_chain_equals_the_op(device, name):
+    numbers, op = UNARY[name]
+    x, y = (rc.tensor(a) for a in _arrays(2, 1))
+    scalar = rc.tensor(np.array([[1.5]], np.float32))
+    # op(x), then (value * y) + scalar: the op first, reading an input; then the value so far
+    got = _chain([x, y, scalar], [(name, 0, -2, numbers), ("mul", -1, 1, ()), ("add", -1, 2, ())]).numpy()
+    expected = rc.add(rc.mul(op(x), y), scalar).numpy()
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+    again = _chain([x], [("abs", 0, -2, ()), (name, -1, -2, numbers)]).numpy()  # the op on the value so far
+    np.testing.assert_allclose(again, op(rc.abs(x)).numpy(), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_a_binary_op_in_a_chain_equals_the_op(device, name):
+    numbers, op = BINARY[name]
+    x, y, z = (rc.tensor(a) for a in _arrays(3, 2))
+    first = _chain([x, y], [(name, 0, 1, numbers)]).numpy()
+    np.testing.assert_allclose(first, op(x, y).numpy(), rtol=2e-6, atol=1e-6)
+    # the value so far as either operand, and an operand of one element (the backward helpers
+    # take equal shapes only)
+    third = rc.tensor(np.array([[0.3]], np.float32)) if not name.endswith("_back") else rc.scale(z, -0.7)
+    got = _chain([x, z, third], [("tanh", 0, -2, ()), (name, -1, 1, numbers), (name, 2, -1, numbers)]).numpy()
+    expected = op(third, op(rc.tanh(x), z)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+
+
+def _captured(fn, device, params=()):
+    previous = rc.device(device)
+    try:
+        program = rc.capture(fn, params)
+        return program
+    finally:
+        rc.device(previous)
+
+
+def _run(program, device, **inputs):
+    previous = rc.device(device)
+    try:
+        return program(**inputs)
+    finally:
+        rc.device(previous)
+
+
+@gpu_only
+def test_a_captured_gpu_program_fuses_runs_of_elementwise_ops():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 33)).astype(np.float32)
+    b = rng.standard_normal((64, 33)).astype(np.float32)
+
+    def huber_like(x, b):  # eleven elementwise ops, one reduction
+        d = rc.sub(rc.tanh(rc.add(rc.scale(x, 2.0), b)), 0.5)  # d's only reader is the next op
+        quadratic = rc.minimum(rc.abs(d), 1.0)
+        loss = rc.add(rc.scale(rc.square(quadratic), 0.5), rc.sub(rc.abs(d), quadratic))
+        return rc.sum(loss)
+
+    results = {}
+    for device in DEVICES:
+        program = _captured(huber_like, device)
+        _run(program, device, x=x, b=b)  # traces and records
+        rc.gpu_stats(reset=True)
+        results[device] = _run(program, device, x=x, b=b)
+    dispatches = rc.gpu_stats()["dispatches"]
+    np.testing.assert_allclose(results["gpu"], results["cpu"], rtol=1e-5)
+    d = np.tanh(2 * x + b) - 0.5
+    quadratic = np.minimum(np.abs(d), 1.0)
+    np.testing.assert_allclose(results["cpu"], [[np.sum(0.5 * quadratic**2 + np.abs(d) - quadratic)]], rtol=1e-5)
+    # d is read twice, so the ops before it are one chain and the rest others: far fewer than 12
+    assert dispatches <= 5, dispatches
+
+
+@gpu_only
+def test_a_chain_never_moves_a_read_past_an_in_place_write_or_hides_a_value_read_elsewhere():
+    target = rc.param(np.full((3, 4), 2.0, np.float32), device="gpu")
+    columns = rc.tensor(np.arange(4, dtype=np.int32)[None, :], device="gpu")
+
+    def step(x):
+        doubled = rc.scale(target, 2.0)  # reads target before the write below
+        rc.ops.apply("put_cols", (target, columns, rc.stop_gradient(x)))
+        before = rc.add(doubled, 1.0)  # the run continues after the write: it must not move the read
+        shared = rc.exp(rc.scale(x, 0.5))  # read by two ops below, and an output
+        after = rc.mul(rc.add(target, shared), shared)
+        return [before, shared, after]
+
+    program = _captured(step, "gpu", [target])
+    for value in (5.0, 7.0):
+        old = target.numpy().copy()
+        x = np.full((3, 4), value, np.float32)
+        before, shared, after = _run(program, "gpu", x=x)
+        np.testing.assert_allclose(before, 2 * old + 1, rtol=1e-6)
+        np.testing.assert_allclose(shared, np.exp(0.5 * x), rtol=1e-6)
+        np.testing.assert_allclose(after, (x + np.exp(0.5 * x)) * np.exp(0.5 * x), rtol=1e-6)
+
+
+def test_an_eager_chain_checks_its_inputs():
+    x = rc.tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="step 0 must read an input of the output's shape"):
+        _chain([x, rc.tensor(np.ones((1, 1), np.float32))], [("neg", 1, -2, ())])
+    with pytest.raises(ValueError, match="a unary op's operand b must be -2"):
+        _chain([x], [("neg", 0, 0, ())])
