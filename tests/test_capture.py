@@ -292,3 +292,26 @@ def test_a_recorded_program_runs_independent_kernels_between_fewer_barriers(on_g
     np.testing.assert_allclose(got[1], [[(w[0] * 2.0).sum()]], rtol=1e-5)
     for k in range(6):
         np.testing.assert_allclose(got[2 + k], [[np.tanh(w[k] * 2.0 + 1.0).sum()]], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, steps):
+    """Each recorded update takes its own step count (Adam's bias corrections): one replay of a
+    trace of `steps` updates equals `steps` eager updates."""
+    model, opt = _model(lr=1e-2)
+    params = list(model.parameters().values())
+
+    def several(x, y):
+        for _ in range(steps):
+            loss, _ = rc.capturing.update_step(lambda: rc.mse_loss(model(x), y), params, opt)
+        return loss
+
+    program = rc.capture(several, params)
+    batches = _batches(2)
+    for x, y in batches:
+        program(x=x, y=y)
+    eager_model, eager_opt = _model(lr=1e-2)
+    _eager_steps(eager_model, eager_opt, [batch for batch in batches for _ in range(steps)])
+    for name, p in model.parameters().items():
+        np.testing.assert_allclose(p.numpy(), eager_model.parameters()[name].numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
+    assert opt.state[id(params[0])]["step"] == 2 * steps

@@ -187,7 +187,7 @@ def test_no_forward_when_every_lane_explores(monkeypatch):
 @pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
 def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
     agent = DQN("CartPole-v1", FAST, seed=2, device="gpu")
-    assert agent._host_q is not None and all(p.device == "cpu" for p in agent._policy_parameters())
+    assert agent._host_q is not None and all(p.device == "cpu" for p in agent._host_q.parameters().values())
     obs = np.random.default_rng(1).standard_normal((200, 4)).astype(np.float32)
 
     def gpu_q_values():
@@ -202,8 +202,12 @@ def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
         np.testing.assert_array_equal(agent.predict(obs)[clear], np.argmax(q, axis=0)[clear])
         for name, p in agent.q.parameters().items():
             np.testing.assert_array_equal(agent._host_q.parameters()[name].numpy(), p.numpy())
+    zeroed = {name: np.zeros_like(value) for name, value in agent.q.state_dict().items()}
+    agent.q.load_state_dict(zeroed)  # written from outside (a load, a broadcast): the copy follows
+    np.testing.assert_array_equal(agent.predict(obs), np.zeros(len(obs), np.int64))
+    assert all(np.all(p.numpy() == 0) for p in agent._host_q.parameters().values())
     gpu_acting = DQN("CartPole-v1", DQNConfig(**{**FAST.__dict__, "act_on_host": False}), seed=2, device="gpu")
-    assert gpu_acting._host_q is None and all(p.device == "gpu" for p in gpu_acting._policy_parameters())
+    assert gpu_acting._host_q is None
     large = DQN("CartPole-v1", DQNConfig(net_arch=(1024, 1024)), seed=2, device="gpu")
     assert large._host_q is None  # 1.05M parameters: acting stays on the GPU
     assert DQN("CartPole-v1", DQNConfig(act_on_host=True), seed=2, device="cpu")._host_q is None

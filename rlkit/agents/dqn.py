@@ -73,8 +73,8 @@ class DQNConfig:
     """Environment steps between TensorBoard writes."""
     act_on_host: bool | None = None
     """On a GPU, choose actions with a copy of the Q-network on the host, refreshed after each
-    round of gradient steps (the only time the weights change): a CPU forward per step instead
-    of a round trip to the GPU. None: where the Q-network has at most 2^18 parameters (about
+    round of gradient steps and whenever the network's weights are written (a load, a broadcast):
+    a CPU forward per step instead of a round trip to the GPU. None: where the Q-network has at most 2^18 parameters (about
     half a million multiply-adds per observation, cheaper on the host than a GPU round trip)."""
 
     def __post_init__(self):
@@ -148,7 +148,8 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
         self._host_q = self._host_copy()  # None: acting runs on self.device
-        self._host_q_stale = True  # refreshed before the next action
+        self._host_acting: rc.capturing.Captured | None = None  # the host copy's captured forward
+        self._host_q_versions: tuple[int, ...] | None = None  # self.q's versions at the last refresh
 
     def _host_copy(self) -> rc.nn.Module | None:
         """The Q-network's copy on the host to act with, where the config asks for one and the
@@ -194,7 +195,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             inputs["beta"] = np.array([[beta + self._progress() * (1.0 - beta)]], np.float32)
         for _ in range(gradient_steps):
             loss, _ = self._train_step(**inputs)
-        self._host_q_stale = True
+        self._host_q_versions = None  # replays update self.q in place without a version bump
         return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
 
     def _after_env_step(self) -> None:
@@ -204,22 +205,24 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     # ---- acting ----------------------------------------------------------------------------------
 
     def _act(self, obs, deterministic: bool):
-        q = self.q if self._host_q is None else self._host_q
-        return rc.argmax(q(obs))  # [1, n] i32: greedy
+        return rc.argmax(self.q(obs))  # [1, n] i32: greedy
 
     def _policy_parameters(self) -> list:
-        q = self.q if self._host_q is None else self._host_q
-        return list(q.parameters().values())
+        return list(self.q.parameters().values())
 
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         if self._host_q is None:
             return super()._policy(obs, deterministic)
-        if self._host_q_stale:  # after gradient steps, or a checkpoint loaded into self.q
+        versions = tuple(p._impl.version for p in self.q.parameters().values())
+        if versions != self._host_q_versions:  # gradient steps, a load or a broadcast since the last copy
             self._host_q.load_state_dict(self.q.state_dict())
-            self._host_q_stale = False
+            self._host_q_versions = versions
+        if self._host_acting is None:
+            self._host_acting = rc.capture(lambda obs: rc.argmax(self._host_q(obs)),
+                                           list(self._host_q.parameters().values()))
         previous = rc.device("cpu")  # the captured forward runs where the copy is
         try:
-            return super()._policy(obs, deterministic)
+            return self._host_acting(obs=obs.T).T  # [n, 1]
         finally:
             rc.device(previous)
 

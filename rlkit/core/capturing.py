@@ -41,6 +41,7 @@ class Trace:
         self.extra_outputs: list[Tensor] = []
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
+        self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this trace so far
 
     def host_input(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray]) -> Tensor:
         """A placeholder filled with ``compute()`` before every replay (f32)."""

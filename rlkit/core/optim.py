@@ -219,6 +219,8 @@ class Optimizer:
         if self.master or self._scaling.mode is not None:
             raise capturing.CaptureError("capture: an optimizer with master weights or loss scaling cannot be captured yet")
         current = self._current_gradients(grads)
+        earlier = trace.updates_recorded.get(id(self), 0)  # a trace may hold several steps of one optimizer
+        trace.updates_recorded[id(self)] = earlier + 1
         scale = trace.grad_scale
         if scale is None:
             scale = ops.full((1, 1), 1.0, dtype="f32", device=_runtime.device())
@@ -229,8 +231,8 @@ class Optimizer:
                 continue
             if len({self.state[id(p)]["step"] for p in members}) > 1:
                 raise capturing.CaptureError("capture: the parameters of a group must share their step count")
-            hyper = trace.host_input((capture_hyper_size, 1),
-                                     lambda group=group, first=members[0]: self._coefficients(group, first))
+            hyper = trace.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
+                                     self._coefficients(group, first, earlier))
             self._record_update(members, [current[id(p)] for p in members], hyper, scale)
             updated += members
 
@@ -242,7 +244,9 @@ class Optimizer:
         trace.extra_output(scale, count_steps)
         return True
 
-    def _coefficients(self, group: dict, p: Tensor) -> np.ndarray:
+    def _coefficients(self, group: dict, p: Tensor, earlier: int) -> np.ndarray:
+        """The captured update's coefficients for ``group`` (``p`` one of its parameters), for the
+        step after ``earlier`` steps of this optimizer recorded before it in the same trace."""
         raise NotImplementedError
 
     def _record_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
@@ -357,7 +361,7 @@ class SGD(Optimizer):
         for group in self.param_groups:
             group["momentum"] = _non_negative(value, "momentum")
 
-    def _coefficients(self, group, p):
+    def _coefficients(self, group, p, earlier):
         return np.array([group["momentum"], group["weight_decay"], group["lr"], 0, 0, 0, 0, 0], np.float32)
 
     def _record_update(self, params, grads, hyper, scale):
@@ -394,9 +398,9 @@ class Adam(Optimizer):
         for group in self.param_groups:
             group["betas"] = self._check("betas", value)
 
-    def _coefficients(self, group, p):
+    def _coefficients(self, group, p, earlier):
         beta1, beta2 = group["betas"]
-        t = self.state[id(p)]["step"] + 1  # the step this replay takes
+        t = self.state[id(p)]["step"] + 1 + earlier  # the step this update takes in the replay
         coupled = 0.0 if self.decoupled else group["weight_decay"]
         decay = 1.0 - group["lr"] * group["weight_decay"] if self.decoupled else 1.0
         return np.array([beta1, beta2, group["eps"], coupled, decay, group["lr"] / (1.0 - beta1**t),
