@@ -299,10 +299,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("synchronize", [](const std::string& device) {
         backend(device == "gpu" ? Device::gpu : Device::cpu).synchronize();
     }, py::arg("device"));
-    m.def("set_num_threads", [](int n) {
-        set_num_threads(n);
-        blas_set_num_threads(n);
-    });
+    m.def("set_num_threads", &set_num_threads);
     m.def("num_threads", &num_threads);
     m.def("load_blas", &load_blas, py::arg("path"));
     m.def("blas_name", &blas_name);

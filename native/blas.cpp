@@ -19,7 +19,6 @@ using SetThreadsFn = void (*)(int);
 struct Blas {
     SgemmFn sgemm = nullptr;
     DgemmFn dgemm = nullptr;
-    SetThreadsFn set_threads = nullptr;
     std::string name;
 } g_blas;
 
@@ -50,6 +49,29 @@ void gemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a,
     });
 }
 
+// Runs call(rows, columns, A's part, B's part, C's part) on blocks of C in parallel, each about
+// kGemmGrainFlops of work: blocks of columns, or of rows where C has fewer columns than rows (a
+// batch of one). Block boundaries depend on the shape only, never on the number of threads.
+constexpr int64_t kGemmGrainFlops = int64_t(1) << 21;
+
+template <typename T, typename Call>
+void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+               T* c, const Call& call) {
+    if (n >= m) {
+        const int64_t grain = std::max<int64_t>(1, kGemmGrainFlops / std::max<int64_t>(1, 2 * m * k));
+        parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
+            const T* b_part = tb ? b + lo : b + lo * ldb;  // op(B)'s columns lo..hi: B's rows when transposed
+            call(m, hi - lo, a, b_part, c + lo * m);
+        });
+        return;
+    }
+    const int64_t grain = std::max<int64_t>(1, kGemmGrainFlops / std::max<int64_t>(1, 2 * n * k));
+    parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
+        const T* a_part = ta ? a + lo * lda : a + lo;  // op(A)'s rows lo..hi: A's columns when transposed
+        call(hi - lo, n, a_part, b, c + lo);
+    });
+}
+
 }  // namespace
 
 bool load_blas(const std::string& path) {
@@ -63,35 +85,38 @@ bool load_blas(const std::string& path) {
     }
     g_blas.sgemm = sgemm;
     g_blas.dgemm = dgemm;
-    g_blas.set_threads = reinterpret_cast<SetThreadsFn>(
-        find_symbol(lib, {"scipy_openblas_set_num_threads", "openblas_set_num_threads"}));
     g_blas.name = path;
-    if (g_blas.set_threads) g_blas.set_threads(num_threads());
+    // One thread inside the BLAS: rlkit's pool splits a product by columns instead. OpenBLAS's
+    // own threads spin and wait for each other, and on a machine with more runnable threads than
+    // cores every product then waited a scheduler slice (a 2-thread DQN update took 64 ms instead
+    // of 0.65 ms beside two busy processes).
+    if (auto set_threads = reinterpret_cast<SetThreadsFn>(
+            find_symbol(lib, {"scipy_openblas_set_num_threads", "openblas_set_num_threads"})))
+        set_threads(1);
     return true;
 }
 
 std::string blas_name() { return g_blas.name; }
 
-void blas_set_num_threads(int n) {
-    if (g_blas.set_threads) g_blas.set_threads(n);
-}
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           float* c) {
-    if (g_blas.sgemm)
-        g_blas.sgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k), 1.0f, a,
-                     int(lda), b, int(ldb), 0.0f, c, int(m));
-    else
-        gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
+    if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
+    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
+              [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
+                  g_blas.sgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
+                               1.0f, a_part, int(lda), b_part, int(ldb), 0.0f, c_part, int(m));
+              });
 }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
           int64_t ldb, double* c) {
-    if (g_blas.dgemm)
-        g_blas.dgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(m), int(n), int(k), 1.0, a,
-                     int(lda), b, int(ldb), 0.0, c, int(m));
-    else
-        gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
+    if (!g_blas.dgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
+    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
+              [&](int64_t rows, int64_t cols, const double* a_part, const double* b_part, double* c_part) {
+                  g_blas.dgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
+                               1.0, a_part, int(lda), b_part, int(ldb), 0.0, c_part, int(m));
+              });
 }
 
 }  // namespace rk

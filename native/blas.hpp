@@ -1,5 +1,6 @@
-// Matrix multiply through a BLAS loaded at run time (scipy-openblas32 from PyPI), with a
-// plain multi-threaded kernel where none is loaded. Column-major, like every rlkit tensor.
+// Matrix multiply through a BLAS loaded at run time (scipy-openblas32 from PyPI), run single-
+// threaded on blocks of C spread over rlkit's pool, with a plain multi-threaded kernel
+// where none is loaded. Column-major, like every rlkit tensor.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,6 @@ namespace rk {
 // where the library or its symbols are missing.
 bool load_blas(const std::string& path);
 std::string blas_name();  // "" when the built-in kernel is in use
-void blas_set_num_threads(int n);
 
 // C[m, n] = op(A) @ op(B), op = transpose when ta / tb; lda, ldb are the stored row counts.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,

@@ -3,16 +3,19 @@ update (actor and two critics 256-256, batch 256, as rlkit.agents.SAC builds it)
 update (4-256-256-2, batch 64) and a captured policy forward (SAC's stochastic actor, one
 observation: what acting costs at every environment step).
 
-    python scripts/bench_replay.py [--device cpu|gpu] [--replays 500] [--warmup 20]
+    python scripts/bench_replay.py [--device cpu|gpu] [--replays 500] [--warmup 20] [--threads N] [--busy N]
 
 Each figure is the median over the replays of the wall-clock time of one call, as the agents
 make it (host inputs, the replay, the outputs back on the host). On a software Vulkan device
-(lavapipe) the GPU figures say little; measure on real hardware.
+(lavapipe) the GPU figures say little; measure on real hardware. ``--busy N`` runs N processes
+that only spin while measuring: rlkit's threads then compete for the cores, as they do on a
+shared machine or beside other ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
@@ -73,22 +76,42 @@ def cases(device: str) -> dict[str, Callable[[], object]]:
     }
 
 
+def spin() -> None:
+    """A busy process: competes for a core until terminated."""
+    while True:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu")
     parser.add_argument("--replays", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="rlkit's CPU threads (default: as many as cores)")
+    parser.add_argument("--busy", type=int, default=0, help="busy processes running beside the measurement")
     args = parser.parse_args()
     if args.replays < 1 or args.warmup < 1:
         parser.error("--replays and --warmup must be at least 1")
+    if args.threads < 0 or args.busy < 0:
+        parser.error("--threads and --busy must be at least 0")
+    if args.threads:
+        rc.set_num_threads(args.threads)
     names = {row["device"]: row["name"] for row in rc.devices()}
     if args.device not in names:
         parser.error("no GPU here: the Vulkan backend is unavailable")
-    print(f"device: {args.device} ({names[args.device]}), median of {args.replays} replays each")
+    print(f"device: {args.device} ({names[args.device]}), {rc.get_num_threads()} CPU threads, "
+          f"{args.busy} busy processes beside, median of {args.replays} replays each")
     print(f"{'program':40s} {'us/replay':>10s} {'dispatches/replay':>18s}")
-    for name, call in cases(args.device).items():
-        micros, dispatches = time_replays(call, args.replays, args.warmup, args.device)
-        print(f"{name:40s} {micros:10.1f} {dispatches:18.1f}")
+    busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    for process in busy:
+        process.start()
+    try:
+        for name, call in cases(args.device).items():
+            micros, dispatches = time_replays(call, args.replays, args.warmup, args.device)
+            print(f"{name:40s} {micros:10.1f} {dispatches:18.1f}")
+    finally:
+        for process in busy:
+            process.terminate()
 
 
 if __name__ == "__main__":

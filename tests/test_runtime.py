@@ -77,6 +77,25 @@ def test_matmul_512_agrees_across_thread_counts():
         np.testing.assert_allclose(results[n], results[1], atol=1e-4 * scale)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m, k, n", [(300, 700, 301), (2049, 513, 3), (5, 1024, 4097)],
+                         ids=["square", "tall: blocks of rows", "wide: blocks of columns"])
+def test_products_split_into_blocks_are_identical_across_thread_counts(dtype, ta, tb, m, k, n):
+    """The BLAS runs single-threaded on blocks of C (rows where C is tall, columns otherwise),
+    shared out by rlkit's pool: any split equals numpy, and the bits do not depend on threads."""
+    a = rand((k, m) if ta else (m, k), 5, dtype)
+    b = rand((n, k) if tb else (k, n), 6, dtype)
+    kind = "f32" if dtype == np.float32 else "f64"
+    results = at_thread_counts(lambda: rc.matmul(rc.tensor(a, dtype=kind), rc.tensor(b, dtype=kind),
+                                                 transpose_a=ta, transpose_b=tb).numpy())
+    np.testing.assert_array_equal(results[2], results[1])
+    np.testing.assert_array_equal(results[3], results[1])
+    expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(results[1], expected, atol=tolerance * np.abs(expected).max())
+
+
 def test_mlp_forward_and_backward_agree_across_thread_counts():
     rng = np.random.default_rng(4)
     x = np.asfortranarray(rng.standard_normal((32, 1024)).astype(np.float32))
