@@ -252,7 +252,6 @@ void cpu_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     });
 }
 
-// (target, source) pairs, as an update set: w the target, g the source (m and v unused).
 UpdateSet polyak_set(const Inputs& in) {
     UpdateSet set;
     for (size_t at = 0; at + 1 < in.size(); at += 2)

@@ -49,6 +49,10 @@ void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPt
 // parameter w, g and its state (Adam: m, v; SGD: the velocity).
 UpdateSet captured_update_set(const Inputs& in, bool adam);
 
+// The update set of a polyak_step op's (target, source) pairs: w the target, g the source (m and
+// v unused, set to the target).
+UpdateSet polyak_set(const Inputs& in);
+
 // The CPU kernels (the CPU backend's adam and sgd, and the captured ops'); grad_scale
 // multiplies every gradient (a captured step's clipping factor).
 void adam_cpu(const UpdateSet& set, const AdamCoefficients& c, float grad_scale = 1.0f);

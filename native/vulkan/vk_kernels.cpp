@@ -46,6 +46,16 @@ void record(const std::string& shader, const Push& push, uint64_t n_groups, std:
     ctx().dispatch(shader, &push, sizeof(Push), n_groups, reads, writes, groups_z);
 }
 
+// A u8 tensor holding `records`, written into the command buffer (a recorded program carries
+// its own copy): the tables of chunks and steps that kernels read by address.
+template <typename Record>
+TensorPtr device_table(const std::vector<Record>& records) {
+    const uint64_t bytes = records.size() * sizeof(Record);
+    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
+    ctx().write(*table, records.data(), bytes);
+    return table;
+}
+
 // ---- elementwise -----------------------------------------------------------------------
 
 struct BinaryPush {
@@ -234,9 +244,7 @@ void vk_elementwise_chain(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
     std::vector<ChainStepRecord> records;
     for (const ChainStep& step : chain_steps(attrs))
         records.push_back({chain_op(step.op)->code, step.a, step.b, step.p0, step.p1});
-    const uint64_t bytes = records.size() * sizeof(ChainStepRecord);
-    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
-    ctx().write(*table, records.data(), bytes);
+    TensorPtr table = device_table(records);
     ChainPush p{};
     std::vector<vk::Range> reads{span(*table)};
     for (size_t k = 0; k < in.size(); ++k) {
@@ -546,6 +554,13 @@ namespace {
 
 constexpr int64_t kUpdateChunk = 4 * kGroup;  // elements per workgroup: 4 per invocation
 
+// Calls add(begin, count) for each kUpdateChunk-element chunk of a tensor of n elements.
+template <typename Add>
+void for_each_chunk(int64_t n, const Add& add) {
+    for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
+        add(uint32_t(begin), uint32_t(std::min(kUpdateChunk, n - begin)));
+}
+
 struct UpdateChunk {  // optim.comp's Chunk (std430: 40 bytes)
     uint64_t w, g, m, v;
     uint32_t begin, count;
@@ -564,18 +579,15 @@ void update_parameters(const char* shader, const UpdateSet& set, OptimPush push,
     std::vector<UpdateChunk> chunks;
     std::vector<vk::Range> reads, writes;
     for (const UpdateTensors& u : set) {
-        const int64_t n = u32(u.w->numel(), shader);
-        for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
-            chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), uint32_t(begin),
-                              uint32_t(std::min(kUpdateChunk, n - begin))});
+        for_each_chunk(u32(u.w->numel(), shader), [&](uint32_t begin, uint32_t count) {
+            chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), begin, count});
+        });
         reads.insert(reads.end(), {span(*u.w), span(*u.g), span(*u.m), span(*u.v)});
         writes.insert(writes.end(), {span(*u.w), span(*u.m), span(*u.v)});
     }
     if (chunks.empty()) return;
     if (hyper) reads.insert(reads.end(), {span(*hyper), span(*scale)});
-    const uint64_t bytes = chunks.size() * sizeof(UpdateChunk);
-    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
-    ctx().write(*table, chunks.data(), bytes);
+    TensorPtr table = device_table(chunks);
     reads.push_back(span(*table));
     push.table = table->address();
     push.hyper = hyper ? hyper->address() : 0;
@@ -616,11 +628,9 @@ void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 }
 
 void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    UpdateSet set;
-    for (size_t at = 0; at + 1 < in.size(); at += 2) set.push_back({in[at].get(), in[at + 1].get(), in[at].get(), in[at].get()});
     OptimPush p{};
     p.c[0] = float(attrs.floats[0]);
-    update_parameters("optim_polyak", set, p, nullptr, nullptr);
+    update_parameters("optim_polyak", polyak_set(in), p, nullptr, nullptr);
     ctx().fill(out, 0);
 }
 
@@ -645,15 +655,12 @@ void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     std::vector<NormChunk> chunks;
     std::vector<vk::Range> reads;
     for (const TensorPtr& x : in) {
-        const int64_t n = u32(x->numel(), "sum_squares");
-        for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
-            chunks.push_back({x->address(), uint32_t(begin), uint32_t(std::min(kUpdateChunk, n - begin))});
+        for_each_chunk(u32(x->numel(), "sum_squares"),
+                       [&](uint32_t begin, uint32_t count) { chunks.push_back({x->address(), begin, count}); });
         reads.push_back(span(*x));
     }
-    const uint64_t bytes = chunks.size() * sizeof(NormChunk);
-    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
+    TensorPtr table = device_table(chunks);
     TensorPtr partials = make_on(Device::gpu, {int64_t(chunks.size()), 1, 1, 1}, 2, DType::f32);  // [n_chunks, 1]
-    ctx().write(*table, chunks.data(), bytes);
     reads.push_back(span(*table));
     NormPush p{table->address(), partials->address(), out.address(), u32(int64_t(chunks.size()), "sum_squares")};
     record("norm_partials", p, chunks.size(), reads, {span(*partials)});
