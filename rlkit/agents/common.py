@@ -95,6 +95,16 @@ class EnvLanes:
         return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
 
 
+@contextlib.contextmanager
+def default_device(device: str):
+    """Makes ``device`` the default device for the block (ops without inputs, captures)."""
+    previous = rc.device(device)
+    try:
+        yield
+    finally:
+        rc.device(previous)
+
+
 class Polyak:
     """target <- tau * source + (1 - tau) * target for paired parameters, in place on the
     device (the target's storage stays the same, so captured programs reading it see the
@@ -313,14 +323,9 @@ class OffPolicyAgent:
 
     # ---- devices and action spaces ----------------------------------------------------------
 
-    @contextlib.contextmanager
     def on_device(self):
         """Makes the agent's device current for the block."""
-        previous = rc.device(self.device)
-        try:
-            yield
-        finally:
-            rc.device(previous)
+        return default_device(self.device)
 
     @property
     def discrete(self) -> bool:

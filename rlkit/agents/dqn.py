@@ -16,7 +16,8 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import (
-    EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
+    EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
+    mlp,
 )
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core._checks import positive_int
@@ -74,8 +75,9 @@ class DQNConfig:
     act_on_host: bool | None = None
     """On a GPU, choose actions with a copy of the Q-network on the host, refreshed after each
     round of gradient steps and whenever the network's weights are written (a load, a broadcast):
-    a CPU forward per step instead of a round trip to the GPU. None: where the Q-network has at most 2^18 parameters (about
-    half a million multiply-adds per observation, cheaper on the host than a GPU round trip)."""
+    a CPU forward per step instead of a round trip to the GPU. None: where the Q-network has at
+    most 2^18 parameters (about half a million multiply-adds per observation, cheaper on the host
+    than a GPU round trip)."""
 
     def __post_init__(self):
         check_common_fields(self)
@@ -159,11 +161,8 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         wanted = cfg.act_on_host if cfg.act_on_host is not None else size <= HOST_ACTING_MAX_PARAMETERS
         if self.device == "cpu" or not wanted:
             return None
-        previous = rc.device("cpu")
-        try:
+        with default_device("cpu"):
             return _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
-        finally:
-            rc.device(previous)
 
     # ---- the update (traced once, then replayed) ----------------------------------------------
 
@@ -220,11 +219,8 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         if self._host_acting is None:
             self._host_acting = rc.capture(lambda obs: rc.argmax(self._host_q(obs)),
                                            list(self._host_q.parameters().values()))
-        previous = rc.device("cpu")  # the captured forward runs where the copy is
-        try:
+        with default_device("cpu"):  # the captured forward runs where the copy is
             return self._host_acting(obs=obs.T).T  # [n, 1]
-        finally:
-            rc.device(previous)
 
     def _state_objects(self) -> dict:
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}
