@@ -1,7 +1,8 @@
 """Shared fixtures and session-wide checks.
 
 ``device`` runs a test once per backend (the GPU where Vulkan finds one; RLKIT_REQUIRE_GPU=1
-makes its absence an error, as CI sets). With the Vulkan validation layer on
+makes its absence an error, as CI sets); ``on_gpu`` makes the GPU the default device with new GPU
+memory poisoned. With the Vulkan validation layer on
 (RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during the session fails it.
 """
 
@@ -16,6 +17,17 @@ from rlkit.core import _runtime
 DEVICES = ["cpu"] + ([] if _native.gpu_unavailable_reason() else ["gpu"])
 if "gpu" not in DEVICES and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
     raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {_native.gpu_unavailable_reason()}")
+
+
+@pytest.fixture
+def on_gpu():
+    """Makes the GPU the default device and poisons new GPU memory for the test (NaN shows
+    output elements a kernel left unwritten)."""
+    previous = rc.device("gpu")
+    _native.set_gpu_poison(True)
+    yield
+    _native.set_gpu_poison(False)
+    rc.device(previous)
 
 
 @pytest.fixture(params=DEVICES)

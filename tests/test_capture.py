@@ -150,13 +150,6 @@ def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
 gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
 
 
-@pytest.fixture
-def on_gpu():
-    previous = rc.device("gpu")
-    yield
-    rc.device(previous)
-
-
 def _stats_after(fn) -> dict:
     rc.gpu_stats(reset=True)
     fn()

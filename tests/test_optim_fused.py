@@ -22,16 +22,6 @@ AWKWARD_SHAPES = [(1, 1), (3, 1), (1, 7), (5, 3), (1, 1), (257, 1), (33, 33), (1
 ADAM = dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6)
 
 
-@pytest.fixture
-def on_gpu():
-    """Makes the GPU the default device and poisons new GPU memory (NaN shows unwritten elements)."""
-    previous = rc.device("gpu")
-    _native.set_gpu_poison(True)
-    yield
-    _native.set_gpu_poison(False)
-    rc.device(previous)
-
-
 def _arrays(shapes, seed):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]

@@ -33,16 +33,6 @@ CPU_ONLY = {"cast_f64", "one_hot_f64"}
 GPU_CASES = [c for c in CASES if c.id not in CPU_ONLY]
 
 
-@pytest.fixture
-def on_gpu():
-    """Makes the GPU the default device and poisons new GPU memory for the test."""
-    previous = rc.device("gpu")
-    _native.set_gpu_poison(True)
-    yield
-    _native.set_gpu_poison(False)
-    rc.device(previous)
-
-
 def _tensor(a: np.ndarray, device: str) -> rc.Tensor:
     if _is_index(a):
         return rc.tensor(np.asfortranarray(a, dtype=np.int32), device=device)

@@ -30,7 +30,7 @@ LARGE = (1409, 1500, 37)
 
 
 @pytest.fixture
-def on_gpu():
+def poisoned_gpu_memory():
     """Poisons new GPU memory (NaN) for the test, so that unwritten output elements show."""
     _native.set_gpu_poison(True)
     yield
@@ -68,14 +68,14 @@ def _assert_f16_close(got, expected):
 
 @pytest.mark.parametrize("m, n, k", SHAPES)
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
-def test_f32_matmul_matches_cpu(m, n, k, ta, tb, on_gpu):
+def test_f32_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
     a, b = _operands(m, n, k, ta, tb, np.float32, seed=m + n + k)
     expected = _matmul_on("cpu", a, b, ta, tb, "f32")
     np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
-def test_f32_matmul_large_tiles_match_cpu(ta, tb, on_gpu):
+def test_f32_matmul_large_tiles_match_cpu(ta, tb, poisoned_gpu_memory):
     m, n, k = LARGE
     assert "128x128" in _native.gpu_matmul_kernel("f32", m, n)
     a, b = _operands(m, n, k, ta, tb, np.float32, seed=3)
@@ -84,7 +84,7 @@ def test_f32_matmul_large_tiles_match_cpu(ta, tb, on_gpu):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_batched_matmul_broadcasts_like_the_cpu(dtype, on_gpu):
+def test_batched_matmul_broadcasts_like_the_cpu(dtype, poisoned_gpu_memory):
     # a has 3 slices along dim 2, b 2 along dim 3: the output has 3 x 2 slices
     a, b = _operands(19, 45, 70, False, True, np.float16 if dtype == "f16" else np.float32, seed=8,
                      batch_a=(3, 1), batch_b=(1, 2))
@@ -99,7 +99,7 @@ def test_batched_matmul_broadcasts_like_the_cpu(dtype, on_gpu):
 
 @pytest.mark.parametrize("m, n, k", SHAPES + [(264, 136, 48)])
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
-def test_f16_matmul_matches_cpu(m, n, k, ta, tb, on_gpu):
+def test_f16_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
     a, b = _operands(m, n, k, ta, tb, np.float16, seed=m * n + k)
     _assert_f16_close(_matmul_on("gpu", a, b, ta, tb, "f16"), _matmul_on("cpu", a, b, ta, tb, "f16"))
 
@@ -107,7 +107,7 @@ def test_f16_matmul_matches_cpu(m, n, k, ta, tb, on_gpu):
 @pytest.mark.parametrize("activation", [None, "relu", "tanh", "sigmoid"])
 @pytest.mark.parametrize("out_features, in_features, n", [(1, 1, 1), (33, 65, 17), (130, 31, 257), (LARGE[0], LARGE[2], LARGE[1])])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
-def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, on_gpu):
+def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poisoned_gpu_memory):
     rng = np.random.default_rng(out_features + n)
     np_dtype = np.float16 if dtype == "f16" else np.float32
     w = rng.standard_normal((out_features, in_features)).astype(np_dtype)
