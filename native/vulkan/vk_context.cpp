@@ -31,7 +31,6 @@ constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push bl
 constexpr uint32_t kMaxRecorded = 4096;    // dispatches recorded before an early submit
 constexpr size_t kSlots = 3;               // command buffers in rotation
 constexpr size_t kMaxUnsynced = 256;       // ranges tracked between barriers
-constexpr size_t kScheduleLookback = 64;   // levels a program's command may move up past
 constexpr uint64_t kMaxUpdateBytes = 65536;  // vkCmdUpdateBuffer's limit per command
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
@@ -84,15 +83,6 @@ uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 bool env_flag(const char* name) {
     const char* v = std::getenv(name);
     return v && *v && std::strcmp(v, "0") != 0;
-}
-
-bool overlaps(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
-
-bool any_overlap(const std::vector<Range>& xs, const std::vector<Range>& ys) {
-    for (const auto& x : xs)
-        for (const auto& y : ys)
-            if (overlaps(x, y)) return true;
-    return false;
 }
 
 }  // namespace
@@ -618,37 +608,6 @@ void Context::enqueue(std::vector<Range> reads, std::vector<Range> writes,
     emit(cmd_);
 }
 
-void Context::emit_scheduled(std::vector<DeferredCommand>& commands) {
-    struct Level {
-        std::vector<Range> reads, writes;
-        std::vector<size_t> members;
-    };
-    std::vector<Level> levels;
-    for (size_t i = 0; i < commands.size(); ++i) {
-        const DeferredCommand& c = commands[i];
-        // Searches down from the newest level; a command that depends on none of the last
-        // kScheduleLookback levels stays just above them (the barriers below keep it correct).
-        const size_t lowest = levels.size() > kScheduleLookback ? levels.size() - kScheduleLookback : 0;
-        size_t placed = lowest;
-        for (size_t level = levels.size(); level > lowest; --level) {
-            const Level& l = levels[level - 1];
-            if (any_overlap(c.reads, l.writes) || any_overlap(c.writes, l.writes) || any_overlap(c.writes, l.reads)) {
-                placed = level;
-                break;
-            }
-        }
-        if (placed == levels.size()) levels.emplace_back();
-        Level& l = levels[placed];
-        l.reads.insert(l.reads.end(), c.reads.begin(), c.reads.end());
-        l.writes.insert(l.writes.end(), c.writes.begin(), c.writes.end());
-        l.members.push_back(i);
-    }
-    for (size_t level = 0; level < levels.size(); ++level) {
-        if (level > 0) barrier();  // the first level follows the program's opening barrier
-        for (size_t i : levels[level].members) commands[i].emit(cmd_);
-    }
-}
-
 void Context::dispatch(const std::string& shader, const void* push, uint32_t push_size, uint64_t groups,
                        const std::vector<Range>& reads, const std::vector<Range>& writes, uint32_t groups_z) {
     if (push_size > kPushConstantBytes) throw std::logic_error(shader + ": push constants exceed 128 bytes");
@@ -776,180 +735,6 @@ void Context::flush() {
     for (size_t k = 1; k <= slots_.size(); ++k) {  // oldest first
         Slot& slot = slots_[(slot_ + k - 1) % slots_.size()];
         if (slot.busy) retire(slot);
-    }
-}
-
-// ---- programs ---------------------------------------------------------------------------
-//
-// Ordering: a program's command buffer is submitted after the eager recording made before the
-// replay (in the same batch, just before it) and starts with a full barrier, which orders it
-// after every command submitted earlier on the queue; the next eager command buffer starts
-// with a barrier too (begin_if_needed), so work recorded after a replay sees its results. The
-// host fills the input staging only while the program is not pending (run waits for it), and
-// vkQueueSubmit makes those writes visible to the device.
-
-void Context::begin_program(VkCommandBuffer cmd, ProgramRecording* recording) {
-    submit();  // the eager recording so far goes first; the program's barrier orders it after
-    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    check(api_.vkBeginCommandBuffer(cmd, &bi), "vkBeginCommandBuffer");
-    eager_stats_ = stats_;
-    stats_ = TransferStats{};  // count what one run of the program does
-    cmd_ = cmd;
-    recording_ = true;
-    program_ = recording;
-    barrier();
-}
-
-void Context::end_program() {
-    program_->counted = stats_;
-    stats_ = eager_stats_;
-    program_ = nullptr;
-    recording_ = false;
-    cmd_ = VK_NULL_HANDLE;
-}
-
-uint64_t Context::take_stream_slot() {
-    if (!program_) return 0;
-    if (program_->next_stream >= program_->streams_end)
-        throw std::logic_error("a program records more random ops than it reserved streams for");
-    const uint64_t slot = program_->next_stream;
-    program_->next_stream += sizeof(uint64_t);
-    return slot;
-}
-
-Context::ProgramCommands Context::take_program_commands() {
-    if (!spare_program_commands_.empty()) {
-        ProgramCommands commands = spare_program_commands_.back();
-        spare_program_commands_.pop_back();
-        return commands;
-    }
-    return new_commands();
-}
-
-Context::ProgramCommands Context::new_commands() {
-    ProgramCommands commands;
-    VkCommandBufferAllocateInfo cai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    cai.commandPool = pool_;
-    cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    cai.commandBufferCount = 1;
-    check(api_.vkAllocateCommandBuffers(device_, &cai, &commands.cmd), "vkAllocateCommandBuffers");
-    VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    VkResult r = api_.vkCreateFence(device_, &fci, nullptr, &commands.fence);
-    if (r != VK_SUCCESS) api_.vkFreeCommandBuffers(device_, pool_, 1, &commands.cmd);
-    check(r, "vkCreateFence");
-    return commands;
-}
-
-void Context::give_back_program_commands(ProgramCommands commands) {
-    // Not pending (its program waited) and unsignaled: reset, it is as good as new.
-    if (api_.vkResetCommandBuffer(commands.cmd, 0) == VK_SUCCESS) {
-        spare_program_commands_.push_back(commands);
-        return;
-    }
-    api_.vkDestroyFence(device_, commands.fence, nullptr);
-    api_.vkFreeCommandBuffers(device_, pool_, 1, &commands.cmd);
-}
-
-RecordedCommands::RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs)
-    : ctx_(ctx), inputs_(inputs), outputs_(outputs), commands_(ctx.take_program_commands()) {
-    try {
-        input_staging_ = ctx_.staging_pool_->allocate(inputs_.nbytes());
-        output_staging_ = ctx_.staging_pool_->allocate(outputs_.nbytes());
-    } catch (...) {
-        ctx_.give_back_program_commands(commands_);
-        throw;
-    }
-    std::memset(input_staging(), 0, inputs_.nbytes());  // the padding between inputs is copied too
-}
-
-RecordedCommands::~RecordedCommands() {
-    try {
-        wait();
-    } catch (const std::exception&) {
-        return;  // the device is lost: its command buffer and fence stay as they are
-    }
-    ctx_.give_back_program_commands(commands_);
-}
-
-void RecordedCommands::wait() {
-    if (!pending_) return;
-    const Api& api = ctx_.api_;
-    ctx_.wait_for(commands_.fence);
-    check(api.vkResetFences(ctx_.device_, 1, &commands_.fence), "vkResetFences");
-    pending_ = false;
-}
-
-void RecordedCommands::record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) {
-    const Api& api = ctx_.api_;
-    wait();
-    check(api.vkResetCommandBuffer(commands_.cmd, 0), "vkResetCommandBuffer");
-    recording_ = Context::ProgramRecording{};  // the previous recording's temporaries are free again
-    recording_.next_stream = inputs_.address() + streams_offset;
-    recording_.streams_end = recording_.next_stream + n_streams * sizeof(uint64_t);
-    VkCommandBuffer cmd = commands_.cmd;
-    ctx_.begin_program(cmd, &recording_);
-    try {
-        const auto [in_buffer, in_offset] = ctx_.locate(inputs_);
-        const VkBuffer in_staging = ctx_.staging_pool_->buffer(*input_staging_);
-        const VkBufferCopy in_region{input_staging_->offset, in_offset, inputs_.nbytes()};
-        ctx_.enqueue({}, {{inputs_.address(), inputs_.address() + inputs_.nbytes()}},
-                     [&api, in_staging, in_buffer, in_region](VkCommandBuffer c) {
-                         api.vkCmdCopyBuffer(c, in_staging, in_buffer, 1, &in_region);
-                     });
-
-        kernels();
-        if (recording_.next_stream != recording_.streams_end)
-            throw std::logic_error("a program recorded fewer random ops than it reserved streams for");
-
-        const auto [out_buffer, out_offset] = ctx_.locate(outputs_);
-        const VkBuffer out_staging = ctx_.staging_pool_->buffer(*output_staging_);
-        const VkBufferCopy out_region{out_offset, output_staging_->offset, outputs_.nbytes()};
-        ctx_.enqueue({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {},
-                     [&api, out_buffer, out_staging, out_region](VkCommandBuffer c) {
-                         api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &out_region);
-                     });
-        ctx_.emit_scheduled(recording_.commands);
-        recording_.commands.clear();  // the closures hold nothing the command buffer needs
-        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
-        mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-        api.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
-                                 nullptr, 0, nullptr);
-        check(api.vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
-    } catch (...) {
-        api.vkEndCommandBuffer(cmd);  // abandoned: reset before the next recording
-        ctx_.end_program();
-        recording_ = Context::ProgramRecording{};
-        throw;
-    }
-    ctx_.end_program();
-    TransferStats& run = recording_.counted;
-    run.uploads = run.downloads = 1;
-    run.upload_bytes = inputs_.nbytes();
-    run.download_bytes = outputs_.nbytes();
-    ++ctx_.stats_.recordings;
-}
-
-void RecordedCommands::run() {
-    wait();
-    // Eager work recorded before this replay runs first, in the same submission: its command
-    // buffer, then the program's (whose opening barrier orders it after everything before).
-    Context::Slot* eager = ctx_.recording_ ? &ctx_.end_recording() : nullptr;
-    const VkCommandBuffer cmds[2] = {eager ? eager->cmd : commands_.cmd, commands_.cmd};
-    ctx_.queue_submit(eager ? cmds : cmds + 1, eager ? 2 : 1, commands_.fence);
-    pending_ = true;
-    const TransferStats& run = recording_.counted;
-    TransferStats& total = ctx_.stats_;
-    total.uploads += run.uploads;
-    total.downloads += run.downloads;
-    total.upload_bytes += run.upload_bytes;
-    total.download_bytes += run.download_bytes;
-    total.dispatches += run.dispatches;
-    total.barriers += run.barriers;
-    wait();  // the host reads the output staging next
-    if (eager) {  // done with the program's batch: its slot is free again (its fence was not used)
-        check(ctx_.api_.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
-        eager->keep.clear();
     }
 }
 

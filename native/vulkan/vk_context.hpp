@@ -1,7 +1,8 @@
 // The Vulkan device rlkit computes on: instance and device setup, memory (large blocks
 // sub-allocated, addressed by buffer device address), shader pipelines, and the recorder that
 // puts dispatches and copies into one command buffer with barriers only between dependent
-// work, submitted when the host reads a value (or the recording grows large).
+// work, submitted when the host reads a value (or the recording grows large); captured programs'
+// command buffers (vk_program.cpp: their commands scheduled in dependency levels).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,14 @@ namespace rk::vk {
 struct Range {
     uint64_t begin, end;
 };
+
+// Whether any range of xs shares a byte with any range of ys.
+inline bool any_overlap(const std::vector<Range>& xs, const std::vector<Range>& ys) {
+    for (const Range& x : xs)
+        for (const Range& y : ys)
+            if (x.begin < y.end && y.begin < x.end) return true;
+    return false;
+}
 
 struct Limits {
     uint32_t subgroup_size = 0;
