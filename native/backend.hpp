@@ -17,6 +17,12 @@ namespace rk {
 // A program's work recorded once and run whole at every replay (on the GPU, one command
 // buffer re-submitted). The host writes the input block's bytes into input_staging() before
 // run() and reads the output block's bytes from output_staging() after it.
+// One dependency level of a recorded program: its mean GPU time per run and what it runs.
+struct LevelTime {
+    double mean_us = 0;
+    std::string label;
+};
+
 class RecordedProgram {
   public:
     virtual ~RecordedProgram() = default;
@@ -29,6 +35,8 @@ class RecordedProgram {
     virtual void run() = 0;
     virtual void* input_staging() = 0;
     virtual const void* output_staging() = 0;
+    // Per dependency level, where the program was recorded with GPU profiling on; else empty.
+    virtual std::vector<LevelTime> level_times() const { return {}; }
 };
 
 class Backend {
@@ -83,6 +91,9 @@ bool gpu_info(GpuInfo* info);
 std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);
 // Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.
 void set_gpu_poison(bool on);
+// Programs recorded from now on time their GPU work per dependency level (Program::level_times);
+// false where the GPU cannot time its queue.
+bool set_gpu_profiling(bool on);
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
 // Tests: errors the validation layer reports for one deliberately invalid Vulkan call (-1 when
 // the layer is off or there is no GPU): proof that validation is really active.

@@ -243,7 +243,13 @@ PYBIND11_MODULE(_native, m) {
            "Replays with the given input arrays; returns the outputs as Fortran-ordered arrays.")
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
-        .def_property_readonly("arena_bytes", &Program::arena_bytes);
+        .def_property_readonly("arena_bytes", &Program::arena_bytes)
+        .def("level_times", [](const Program& p) {
+            py::list levels;
+            for (const LevelTime& t : p.level_times()) levels.append(py::make_tuple(t.mean_us, t.label));
+            return levels;
+        }, "[(mean microseconds, what runs)] per dependency level, where the program was recorded with GPU "
+           "profiling on; else [].");
 
     m.def("gpu_unavailable_reason", &gpu_unavailable_reason,
           "Why the GPU backend cannot be used here (empty when it can); creates the Vulkan context on first use.");
@@ -281,6 +287,8 @@ PYBIND11_MODULE(_native, m) {
         return d;
     }, py::arg("reset") = false);
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
+    m.def("set_gpu_profiling", &set_gpu_profiling, py::arg("on"),
+          "Programs recorded from now on time each dependency level; False where the GPU cannot time.");
     m.def("relocate", [](TensorImpl& t) {
         if (t.pending()) throw std::runtime_error("relocate: the tensor is pending");
         TensorPtr fresh = make_on(t.device, t.ne, t.ndim, t.dtype);

@@ -36,6 +36,9 @@ class Program {
     size_t n_live() const;
     size_t arena_bytes() const { return arena_bytes_; }
     Device device() const { return device_; }
+    // The mean GPU time of each dependency level and what it runs, where the program was
+    // recorded with profiling on (set_gpu_profiling) and has run; else empty.
+    std::vector<LevelTime> level_times() const { return recorded_ ? recorded_->level_times() : std::vector<LevelTime>{}; }
 
   private:
     void execute_nodes();

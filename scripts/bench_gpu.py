@@ -4,6 +4,7 @@ the agents' captured SAC and DQN updates, and a wide MLP's training step.
     python scripts/bench_gpu.py --device gpu --torch-device cuda [--markdown BENCHMARKS.md] [--out r.json]
     python scripts/bench_gpu.py --device cpu --torch-device cpu --quick     # a smoke run
     python scripts/bench_gpu.py --check                                     # the equivalence check alone
+    python scripts/bench_gpu.py --levels        # where the updates' GPU time goes, level by level
 
 Figures (every row: rlkit's figure, PyTorch's measured in the same run, and rlkit's speed over
 PyTorch's, above 1 where rlkit is faster):
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import rlkit.core as rc
+from rlkit import _native
 from rlkit.agents import DQN, SAC
 
 try:
@@ -653,6 +655,44 @@ def write_section(path: str, text: str, marker: str = "bench_gpu_torch") -> None
         f.write(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
+# ---- where an update's GPU time goes ---------------------------------------------------------------
+
+def level_table(name: str, agent, updates: int = 300) -> str:
+    """The agent's captured update recorded with GPU timestamps after every dependency level,
+    run ``updates`` times: each level's mean microseconds and its kernels (shader[workgroups])."""
+    if not _native.set_gpu_profiling(True):
+        return f"{name}: this GPU cannot time its queue"
+    try:
+        for captured in agent._captured_programs():
+            captured.reset()  # re-recorded with timestamps at the next call
+        with agent.on_device():
+            for _ in range(updates):
+                agent._train(1)
+    finally:
+        _native.set_gpu_profiling(False)
+    lines = [f"### {name}", "", "| level | us | kernels |", "|---|---|---|"]
+    total = 0.0
+    for captured in agent._captured_programs():
+        for recording in captured._recordings.values():
+            for level, (us, label) in enumerate(recording.program.level_times()):
+                lines.append(f"| {level} | {us:.1f} | {label} |")
+                total += us
+    lines.append(f"| all | {total:.1f} | |")
+    return "\n".join(lines) + "\n"
+
+
+def level_tables(args) -> str:
+    """Level tables of the captured SAC and DQN updates (timestamps cost a little: these
+    figures are for finding where the time goes, not for the tables above)."""
+    tables = []
+    for name, agent_class, env in (("SAC update", SAC, "Pendulum-v1"), ("DQN update", DQN, "CartPole-v1")):
+        agent = agent_class(env, seed=0, device=args.device)
+        discrete = agent_class is DQN
+        fill_agent_buffer(agent, random_transitions(agent.n_obs, agent.n_actions, discrete, BUFFER_STEPS))
+        tables.append(level_table(name, agent))
+    return "\n".join(tables)
+
+
 # ---- main -----------------------------------------------------------------------------------------
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -667,6 +707,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="a smoke run: tiny sizes (matmul 64 and 128, 50 adds, an MLP of width 64), 3 rounds")
     parser.add_argument("--no-torch", action="store_true", help="rlkit's figures only (the PyTorch columns empty)")
     parser.add_argument("--check", action="store_true", help="only check that the PyTorch updates compute rlkit's")
+    parser.add_argument("--levels", action="store_true",
+                        help="only print where the captured updates' GPU time goes, per dependency level")
     parser.add_argument("--out", help="also write the rows as JSON to this path")
     parser.add_argument("--markdown", help="also write the tables into this file, between the bench_gpu_torch markers")
     args = parser.parse_args(argv)
@@ -684,7 +726,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--device gpu: no GPU here (the Vulkan backend is unavailable)")
     if args.check and args.no_torch:
         parser.error("--check compares with PyTorch: it cannot go with --no-torch")
-    needs_torch = args.check or not args.no_torch
+    needs_torch = (args.check or not args.no_torch) and not args.levels
     if needs_torch and torch is None:
         parser.error("PyTorch is not installed: install it, or pass --no-torch for rlkit's figures alone")
     if needs_torch and args.torch_device == "cuda" and not args.check and not torch.cuda.is_available():
@@ -712,6 +754,9 @@ def run(args) -> tuple[list[Row], dict]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.levels:
+        print(level_tables(args))
+        return
     checks = [] if args.no_torch else check_equivalence()
     for line in checks:
         print("check passed:", line)

@@ -287,6 +287,37 @@ def test_a_recorded_program_runs_independent_kernels_between_fewer_barriers(on_g
         np.testing.assert_allclose(got[2 + k], [[np.tanh(w[k] * 2.0 + 1.0).sum()]], rtol=1e-5, atol=1e-5)
 
 
+def test_a_program_recorded_with_profiling_on_times_each_level(on_gpu):
+    """With GPU profiling on, a program's levels come with their mean time and their kernels:
+    a matmul, then two independent elementwise ops sharing the next level."""
+    a = rc.param(np.ones((20, 30), np.float32))
+
+    def fn(x):
+        product = rc.matmul(a, x)  # [20, 7]
+        return rc.exp(product), rc.sign(product)
+
+    assert _native.set_gpu_profiling(True)  # lavapipe and the H200 both time their queues
+    try:
+        profiled = rc.capture(fn, params=[a])
+        x = np.full((30, 7), 0.01, np.float32)
+        for _ in range(3):
+            got = profiled(x=x)
+    finally:
+        _native.set_gpu_profiling(False)
+    np.testing.assert_allclose(got[0], np.exp(np.full((20, 7), 0.3)), rtol=1e-5)
+    np.testing.assert_array_equal(got[1], np.ones((20, 7)))
+    (recording,) = profiled._recordings.values()
+    levels = recording.program.level_times()
+    labels = [label for _, label in levels]
+    assert all(us >= 0.0 for us, _ in levels) and sum(us for us, _ in levels) > 0.0
+    matmul_level = next(k for k, label in enumerate(labels) if "matmul" in label)
+    assert "unary_exp" in labels[matmul_level + 1] and "unary_sign" in labels[matmul_level + 1], labels
+    assert "outputs" in labels[-1]  # the copy of the outputs for the host ends the program
+    unprofiled = rc.capture(fn, params=[a])  # recorded after profiling was turned off
+    unprofiled(x=x)
+    assert next(iter(unprofiled._recordings.values())).program.level_times() == []
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, steps):
     """Each recorded update takes its own step count (Adam's bias corrections): one replay of a

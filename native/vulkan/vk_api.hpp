@@ -64,7 +64,12 @@ namespace rk::vk {
     X(vkCmdPipelineBarrier)             \
     X(vkCmdCopyBuffer)                  \
     X(vkCmdFillBuffer)                  \
-    X(vkCmdUpdateBuffer)
+    X(vkCmdUpdateBuffer)                \
+    X(vkCreateQueryPool)                \
+    X(vkDestroyQueryPool)               \
+    X(vkCmdResetQueryPool)              \
+    X(vkCmdWriteTimestamp)              \
+    X(vkGetQueryPoolResults)
 
 struct Api {
 #define RK_VK_MEMBER(name) PFN_##name name = nullptr;

@@ -67,6 +67,14 @@ void set_gpu_poison(bool on) {
     if (vk::Context* ctx = vk::Context::get(&why)) ctx->set_poison(on);
 }
 
+bool set_gpu_profiling(bool on) {
+    std::string why;
+    vk::Context* ctx = vk::Context::get(&why);
+    if (!ctx) return false;
+    ctx->set_profiling(on);
+    return ctx->profiling() == on;
+}
+
 bool gpu_info(GpuInfo* info) {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);

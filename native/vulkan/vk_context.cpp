@@ -378,6 +378,8 @@ void Context::init(std::string* why) {
         *why = device_name_ + " has no compute queue";
         return;
     }
+    limits_.timestamp_bits = families[queue_family_].timestampValidBits;
+    limits_.timestamp_period_ns = limits_.timestamp_bits > 0 ? lim.timestampPeriod : 0.0;
 
     float priority = 1.0f;
     VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -599,9 +601,9 @@ void Context::access(const std::vector<Range>& reads, const std::vector<Range>& 
 }
 
 void Context::enqueue(std::vector<Range> reads, std::vector<Range> writes,
-                      std::function<void(VkCommandBuffer)> emit) {
+                      std::function<void(VkCommandBuffer)> emit, std::string label) {
     if (program_) {
-        program_->commands.push_back({std::move(reads), std::move(writes), std::move(emit)});
+        program_->commands.push_back({std::move(reads), std::move(writes), std::move(emit), std::move(label)});
         return;
     }
     access(reads, writes);
@@ -622,7 +624,7 @@ void Context::dispatch(const std::string& shader, const void* push, uint32_t pus
         api_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         api_.vkCmdPushConstants(cmd, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_size, constants.data());
         api_.vkCmdDispatch(cmd, gx, gy, groups_z);
-    });
+    }, program_ ? shader + "[" + std::to_string(groups * groups_z) + "]" : std::string());
     ++stats_.dispatches;
     count_recorded();
 }
@@ -638,7 +640,8 @@ void Context::fill(const TensorImpl& dst, uint32_t pattern) {
 
 void Context::fill_range(VkBuffer buffer, uint64_t offset, uint64_t address, uint64_t size, uint32_t pattern) {
     enqueue({}, {{address, address + size}},
-            [this, buffer, offset, size, pattern](VkCommandBuffer cmd) { api_.vkCmdFillBuffer(cmd, buffer, offset, size, pattern); });
+            [this, buffer, offset, size, pattern](VkCommandBuffer cmd) { api_.vkCmdFillBuffer(cmd, buffer, offset, size, pattern); },
+            "fill");
 }
 
 void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
@@ -647,7 +650,7 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
     const uint64_t size = std::min(src.nbytes(), dst.nbytes());
     const VkBufferCopy region{so, doff, size};
     enqueue({{src.address(), src.address() + size}}, {{dst.address(), dst.address() + size}},
-            [this, sb, db, region](VkCommandBuffer cmd) { api_.vkCmdCopyBuffer(cmd, sb, db, 1, &region); });
+            [this, sb, db, region](VkCommandBuffer cmd) { api_.vkCmdCopyBuffer(cmd, sb, db, 1, &region); }, "copy");
     count_recorded();
 }
 
@@ -662,7 +665,8 @@ void Context::write(const TensorImpl& dst, const void* data, uint64_t bytes) {
                     const uint64_t n = std::min<uint64_t>(kMaxUpdateBytes, bytes_copy.size() - done);
                     api_.vkCmdUpdateBuffer(cmd, buffer, offset + done, n, bytes_copy.data() + done);
                 }
-            });
+            },
+            "write");
     count_recorded();
 }
 

@@ -45,6 +45,10 @@ struct Limits {
     // shader was built for: VK_KHR_cooperative_matrix where the build had a shader compiler that
     // knows it (glslang 13.1+), else VK_NV_cooperative_matrix (glslc 2023.2 knows only that one).
     bool cooperative_matrix_f16 = false;
+    // Nanoseconds per timestamp tick on the compute queue, and the ticks' valid bits (0: the
+    // queue cannot time).
+    double timestamp_period_ns = 0;
+    uint32_t timestamp_bits = 0;
 };
 
 struct TransferStats {
@@ -54,6 +58,18 @@ struct TransferStats {
 };
 
 class MemoryPool;
+
+// Where a captured program's GPU time goes: a timestamp after the opening barrier and after each
+// dependency level of its command buffer, the intervals summed over runs. Programs recorded
+// while profiling is on (Context::set_profiling) carry one; the timestamps cost a little, so
+// benchmarks leave it off.
+struct LevelProfile {
+    VkQueryPool pool = VK_NULL_HANDLE;
+    uint32_t capacity = 0;            // timestamps the pool holds
+    std::vector<std::string> labels;  // per level: its commands' labels
+    std::vector<double> total_ns;     // per level: summed over runs
+    uint64_t runs = 0;
+};
 
 // One sub-allocation; returns its range to the pool when destroyed.
 struct Allocation {
@@ -118,6 +134,9 @@ class Context {
     // With poisoning on (tests), new storage is filled with NaN so unwritten elements show.
     std::shared_ptr<Storage> allocate(uint64_t nbytes);
     void set_poison(bool on) { poison_ = on; }
+    // Programs recorded from now on time each dependency level (where the queue can time).
+    void set_profiling(bool on) { profiling_ = on && limits_.timestamp_bits > 0; }
+    bool profiling() const { return profiling_; }
 
     // Records one compute dispatch of `shader` over `groups` workgroups (x may exceed the device
     // limit: it is folded into y); the shader reads `reads` and writes `writes`.
@@ -152,6 +171,7 @@ class Context {
     struct DeferredCommand {
         std::vector<Range> reads, writes;
         std::function<void(VkCommandBuffer)> emit;
+        std::string label;  // what it is (a shader and its workgroups), for level profiles
     };
     struct ProgramRecording {
         uint64_t next_stream = 0, streams_end = 0;
@@ -161,12 +181,16 @@ class Context {
     };
     // Puts a command into the eager recording now (with a barrier if it depends on unsynced
     // work), or into the program being recorded.
-    void enqueue(std::vector<Range> reads, std::vector<Range> writes, std::function<void(VkCommandBuffer)> emit);
+    void enqueue(std::vector<Range> reads, std::vector<Range> writes, std::function<void(VkCommandBuffer)> emit,
+                 std::string label);
     // Emits a program's commands in dependency levels: every command goes into the earliest
     // level after all the commands it depends on (read after write, write after read or
     // write, by address range), and one barrier separates consecutive levels. Independent work
     // (two critics, a batch's gathers) then shares a level instead of a barrier each.
-    void emit_scheduled(std::vector<DeferredCommand>& commands);
+    // With a profile, a timestamp follows the opening barrier and each level (see LevelProfile).
+    void emit_scheduled(std::vector<DeferredCommand>& commands, LevelProfile* profile);
+    // Sizes the profile's query pool for n_levels + 1 timestamps and resets them in cmd_.
+    void prepare_profile(LevelProfile& profile, size_t n_levels);
     // A command buffer and fence for a program: recycled from programs destroyed earlier (so that
     // thousands of short-lived captures make no new Vulkan objects), or made.
     struct ProgramCommands {
@@ -225,6 +249,7 @@ class Context {
     int provoked_errors_ = 0;
 
     bool poison_ = false;
+    bool profiling_ = false;
     bool recording_ = false;
     bool submitted_ = false;  // anything was ever submitted (a new command buffer starts with a barrier)
     ProgramRecording* program_ = nullptr;
@@ -251,15 +276,18 @@ class RecordedCommands final : public RecordedProgram {
     void run() override;
     void* input_staging() override { return ctx_.staging_pool_->host(*input_staging_); }
     const void* output_staging() override { return ctx_.staging_pool_->host(*output_staging_); }
+    std::vector<LevelTime> level_times() const override;
 
   private:
     void wait();
+    void read_profile();  // adds the last run's level intervals to profile_
     Context& ctx_;
     TensorImpl &inputs_, &outputs_;  // the program's blocks (the program outlives this)
     Context::ProgramCommands commands_;
     bool pending_ = false;
     std::shared_ptr<Allocation> input_staging_, output_staging_;
     Context::ProgramRecording recording_;
+    std::unique_ptr<LevelProfile> profile_;  // where the program was recorded with profiling on
 };
 
 }  // namespace rk::vk

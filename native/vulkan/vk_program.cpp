@@ -12,7 +12,7 @@ constexpr size_t kScheduleLookback = 64;  // levels a program's command may move
 
 }  // namespace
 
-void Context::emit_scheduled(std::vector<DeferredCommand>& commands) {
+void Context::emit_scheduled(std::vector<DeferredCommand>& commands, LevelProfile* profile) {
     struct Level {
         std::vector<Range> reads, writes;
         std::vector<size_t> members;
@@ -37,10 +37,38 @@ void Context::emit_scheduled(std::vector<DeferredCommand>& commands) {
         l.writes.insert(l.writes.end(), c.writes.begin(), c.writes.end());
         l.members.push_back(i);
     }
+    if (profile) {
+        prepare_profile(*profile, levels.size());
+        api_.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile->pool, 0);
+    }
     for (size_t level = 0; level < levels.size(); ++level) {
         if (level > 0) barrier();  // the first level follows the program's opening barrier
         for (size_t i : levels[level].members) commands[i].emit(cmd_);
+        if (!profile) continue;
+        // after every command of the level: the interval since the last stamp is the level's
+        // time, its barrier's wait included
+        api_.vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile->pool, uint32_t(level + 1));
+        std::string& label = profile->labels[level];
+        for (size_t i : levels[level].members) label += (label.empty() ? "" : " ") + commands[i].label;
     }
+}
+
+void Context::prepare_profile(LevelProfile& profile, size_t n_levels) {
+    const uint32_t needed = uint32_t(n_levels + 1);
+    if (profile.capacity < needed) {  // the program waited before re-recording: the pool is idle
+        if (profile.pool != VK_NULL_HANDLE) api_.vkDestroyQueryPool(device_, profile.pool, nullptr);
+        profile.pool = VK_NULL_HANDLE;
+        profile.capacity = 0;
+        VkQueryPoolCreateInfo qci{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+        qci.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        qci.queryCount = needed;
+        check(api_.vkCreateQueryPool(device_, &qci, nullptr, &profile.pool), "vkCreateQueryPool");
+        profile.capacity = needed;
+    }
+    api_.vkCmdResetQueryPool(cmd_, profile.pool, 0, needed);
+    profile.labels.assign(n_levels, std::string());
+    profile.total_ns.assign(n_levels, 0.0);
+    profile.runs = 0;
 }
 
 // ---- programs ---------------------------------------------------------------------------
@@ -132,6 +160,7 @@ RecordedCommands::~RecordedCommands() {
     } catch (const std::exception&) {
         return;  // the device is lost: its command buffer and fence stay as they are
     }
+    if (profile_ && profile_->pool != VK_NULL_HANDLE) ctx_.api_.vkDestroyQueryPool(ctx_.device_, profile_->pool, nullptr);
     ctx_.give_back_program_commands(commands_);
 }
 
@@ -159,7 +188,8 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
         ctx_.enqueue({}, {{inputs_.address(), inputs_.address() + inputs_.nbytes()}},
                      [&api, in_staging, in_buffer, in_region](VkCommandBuffer c) {
                          api.vkCmdCopyBuffer(c, in_staging, in_buffer, 1, &in_region);
-                     });
+                     },
+                     "inputs");
 
         kernels();
         if (recording_.next_stream != recording_.streams_end)
@@ -171,8 +201,10 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
         ctx_.enqueue({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {},
                      [&api, out_buffer, out_staging, out_region](VkCommandBuffer c) {
                          api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &out_region);
-                     });
-        ctx_.emit_scheduled(recording_.commands);
+                     },
+                     "outputs");
+        if (ctx_.profiling() && !profile_) profile_ = std::make_unique<LevelProfile>();
+        ctx_.emit_scheduled(recording_.commands, profile_.get());
         recording_.commands.clear();  // the closures hold nothing the command buffer needs
         VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // make the copy visible to the host
         mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
@@ -215,6 +247,28 @@ void RecordedCommands::run() {
         check(ctx_.api_.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
         eager->keep.clear();
     }
+    if (profile_) read_profile();
+}
+
+void RecordedCommands::read_profile() {
+    const size_t n = profile_->total_ns.size();
+    std::vector<uint64_t> stamps(n + 1);
+    check(ctx_.api_.vkGetQueryPoolResults(ctx_.device_, profile_->pool, 0, uint32_t(n + 1), stamps.size() * sizeof(uint64_t),
+                                          stamps.data(), sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+          "vkGetQueryPoolResults");
+    const uint32_t bits = ctx_.limits_.timestamp_bits;
+    const uint64_t mask = bits >= 64 ? ~uint64_t(0) : (uint64_t(1) << bits) - 1;
+    for (size_t level = 0; level < n; ++level)
+        profile_->total_ns[level] += double((stamps[level + 1] - stamps[level]) & mask) * ctx_.limits_.timestamp_period_ns;
+    ++profile_->runs;
+}
+
+std::vector<LevelTime> RecordedCommands::level_times() const {
+    std::vector<LevelTime> times;
+    if (!profile_ || profile_->runs == 0) return times;
+    for (size_t level = 0; level < profile_->total_ns.size(); ++level)
+        times.push_back({profile_->total_ns[level] / 1e3 / double(profile_->runs), profile_->labels[level]});
+    return times;
 }
 
 }  // namespace rk::vk
