@@ -9,34 +9,7 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-
-layout(push_constant) uniform Push {
-    Floats a;
-    Floats b;
-    Floats c;
-    uint m, n, k;
-    uint lda, ldb;
-    uint ta, tb;
-    uint ne2;              // output batch size along dim 2
-    uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
-    uint groups_m;         // tiles along m
-#if defined(LINEAR)
-    Floats bias;
-    uint activation;       // 0 none, 1 relu, 2 tanh, 3 sigmoid
-#endif
-} pc;
-
-float epilogue(float acc, uint i) {
-#if defined(LINEAR)
-    float z = acc + pc.bias.v[i];
-    if (pc.activation == 1) return max(z, 0.0);
-    if (pc.activation == 2) return tanh(z);
-    if (pc.activation == 3) return sigmoid_of(z);
-    return z;
-#else
-    return acc;
-#endif
-}
+#include "matmul_common.glsl"
 
 #if defined(LARGE_TILE)
 const uint TM = 8, TN = 8;  // rows and columns per invocation: 128 x 128 tiles, for large outputs
@@ -50,16 +23,6 @@ const uint LOADS_A = BM * BK / 256, LOADS_B = BK * BN / 256;  // elements each i
 // keeps the stores of transposed operands off a single bank.
 shared vec4 As[BK][BM / 4 + 1];
 shared vec4 Bs[BK][BN / 4 + 1];
-
-float load_a(uint base, uint i, uint p) {
-    if (i >= pc.m || p >= pc.k) return 0.0;
-    return pc.a.v[base + (pc.ta == 0 ? i + p * pc.lda : p + i * pc.lda)];
-}
-
-float load_b(uint base, uint p, uint j) {
-    if (p >= pc.k || j >= pc.n) return 0.0;
-    return pc.b.v[base + (pc.tb == 0 ? p + j * pc.ldb : j + p * pc.ldb)];
-}
 
 // Element e of a tile's staged slice as (row or column index, k index): consecutive invocations
 // take consecutive elements along the operand's contiguous dimension, so device reads coalesce.

@@ -1,7 +1,7 @@
 """GPU matmul and linear kernels against the CPU backend at sizes that are not multiples of any
 tile (edges, k remainders), with transposes, batch broadcasting and the LINEAR epilogue; each
-kernel variant (64 x 64 and 128 x 128 f32 SIMT tiles, and f16 cooperative matrices where the
-device has them) is reached, and the choice reported by rlkit.
+kernel variant (16 x 16, 64 x 64 and 128 x 128 f32 SIMT tiles, and f16 cooperative matrices
+where the device has them) is reached, and the choice reported by rlkit.
 
 Lavapipe (CI) has no cooperative matrices: there f16 operands are widened to the f32 kernels,
 and the cooperative-matrix kernel is exercised on a GPU that lists them (the H200).
@@ -21,11 +21,14 @@ if GPU_REASON and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
     raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_REASON}")
 pytestmark = pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
 
-# (m, n, k): one element; primes around the 64 and 128 tiles and the 16 / 32 k slices; exact
-# tiles; multiples of 8 that the f16 kernel reads in 16-byte chunks.
+# (m, n, k): one element; primes around the 16, 64 and 128 tiles and the 16 / 32 k slices; exact
+# tiles; multiples of 8 that the f16 kernel reads in 16-byte chunks. Their outputs are small: the
+# f32 ones take the 16 x 16 tiles.
 SHAPES = [(1, 1, 1), (17, 33, 65), (100, 257, 31), (129, 130, 257), (64, 64, 64), (136, 24, 40), (5, 200, 1)]
 TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
-# m, n, k whose output has enough 128 x 128 tiles for the large-tile kernel
+# m, n, k whose output has enough 64 x 64 tiles for the middle kernel, and enough 128 x 128 tiles
+# for the large-tile kernel
+MEDIUM = (401, 331, 70)
 LARGE = (1409, 1500, 37)
 
 
@@ -75,9 +78,10 @@ def test_f32_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
 
 
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
-def test_f32_matmul_large_tiles_match_cpu(ta, tb, poisoned_gpu_memory):
-    m, n, k = LARGE
-    assert "128x128" in _native.gpu_matmul_kernel("f32", m, n)
+@pytest.mark.parametrize("shape, tile", [(SHAPES[3], "16x16"), (MEDIUM, "64x64"), (LARGE, "128x128")])
+def test_f32_matmul_each_tile_size_matches_cpu(shape, tile, ta, tb, poisoned_gpu_memory):
+    m, n, k = shape
+    assert tile in _native.gpu_matmul_kernel("f32", m, n)
     a, b = _operands(m, n, k, ta, tb, np.float32, seed=3)
     expected = _matmul_on("cpu", a, b, ta, tb, "f32")
     np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-4)
@@ -105,7 +109,9 @@ def test_f16_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "tanh", "sigmoid"])
-@pytest.mark.parametrize("out_features, in_features, n", [(1, 1, 1), (33, 65, 17), (130, 31, 257), (LARGE[0], LARGE[2], LARGE[1])])
+@pytest.mark.parametrize("out_features, in_features, n",
+                         [(1, 1, 1), (33, 65, 17), (130, 31, 257), (MEDIUM[0], MEDIUM[2], MEDIUM[1]),
+                          (LARGE[0], LARGE[2], LARGE[1])])
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poisoned_gpu_memory):
     rng = np.random.default_rng(out_features + n)
@@ -125,7 +131,8 @@ def test_the_kernel_choice_is_reported():
     # f32 operands never go to cooperative matrices (they take no f32 inputs): f32 stays exact
     for n in (1, 256, 4096):
         assert _native.gpu_matmul_kernel("f32", n, n).startswith("f32 SIMT")
-    assert "64x64" in _native.gpu_matmul_kernel("f32", 100, 100)
+    assert "16x16" in _native.gpu_matmul_kernel("f32", 256, 64)  # a hidden layer at batch 64
+    assert "64x64" in _native.gpu_matmul_kernel("f32", 400, 400)
     assert "128x128" in _native.gpu_matmul_kernel("f32", 4096, 4096)
     assert "128x128" in _native.gpu_matmul_kernel("f32", 512, 512, batch=16)  # batch slices fill the GPU too
     f16 = _native.gpu_matmul_kernel("f16", 4096, 4096)

@@ -164,7 +164,7 @@ void rows_window(const TensorImpl& x, TensorImpl& out, int64_t src0, int64_t dst
 }
 
 struct RandomPush {
-    uint64_t logits, o;
+    uint64_t x, o;  // x: sample_categorical's logits, randint's high
     uint64_t stream;
     uint32_t n, rows;
     uint64_t stream_at;  // where to read the stream instead (a recorded program's slot), or 0
@@ -217,6 +217,7 @@ RK_VK_UNARY(sign)
 RK_VK_UNARY(scale)
 RK_VK_UNARY(pow)
 RK_VK_UNARY(clamp)
+RK_VK_UNARY(huber)
 #undef RK_VK_UNARY
 
 void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
@@ -281,25 +282,38 @@ struct CoopmatPush {
 };
 
 // The matmul kernel for a product: cooperative matrices for f16 where the device has them, else
-// the f32 SIMT kernel (f16 operands widened first), with 128 x 128 tiles where the output has
-// enough of them to keep a large GPU busy and 64 x 64 tiles below that.
-enum class MatmulKernel { tiled, tiled_large, coopmat };
+// the f32 SIMT kernel (f16 operands widened first) with the largest tiles the output has enough
+// of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for outputs that make
+// fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a small batch).
+enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
 
 constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
+constexpr uint64_t kSmallTilesBelow = 32;    // a quarter of those: too few to spread k's work
+
+uint64_t tile_count(int64_t m, int64_t n, int64_t batch, int64_t tile) {
+    return uint64_t((m + tile - 1) / tile) * uint64_t((n + tile - 1) / tile) * uint64_t(batch);
+}
 
 MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
     if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16) return MatmulKernel::coopmat;
-    const uint64_t large_tiles = uint64_t((m + 127) / 128) * uint64_t((n + 127) / 128) * uint64_t(batch);
-    return large_tiles >= kLargeTilesWanted ? MatmulKernel::tiled_large : MatmulKernel::tiled;
+    if (tile_count(m, n, batch, 128) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
+    return tile_count(m, n, batch, 64) >= kSmallTilesBelow ? MatmulKernel::tiled : MatmulKernel::tiled_small;
 }
 
-uint32_t tile_size(MatmulKernel kernel) { return kernel == MatmulKernel::tiled ? 64 : 128; }
+uint32_t tile_size(MatmulKernel kernel) {
+    switch (kernel) {
+        case MatmulKernel::tiled_small: return 16;
+        case MatmulKernel::tiled: return 64;
+        default: return 128;
+    }
+}
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
 // cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile time).
 std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb) {
     const std::string base = linear ? "matmul_linear" : "matmul";
     switch (kernel) {
+        case MatmulKernel::tiled_small: return base + "_small";
         case MatmulKernel::tiled: return base;
         case MatmulKernel::tiled_large: return base + "_large";
         case MatmulKernel::coopmat: return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "");
@@ -533,6 +547,12 @@ void vk_rand(const Inputs&, const OpAttrs&, TensorImpl& out) {
 
 void vk_randn(const Inputs&, const OpAttrs&, TensorImpl& out) {
     random_op("random_randn", RandomPush{0, out.address(), 0, u32(out.numel(), "randn"), 1}, {}, out);
+}
+
+void vk_randint(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& high = *in[0];
+    random_op("random_randint", RandomPush{high.address(), out.address(), 0, u32(out.numel(), "randint"), 1},
+              {span(high)}, out);
 }
 
 void vk_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
