@@ -119,6 +119,13 @@ RK_BINARY(ge, T(a >= b))
 RK_BINARY(gt, T(a > b))
 #undef RK_BINARY
 
+// 0.5 x^2 where |x| <= delta, else delta (|x| - delta / 2): quadratic near zero, linear beyond.
+template <typename T>
+T huber_of(T x, T delta) {
+    const T a = std::abs(x);
+    return a <= delta ? T(0.5) * x * x : delta * (a - T(0.5) * delta);
+}
+
 #define RK_UNARY(name, n_floats, expr)                                                    \
     OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                           \
         return unary_spec(#name, in, attrs, n_floats);                                       \
@@ -145,6 +152,7 @@ RK_UNARY(sign, 0, T((x > T(0)) - (x < T(0))))
 RK_UNARY(scale, 1, x * T(attrs.floats[0]))
 RK_UNARY(pow, 1, std::pow(x, T(attrs.floats[0])))
 RK_UNARY(clamp, 2, std::min(std::max(x, T(attrs.floats[0])), T(attrs.floats[1])))
+RK_UNARY(huber, 1, huber_of(x, T(attrs.floats[0])))
 #undef RK_UNARY
 
 #define RK_BACK(name, n_floats, expr)                                                          \

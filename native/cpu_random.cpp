@@ -1,7 +1,8 @@
-// Random ops: rand, randn and the Gumbel-max categorical sampler.
+// Random ops: rand, randn, randint and the Gumbel-max categorical sampler.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "kernel_util.hpp"
 #include "random.hpp"
@@ -115,6 +116,39 @@ OutSpec shape_randn(const Inputs&, const OpAttrs& attrs) { return random_spec("r
 void cpu_randn(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     if (DType(attrs.ints[kMaxDims + 1]) == DType::f64) fill_random(out, normal_at);
     else fill_random(out, normal24_at);
+}
+
+OutSpec shape_randint(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& high = *in[0];
+    require_float("randint", high, "high");
+    if (high.numel() != 1)
+        throw std::invalid_argument(op_err("randint", "high must have one element, got " + high.shape_str()));
+    if (attrs.ints.size() != kMaxDims + 1) throw std::invalid_argument(op_err("randint", "expected a shape"));
+    return shape_from_attrs("randint", attrs, 0, DType::i32);
+}
+
+// floor(u * high) for the uniform u that rand draws in high's dtype, computed in that dtype (so
+// it equals cast(rand * high) to i32), kept below high where the product rounds up to it; 0
+// where high < 1.
+void cpu_randint(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& high_tensor = *in[0];
+    const uint64_t stream = next_stream();
+    int32_t* po = out.ptr<int32_t>();
+    dispatch_float(high_tensor.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        const Compute high = Compute(*high_tensor.ptr<T>());
+        const int64_t last = high >= Compute(1) ? int64_t(std::min<Compute>(high, Compute(2147483647.0))) - 1 : 0;
+        parallel_for(out.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) {
+                const Compute u = std::is_same_v<Compute, double> ? Compute(uniform_at(stream, uint64_t(i)))
+                                                                  : Compute(uniform24_at(stream, uint64_t(i)));
+                const Compute draw = u * high;
+                const int64_t whole = draw >= Compute(0) ? int64_t(std::min<Compute>(draw, Compute(4294967296.0))) : 0;
+                po[i] = int32_t(std::min(whole, last));
+            }
+        });
+    });
 }
 
 OutSpec shape_sample_categorical(const Inputs& in, const OpAttrs&) {

@@ -18,6 +18,7 @@ constexpr ChainOp kChainOps[] = {
     {Op::tanh, 19, 0},        {Op::softplus, 20, 0},     {Op::silu, 21, 0},         {Op::exp, 22, 0},
     {Op::log, 23, 0},         {Op::sqrt, 24, 0},         {Op::square, 25, 0},       {Op::abs, 26, 0},
     {Op::sign, 27, 0},        {Op::scale, 28, 1},        {Op::pow, 29, 1},          {Op::clamp, 30, 2},
+    {Op::huber, 31, 1},
 };
 
 constexpr size_t kShapeInts = 5;  // ne[0..3], ndim

@@ -66,7 +66,9 @@ inline bool has_side_effects(Op op) {
     return op == Op::adam_step || op == Op::sgd_step || op == Op::polyak_step || op == Op::put_cols;
 }
 // Ops that draw one fresh stream from the global generator at every execution.
-inline bool draws_random(Op op) { return op == Op::rand || op == Op::randn || op == Op::sample_categorical; }
+inline bool draws_random(Op op) {
+    return op == Op::rand || op == Op::randn || op == Op::randint || op == Op::sample_categorical;
+}
 
 // Validates and then runs (or records) one op on its inputs' device (`device` for ops
 // without inputs).

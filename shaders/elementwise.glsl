@@ -29,6 +29,7 @@ const uint EW_SIGN = 27u;
 const uint EW_SCALE = 28u;
 const uint EW_POW = 29u;
 const uint EW_CLAMP = 30u;
+const uint EW_HUBER = 31u;
 
 // x (op) y; p0, p1: clamp_back's bounds.
 float binary_value(uint op, float x, float y, float p0, float p1) {
@@ -53,7 +54,7 @@ float binary_value(uint op, float x, float y, float p0, float p1) {
     return quiet_nan();
 }
 
-// op(x); p0, p1: scale's factor, pow's exponent, clamp's bounds.
+// op(x); p0, p1: scale's factor, pow's exponent, clamp's bounds, huber's delta.
 float unary_value(uint op, float x, float p0, float p1) {
     switch (op) {
         case EW_NEG: return -x;
@@ -71,6 +72,7 @@ float unary_value(uint op, float x, float p0, float p1) {
         case EW_SCALE: return x * p0;
         case EW_POW: return c_pow(x, p0);
         case EW_CLAMP: return isnan(x) ? x : clamp(x, p0, p1);
+        case EW_HUBER: return abs(x) <= p0 ? 0.5 * x * x : p0 * (abs(x) - 0.5 * p0);
     }
     return quiet_nan();
 }

@@ -1,14 +1,15 @@
 // Counter-based random numbers: element i of a stream is a hash of (stream, i), the same
 // function as the CPU kernels use, so both backends draw the same uniforms.
 // RAND: uniform [0, 1); RANDN: standard normal (Box-Muller); SAMPLE_CATEGORICAL: Gumbel-max
-// over each column of the logits, an i32 class per column.
+// over each column of the logits, an i32 class per column; RANDINT: i32 floor(u * high) for a
+// uniform u, below high (x holds high).
 #version 450
 #include "common.glsl"
 
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Stream { uint64_t value; };
 
 layout(push_constant) uniform Push {
-    Floats logits;
+    Floats x;  // SAMPLE_CATEGORICAL's logits, RANDINT's high
     Words o;
     uint64_t stream;
     uint n;     // outputs
@@ -42,12 +43,17 @@ void main() {
     float best_value = -infinity();
     for (uint r = 0; r < pc.rows; ++r) {
         float u = uniform_at(uint64_t(i * pc.rows + r));
-        float value = pc.logits.v[i * pc.rows + r] - log(-log(u + 5.9604645e-8));
+        float value = pc.x.v[i * pc.rows + r] - log(-log(u + 5.9604645e-8));
         if (value > best_value) {
             best_value = value;
             best = r;
         }
     }
     pc.o.v[i] = best;
+#elif defined(RANDINT)
+    float high = pc.x.v[0];
+    float draw = uniform_at(uint64_t(i)) * high;  // f32, as the CPU computes it
+    uint last = high >= 1.0 ? uint(min(high, 2147483647.0)) - 1u : 0u;
+    pc.o.v[i] = draw >= 0.0 ? min(uint(min(draw, 2147483647.0)), last) : 0u;
 #endif
 }

@@ -21,6 +21,7 @@ UNARY = {
     "sqrt": ((), rc.sqrt), "square": ((), rc.square), "abs": ((), rc.abs), "sign": ((), rc.sign),
     "scale": ((0.75,), lambda x: rc.scale(x, 0.75)), "pow": ((3.0,), lambda x: rc.pow(x, 3.0)),
     "clamp": ((-0.5, 0.4), lambda x: rc.clamp(x, -0.5, 0.4)),
+    "huber": ((0.4,), lambda x: rc.ops.apply("huber", (x,), floats=(0.4,), delta=0.4)),
 }
 BINARY = {
     "add": ((), rc.add), "sub": ((), rc.sub), "mul": ((), rc.mul), "div": ((), rc.div),

@@ -38,7 +38,7 @@ BACKWARD_HELPER_OF = {
 }
 
 # Native ops reached through a public function of another name.
-PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss"}
+PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss", "huber": "huber_loss"}
 
 NATIVE_OPS = list(_native.op_names())
 

@@ -333,7 +333,8 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # them against eager updates; the bad-input table below covers their checks.
 # polyak_step: tests/test_optim_fused.py checks it against numpy on both devices;
 # elementwise_chain: tests/test_elementwise_chain.py, against the ops it chains.
-INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols", "elementwise_chain"}  # put_cols: the device prioritized buffer
+INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols", "elementwise_chain",  # put_cols: the device prioritized buffer
+                "randint"}  # rc.ops.randint: the replay buffers' sampling on the device (tests/test_random_ops.py)
 DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
@@ -799,6 +800,11 @@ _BAD += [
     _bad("randn", lambda: rc.randn((3, -1)), ValueError, "(3, -1)"),
     _bad("randn", lambda: rc.randn("ab"), TypeError, "shape"),
     _bad("randn", lambda: rc.randn(4, dtype="f8"), ValueError, "dtype"),
+    _bad("randint", lambda: rc.ops.randint(rc.full((1, 2), 3.0), (1, 4)), ValueError, "one-element float tensor"),
+    _bad("randint", lambda: rc.ops.randint(rc.full((1, 1), 3, dtype="i32"), (1, 4)), ValueError, "i32"),
+    _bad("randint", lambda: rc.ops.randint("3", (1, 4)), TypeError, "finite number"),
+    _bad("randint", lambda: rc.ops.randint(float("inf"), (1, 4)), TypeError, "inf"),
+    _bad("randint", lambda: rc.ops.randint(3, (0, 4)), ValueError, "(0, 4)"),
     _bad("sample_categorical", lambda: rc.sample_categorical(_t(3, 4, dtype="i32")), TypeError, "i32"),
     _bad("sample_categorical", lambda: rc.sample_categorical("logits"), TypeError, "str"),
     _bad("sample_categorical", lambda: rc.sample_categorical(np.zeros((0, 3))), ValueError, "(0, 3)"),

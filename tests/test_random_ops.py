@@ -80,6 +80,47 @@ def test_random_values_do_not_depend_on_threads(op):
     np.testing.assert_array_equal(one, two)
 
 
+def test_randint_is_rand_times_high_cast_down(device):
+    # the same stream as rand: floor(u * high) of the very uniforms rand draws, on either backend
+    high = rc.full((1, 1), 1000.0, dtype="f32", device=device)
+    rc.manual_seed(11)
+    draws = rc.ops.randint(high, (1, 5000)).numpy()
+    rc.manual_seed(11)
+    uniforms = rc.rand((1, 5000), dtype="f32", device=device).numpy()
+    assert draws.dtype == np.int32 and draws.shape == (1, 5000)
+    np.testing.assert_array_equal(draws, np.floor(uniforms * np.float32(1000.0)).astype(np.int32))
+    counts = np.bincount(draws.ravel() // 100, minlength=10)
+    assert _chi2(counts, np.full(10, 0.1)) < 40  # 9 degrees of freedom: p < 1e-5
+
+
+def test_randint_cpu_and_gpu_draw_the_same(on_gpu):
+    rc.manual_seed(5)
+    gpu = rc.ops.randint(rc.full((1, 1), 37.0, dtype="f32"), (3, 700)).numpy()
+    rc.manual_seed(5)
+    cpu = rc.ops.randint(rc.full((1, 1), 37.0, dtype="f32", device="cpu"), (3, 700)).numpy()
+    np.testing.assert_array_equal(gpu, cpu)
+    assert gpu.min() == 0 and gpu.max() == 36
+
+
+@pytest.mark.parametrize("high, expected_max", [(1.0, 0), (0.5, 0), (-3.0, 0), (float("nan"), 0), (2.0**30, 2**30 - 1)])
+def test_randint_stays_in_range_at_the_edges(device, high, expected_max):
+    # below 1 (or NaN) every draw is 0; a huge bound still never reaches high
+    draws = rc.ops.randint(rc.full((1, 1), high, dtype="f32", device=device), (64, 64)).numpy()
+    assert draws.min() >= 0 and draws.max() <= expected_max
+    if expected_max:
+        assert draws.max() > expected_max // 2
+
+
+def test_randint_in_a_capture_reads_its_bound_at_every_replay(device):
+    captured = rc.capture(lambda high: rc.ops.randint(high, (1, 4000)))
+    small = captured(high=np.array([[3.0]], np.float32))
+    large = captured(high=np.array([[3000.0]], np.float32))
+    assert captured.traces == 1
+    assert set(np.unique(small)) == {0, 1, 2}
+    assert large.max() > 2000 and large.min() >= 0 and large.max() < 3000
+    assert rc.ops.randint(3, 4).shape == (4, 1)  # a number and a length, as rand takes them
+
+
 def _chi2(counts, probs):
     expected = probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())

@@ -240,7 +240,7 @@ class ReplayBuffer:
         device = self._obs.device
         stored = self._stored_for_device_sampling(stored, "ReplayBuffer.sample_on_device")
         # columns fill in order (t * n_envs + e), so the stored ones are 0 .. stored - 1
-        index = rc.cast(rc.mul(rc.rand((1, batch_size), dtype="f32", device=device), stored), "i32")  # [1, B]
+        index = rc.ops.randint(stored, (1, batch_size), device=device)  # [1, B]
         return self._transitions_on_device(index)
 
     def _transitions_on_device(self, index: Tensor, weights: Tensor | None = None) -> ReplaySamples:

@@ -233,13 +233,26 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     listed = [grads.tensor(p) for p in param_list if p in grads]
     if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
-    norm = ops.sqrt(ops.sum_squares(listed))  # [1, 1]
-    # 1 (or the clipping factor), made NaN by a non-finite norm so the update skips itself
-    factor = ops.minimum(ops.div(float(max_grad_norm), ops.add(norm, 1e-6)), 1.0) if max_grad_norm else 1.0
-    _active.grad_scale = ops.add(ops.scale(norm, 0.0), factor)
+    sum_squares = ops.sum_squares(listed)  # [1, 1]
+    norm = ops.sqrt(sum_squares)  # [1, 1]
+    _active.grad_scale = _gradient_factor(sum_squares, max_grad_norm)
     optimizer.step(grads)
     _active.grad_scale = None
     return ops.reshape(loss, (1, 1)), norm
+
+
+def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor:
+    """What the optimizer multiplies every gradient by: the clipping factor
+    min(max_grad_norm / (norm + 1e-6), 1), or 1 without clipping; NaN where the norm is not
+    finite, so the update skips itself. Written as one run of elementwise ops, each reading the
+    op before it and the sum of squares, which a captured GPU program fuses into one kernel."""
+    from rlkit.core import ops
+
+    nan_if_infinite = ops.scale(sum_squares, 0.0)  # [1, 1]: 0, or NaN where the sum is inf or NaN
+    if not max_grad_norm:
+        return ops.add(nan_if_infinite, 1.0)
+    checked = ops.add(nan_if_infinite, sum_squares)  # the sum itself, or NaN
+    return ops.minimum(ops.div(float(max_grad_norm), ops.add(ops.sqrt(checked), 1e-6)), 1.0)
 
 
 def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> CapturedStep:

@@ -39,10 +39,9 @@ def huber_loss(pred, target, delta: float = 1.0, reduction: str = "mean") -> Ten
     if reduction not in ("mean", "none"):
         raise ValueError(f"huber_loss: reduction must be 'mean' or 'none', got {reduction!r}")
     pred, target = _pred_target(pred, target, "huber_loss")
-    abs_diff = ops.abs(ops.sub(pred, target))
-    quadratic = ops.minimum(abs_diff, float(delta))  # |d| capped at delta
-    linear = ops.sub(abs_diff, quadratic)
-    terms = ops.add(ops.scale(ops.square(quadratic), 0.5), ops.scale(linear, float(delta)))
+    delta = float(delta)
+    # one elementwise op, whose gradient is clamp(d, -delta, delta): a short chain forward and back
+    terms = ops.apply("huber", (ops.sub(pred, target),), floats=(delta,), delta=delta)
     return terms if reduction == "none" else ops.mean(terms)
 
 

@@ -435,12 +435,18 @@ def full(shape, value: float, dtype: str | None = None, device: str | None = Non
     return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))
 
 
-def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
+def _random_shape(op: str, shape) -> tuple[int, ...]:
+    """A random op's shape: an int n (a column [n, 1]) or 1 to 4 positive sizes."""
     if isinstance(shape, numbers.Integral):
         shape = (shape, 1)
     shape = tuple(_int_arg(n, op, "shape") for n in shape)
     if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
         raise ValueError(f"{op}: shape must have 1 to 4 positive sizes, got {shape}")
+    return shape
+
+
+def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
+    shape = _random_shape(op, shape)
     dtype = dtype or _runtime.dtype()
     if dtype not in ("f32", "f16", "f64"):
         raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
@@ -456,6 +462,26 @@ def rand(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
 def randn(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
     """Standard normal values from the engine's generator."""
     return _random("randn", shape, dtype, device)
+
+
+def randint(high, shape, device: str | None = None) -> Tensor:
+    """i32 values uniform in [0, high) from the engine's generator: floor(u * high) for the u
+    that ``rand`` draws in high's dtype. ``high`` is a number, or a one-element float tensor
+    (inside a captured function, a bound that changes between replays: a replay buffer's size).
+    All zeros where high < 1."""
+    if isinstance(high, Tensor):
+        if high.numel != 1 or high.dtype == "i32":
+            raise ValueError(f"randint: high must be a number or a one-element float tensor, got {high.dtype} "
+                             f"{high.shape}")
+    elif isinstance(high, bool) or not isinstance(high, numbers.Real) or not math.isfinite(high):
+        raise TypeError(f"randint: high must be a finite number or a one-element float tensor, got {high!r}")
+    shape = _random_shape("randint", shape)
+    device = _runtime.check_device(device if device is not None else (
+        high.device if isinstance(high, Tensor) else _runtime.device()))
+    bound = high if isinstance(high, Tensor) else full((1, 1), float(high), dtype="f32", device=device)
+    if bound.device != device:
+        raise ValueError(f"randint: high is on the {bound.device}, the draws are asked for on the {device}")
+    return apply("randint", (bound,), ints=_shape_attrs(shape))
 
 
 def sample_categorical(logits) -> Tensor:

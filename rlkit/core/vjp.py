@@ -110,6 +110,7 @@ VJP = {
     "scale": lambda g, out, x, s: (ops.scale(g, s),),
     "pow": lambda g, out, x, p: (ops.mul(g, ops.scale(ops.pow(x, p - 1.0), p)),),
     "clamp": lambda g, out, x, lo, hi: (ops.apply("clamp_back", (g, x), floats=(lo, hi)),),
+    "huber": lambda g, out, x, delta: (ops.mul(g, ops.clamp(x, -delta, delta)),),
     "cast": lambda g, out, x, dtype: (ops.cast(g, dtype),),
     "matmul": _matmul,
     "linear": _linear,
@@ -139,7 +140,7 @@ VJP = {
 
 NOT_DIFFERENTIABLE = frozenset(
     {
-        "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "sample_categorical",
+        "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "randint", "sample_categorical",
         "adam_step", "sgd_step", "polyak_step",  # in-place updates of captured optimizer steps
         "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
         "elementwise_chain",  # made from recorded ops by a captured GPU program, after the tape
