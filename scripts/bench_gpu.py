@@ -571,7 +571,7 @@ def check_dqn() -> str:
     batch, _ = eager_draws(agent, 0)
     batch["action"] = batch["action"].astype(np.int64)
     with agent.on_device():
-        loss, norm = agent._train_step(stored=np.array([[len(agent.buffer)]], np.float32))
+        ((loss, norm),) = agent._gradient_steps(1, {"stored": np.array([[len(agent.buffer)]], np.float32)})
     their_loss, their_norm = learner.update({k: torch.from_numpy(v) for k, v in batch.items()})
     parts = [require_close("loss", loss, their_loss.item()), require_close("gradient norm", norm, their_norm.item()),
              require_close("largest weight difference after the step", largest_difference(agent.q, learner.q), 0.0)]

@@ -2,6 +2,7 @@
 a saved agent acts exactly as the original. (The learning gates of the agents issue come with
 the full agent set.)"""
 
+import dataclasses
 import glob
 
 import numpy as np
@@ -11,6 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import rlkit.core as rc
 from conftest import DEVICES
 from rlkit.agents import DQN, CheckpointCallback, DQNConfig, EvalCallback, evaluate
+from rlkit.agents import dqn as dqn_module
 from rlkit.buffers import ReplaySamples
 
 FAST = DQNConfig(learning_starts=200, train_freq=64, gradient_steps=32, exploration_fraction=0.3,
@@ -28,7 +30,23 @@ def test_dqn_improves_on_cartpole_and_logs(tmp_path):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"rollout/ep_rew_mean", "rollout/ep_len_mean", "train/loss", "train/learning_rate"} <= tags
-    assert agent._train_step.captured.traces == 1  # every gradient step replayed one program
+    assert list(agent._updates) == [16] and agent._updates[16].traces == 1  # rounds of 32: two replays of one program
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_gradient_steps_grouped_into_programs_equal_one_program_per_step(monkeypatch, prioritized):
+    """16 steps per captured program (and a shorter one for the rest of a round) compute what
+    one program per step computes: the same draws, the same Adam step counts, the same weights."""
+    config = dataclasses.replace(FAST, gradient_steps=19, prioritized=prioritized)
+    weights = {}
+    for per_program in (1, 16):
+        monkeypatch.setattr(dqn_module, "UPDATES_PER_PROGRAM", per_program)
+        agent = DQN("CartPole-v1", config, seed=4)
+        agent.learn(500)  # rounds of 19 steps at steps 256, 320, 384 and 448
+        assert sorted(agent._updates) == ([1] if per_program == 1 else [3, 16])
+        weights[per_program] = [p.numpy() for p in agent.q.parameters().values()]
+    for one, grouped in zip(weights[1], weights[16]):
+        np.testing.assert_array_equal(one, grouped)
 
 
 def test_saved_agent_acts_identically(tmp_path):

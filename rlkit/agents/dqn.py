@@ -1,11 +1,11 @@
 """DQN (Mnih et al., 2015) on a discrete-action Gymnasium environment, with options: the
 double-Q target (van Hasselt et al., 2016), dueling heads, n-step returns and prioritized replay.
 
-Every gradient step is one captured program: a batch sampled on the device from the replay
-buffer, the TD target from the target network, the Huber loss, backward, gradient clipping and
-Adam; nothing crosses from the host but the coefficients of the step. Acting is one forward of
-the Q-network per environment step (none where every lane explores); on a GPU, a small
-Q-network acts from a copy on the host, refreshed after each round of gradient steps.
+Gradient steps run as captured programs, 16 steps each: per step, a batch sampled on the device
+from the replay buffer, the TD target from the target network, the Huber loss, backward, gradient
+clipping and Adam; nothing crosses from the host but the coefficients of the steps. Acting is one
+forward of the Q-network per environment step (none where every lane explores); on a GPU, a
+small Q-network acts from a copy on the host, refreshed after each round of gradient steps.
 """
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ class DQNConfig:
 
 
 HOST_ACTING_MAX_PARAMETERS = 2**18  # act_on_host=None acts on the host up to this Q-network size
+UPDATES_PER_PROGRAM = 16
+"""Gradient steps one captured program runs. A GPU replay ends with the host waiting for its
+results, which costs about as much as a small network's update: 16 updates per wait."""
 
 
 class DuelingQNetwork(rc.nn.Module):
@@ -147,8 +150,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         else:
             self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
-        self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
-                                           max_grad_norm=cfg.max_grad_norm)
+        self._updates: dict[int, rc.capturing.Captured] = {}  # captured runs of gradient steps, by their count
         self._host_q = self._host_copy()  # None: acting runs on self.device
         self._host_acting: rc.capturing.Captured | None = None  # the host copy's captured forward
         self._host_q_versions: tuple[int, ...] | None = None  # self.q's versions at the last refresh
@@ -187,15 +189,42 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self.buffer.update_priorities_on_device(s.index, q_taken - td_target)
         return rc.mean(s.weights * rc.huber_loss(q_taken, td_target, reduction="none"))  # weights [1, B]
 
+    def _updates_program(self, steps: int) -> rc.capturing.Captured:
+        """The captured program of ``steps`` gradient steps in a row (traced at its first call);
+        it returns each step's loss and gradient norm."""
+        program = self._updates.get(steps)
+        if program is None:
+            params = self.q.parameters()
+
+            def run(**inputs):
+                results = []
+                for _ in range(steps):
+                    results += rc.capturing.update_step(lambda: self._loss(**inputs), params, self.optimizer,
+                                                        self.config.max_grad_norm)
+                return results
+
+            program = self._updates[steps] = rc.capture(run, params)
+        return program
+
+    def _gradient_steps(self, count: int, inputs: dict) -> list[tuple[float, float]]:
+        """(loss, gradient norm) of each of ``count`` gradient steps, run UPDATES_PER_PROGRAM at
+        a time (and the rest by one more program)."""
+        results = []
+        full, rest = divmod(count, UPDATES_PER_PROGRAM)
+        for steps, replays in ((UPDATES_PER_PROGRAM, full), (rest, int(rest > 0))):
+            for _ in range(replays):
+                values = [value.item() for value in self._updates_program(steps)(**inputs)]
+                results += zip(values[0::2], values[1::2])
+        return results
+
     def _train(self, gradient_steps: int) -> dict[str, float]:
         inputs = {"stored": np.array([[len(self.buffer)]], np.float32)}
         if self.config.prioritized:  # beta rises linearly from its start to 1 over training
             beta = self.config.prioritized_beta
             inputs["beta"] = np.array([[beta + self._progress() * (1.0 - beta)]], np.float32)
-        for _ in range(gradient_steps):
-            loss, _ = self._train_step(**inputs)
+        losses = [loss for loss, _ in self._gradient_steps(gradient_steps, inputs)]
         self._host_q_versions = None  # replays update self.q in place without a version bump
-        return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
+        return {"train/loss": float(np.mean(losses)), "train/learning_rate": self.optimizer.lr}  # SB3: the round's mean
 
     def _after_env_step(self) -> None:
         if self._n_calls % max(self.config.target_update_interval // self.lanes.n, 1) == 0:
