@@ -8,7 +8,6 @@ saves (``_state_objects``); everything between the environment and those pieces 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -95,14 +94,20 @@ class EnvLanes:
         return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
 
 
-@contextlib.contextmanager
-def default_device(device: str):
-    """Makes ``device`` the default device for the block (ops without inputs, captures)."""
-    previous = rc.device(device)
-    try:
-        yield
-    finally:
-        rc.device(previous)
+class default_device:
+    """Makes ``device`` the default device for the block (ops without inputs, captures). A
+    class rather than a generator function: entered at every host-acting step, where a
+    generator-based context manager's overhead is a microsecond. Reusable and reentrant."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._previous: list[str] = []  # the device each open block replaced, innermost last
+
+    def __enter__(self) -> None:
+        self._previous.append(rc.device(self.device))
+
+    def __exit__(self, *exc_info) -> None:
+        rc.device(self._previous.pop())
 
 
 class Polyak:
@@ -163,10 +168,12 @@ class EpsilonGreedy:
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         explore = self._rng.random(len(obs)) < self._epsilon()
-        if explore.all() and not self.recurrent:  # as SB3: no forward for random actions only
+        n_explore = int(np.count_nonzero(explore))
+        if n_explore == len(obs) and not self.recurrent:  # as SB3: no forward for random actions only
             return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
         actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
-        actions[explore, 0] = self._rng.integers(0, self.n_actions, int(explore.sum()))
+        if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
+            actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
         return actions
 
     def _epsilon(self) -> float:

@@ -150,6 +150,11 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
         self._host_q = self._host_copy()  # None: acting runs on self.device
+        # the Q-network's parameters, whose versions say when the host copy is stale: the same
+        # objects for the agent's life (weights are written into them in place, as the optimizer
+        # and the captured update, which hold them too, need)
+        self._q_parameters = tuple(self.q.parameters().values())
+        self._on_host = default_device("cpu")
         self._host_acting: rc.capturing.Captured | None = None  # the host copy's captured forward
         self._host_q_versions: tuple[int, ...] | None = None  # self.q's versions at the last refresh
 
@@ -212,14 +217,14 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         if self._host_q is None:
             return super()._policy(obs, deterministic)
-        versions = tuple(p._impl.version for p in self.q.parameters().values())
+        versions = tuple([p._impl.version for p in self._q_parameters])
         if versions != self._host_q_versions:  # gradient steps, a load or a broadcast since the last copy
             self._host_q.load_state_dict(self.q.state_dict())
             self._host_q_versions = versions
         if self._host_acting is None:
             self._host_acting = rc.capture(lambda obs: rc.argmax(self._host_q(obs)),
                                            list(self._host_q.parameters().values()))
-        with default_device("cpu"):  # the captured forward runs where the copy is
+        with self._on_host:  # the captured forward runs where the copy is
             return self._host_acting(obs=obs.T).T  # [n, 1]
 
     def _state_objects(self) -> dict:
