@@ -124,6 +124,29 @@ class Polyak:
         rc.ops.apply("polyak_step", self._paired, floats=(float(tau),))  # every pair in one pass
 
 
+class DeferredPolyak:
+    """Polyak updates requested at environment steps and applied together by ``apply``, which
+    the owner calls before anything reads the target or writes the source. While the source
+    does not change, k updates with coefficient tau are one with coefficient 1 - (1 - tau)^k
+    (exactly a copy for tau = 1): one device dispatch per round of gradient steps instead of
+    one every few environment steps."""
+
+    def __init__(self, update: Polyak, tau: float):
+        self.update, self.tau = update, float(tau)
+        self.pending = 0  # updates requested since the last apply
+
+    def request(self) -> None:
+        """Asks for one update (applied by the next ``apply``)."""
+        self.pending += 1
+
+    def apply(self) -> None:
+        """Applies the requested updates as one (nothing when none is pending)."""
+        if self.pending:
+            coefficient = 1.0 - (1.0 - self.tau) ** self.pending
+            self.pending = 0
+            self.update(coefficient)
+
+
 class EpisodeStats:
     """Returns and lengths of the last 100 finished episodes of all lanes (rollout/ep_rew_mean,
     rollout/ep_len_mean)."""
@@ -320,6 +343,11 @@ class OffPolicyAgent:
     def _after_env_step(self) -> None:
         """Work after every vector-environment step (a target update, for DQN)."""
 
+    def _apply_deferred(self) -> None:
+        """Completes work deferred from environment steps (DQN's target updates), so that a
+        callback or whatever runs after ``learn`` sees the agent as if nothing were deferred.
+        An agent that defers work also calls it before its own readers (its train round, save)."""
+
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
         """Called after every step with the actions taken (in the buffer's space) and the lanes
         whose episode ended (a recurrent agent keeps the actions and zeroes those lanes' states)."""
@@ -430,8 +458,11 @@ class OffPolicyAgent:
                 self._log(writer, stats, start_time)
             if bar is not None:
                 bar.update(lanes.n)
-            if callback is not None and callback(self, locals()) is False:
-                break
+            if callback is not None:
+                self._apply_deferred()
+                if callback(self, locals()) is False:
+                    break
+        self._apply_deferred()
         self._last_obs = obs
         if writer is not None and self.num_timesteps % cfg.log_interval:
             self._log(writer, stats, start_time)  # where training ended, so a short run has its points too

@@ -16,7 +16,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import (
-    EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
+    DeferredPolyak, EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
     mlp,
 )
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
@@ -147,6 +147,10 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         else:
             self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
+        # requested every target_update_interval environment steps, applied before the next
+        # round of gradient steps (the only writer of self.q within learn), a save or load,
+        # a callback and the end of learn
+        self._target_updates = DeferredPolyak(self._update_target, cfg.tau)
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
         self._host_q = self._host_copy()  # None: acting runs on self.device
@@ -193,6 +197,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         return rc.mean(s.weights * rc.huber_loss(q_taken, td_target, reduction="none"))  # weights [1, B]
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
+        self._target_updates.apply()  # the update reads the target; its gradient steps change self.q
         inputs = {"stored": np.array([[len(self.buffer)]], np.float32)}
         if self.config.prioritized:  # beta rises linearly from its start to 1 over training
             beta = self.config.prioritized_beta
@@ -204,7 +209,10 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
 
     def _after_env_step(self) -> None:
         if self._n_calls % max(self.config.target_update_interval // self.lanes.n, 1) == 0:
-            self._update_target(self.config.tau)
+            self._target_updates.request()
+
+    def _apply_deferred(self) -> None:
+        self._target_updates.apply()
 
     # ---- acting ----------------------------------------------------------------------------------
 
@@ -228,4 +236,5 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             return self._host_acting(obs=obs.T).T  # [n, 1]
 
     def _state_objects(self) -> dict:
+        self._target_updates.apply()  # a save reads the target; a load writes self.q
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}
