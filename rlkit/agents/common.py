@@ -82,11 +82,12 @@ class EnvLanes:
         """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
         if not self.vector:
             obs, reward, terminated, truncated, _ = self.env.step(actions[0])
-            true_next = np.asarray(obs)[None]
+            true_next = next_obs = np.asarray(obs)[None]  # the same array unless the episode ended
             if terminated or truncated:
                 obs, _ = self.env.reset()
-            return (np.asarray(obs)[None], np.array([reward], np.float32), np.array([terminated]),
-                    np.array([truncated]), true_next)
+                next_obs = np.asarray(obs)[None]
+            return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
+                    true_next)
         obs, reward, terminated, truncated, info = self.env.step(actions)
         true_next = np.array(obs, copy=True)
         for lane in np.flatnonzero(info.get("_final_obs", ())):
@@ -161,7 +162,10 @@ class EpisodeStats:
         """Counts one step of every lane; ``done`` marks lanes whose episode ended."""
         self.current_return += np.asarray(reward, np.float64).reshape(-1)
         self.current_length += 1
-        for lane in np.flatnonzero(np.asarray(done).reshape(-1)):
+        ended = np.asarray(done).reshape(-1)
+        if not np.count_nonzero(ended):
+            return  # most steps end no episode (and the count is cheaper than the search below)
+        for lane in np.flatnonzero(ended):
             self.returns.append(float(self.current_return[lane]))
             self.lengths.append(int(self.current_length[lane]))
             self.current_return[lane], self.current_length[lane] = 0.0, 0
@@ -268,6 +272,9 @@ class OffPolicyAgent:
         self.env = self.lanes.env
         self.observation_space, self.action_space = self.lanes.observation_space, self.lanes.action_space
         self._check_spaces()
+        import gymnasium as gym
+
+        self._discrete = isinstance(self.action_space, gym.spaces.Discrete)  # asked at every step
         self.device = device or rc.device()
         self.seed, self.logdir = seed, logdir
         self.n_obs = int(np.prod(self.observation_space.shape))
@@ -365,9 +372,7 @@ class OffPolicyAgent:
     @property
     def discrete(self) -> bool:
         """Whether actions are indices (a Discrete space) rather than vectors in a Box."""
-        import gymnasium as gym
-
-        return isinstance(self.action_space, gym.spaces.Discrete)
+        return self._discrete
 
     def _to_env_action(self, actions: np.ndarray) -> np.ndarray:
         """Buffer actions to the environment's: Box actions live in [-1, 1] in the buffer and
@@ -445,8 +450,9 @@ class OffPolicyAgent:
                 actions = self._explore(batch)
             next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
             self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
-            stats.step(reward, terminated | truncated)
-            self._stepped(actions, terminated | truncated)
+            done = terminated | truncated
+            stats.step(reward, done)
+            self._stepped(actions, done)
             obs = next_obs
             before = self.num_timesteps
             self.num_timesteps += lanes.n
