@@ -95,17 +95,24 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
                        f"got {type(result).__name__}")
 
 
+_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+
+
 def _host_array(name: str, value) -> tuple[np.ndarray, str]:
     arr = np.asarray(value)
     if arr.dtype.kind == "b":
         arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu":
-        return np.asfortranarray(arr, dtype=np.int32).reshape(_tensor_shape(arr), order="F"), "i32"
-    if arr.dtype.kind != "f":
+        np_dtype, dtype = np.int32, "i32"
+    elif arr.dtype.kind == "f":
+        dtype = _runtime.dtype()
+        np_dtype = _FLOAT_DTYPES[dtype]
+    else:
         raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
-    dtype = _runtime.dtype()
-    np_dtype = {"f32": np.float32, "f16": np.float16, "f64": np.float64}[dtype]
-    return np.asfortranarray(arr, dtype=np_dtype).reshape(_tensor_shape(arr), order="F"), dtype
+    host = np.asfortranarray(arr, dtype=np_dtype)
+    if host.ndim != 2:  # (a 2-D array keeps its shape: no reshape at every replay of the common case)
+        host = host.reshape(_tensor_shape(arr), order="F")
+    return host, dtype
 
 
 def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
@@ -161,7 +168,7 @@ class Captured:
 
     def __call__(self, **inputs):
         arrays = {name: _host_array(name, value) for name, value in sorted(inputs.items())}
-        signature = (_runtime.device(), tuple((n, a.shape, d) for n, (a, d) in arrays.items()), self._identity())
+        signature = (_runtime.device(), tuple([(n, a.shape, d) for n, (a, d) in arrays.items()]), self._identity())
         recording = self._recordings.get(signature)
         if recording is None:
             self._recordings = {k: v for k, v in self._recordings.items() if k[:2] != signature[:2]}
