@@ -229,3 +229,63 @@ def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
     large = DQN("CartPole-v1", DQNConfig(net_arch=(1024, 1024)), seed=2, device="gpu")
     assert large._host_q is None  # 1.05M parameters: acting stays on the GPU
     assert DQN("CartPole-v1", DQNConfig(act_on_host=True), seed=2, device="cpu")._host_q is None
+
+
+# ---- target updates ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+def test_deferred_target_updates_equal_sequential_polyak_updates(device, tau):
+    """Target updates wait until something reads the target (a callback, the end of learn, a
+    save, the next round of gradient steps) and are then applied as one: the target equals k
+    sequential polyak updates computed in numpy (exactly a copy for tau = 1)."""
+    config = DQNConfig(net_arch=(16,), tau=tau, target_update_interval=3, learning_starts=10_000)
+    agent = DQN("CartPole-v1", config, seed=5, device=device)
+    rng = np.random.default_rng(0)
+    agent.target.load_state_dict({name: (value + rng.standard_normal(value.shape)).astype(np.float32)
+                                  for name, value in agent.q.state_dict().items()})  # make the nets differ
+    q = {name: np.asarray(value) for name, value in agent.q.state_dict().items()}  # no gradient steps: fixed
+    expected = {name: np.asarray(value, np.float64) for name, value in agent.target.state_dict().items()}
+    seen = []
+
+    def check(agent, local_vars):
+        if agent._n_calls % 3 == 0:  # a target update was due at this step
+            for name in expected:
+                expected[name] = tau * q[name] + (1.0 - tau) * expected[name]
+        for name, value in agent.target.state_dict().items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        seen.append(agent._n_calls)
+
+    agent.learn(10, callback=check)
+    assert seen == list(range(1, 11))
+    dispatches = []
+    update = agent._target_updates.update
+    agent._target_updates.update = lambda coefficient: dispatches.append(coefficient) or update(coefficient)
+    agent.learn(9)  # no callback: the updates of steps 12, 15 and 18 wait, and are applied as learn returns
+    assert dispatches == [pytest.approx(1.0 - (1.0 - tau) ** 3)] and agent._target_updates.pending == 0
+    for _ in range(3):
+        for name in expected:
+            expected[name] = tau * q[name] + (1.0 - tau) * expected[name]
+    for name, value in agent.target.state_dict().items():
+        if tau == 1.0:
+            np.testing.assert_array_equal(value, q[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+    def one_more_update():
+        agent._target_updates.request()  # as a step would
+        for name in expected:
+            expected[name] = tau * q[name] + (1.0 - tau) * expected[name]
+
+    def assert_target_is_current(target):
+        for name, value in target.state_dict().items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+    one_more_update()
+    assert_target_is_current(agent._state_objects()["target"])  # what save writes (and load overwrites)
+    one_more_update()
+    replays = []
+    agent._gradient_steps = lambda count, inputs: [
+        replays.append(assert_target_is_current(agent.target)) or (0.0, 0.0) for _ in range(count)]
+    agent._train(2)  # the gradient steps read the target: it is current before the first
+    assert len(replays) == 2

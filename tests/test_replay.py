@@ -508,3 +508,101 @@ def test_truncated_or_corrupt_buffer_saves_are_refused(tmp_path):
     os.remove(os.path.join(path, "next_obs.npy"))
     with pytest.raises(ValueError, match="next_obs.npy cannot be read"):
         ReplayBuffer.load(path)
+
+
+# ---- staging: new steps wait on the host until something reads the device tables -------------
+
+def _expected_tables(history, buf) -> dict[str, np.ndarray]:
+    """Every device table of ``buf`` as the steps of ``history`` leave it, computed in numpy:
+    step h of lane e in column (h mod lane_length) * n_envs + e; unwritten columns 0."""
+    n_envs, lane_length = buf.n_envs, buf.lane_length
+    expected = {name: np.zeros((rows, buf.capacity), np.float32) for name, rows in (
+        ("obs", 3), ("next_obs", 3), ("action", 2), ("reward", 1), ("terminated", 1), ("ended", 1), ("stop", 1))}
+    for h, (obs, action, reward, next_obs, terminated, truncated) in enumerate(history):
+        columns = (h % lane_length) * n_envs + np.arange(n_envs)
+        for name, value in (("obs", obs.T), ("next_obs", next_obs.T), ("action", action.T), ("reward", reward),
+                            ("terminated", terminated), ("ended", terminated | truncated),
+                            ("stop", (terminated | truncated) | (h == len(history) - 1))):
+            expected[name][:, columns] = value
+    return expected
+
+
+def _gathered_tables(buf) -> dict[str, np.ndarray]:
+    """Every column of every device table, gathered on the device (the path samplers take)."""
+    every = np.arange(buf.capacity, dtype=np.int32)[None, :]
+    tables = {"obs": buf._obs, "next_obs": buf._next_obs, "action": buf._action, "reward": buf._reward_row,
+              "terminated": buf._terminated_row, "ended": buf._ended_row, "stop": buf._stop_row}
+    return {name: rc.get_rows(table, every).numpy() for name, table in tables.items() if table is not None}
+
+
+@pytest.mark.parametrize("n_envs,optimize_memory,n_step", [(1, False, 1), (3, False, 3), (2, True, 2)])
+@pytest.mark.parametrize("staging_bytes", [64, 4 << 20])  # 64: a step or two per upload
+def test_the_device_tables_hold_every_step_added_between_reads(device, monkeypatch, n_envs, optimize_memory,
+                                                               n_step, staging_bytes):
+    """Reads between runs of adds of every length, the ring wrapping inside a run: each read
+    sees every step added before it, in every table, and samples match the reference."""
+    monkeypatch.setattr(ReplayBuffer, "STAGING_BYTES", staging_bytes)
+    buf = ReplayBuffer(10 * n_envs, 3, 2, n_envs=n_envs, seed=4, optimize_memory=optimize_memory, n_step=n_step,
+                       gamma=0.9)
+    history = []
+    for run, steps in enumerate((1, 3, 9, 2, 14, 1)):  # the 10-step lanes wrap inside runs
+        history += _rollout([buf], steps, n_envs, seed=run)
+        gathered, expected = _gathered_tables(buf), _expected_tables(history, buf)
+        for name, values in gathered.items():
+            np.testing.assert_array_equal(values, expected[name], err_msg=f"{name} after run {run}")
+        if optimize_memory and len(history) == 1:
+            continue  # the only step's next observation is not stored yet: nothing to sample
+        batch = buf.sample(32)
+        lane_length = buf.lane_length
+        for j, column in enumerate(batch.index):
+            t, e = divmod(int(column), n_envs)
+            h = t + (len(history) - 1 - t) // lane_length * lane_length  # the newest history step in ring step t
+            np.testing.assert_array_equal(batch.obs.numpy()[:, j], history[h][0][e])
+            if optimize_memory:
+                continue  # the reference's n-step window may run into overwritten steps there
+            ret, done, discount, boot = _reference(history, h, e, n_step, 0.9)
+            assert batch.reward.numpy()[0, j] == pytest.approx(ret, rel=1e-5, abs=1e-6)
+            np.testing.assert_array_equal(batch.next_obs.numpy()[:, j], boot)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_captured_sampler_sees_steps_added_after_it_was_traced(device, n_step):
+    """A replay runs no Python: the program itself sends the steps staged since the last
+    replay before it gathers (the capture lists no buffer, so nothing else would)."""
+    n_envs, gamma = 2, 0.9
+    buf = ReplayBuffer(20 * n_envs, 3, 2, n_envs=n_envs, seed=1, n_step=n_step, gamma=gamma)
+    rc.manual_seed(7)
+
+    def fields(stored):
+        s = buf.sample_on_device(512, stored)
+        return s.index, s.obs, s.next_obs, s.reward, s.discount
+
+    sample = rc.capture(fields)
+    history = _rollout([buf], 6, n_envs, seed=1)
+    for run in range(3):
+        index, obs, next_obs, reward, discount = sample(stored=np.array([[len(buf)]], np.float32))
+        newest_columns = {(len(history) - 1) % 20 * n_envs + e for e in range(n_envs)}
+        assert newest_columns <= set(index.reshape(-1).astype(int).tolist())  # the steps added last are drawn
+        for j, column in enumerate(index.reshape(-1).astype(int)):
+            t, e = divmod(column, n_envs)
+            h = t + (len(history) - 1 - t) // 20 * 20
+            np.testing.assert_array_equal(obs[:, j], history[h][0][e])
+            ret, _, disc, boot = _reference(history, h, e, n_step, gamma)
+            assert reward[0, j] == pytest.approx(ret, rel=1e-5, abs=1e-6)
+            assert discount[0, j] == pytest.approx(disc, rel=1e-6)
+            np.testing.assert_array_equal(next_obs[:, j], boot)
+        history += _rollout([buf], 9, n_envs, seed=10 + run)  # wraps the ring in the last run
+    assert sample.traces == 1
+
+
+@pytest.mark.parametrize("optimize_memory", [False, True])
+def test_a_save_holds_the_steps_added_after_the_last_read(device, tmp_path, optimize_memory):
+    buf = ReplayBuffer(30, 3, 2, n_envs=3, seed=2, optimize_memory=optimize_memory, n_step=2)
+    history = _rollout([buf], 5, 3, seed=1)
+    buf.sample(8)
+    history += _rollout([buf], 9, 3, seed=2)  # wraps the 10-step lanes, none of it read yet
+    buf.save(str(tmp_path / "replay"))
+    loaded = ReplayBuffer.load(str(tmp_path / "replay"), device="cpu")
+    expected = _expected_tables(history, buf)
+    for name, values in _gathered_tables(loaded).items():
+        np.testing.assert_array_equal(values, expected[name], err_msg=name)

@@ -8,7 +8,6 @@ saves (``_state_objects``); everything between the environment and those pieces 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -83,11 +82,12 @@ class EnvLanes:
         """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
         if not self.vector:
             obs, reward, terminated, truncated, _ = self.env.step(actions[0])
-            true_next = np.asarray(obs)[None]
+            true_next = next_obs = np.asarray(obs)[None]  # the same array unless the episode ended
             if terminated or truncated:
                 obs, _ = self.env.reset()
-            return (np.asarray(obs)[None], np.array([reward], np.float32), np.array([terminated]),
-                    np.array([truncated]), true_next)
+                next_obs = np.asarray(obs)[None]
+            return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
+                    true_next)
         obs, reward, terminated, truncated, info = self.env.step(actions)
         true_next = np.array(obs, copy=True)
         for lane in np.flatnonzero(info.get("_final_obs", ())):
@@ -95,14 +95,20 @@ class EnvLanes:
         return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
 
 
-@contextlib.contextmanager
-def default_device(device: str):
-    """Makes ``device`` the default device for the block (ops without inputs, captures)."""
-    previous = rc.device(device)
-    try:
-        yield
-    finally:
-        rc.device(previous)
+class default_device:
+    """Makes ``device`` the default device for the block (ops without inputs, captures). A
+    class rather than a generator function: entered at every host-acting step, where a
+    generator-based context manager's overhead is a microsecond. Reusable and reentrant."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._previous: list[str] = []  # the device each open block replaced, innermost last
+
+    def __enter__(self) -> None:
+        self._previous.append(rc.device(self.device))
+
+    def __exit__(self, *exc_info) -> None:
+        rc.device(self._previous.pop())
 
 
 class Polyak:
@@ -119,6 +125,29 @@ class Polyak:
         rc.ops.apply("polyak_step", self._paired, floats=(float(tau),))  # every pair in one pass
 
 
+class DeferredPolyak:
+    """Polyak updates requested at environment steps and applied together by ``apply``, which
+    the owner calls before anything reads the target or writes the source. While the source
+    does not change, k updates with coefficient tau are one with coefficient 1 - (1 - tau)^k
+    (exactly a copy for tau = 1): one device dispatch per round of gradient steps instead of
+    one every few environment steps."""
+
+    def __init__(self, update: Polyak, tau: float):
+        self.update, self.tau = update, float(tau)
+        self.pending = 0  # updates requested since the last apply
+
+    def request(self) -> None:
+        """Asks for one update (applied by the next ``apply``)."""
+        self.pending += 1
+
+    def apply(self) -> None:
+        """Applies the requested updates as one (nothing when none is pending)."""
+        if self.pending:
+            coefficient = 1.0 - (1.0 - self.tau) ** self.pending
+            self.pending = 0
+            self.update(coefficient)
+
+
 class EpisodeStats:
     """Returns and lengths of the last 100 finished episodes of all lanes (rollout/ep_rew_mean,
     rollout/ep_len_mean)."""
@@ -133,7 +162,10 @@ class EpisodeStats:
         """Counts one step of every lane; ``done`` marks lanes whose episode ended."""
         self.current_return += np.asarray(reward, np.float64).reshape(-1)
         self.current_length += 1
-        for lane in np.flatnonzero(np.asarray(done).reshape(-1)):
+        ended = np.asarray(done).reshape(-1)
+        if not np.count_nonzero(ended):
+            return  # most steps end no episode (and the count is cheaper than the search below)
+        for lane in np.flatnonzero(ended):
             self.returns.append(float(self.current_return[lane]))
             self.lengths.append(int(self.current_length[lane]))
             self.current_return[lane], self.current_length[lane] = 0.0, 0
@@ -163,10 +195,12 @@ class EpsilonGreedy:
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         explore = self._rng.random(len(obs)) < self._epsilon()
-        if explore.all() and not self.recurrent:  # as SB3: no forward for random actions only
+        n_explore = int(np.count_nonzero(explore))
+        if n_explore == len(obs) and not self.recurrent:  # as SB3: no forward for random actions only
             return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
         actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
-        actions[explore, 0] = self._rng.integers(0, self.n_actions, int(explore.sum()))
+        if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
+            actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
         return actions
 
     def _epsilon(self) -> float:
@@ -238,6 +272,9 @@ class OffPolicyAgent:
         self.env = self.lanes.env
         self.observation_space, self.action_space = self.lanes.observation_space, self.lanes.action_space
         self._check_spaces()
+        import gymnasium as gym
+
+        self._discrete = isinstance(self.action_space, gym.spaces.Discrete)  # asked at every step
         self.device = device or rc.device()
         self.seed, self.logdir = seed, logdir
         self.n_obs = int(np.prod(self.observation_space.shape))
@@ -313,6 +350,11 @@ class OffPolicyAgent:
     def _after_env_step(self) -> None:
         """Work after every vector-environment step (a target update, for DQN)."""
 
+    def _apply_deferred(self) -> None:
+        """Completes work deferred from environment steps (DQN's target updates), so that a
+        callback or whatever runs after ``learn`` sees the agent as if nothing were deferred.
+        An agent that defers work also calls it before its own readers (its train round, save)."""
+
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
         """Called after every step with the actions taken (in the buffer's space) and the lanes
         whose episode ended (a recurrent agent keeps the actions and zeroes those lanes' states)."""
@@ -330,9 +372,7 @@ class OffPolicyAgent:
     @property
     def discrete(self) -> bool:
         """Whether actions are indices (a Discrete space) rather than vectors in a Box."""
-        import gymnasium as gym
-
-        return isinstance(self.action_space, gym.spaces.Discrete)
+        return self._discrete
 
     def _to_env_action(self, actions: np.ndarray) -> np.ndarray:
         """Buffer actions to the environment's: Box actions live in [-1, 1] in the buffer and
@@ -410,8 +450,9 @@ class OffPolicyAgent:
                 actions = self._explore(batch)
             next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
             self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
-            stats.step(reward, terminated | truncated)
-            self._stepped(actions, terminated | truncated)
+            done = terminated | truncated
+            stats.step(reward, done)
+            self._stepped(actions, done)
             obs = next_obs
             before = self.num_timesteps
             self.num_timesteps += lanes.n
@@ -423,8 +464,11 @@ class OffPolicyAgent:
                 self._log(writer, stats, start_time)
             if bar is not None:
                 bar.update(lanes.n)
-            if callback is not None and callback(self, locals()) is False:
-                break
+            if callback is not None:
+                self._apply_deferred()
+                if callback(self, locals()) is False:
+                    break
+        self._apply_deferred()
         self._last_obs = obs
         if writer is not None and self.num_timesteps % cfg.log_interval:
             self._log(writer, stats, start_time)  # where training ended, so a short run has its points too

@@ -65,6 +65,7 @@ def learn_distributed(make_agent: Callable[[int, int], OffPolicyAgent], total_ti
                 rounds += 1
                 if rounds % sync_every == 0:
                     parallel.broadcast_parameters(agent._policy_parameters(), comm)
+            agent._apply_deferred()  # as learn does when it returns (DQN's pending target updates)
     finally:
         if writer is not None:
             writer.close()

@@ -16,7 +16,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import (
-    EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
+    DeferredPolyak, EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
     mlp,
 )
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
@@ -151,7 +151,16 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._updates: dict[int, rc.capturing.Captured] = {}  # captured runs of gradient steps, by their count
+        # requested every target_update_interval environment steps, applied before the next
+        # round of gradient steps (the only writer of self.q within learn), a save or load,
+        # a callback and the end of learn
+        self._target_updates = DeferredPolyak(self._update_target, cfg.tau)
         self._host_q = self._host_copy()  # None: acting runs on self.device
+        # the Q-network's parameters, whose versions say when the host copy is stale: the same
+        # objects for the agent's life (weights are written into them in place, as the optimizer
+        # and the captured update, which hold them too, need)
+        self._q_parameters = tuple(self.q.parameters().values())
+        self._on_host = default_device("cpu")
         self._host_acting: rc.capturing.Captured | None = None  # the host copy's captured forward
         self._host_q_versions: tuple[int, ...] | None = None  # self.q's versions at the last refresh
 
@@ -218,6 +227,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         return results
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
+        self._target_updates.apply()  # the update reads the target; its gradient steps change self.q
         inputs = {"stored": np.array([[len(self.buffer)]], np.float32)}
         if self.config.prioritized:  # beta rises linearly from its start to 1 over training
             beta = self.config.prioritized_beta
@@ -228,7 +238,10 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
 
     def _after_env_step(self) -> None:
         if self._n_calls % max(self.config.target_update_interval // self.lanes.n, 1) == 0:
-            self._update_target(self.config.tau)
+            self._target_updates.request()
+
+    def _apply_deferred(self) -> None:
+        self._target_updates.apply()
 
     # ---- acting ----------------------------------------------------------------------------------
 
@@ -241,15 +254,16 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         if self._host_q is None:
             return super()._policy(obs, deterministic)
-        versions = tuple(p._impl.version for p in self.q.parameters().values())
+        versions = tuple([p._impl.version for p in self._q_parameters])
         if versions != self._host_q_versions:  # gradient steps, a load or a broadcast since the last copy
             self._host_q.load_state_dict(self.q.state_dict())
             self._host_q_versions = versions
         if self._host_acting is None:
             self._host_acting = rc.capture(lambda obs: rc.argmax(self._host_q(obs)),
                                            list(self._host_q.parameters().values()))
-        with default_device("cpu"):  # the captured forward runs where the copy is
+        with self._on_host:  # the captured forward runs where the copy is
             return self._host_acting(obs=obs.T).T  # [n, 1]
 
     def _state_objects(self) -> dict:
+        self._target_updates.apply()  # a save reads the target; a load writes self.q
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}

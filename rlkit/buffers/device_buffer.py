@@ -9,10 +9,11 @@ its contents); one made with a device stays there until ``.to()`` moves it.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.core import _runtime
+from rlkit.core import _runtime, capturing
 from rlkit.core import ops
 from rlkit.core._checks import positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
@@ -46,6 +47,10 @@ class DeviceBuffer:
             )
         self._tensor: Tensor | None = ops.full((self.rows, self.capacity), 0, dtype=dtype, device=device)
         self.generation = 0  # bumped by every write, move and free (captures re-record on it)
+        self.before_read: Callable[[], None] | None = None
+        """Called before the table's data is read: by a gather, by ``read``, and before every
+        replay of a captured program that gathers from it. An owner that stages columns on the
+        host sets it to send them, so no reader can miss one."""
         if follows:
             _runtime.follow_device(self._follow_device)
 
@@ -72,8 +77,16 @@ class DeviceBuffer:
         return self._tensor is None
 
     def __rlkit_buffer__(self) -> Tensor:
-        """The table as a tensor, for rc.get_rows (no gradient flows into a buffer)."""
-        return self._live("get_rows")
+        """The table as a tensor, for rc.get_rows (no gradient flows into a buffer); runs
+        ``before_read`` now, or inside a trace before every replay of the captured program."""
+        table = self._live("get_rows")
+        if self.before_read is not None:
+            trace = capturing.tracing()
+            if trace is None:
+                self.before_read()
+            else:  # a replay runs no Python: the program calls the hook itself
+                trace.before_each_replay(self.before_read)
+        return table
 
     # ---- columns ---------------------------------------------------------------------------
 
@@ -113,6 +126,8 @@ class DeviceBuffer:
         if col_offset < 0 or k < 1 or col_offset + k > self.capacity:
             raise IndexError(f"DeviceBuffer.read: columns [{col_offset}, {col_offset + k}) are not inside a buffer "
                              f"of capacity {self.capacity} (valid columns: 0..{self.capacity - 1})")
+        if self.before_read is not None:
+            self.before_read()
         return table._impl.read_columns(int(col_offset), int(k))
 
     # ---- lifetime and devices --------------------------------------------------------------

@@ -4,8 +4,9 @@ Layout: one column per transition, in lanes: column ``t * n_envs + e`` holds env
 transition at ring time t, so one step of every environment is one contiguous write. Observations,
 next observations and actions live in DeviceBuffers on the device; rewards and the terminated /
 truncated flags are small and are mirrored on the host, where n-step returns and episode
-boundaries are computed. ``sample`` draws indices from a seeded generator and gathers the
-columns on the device.
+boundaries are computed. New steps wait on the host and reach the device tables in bulk before
+anything reads them (``flush``). ``sample`` draws indices from a seeded generator and gathers
+the columns on the device.
 
 Terminated and truncated are stored apart: bootstrapping stops only at termination. With
 ``optimize_memory`` each observation is stored once (the next observation is the lane's next
@@ -83,6 +84,9 @@ class ReplayBuffer:
     observation, the final one at episode ends). ``sample(batch_size)`` returns ReplaySamples.
     """
 
+    STAGING_BYTES = 4 << 20
+    """At most this much of new observations and actions waits on the host for the device."""
+
     def __init__(self, capacity: int, obs_shape, action_shape, n_envs: int = 1, device: str | None = None,
                  seed: int | None = None, obs_dtype: str = "f32", action_dtype: str = "f32",
                  optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99):
@@ -117,6 +121,23 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(seed)
         self.pos = 0          # the next ring step to write
         self.full = False
+        # New steps wait on the host and go to the device tables in bulk (see flush): one upload
+        # per table per run of steps instead of one per table per step. Every table runs flush before it is
+        # read (a gather, a read, each replay of a captured program gathering from it), so the
+        # guarantee lives where the data is read rather than in each reader, and no reader (a
+        # method added later, a subclass, a user's capture) can see a table without its newest
+        # steps. Fewer than lane_length steps wait, so no ring step is staged twice.
+        step_bytes = self.n_envs * (obs_rows * np.dtype(_NUMPY_DTYPES[obs_dtype]).itemsize
+                                    * (1 if self.optimize_memory else 2)
+                                    + action_rows * np.dtype(_NUMPY_DTYPES[action_dtype]).itemsize)
+        staging_steps = max(1, min(self.lane_length - 1, self.STAGING_BYTES // step_bytes))
+        self._staged_obs = np.empty((staging_steps, self.n_envs, obs_rows), _NUMPY_DTYPES[obs_dtype])
+        self._staged_next_obs = None if self.optimize_memory else np.empty_like(self._staged_obs)
+        self._staged_action = np.empty((staging_steps, self.n_envs, action_rows), _NUMPY_DTYPES[action_dtype])
+        self._n_staged = 0  # steps waiting on the host, from ring step _first_staged on
+        self._first_staged = 0
+        for table in self._tables():
+            table.before_read = self.flush
 
     # ---- adding ----------------------------------------------------------------------------
 
@@ -133,41 +154,77 @@ class ReplayBuffer:
         return arr.reshape(self.n_envs, -1)
 
     def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
-        """Stores one step of every environment (column ``pos * n_envs + e`` for env e)."""
-        obs_cols = self._lanes(obs, self.obs_shape, "obs").T  # [obs_rows, n_envs]
-        next_cols = self._lanes(next_obs, self.obs_shape, "next_obs").T
-        action_cols = self._lanes(action, self.action_shape, "action").T
+        """Stores one step of every environment (column ``pos * n_envs + e`` for env e). It
+        reaches the device tables at the latest when something reads them (see ``flush``)."""
+        obs = self._lanes(obs, self.obs_shape, "obs")  # [n_envs, obs_rows]
+        next_obs = self._lanes(next_obs, self.obs_shape, "next_obs")
+        action = self._lanes(action, self.action_shape, "action")
         rewards = self._lanes(reward, (), "reward").reshape(-1)
         terminated = self._lanes(terminated, (), "terminated", bool).reshape(-1)
         truncated = self._lanes(truncated, (), "truncated", bool).reshape(-1)
-        column = self.pos * self.n_envs
-        self._obs.write(obs_cols, column)
-        self._action.write(action_cols, column)
-        self._reward_row.write(rewards[None, :], column)
-        self._terminated_row.write(terminated[None, :].astype(np.float32), column)
-        self._ended_row.write((terminated | truncated)[None, :].astype(np.float32), column)
-        if self._next_obs is not None:
-            self._next_obs.write(next_cols, column)
+        if self._n_staged == len(self._staged_obs):
+            self.flush()  # the staging area is full: memory stays bounded while nothing reads
+        if self._n_staged == 0:
+            self._first_staged = self.pos
+        slot = self._n_staged
+        self._staged_obs[slot] = obs
+        self._staged_action[slot] = action
+        if self._staged_next_obs is not None:
+            self._staged_next_obs[slot] = next_obs
         else:
+            column = self.pos * self.n_envs
             for e in range(self.n_envs):  # the lane's next column will hold the next episode's start
                 self._final_obs.pop(column + e, None)
                 if truncated[e] and not terminated[e]:
-                    self._final_obs[column + e] = next_cols[:, e].copy()
+                    self._final_obs[column + e] = next_obs[e].copy()
+        self._n_staged += 1
         self._reward[self.pos] = rewards
         self._terminated[self.pos] = terminated
         self._truncated[self.pos] = truncated
-        if self._stop_row is not None:
-            self._write_stop_flags(column)
         self.pos = (self.pos + 1) % self.lane_length
         self.full = self.full or self.pos == 0
 
-    def _write_stop_flags(self, column: int) -> None:
-        """The new step is the newest (a stop); the one before it stops only where it ended."""
-        self._stop_row.write(np.ones((1, self.n_envs), np.float32), column)
-        if len(self) > 0:
-            previous = (self.pos - 1) % self.lane_length
-            ended = self._terminated[previous] | self._truncated[previous]
-            self._stop_row.write(ended[None, :].astype(np.float32), previous * self.n_envs)
+    def flush(self) -> None:
+        """Sends the steps added since the last flush to the device tables: one write per table,
+        two where the steps wrap around the ring. The tables run it themselves before they are
+        read, so calling it is never needed for correctness (only to time the upload)."""
+        n = self._n_staged
+        if n == 0:
+            return
+        first = self._first_staged
+        steps = (first + np.arange(n)) % self.lane_length
+        terminated, truncated = self._terminated[steps], self._truncated[steps]
+        self._send(self._obs, first, self._staged_obs[:n])
+        self._send(self._action, first, self._staged_action[:n])
+        if self._next_obs is not None:
+            self._send(self._next_obs, first, self._staged_next_obs[:n])
+        self._send(self._reward_row, first, self._reward[steps])
+        self._send(self._terminated_row, first, terminated.astype(np.float32))
+        self._send(self._ended_row, first, (terminated | truncated).astype(np.float32))
+        if self._stop_row is not None:
+            # The step before these was the newest when it was sent (a stop); now it stops only
+            # where its episode ended (before the very first step, an unwritten step: 0 over 0).
+            # The last step sent is the newest: its successor is not written yet.
+            previous_first = (first - 1) % self.lane_length
+            with_previous = (previous_first + np.arange(n + 1)) % self.lane_length
+            stop = (self._terminated[with_previous] | self._truncated[with_previous]).astype(np.float32)
+            stop[-1] = 1.0
+            self._send(self._stop_row, previous_first, stop)
+        self._n_staged = 0
+
+    def _send(self, table: DeviceBuffer, first: int, steps: np.ndarray) -> None:
+        """Writes ``steps`` [k, n_envs(, rows)] to ring steps first .. first + k - 1 (mod
+        lane_length): one write, or two where the run passes the end of the ring."""
+        until_end = min(len(steps), self.lane_length - first)
+        for step, part in ((first, steps[:until_end]), (0, steps[until_end:])):
+            if len(part):
+                table.write(part.reshape(-1, table.rows).T, step * self.n_envs)  # column t * n_envs + e
+
+    def _tables(self) -> list[DeviceBuffer]:
+        """The device tables ``add`` fills."""
+        tables = [self._obs, self._next_obs, self._action, self._reward_row, self._terminated_row, self._ended_row,
+                  self._stop_row]
+        return [table for table in tables if table is not None]
 
     # ---- sampling --------------------------------------------------------------------------
 

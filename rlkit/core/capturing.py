@@ -40,6 +40,7 @@ class Trace:
         self.host_inputs: list[tuple[Tensor, Callable[[], np.ndarray]]] = []
         self.extra_outputs: list[Tensor] = []
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
+        self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
         self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this trace so far
 
@@ -48,6 +49,13 @@ class Trace:
         t = Tensor(_native.placeholder(list(shape), "f32", _runtime.device()))
         self.host_inputs.append((t, compute))
         return t
+
+    def before_each_replay(self, prepare: Callable[[], None]) -> None:
+        """Calls ``prepare()`` before every replay of the program (once however often the trace
+        asks): host work the recorded ops depend on and a replay would not repeat, such as
+        sending the columns a buffer staged on the host since the last replay."""
+        if prepare not in self.before_replay:
+            self.before_replay.append(prepare)
 
     def extra_output(self, t: Tensor, after: Callable[[np.ndarray], None]) -> None:
         """Downloads ``t`` with the outputs and calls ``after(value)`` after each replay."""
@@ -87,17 +95,24 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
                        f"got {type(result).__name__}")
 
 
+_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+
+
 def _host_array(name: str, value) -> tuple[np.ndarray, str]:
     arr = np.asarray(value)
     if arr.dtype.kind == "b":
         arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu":
-        return np.asfortranarray(arr, dtype=np.int32).reshape(_tensor_shape(arr), order="F"), "i32"
-    if arr.dtype.kind != "f":
+        np_dtype, dtype = np.int32, "i32"
+    elif arr.dtype.kind == "f":
+        dtype = _runtime.dtype()
+        np_dtype = _FLOAT_DTYPES[dtype]
+    else:
         raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
-    dtype = _runtime.dtype()
-    np_dtype = {"f32": np.float32, "f16": np.float16, "f64": np.float64}[dtype]
-    return np.asfortranarray(arr, dtype=np_dtype).reshape(_tensor_shape(arr), order="F"), dtype
+    host = np.asfortranarray(arr, dtype=np_dtype)
+    if host.ndim != 2:  # (a 2-D array keeps its shape: no reshape at every replay of the common case)
+        host = host.reshape(_tensor_shape(arr), order="F")
+    return host, dtype
 
 
 def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
@@ -113,10 +128,12 @@ def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
 class _Recording:
     """One traced program and what its replays need."""
 
-    def __init__(self, program, names, placeholders, host_inputs, outputs, n_user_outputs, rebuild, after_replay):
+    def __init__(self, program, names, placeholders, host_inputs, outputs, n_user_outputs, rebuild, before_replay,
+                 after_replay):
         self.program, self.names, self.placeholders = program, names, placeholders
         self.host_inputs, self.outputs = host_inputs, outputs
-        self.n_user_outputs, self.rebuild, self.after_replay = n_user_outputs, rebuild, after_replay
+        self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
+        self.before_replay, self.after_replay = before_replay, after_replay
 
 
 class Captured:
@@ -151,7 +168,7 @@ class Captured:
 
     def __call__(self, **inputs):
         arrays = {name: _host_array(name, value) for name, value in sorted(inputs.items())}
-        signature = (_runtime.device(), tuple((n, a.shape, d) for n, (a, d) in arrays.items()), self._identity())
+        signature = (_runtime.device(), tuple([(n, a.shape, d) for n, (a, d) in arrays.items()]), self._identity())
         recording = self._recordings.get(signature)
         if recording is None:
             self._recordings = {k: v for k, v in self._recordings.items() if k[:2] != signature[:2]}
@@ -159,6 +176,8 @@ class Captured:
             self._recordings[signature] = recording
         values = [arrays[n][0] for n in recording.names]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
+        for prepare in recording.before_replay:
+            prepare()
         results = recording.program.replay(values)  # the program's own inputs and outputs, in order
         if recording.after_replay:
             extra = results[recording.n_user_outputs:]
@@ -189,7 +208,7 @@ class Captured:
         program = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
         self.traces += 1
         return _Recording(program, names, placeholders, trace.host_inputs, all_outputs, len(outputs), rebuild,
-                          trace.after_replay)
+                          trace.before_replay, trace.after_replay)
 
 
 def capture(fn: Callable, params=()) -> Captured:
