@@ -413,12 +413,10 @@ class ReplayBuffer:
         device = self._obs.device
         oldest, stored = rc.slice_rows(starts, 0, 1), rc.slice_rows(starts, 1, 1)  # [1, 1] each
         n_starts = rc.add(stored, float(1 - window))  # windows that fit before the write position
-        uniform = rc.rand((1, batch_size), dtype="f32", device=device)
-        first = rc.add(rc.cast(rc.cast(rc.mul(uniform, n_starts), "i32"), "f32"), oldest)  # [1, B] ring steps
+        first = rc.add(rc.cast(rc.ops.randint(n_starts, (1, batch_size)), "f32"), oldest)  # [1, B] ring steps
         step = rc.add(first, rc.arange(window, device=device))  # [T, B]: first + 0 .. T - 1
         step = rc.sub(step, rc.scale(rc.ge(step, float(self.lane_length)), float(self.lane_length)))
-        lane = rc.cast(rc.cast(rc.scale(rc.rand((1, batch_size), dtype="f32", device=device), float(self.n_envs)),
-                               "i32"), "f32")  # [1, B]
+        lane = rc.cast(rc.ops.randint(float(self.n_envs), (1, batch_size), device=device), "f32")  # [1, B]
         column = rc.add(rc.scale(step, float(self.n_envs)), lane)  # [T, B]
         index = rc.reshape(rc.cast(column, "i32"), (1, window * batch_size))  # t fastest, then b
 
