@@ -2,13 +2,15 @@
 // matrices (tensor cores): matmul.comp's push constants and LINEAR epilogue (bias f16 here).
 // Used only where the device lists 16x16x16 f16 x f16 -> f32 subgroup fragments and runs
 // 32-invocation subgroups (vk_context.cpp): the 256 invocations are 8 subgroups.
-// A workgroup computes a 128 x 128 tile; subgroup s owns its 64 x 32 quarter-column at
-// (64 (s % 2), 32 (s / 2)) as 4 x 2 fragments. k goes in slices of 32, staged in shared memory
-// as 8-element (16-byte) chunks along each operand's contiguous dimension, so a transposed
-// operand (variants TRANSPOSE_A, TRANSPOSE_B) is loaded row-major instead of being transposed;
-// the next slice is read into
-// registers while the current one is multiplied. Results leave through a per-subgroup 16 x 16
-// f32 scratch, where edges are clipped and the epilogue applied.
+// A workgroup computes a 128 x 256 tile; subgroup s owns the 64 x 64 block at
+// (64 (s % 2), 64 (s / 2)) as 4 x 4 fragments (each B fragment read from shared memory serves
+// four products, each A fragment four: 128 x 128 tiles of 4 x 2 fragments reached 48 TFLOP/s at
+// 4096 on the H200, these 61). k goes in slices of 32, staged in shared memory as 8-element
+// (16-byte) chunks along each operand's contiguous dimension, so a transposed operand (variants
+// TRANSPOSE_A, TRANSPOSE_B) is loaded row-major instead of being transposed; the next slice is
+// read into registers while the current one is multiplied (48 KiB of shared memory, NVIDIA
+// Vulkan's limit, leaves no room for a second slice). Results leave through a per-subgroup
+// 16 x 16 f32 scratch, where edges are clipped and the epilogue applied.
 #version 450
 #if defined(KHR_COOPMAT)
 #extension GL_KHR_cooperative_matrix : require
@@ -53,13 +55,13 @@ float epilogue(float acc, uint i) {
 #endif
 }
 
-const uint BM = 128, BN = 128, BK = 32;
+const uint BM = 128, BN = 256, BK = 32;  // 8 subgroups as 2 x 4, each 64 x 64: 4 x 4 fragments
 // Shared slices in chunks of 8 halves; a slice is [BK][BM + 8] (rows contiguous) or [BM][BK + 8]
 // (k contiguous), the 8 halves of padding spreading fragment rows over the banks.
-const uint WIDE = (BM + 8) / 8, NARROW = (BK + 8) / 8;  // chunks per shared row
-const uint SLICE = BM * NARROW;                          // the larger of BK * WIDE and BM * NARROW
-shared uvec4 As[SLICE];
-shared uvec4 Bs[SLICE];
+const uint WIDE_A = (BM + 8) / 8, WIDE_B = (BN + 8) / 8, NARROW = (BK + 8) / 8;  // chunks per shared row
+const uint LOADS_A = BM * BK / 8 / 256, LOADS_B = BN * BK / 8 / 256;  // chunks each invocation stages
+shared uvec4 As[max(BK * WIDE_A, BM * NARROW)];
+shared uvec4 Bs[max(BK * WIDE_B, BN * NARROW)];
 shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, column-major
 
 // VK_KHR_cooperative_matrix where the build's shader compiler knows it (KHR_COOPMAT; its
@@ -109,7 +111,7 @@ uvec4 read_a(uint c, uint base, uint row0, uint p0, out uint slot) {
     bool whole = (pc.chunked & 1) != 0;
 #if !defined(TRANSPOSE_A)
     uint r = c % (BM / 8), p = c / (BM / 8), i = row0 + 8 * r;  // rows contiguous: (rows 8 r.., column p)
-    slot = p * WIDE + r;
+    slot = p * WIDE_A + r;
     return read_chunk(pc.a, whole, base + i + (p0 + p) * pc.lda, i, pc.m, p0 + p < pc.k);
 #else
     uint q = c % (BK / 8), i = c / (BK / 8), p = p0 + 8 * q;  // k contiguous: (row i, k 8 q..)
@@ -126,7 +128,7 @@ uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
     return read_chunk(pc.b, whole, base + p + (col0 + j) * pc.ldb, p, pc.k, col0 + j < pc.n);
 #else
     uint r = c % (BN / 8), p = c / (BN / 8), j = col0 + 8 * r;  // columns contiguous: (k p, columns 8 r..)
-    slot = p * WIDE + r;
+    slot = p * WIDE_B + r;
     return read_chunk(pc.b, whole, base + j + (p0 + p) * pc.ldb, j, pc.n, p0 + p < pc.k);
 #endif
 }
@@ -135,7 +137,7 @@ uvec4 read_b(uint c, uint base, uint col0, uint p0, out uint slot) {
 FRAGMENT_A a_fragment(uint i, uint kk) {
     FRAGMENT_A f;
 #if !defined(TRANSPOSE_A)
-    LOAD_FRAGMENT(f, As, kk * WIDE + i / 8, WIDE, COLUMN_MAJOR);
+    LOAD_FRAGMENT(f, As, kk * WIDE_A + i / 8, WIDE_A, COLUMN_MAJOR);
 #else
     LOAD_FRAGMENT(f, As, i * NARROW + kk / 8, NARROW, ROW_MAJOR);
 #endif
@@ -147,7 +149,7 @@ FRAGMENT_B b_fragment(uint kk, uint j) {
 #if !defined(TRANSPOSE_B)
     LOAD_FRAGMENT(f, Bs, j * NARROW + kk / 8, NARROW, COLUMN_MAJOR);
 #else
-    LOAD_FRAGMENT(f, Bs, kk * WIDE + j / 8, WIDE, ROW_MAJOR);
+    LOAD_FRAGMENT(f, Bs, kk * WIDE_B + j / 8, WIDE_B, ROW_MAJOR);
 #endif
     return f;
 }
@@ -174,64 +176,57 @@ void main() {
     uint base_c = z * pc.m * pc.n;
     uint t = gl_LocalInvocationID.x;
     uint s = gl_SubgroupID;
-    uint wm = 64 * (s % 2), wn = 32 * (s / 2);  // this subgroup's corner in the tile
+    uint wm = 64 * (s % 2), wn = 64 * (s / 2);  // this subgroup's corner in the tile
 
-    // The 4 x 2 accumulators are named, not an array: NVIDIA's compiler kept an array of
-    // cooperative matrices in local memory (about 30 TFLOP/s instead of tensor-core rates).
+    // The accumulators are named, not an array: NVIDIA's compiler kept an array of cooperative
+    // matrices in local memory (about 30 TFLOP/s instead of tensor-core rates).
     // (One declaration each: glslang 13 misreads a list of cooperative-matrix declarators.)
-    FRAGMENT_C c00 = FRAGMENT_C(0.0);
-    FRAGMENT_C c01 = FRAGMENT_C(0.0);
-    FRAGMENT_C c10 = FRAGMENT_C(0.0);
-    FRAGMENT_C c11 = FRAGMENT_C(0.0);
-    FRAGMENT_C c20 = FRAGMENT_C(0.0);
-    FRAGMENT_C c21 = FRAGMENT_C(0.0);
-    FRAGMENT_C c30 = FRAGMENT_C(0.0);
-    FRAGMENT_C c31 = FRAGMENT_C(0.0);
+#define DECLARE_ROW(r) FRAGMENT_C c##r##0 = FRAGMENT_C(0.0); FRAGMENT_C c##r##1 = FRAGMENT_C(0.0); \
+                       FRAGMENT_C c##r##2 = FRAGMENT_C(0.0); FRAGMENT_C c##r##3 = FRAGMENT_C(0.0);
+#define ROW_MMA(r) a = a_fragment(wm + 16 * r, kk);                                              \
+                   c##r##0 = MUL_ADD(a, b0, c##r##0); c##r##1 = MUL_ADD(a, b1, c##r##1);      \
+                   c##r##2 = MUL_ADD(a, b2, c##r##2); c##r##3 = MUL_ADD(a, b3, c##r##3);
+#define ROW_STORE(r) store_fragment(c##r##0, i0 + 16 * r, j0, base_c, s);                        \
+                     store_fragment(c##r##1, i0 + 16 * r, j0 + 16, base_c, s);                   \
+                     store_fragment(c##r##2, i0 + 16 * r, j0 + 32, base_c, s);                   \
+                     store_fragment(c##r##3, i0 + 16 * r, j0 + 48, base_c, s);
+    DECLARE_ROW(0)
+    DECLARE_ROW(1)
+    DECLARE_ROW(2)
+    DECLARE_ROW(3)
 
-    uvec4 next_a[2], next_b[2];
-    uint slot_a[2], slot_b[2];
-    [[unroll]] for (uint l = 0; l < 2; ++l) {
-        next_a[l] = read_a(t + 256 * l, base_a, row0, 0, slot_a[l]);
-        next_b[l] = read_b(t + 256 * l, base_b, col0, 0, slot_b[l]);
-    }
+    uvec4 next_a[LOADS_A], next_b[LOADS_B];
+    uint slot_a[LOADS_A], slot_b[LOADS_B];
+    [[unroll]] for (uint l = 0; l < LOADS_A; ++l) next_a[l] = read_a(t + 256 * l, base_a, row0, 0, slot_a[l]);
+    [[unroll]] for (uint l = 0; l < LOADS_B; ++l) next_b[l] = read_b(t + 256 * l, base_b, col0, 0, slot_b[l]);
 
     for (uint p0 = 0; p0 < pc.k; p0 += BK) {
-        [[unroll]] for (uint l = 0; l < 2; ++l) {
-            As[slot_a[l]] = next_a[l];
-            Bs[slot_b[l]] = next_b[l];
-        }
+        [[unroll]] for (uint l = 0; l < LOADS_A; ++l) As[slot_a[l]] = next_a[l];
+        [[unroll]] for (uint l = 0; l < LOADS_B; ++l) Bs[slot_b[l]] = next_b[l];
         barrier();
-        if (p0 + BK < pc.k)
-            [[unroll]] for (uint l = 0; l < 2; ++l) {
+        if (p0 + BK < pc.k) {
+            [[unroll]] for (uint l = 0; l < LOADS_A; ++l)
                 next_a[l] = read_a(t + 256 * l, base_a, row0, p0 + BK, slot_a[l]);
+            [[unroll]] for (uint l = 0; l < LOADS_B; ++l)
                 next_b[l] = read_b(t + 256 * l, base_b, col0, p0 + BK, slot_b[l]);
-            }
+        }
         [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
             FRAGMENT_B b0 = b_fragment(kk, wn);
             FRAGMENT_B b1 = b_fragment(kk, wn + 16);
-            FRAGMENT_A a = a_fragment(wm, kk);
-            c00 = MUL_ADD(a, b0, c00);
-            c01 = MUL_ADD(a, b1, c01);
-            a = a_fragment(wm + 16, kk);
-            c10 = MUL_ADD(a, b0, c10);
-            c11 = MUL_ADD(a, b1, c11);
-            a = a_fragment(wm + 32, kk);
-            c20 = MUL_ADD(a, b0, c20);
-            c21 = MUL_ADD(a, b1, c21);
-            a = a_fragment(wm + 48, kk);
-            c30 = MUL_ADD(a, b0, c30);
-            c31 = MUL_ADD(a, b1, c31);
+            FRAGMENT_B b2 = b_fragment(kk, wn + 32);
+            FRAGMENT_B b3 = b_fragment(kk, wn + 48);
+            FRAGMENT_A a;
+            ROW_MMA(0)
+            ROW_MMA(1)
+            ROW_MMA(2)
+            ROW_MMA(3)
         }
         barrier();
     }
 
     uint i0 = row0 + wm, j0 = col0 + wn;
-    store_fragment(c00, i0, j0, base_c, s);
-    store_fragment(c01, i0, j0 + 16, base_c, s);
-    store_fragment(c10, i0 + 16, j0, base_c, s);
-    store_fragment(c11, i0 + 16, j0 + 16, base_c, s);
-    store_fragment(c20, i0 + 32, j0, base_c, s);
-    store_fragment(c21, i0 + 32, j0 + 16, base_c, s);
-    store_fragment(c30, i0 + 48, j0, base_c, s);
-    store_fragment(c31, i0 + 48, j0 + 16, base_c, s);
+    ROW_STORE(0)
+    ROW_STORE(1)
+    ROW_STORE(2)
+    ROW_STORE(3)
 }

@@ -300,12 +300,19 @@ MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
     return tile_count(m, n, batch, 64) >= kSmallTilesBelow ? MatmulKernel::tiled : MatmulKernel::tiled_small;
 }
 
-uint32_t tile_size(MatmulKernel kernel) {
+// A kernel's output tile: rows x columns per workgroup.
+struct Tile {
+    uint32_t rows, columns;
+};
+
+Tile tile_shape(MatmulKernel kernel) {
     switch (kernel) {
-        case MatmulKernel::tiled_small: return 16;
-        case MatmulKernel::tiled: return 64;
-        default: return 128;
+        case MatmulKernel::tiled_small: return {16, 16};
+        case MatmulKernel::tiled: return {64, 64};
+        case MatmulKernel::tiled_large: return {128, 128};
+        case MatmulKernel::coopmat: return {128, 256};
     }
+    return {64, 64};
 }
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
@@ -323,7 +330,7 @@ std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb) {
 
 // matmul.comp's push constants for C = op(A) @ op(B) into out, and its workgroup count.
 MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
-                       uint32_t tile, uint64_t& tiles) {
+                       Tile tile, uint64_t& tiles) {
     MatmulPush p{a.address(), b.address(), out.address()};
     p.m = u32(out.ne[0], "matmul");
     p.n = u32(out.ne[1], "matmul");
@@ -338,8 +345,8 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
     p.sa3 = a.ne[3] == 1 ? 0 : u32(a_slice * a.ne[2], "matmul");
     p.sb2 = b.ne[2] == 1 ? 0 : u32(b_slice, "matmul");
     p.sb3 = b.ne[3] == 1 ? 0 : u32(b_slice * b.ne[2], "matmul");
-    p.groups_m = (p.m + tile - 1) / tile;
-    tiles = uint64_t(p.groups_m) * ((p.n + tile - 1) / tile);
+    p.groups_m = (p.m + tile.rows - 1) / tile.rows;
+    tiles = uint64_t(p.groups_m) * ((p.n + tile.columns - 1) / tile.columns);
     return p;
 }
 
@@ -356,7 +363,7 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
         throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 on cooperative "
                                "matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
     uint64_t tiles = 0;
-    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_size(kernel), tiles), bias ? bias->address() : 0,
+    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
                             activation};
     std::vector<vk::Range> reads{span(a), span(b)};
     if (bias) reads.push_back(span(*bias));
@@ -390,10 +397,11 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
     const std::string extension = "VK_NV_cooperative_matrix";
 #endif
     if (kernel == MatmulKernel::coopmat)
-        return "cooperative matrices (" + extension + "), 128x128 tiles of 16x16x16 f16 fragments, f32 accumulation";
-    const std::string tile = std::to_string(tile_size(kernel));
+        return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 f16 fragments, f32 accumulation";
+    const Tile tile = tile_shape(kernel);
+    const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
     const std::string widened = dtype == DType::f16 ? " (f16 operands widened to f32)" : "";
-    return "f32 SIMT, " + tile + "x" + tile + " tiles" + widened;
+    return "f32 SIMT, " + size + " tiles" + widened;
 }
 
 }  // namespace vk
