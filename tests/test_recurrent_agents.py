@@ -147,6 +147,23 @@ def test_sequence_loss_matches_numpy(device, monkeypatch, n_steps):
 
 # ---- saving, smoke runs --------------------------------------------------------------------------
 
+def test_target_updates_wait_for_the_next_reader_and_combine(device):
+    """Updates requested every step with no gradient step between them are applied as one when
+    learn returns: target = (1 - tau)^k target + (1 - (1 - tau)^k) q, as k updates in a row."""
+    config = RecurrentDQNConfig(**{**SMALL_DQN, "learning_starts": 10_000, "target_update_interval": 1, "tau": 0.5})
+    agent = RecurrentDQN(CARTPOLE, config, device=device, seed=3)
+    q = {name: value.copy() for name, value in agent.q.state_dict().items()}
+    target = {name: value + 1.0 for name, value in q.items()}  # the target starts as a copy: move it
+    agent.target.load_state_dict(target)
+    coefficients = []
+    update = agent._target_updates.update
+    agent._target_updates.update = lambda coefficient: coefficients.append(coefficient) or update(coefficient)
+    agent.learn(3)
+    assert coefficients == [pytest.approx(0.875)] and agent._target_updates.pending == 0  # one dispatch
+    for name, value in agent.target.state_dict().items():
+        np.testing.assert_allclose(value, 0.125 * target[name] + 0.875 * q[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_a_loaded_agent_acts_identically(tmp_path):
     agent = RecurrentSAC(PENDULUM, RecurrentSACConfig(**SMALL_SAC), seed=5)
     agent.learn(160)

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 
 import rlkit.core as rc
-from rlkit.agents.common import EpsilonGreedy, Polyak, check_common_fields, check_in_range, check_positive_number, mlp
+from rlkit.agents.common import (
+    DeferredPolyak, EpsilonGreedy, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
+)
 from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
 )
@@ -132,7 +134,9 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         self._window_tail = cfg.n_steps - 1  # steps after the loss steps, read as n-step bootstraps
         self._burn_in_weights = burn_in_weights(cfg.burn_in, cfg.sequence_length, self.device,
                                                 tail=self._window_tail)  # [1, T, 1]
-        self._update_target = Polyak(self.target.parameters(), self.q.parameters())
+        # requested every target_update_interval environment steps, applied as one before anything
+        # reads the target or writes self.q (as DQN does)
+        self._target_updates = DeferredPolyak(Polyak(self.target.parameters(), self.q.parameters()), cfg.tau)
         self._train_step = rc.capture_step(self._loss, self.q.parameters(), self.optimizer,
                                            max_grad_norm=cfg.max_grad_norm)
 
@@ -177,6 +181,7 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         return rc.cast(rc.minimum(rc.add(position, ahead), float(n - 1)), "i32")
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
+        self._target_updates.apply()  # the update reads the target; its gradient steps change self.q
         starts = self.buffer.sequence_starts()
         if starts[1, 0] < self.config.burn_in + self.config.sequence_length + self._window_tail:
             return {}  # not a whole window stored per lane yet
@@ -186,7 +191,10 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
 
     def _after_env_step(self) -> None:
         if self._n_calls % max(self.config.target_update_interval // self.lanes.n, 1) == 0:
-            self._update_target(self.config.tau)
+            self._target_updates.request()
+
+    def _apply_deferred(self) -> None:
+        self._target_updates.apply()
 
     # ---- acting ----------------------------------------------------------------------------------
 
@@ -201,4 +209,5 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         return list(self.q.parameters().values())
 
     def _state_objects(self) -> dict:
+        self._target_updates.apply()  # a save reads the target; a load writes self.q
         return {"q": self.q, "target": self.target, "optimizer": self.optimizer}
