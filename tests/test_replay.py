@@ -435,6 +435,25 @@ def test_device_prioritized_sampling_weights_and_updates(device):
     assert buf._priority.read()[0, 0] == pytest.approx(4.0**0.7, rel=1e-5)  # new: the largest so far
 
 
+def test_device_prioritized_steps_added_between_reads_get_the_largest_priority(device):
+    """Steps wait on the host and get their priority when they are sent: still the largest
+    priority so far at the time they were added, across a wrap of the ring, for every lane."""
+    from rlkit.buffers import DevicePrioritizedReplayBuffer
+
+    buf = DevicePrioritizedReplayBuffer(12, 1, 1, n_envs=2, alpha=1.0, eps=0.0)  # 6 ring steps of 2 lanes
+
+    def add_steps(k):
+        for _ in range(k):
+            buf.add(np.zeros((2, 1)), np.zeros((2, 1)), [0.0, 0.0], np.zeros((2, 1)), [False, False], [False, False])
+
+    add_steps(4)  # columns 0 .. 7
+    updated = np.array([1.0, 5.0, 2.0, 0.5, 3.0, 1.5, 2.5, 4.0], np.float32)
+    buf.update_priorities_on_device(rc.tensor(np.arange(8, dtype=np.int32)[None, :]), rc.tensor(updated[None, :]))
+    add_steps(4)  # ring steps 4, 5, 0, 1: columns 8 .. 11, then 0 .. 3 again, none read in between
+    expected = np.concatenate([np.full(4, 5.0), updated[4:8], np.full(4, 5.0)])
+    np.testing.assert_allclose(buf._priority.read()[0], expected, rtol=1e-6)
+
+
 def test_device_prioritized_draws_match_across_backends_and_capture():
     draws = []
     for dev in DEVICES:

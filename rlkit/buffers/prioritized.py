@@ -149,6 +149,7 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         self.alpha, self.eps = float(alpha), float(eps)
         device = kwargs.get("device")  # None: follow the default device, as the base's tables do
         self._priority = DeviceBuffer(1, self.capacity, "f32", device)  # priority^alpha per column
+        self._priority.before_read = self.flush  # new steps get their priority when they are sent
         self._max = DeviceBuffer(1, 1, "f32", device)  # the largest priority^alpha so far
         self._max.write(np.ones((1, 1), np.float32))
 
@@ -158,11 +159,17 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
     def _settings(self) -> dict:
         return {**super()._settings(), "alpha": self.alpha, "eps": self.eps}
 
-    def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
-        column = self.pos * self.n_envs
-        super().add(obs, action, reward, next_obs, terminated, truncated)
-        new = np.arange(column, column + self.n_envs, dtype=np.int32)[None, :]
-        top = rc.expand(self._max.__rlkit_buffer__(), (1, self.n_envs))  # [1, n_envs], on the device
+    def flush(self) -> None:
+        """Sends the staged steps (ReplayBuffer.flush) and gives them the largest priority so far,
+        in one write for all of them. The largest priority cannot have changed since they were
+        added: an update of the priorities reads the priority row, which flushes first."""
+        n, first = self._n_staged, self._first_staged
+        super().flush()
+        if n == 0:
+            return
+        steps = (first + np.arange(n)) % self.lane_length
+        new = (steps[:, None] * self.n_envs + np.arange(self.n_envs)).astype(np.int32).reshape(1, -1)  # [1, n * n_envs]
+        top = rc.expand(self._max.__rlkit_buffer__(), new.shape)  # [1, n * n_envs], on the device
         rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), rc.tensor(new, device=self._obs.device), top))
 
     def sample_on_device(self, batch_size: int, stored=None, beta=0.4) -> ReplaySamples:
