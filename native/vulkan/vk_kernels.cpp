@@ -290,16 +290,6 @@ enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
 constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
 constexpr uint64_t kSmallTilesBelow = 32;    // a quarter of those: too few to spread k's work
 
-uint64_t tile_count(int64_t m, int64_t n, int64_t batch, int64_t tile) {
-    return uint64_t((m + tile - 1) / tile) * uint64_t((n + tile - 1) / tile) * uint64_t(batch);
-}
-
-MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
-    if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16) return MatmulKernel::coopmat;
-    if (tile_count(m, n, batch, 128) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
-    return tile_count(m, n, batch, 64) >= kSmallTilesBelow ? MatmulKernel::tiled : MatmulKernel::tiled_small;
-}
-
 // A kernel's output tile: rows x columns per workgroup.
 struct Tile {
     uint32_t rows, columns;
@@ -313,6 +303,19 @@ Tile tile_shape(MatmulKernel kernel) {
         case MatmulKernel::coopmat: return {128, 256};
     }
     return {64, 64};
+}
+
+// Workgroups `kernel` would run for an [m, n] output with `batch` slices.
+uint64_t tile_count(MatmulKernel kernel, int64_t m, int64_t n, int64_t batch) {
+    const Tile tile = tile_shape(kernel);
+    return uint64_t((m + tile.rows - 1) / tile.rows) * uint64_t((n + tile.columns - 1) / tile.columns) * uint64_t(batch);
+}
+
+MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16) return MatmulKernel::coopmat;
+    if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
+    return tile_count(MatmulKernel::tiled, m, n, batch) >= kSmallTilesBelow ? MatmulKernel::tiled
+                                                                            : MatmulKernel::tiled_small;
 }
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the

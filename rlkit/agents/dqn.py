@@ -16,8 +16,8 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.common import (
-    DeferredPolyak, EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number, default_device,
-    mlp,
+    DeferredPolyak, EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number,
+    default_device, mlp,
 )
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core._checks import positive_int

@@ -167,7 +167,7 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         super().flush()
         if n == 0:
             return
-        steps = (first + np.arange(n)) % self.lane_length
+        steps = self._ring_steps(first, n)
         new = (steps[:, None] * self.n_envs + np.arange(self.n_envs)).astype(np.int32).reshape(1, -1)  # [1, n * n_envs]
         top = rc.expand(self._max.__rlkit_buffer__(), new.shape)  # [1, n * n_envs], on the device
         rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), rc.tensor(new, device=self._obs.device), top))

@@ -192,7 +192,7 @@ class ReplayBuffer:
         if n == 0:
             return
         first = self._first_staged
-        steps = (first + np.arange(n)) % self.lane_length
+        steps = self._ring_steps(first, n)
         terminated, truncated = self._terminated[steps], self._truncated[steps]
         self._send(self._obs, first, self._staged_obs[:n])
         self._send(self._action, first, self._staged_action[:n])
@@ -206,11 +206,15 @@ class ReplayBuffer:
             # where its episode ended (before the very first step, an unwritten step: 0 over 0).
             # The last step sent is the newest: its successor is not written yet.
             previous_first = (first - 1) % self.lane_length
-            with_previous = (previous_first + np.arange(n + 1)) % self.lane_length
+            with_previous = self._ring_steps(previous_first, n + 1)
             stop = (self._terminated[with_previous] | self._truncated[with_previous]).astype(np.float32)
             stop[-1] = 1.0
             self._send(self._stop_row, previous_first, stop)
         self._n_staged = 0
+
+    def _ring_steps(self, first: int, k: int) -> np.ndarray:
+        """Ring steps first .. first + k - 1, wrapped at the end of the ring."""
+        return (first + np.arange(k)) % self.lane_length
 
     def _send(self, table: DeviceBuffer, first: int, steps: np.ndarray) -> None:
         """Writes ``steps`` [k, n_envs(, rows)] to ring steps first .. first + k - 1 (mod
