@@ -281,6 +281,17 @@ PYBIND11_MODULE(_native, m) {
         py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("batch") = 1,
         "The kernel GPU matmul uses for this dtype and an [m, n] output with `batch` slices, in words; "
         "None without a GPU.");
+    m.def(
+        "gpu_scan_kernel",
+        [](bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) -> py::object {
+            if (d_state < 1 || head_dim < 1 || n_tok < 1)
+                throw std::invalid_argument("gpu_scan_kernel: d_state, head_dim and n_tok must be >= 1");
+            const std::string kernel = gpu_scan_kernel(backward, d_state, head_dim, n_tok, mamba1);
+            if (kernel.empty()) return py::none();
+            return py::str(kernel);
+        },
+        py::arg("backward"), py::arg("d_state"), py::arg("head_dim"), py::arg("n_tok"), py::arg("mamba1") = false,
+        "The shader GPU ssm_scan (backward: its backward helper) runs at these sizes; None without a GPU.");
     m.def("gpu_counters", [](bool reset) {
         py::dict d;
         for (const auto& [k, v] : gpu_counters(reset)) d[k.c_str()] = v;

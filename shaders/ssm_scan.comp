@@ -36,6 +36,8 @@ layout(push_constant) uniform Push {
     uint slot_shift;  // log2 of the slots per row (a power of two, some past d_state unused)
 } pc;
 
+#include "ssm_scan_common.glsl"
+
 const uint kMaxOwned = 64;  // state elements per invocation held in registers
 
 shared float partial[256];
@@ -82,20 +84,6 @@ bool element(uint i, out uint p, out uint n) {
     n = lane + pc.lanes * (i & slot_mask);
     return p < pc.head_dim && n < pc.d_state;
 }
-
-float softplus_of(float v) {
-    if (v > 20.0) return v;
-    float e = exp(v), u = 1.0 + e;
-    return u == 1.0 ? e : log(u) * (e / (u - 1.0));  // log1p(e) without losing small e
-}
-
-float softplus_slope(float v) { return v > 20.0 ? 1.0 : sigmoid_of(v); }
-
-uint group_base(uint q, uint t, uint h) {  // B and C of head h at token t
-    return ((q * pc.n_tok + t) * pc.n_group + h / (pc.n_head / pc.n_group)) * pc.d_state;
-}
-
-float a_of(uint h, uint n) { return pc.a.v[h * pc.a_rows + (pc.a_rows == 1 ? 0 : n)]; }
 
 // Head h's decay rates, read once: RATE(n) is A[n or 0, h].
 #if !defined(MEMORY)
@@ -175,11 +163,6 @@ void setup() {
     slot_mask = (1u << pc.slot_shift) - 1u;
     owned = ((pc.head_dim + rows - 1) / rows) << pc.slot_shift;
     o_coherent = SharedFloats(uint64_t(pc.o));
-}
-
-uint initial_state(uint q, uint h) {
-    int r = clamp(pc.ids.v[q], 0, int(pc.n_rs) - 1);  // the CPU kernel refuses bad ids; here they are clamped
-    return (uint(r) * pc.n_head + h) * pc.d_state * pc.head_dim;
 }
 
 #if defined(FORWARD)

@@ -94,6 +94,12 @@ std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) 
     return vk::Context::get(&why) ? vk::matmul_kernel(dtype, m, n, batch) : std::string();
 }
 
+std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) {
+    std::string why;
+    const ScanDims d{d_state, head_dim, 1, n_tok, 1, 1, 1, mamba1 ? d_state : 1};
+    return vk::Context::get(&why) ? vk::scan_kernel(d, backward) : std::string();
+}
+
 int provoke_validation_error() {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);

@@ -737,32 +737,109 @@ uint64_t next_pow2(uint64_t n) {
 
 struct SsmScanPush {
     uint64_t s, x, dt, a, b, c, ids, g, o;
-    uint32_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, a_rows, n_rs, chunk, lanes, slot_shift;
+    uint32_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, a_rows, n_rs;
+    uint32_t chunk;        // tokens between the backward pass's checkpoints (tiled forward: per stage)
+    uint32_t split[2];     // ssm_scan.comp: lanes, slot_shift; ssm_scan_tiled.comp: n_blocks, p_blocks
+    uint32_t scratch_stride;  // ssm_scan_tiled.comp's backward: scratch floats per (sequence, head)
 };
 
-// One workgroup per (sequence, head); ssm_scan.comp says how the state is spread over it.
-void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorImpl* g, TensorImpl& out) {
-    const ScanDims d = scan_dims(pass, in, first);
-    u32(out.numel(), pass);  // the shader indexes the whole output with 32-bit offsets
+// ssm_scan_tiled.comp's tiles and stages (the shader's constants): forward, 8 states per
+// invocation, at most 64 rows per workgroup, blocks of 8 tokens whose B and C take at most 512
+// floats each; backward, 4 states of 8 rows per invocation, a chunk whose B, C, x, dy and dt
+// take at most 512 floats per token: at most 8 tokens in 2048 floats, or (the LARGE_STAGE
+// variant, for 48 KiB of shared memory) 24 tokens in 5888 floats; 2560 floats of row sums.
+constexpr int64_t kForwardStates = 8, kForwardRows = 64, kForwardTokens = 8, kStageWidth = 512;
+constexpr int64_t kBackwardStates = 4, kBackwardRows = 8, kRowSums = 2560;
+constexpr int64_t kSmallChunk = 8, kSmallStage = 2048, kLargeChunk = 24, kLargeStage = 5888;
+
+struct TiledScan {
+    bool fits;
+    int64_t n_blocks, p_blocks, chunk;  // the push constants of those names
+    bool large_stage;
+};
+
+TiledScan tiled_forward(const ScanDims& d) {
+    const int64_t group = int64_t(kGroup), n_blocks = (d.d_state + kForwardStates - 1) / kForwardStates;
+    const int64_t rows = std::min({group / n_blocks, d.head_dim, kForwardRows});
+    return {d.head_dim >= 8 && 2 * d.d_state <= kStageWidth, n_blocks, rows, kForwardTokens, false};
+}
+
+// The backward pass checkpoints every chunk-th token in the scratch the CPU's layout sets aside
+// (ScanDims::scratch_per_task): as many checkpoints as it holds, so chunks are short; a chunk's
+// tokens must fit the stage.
+TiledScan tiled_backward(const ScanDims& d) {
+    const int64_t group = int64_t(kGroup);
+    const int64_t n_blocks = (d.d_state + kBackwardStates - 1) / kBackwardStates;
+    const int64_t p_blocks = (d.head_dim + kBackwardRows - 1) / kBackwardRows;
+    const int64_t slots = d.scratch_per_task() / d.state_size(), chunk = (d.n_tok + slots - 1) / slots;
+    const bool large = ctx().limits().max_shared_memory >= 48 * 1024;
+    const int64_t width = 2 * (d.d_state + d.head_dim + 1);  // B, C, x, dy, dt and its slope
+    const bool fits = d.head_dim >= 8 && n_blocks * p_blocks <= group &&
+                      p_blocks * kBackwardRows * (n_blocks + 1) <= kRowSums &&
+                      width <= kStageWidth && chunk <= (large ? kLargeChunk : kSmallChunk) &&
+                      chunk * width <= (large ? kLargeStage : kSmallStage);
+    return {fits, n_blocks, p_blocks, chunk, large};
+}
+
+// How ssm_scan.comp spreads a head's state over its 256 invocations: `lanes` invocations per row
+// p, each with 2^slot_shift of the row's states; whether that is more than its registers hold.
+struct ScanSplit {
+    int64_t lanes;
+    uint32_t slot_shift;
+    bool in_memory;
+};
+
+ScanSplit scan_split(const ScanDims& d) {
     const int64_t rows = std::min<int64_t>(kGroup, int64_t(next_pow2(uint64_t(d.head_dim))));
     const int64_t lanes = int64_t(kGroup) / rows;
     uint32_t slot_shift = 0;  // slots per row: a power of two covering d_state / lanes
     while ((int64_t(1) << slot_shift) * lanes < d.d_state) ++slot_shift;
-    const int64_t slots = int64_t(1) << slot_shift;
-    const int64_t owned = (d.head_dim + rows - 1) / rows * slots;
     constexpr int64_t kMaxOwned = 64, kStage = 4096;  // ssm_scan.comp's registers per invocation, staged floats
+    const int64_t owned = (d.head_dim + rows - 1) / rows * (int64_t(1) << slot_shift);
+    return {lanes, slot_shift, owned > kMaxOwned || 2 * (d.d_state + d.head_dim) > kStage};
+}
+
+namespace vk {
+
+std::string scan_kernel(const ScanDims& d, bool backward) {
+    // The tiles pay off from 8 rows per head (Mamba-1's head_dim 1 stays on ssm_scan.comp).
+    const TiledScan tiled = backward ? tiled_backward(d) : tiled_forward(d);
+    if (tiled.fits) return backward ? (tiled.large_stage ? "ssm_scan_tiled_backward_large" : "ssm_scan_tiled_backward")
+                                    : "ssm_scan_tiled_forward";
+    return std::string(backward ? "ssm_scan_backward" : "ssm_scan_forward") + (scan_split(d).in_memory ? "_memory" : "");
+}
+
+}  // namespace vk
+
+// ssm_scan_tiled.comp where scan_kernel says so, else ssm_scan.comp: one workgroup per (sequence,
+// head), and each shader's header says how the state is spread over it.
+void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorImpl* g, TensorImpl& out) {
+    const ScanDims d = scan_dims(pass, in, first);
+    u32(out.numel(), pass);  // the shader indexes the whole output with 32-bit offsets
     const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
                      &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
     SsmScanPush p{s.address(), x.address(), dt.address(), a.address(), b.address(), c.address(), ids.address(),
                   g ? g->address() : 0, out.address(),
                   u32(d.d_state, pass), u32(d.head_dim, pass), u32(d.n_head, pass), u32(d.n_tok, pass),
                   u32(d.n_seqs, pass), u32(d.n_group, pass), u32(d.a_rows, pass), u32(d.n_rs, pass),
-                  u32(d.chunk(), pass), u32(lanes, pass), slot_shift};
+                  u32(d.chunk(), pass), {0, 0}, 0};
+    const std::string shader = vk::scan_kernel(d, g != nullptr);
+    uint64_t n_groups = uint64_t(d.tasks());
+    if (shader.rfind("ssm_scan_tiled", 0) == 0) {
+        const TiledScan tiled = g ? tiled_backward(d) : tiled_forward(d);
+        p.chunk = u32(tiled.chunk, pass);
+        p.split[0] = u32(tiled.n_blocks, pass);
+        p.split[1] = u32(tiled.p_blocks, pass);
+        p.scratch_stride = u32(d.scratch_per_task(), pass);
+        if (!g) n_groups *= uint64_t((d.head_dim + tiled.p_blocks - 1) / tiled.p_blocks);  // row blocks per head
+    } else {
+        const ScanSplit split = scan_split(d);
+        p.split[0] = u32(split.lanes, pass);
+        p.split[1] = split.slot_shift;
+    }
     std::vector<vk::Range> reads{span(s), span(x), span(dt), span(a), span(b), span(c), span(ids)};
     if (g) reads.push_back(span(*g));
-    const std::string shader = std::string(g ? "ssm_scan_backward" : "ssm_scan_forward") +
-                               (owned > kMaxOwned || 2 * (d.d_state + d.head_dim) > kStage ? "_memory" : "");
-    record(shader, p, uint64_t(d.tasks()), reads, {span(out)});
+    record(shader, p, n_groups, reads, {span(out)});
 }
 
 void vk_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) { ssm_scan_op("ssm_scan", in, 0, nullptr, out); }

@@ -6,6 +6,7 @@
 
 #include "ops.hpp"
 #include "optim.hpp"
+#include "ssm_scan.hpp"
 #include "tensor.hpp"
 
 namespace rk::vk {
@@ -20,5 +21,7 @@ bool takes_f16(Op op, const Inputs& inputs);
 // The kernel matmul uses here for operands of this dtype and an [m, n] output with `batch`
 // slices, in words.
 std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);
+// The shader ssm_scan (or, with backward, ssm_scan_back) runs for these sizes.
+std::string scan_kernel(const ScanDims& d, bool backward);
 
 }  // namespace rk::vk
