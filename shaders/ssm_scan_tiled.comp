@@ -1,24 +1,18 @@
-// Mamba's selective scan (ggml_ssm_scan) and its backward helper with the state [d_state,
+// The backward helper of Mamba's selective scan (ggml_ssm_scan) with the state [d_state,
 // head_dim] cut into small tiles, one per invocation, held in registers for the whole sequence.
 // Sizes, formulas and the packed layouts: native/ssm_scan.hpp and native/cpu_scan.cpp; which
 // shapes run here and which on ssm_scan.comp: vk::scan_kernel in native/vulkan/vk_kernels.cpp.
 //
-// Invocation `tid` owns the states n = tn + n_blocks * j (j < kStates) of its rows, with
-// tn = tid % n_blocks: neighbouring invocations hold neighbouring states, so their reads of B and
-// C and their writes to the shared sums are contiguous.
-// A token costs no device-memory round trip: the walks read tokens from a shared-memory stage,
-// and the next stage's values are loaded into registers while the current one is used.
-// FORWARD: one row p per invocation, p_blocks rows per workgroup, several workgroups per
-//   (sequence, head) where head_dim needs them. y[p] = sum_n S[n, p] C[n] is summed within each
-//   invocation and then over the row's n_blocks invocations through shared memory, once per
-//   block of tokens (two barriers per block, none per token).
-// BACKWARD: one workgroup per (sequence, head); invocation tid owns rows p = tp + p_blocks * i
-//   (i < kRows), tp = tid / n_blocks. A first walk stores the state at every `chunk`-th token
-//   (the checkpoints, in the output's scratch region: each invocation reads back only what it
-//   wrote). The walk back then recomputes, for each token t of a chunk, S_{t-1} from the chunk's
-//   checkpoint (the decay is never inverted), carries the state gradient G in registers, and
-//   sums each token's gradients over the rows (gA, gB, gC), the states (gx) and everything (gdt)
-//   through shared memory, in a fixed order: deterministic, no atomics.
+// One workgroup per (sequence, head). Invocation tid owns the states n = tn + n_blocks * j
+// (j < kStates) of the rows p = tp + p_blocks * i (i < kRows), with tn = tid % n_blocks and
+// tp = tid / n_blocks: neighbouring invocations hold neighbouring states, so their writes to the
+// shared sums are contiguous. A first walk stores the state at every `chunk`-th token (the
+// checkpoints, in the output's scratch region: each invocation reads back only what it wrote).
+// The walk back then recomputes, for each token t of a chunk, S_{t-1} from the chunk's
+// checkpoint (the decay is never inverted), carries the state gradient G in registers, and sums
+// each token's gradients over the rows (gA, gB, gC), the states (gx) and everything (gdt)
+// through shared memory, in a fixed order: deterministic, no atomics. The walks read tokens
+// from a shared-memory stage that holds a chunk, loaded while the previous chunk is used.
 #version 450
 #include "common.glsl"
 #extension GL_EXT_control_flow_attributes : require
@@ -31,7 +25,7 @@ layout(push_constant) uniform Push {
     Floats b;
     Floats c;
     Ints ids;
-    Floats g;  // BACKWARD: the gradient of the forward output
+    Floats g;  // the gradient of the forward output
     Floats o;
     uint d_state;
     uint head_dim;
@@ -41,36 +35,28 @@ layout(push_constant) uniform Push {
     uint n_group;
     uint a_rows;  // 1 (Mamba-2) or d_state (Mamba-1)
     uint n_rs;
-    uint chunk;           // tokens per stage: FORWARD, a block between the sums of y; BACKWARD,
-                          // the tokens between checkpoints
+    uint chunk;           // tokens between checkpoints
     uint n_blocks;        // invocations sharing a row's states: ceil(d_state / kStates)
-    uint p_blocks;        // FORWARD: rows per workgroup; BACKWARD: invocations per n block
-    uint scratch_stride;  // BACKWARD: floats of scratch per (sequence, head)
+    uint p_blocks;        // invocations sharing a state's rows: ceil(head_dim / kRows)
+    uint scratch_stride;  // floats of scratch per (sequence, head)
 } pc;
 
 #include "ssm_scan_common.glsl"
 
-// The stage: `count` tokens from t0, `width` floats each (at most 512). FORWARD: B and C;
-// each invocation reads its own row of x and dt. BACKWARD: B, C, every row of x, every row of
-// dy, softplus(dt) and its slope. Invocation tid loads the fields f = tid + 256 r (r < kFields)
-// of every staged token: the addresses are a field's base plus the token times its stride, set
-// up once. A barrier waits for the loads issued before it, so a stage is loaded into registers
-// while the previous one is used, and a token's walk has no load of its own.
+// The stage: `count` tokens from t0, `width` floats each (at most 512): B, C, every row of x,
+// every row of dy, softplus(dt) and its slope. Invocation tid loads the fields
+// f = tid + 256 r (r < kFields) of every staged token: the addresses are a field's base plus the
+// token times its stride, set up once. The stage is loaded into registers while the previous
+// one is used, and a token's walk has no load of its own.
 const uint kFields = 2;
-#if defined(FORWARD)
-const uint kStates = 8;    // states n per invocation
-const uint kTokens = 8;    // tokens per stage at most
-const uint kStage = kFields * 256 * kTokens;
-#else
-const uint kStates = 4;
-const uint kRows = 4 * 2;  // rows p per invocation
+const uint kStates = 4;     // states n per invocation
+const uint kRows = 8;      // rows p per invocation
 #if defined(LARGE_STAGE)   // devices with 48 KiB of shared memory
-const uint kTokens = 24;
+const uint kTokens = 24;   // tokens per chunk at most
 const uint kStage = 5888;  // floats: tokens x width at most (the host checks)
 #else
 const uint kTokens = 8;
 const uint kStage = 2048;
-#endif
 #endif
 
 shared float stage[kStage];
@@ -100,11 +86,7 @@ uint dt_at(uint t) { return (q * pc.n_tok + t) * pc.n_head + h; }
 uint64_t float_address(Floats data, uint index) { return uint64_t(data) + 4 * uint64_t(index); }
 
 void set_up_fields() {
-#if defined(FORWARD)
-    width = 2 * pc.d_state;
-#else
     width = 2 * (pc.d_state + pc.head_dim + 1);
-#endif
     uint group_t0 = group_base(q, 0, h), group_stride = pc.n_group * pc.d_state;
     [[unroll]] for (uint r = 0; r < kFields; ++r) {
         uint f = tid + 256 * r;
@@ -119,7 +101,6 @@ void set_up_fields() {
             field_base[r] = float_address(pc.c, group_t0 + f - pc.d_state);
             field_stride[r] = group_stride;
         }
-#if defined(BACKWARD)
         else if (f < 2 * pc.d_state + pc.head_dim) {
             field_base[r] = float_address(pc.x, x_base(0) + f - 2 * pc.d_state);
             field_stride[r] = pc.n_head * pc.head_dim;
@@ -130,7 +111,6 @@ void set_up_fields() {
             field_base[r] = float_address(pc.dt, dt_at(0));
             field_stride[r] = pc.n_head;
         }
-#endif
     }
 }
 
@@ -150,96 +130,12 @@ void store_stage(uint count) {  // the caller puts a barrier between the stage's
         [[unroll]] for (uint u = 0; u < kTokens; ++u) {
             if (u >= count) break;
             float v = prefetched[r * kTokens + u];
-#if defined(BACKWARD)
             if (f == width - 2) v = softplus_of(v);
             else if (f == width - 1) v = softplus_slope(v);
-#endif
             stage[u * width + f] = v;
         }
     }
 }
-
-#if defined(FORWARD)
-
-const uint kSumStride = 320;   // >= p_blocks * (n_blocks + 1): p_blocks * n_blocks <= 256, p_blocks <= 64
-shared float sums[kTokens * kSumStride];  // [token][row * (n_blocks + 1) + tn]: padded, no bank conflicts
-
-float xs_ahead[kTokens], dts_ahead[kTokens];  // this row's x and raw dt of the next block
-
-void prefetch_row(uint t0, uint count, bool has_row, uint p) {
-    [[unroll]] for (uint u = 0; u < kTokens; ++u) {
-        xs_ahead[u] = has_row && u < count ? pc.x.v[x_base(t0 + u) + p] : 0.0;
-        dts_ahead[u] = u < count ? pc.dt.v[dt_at(t0 + u)] : 0.0;
-    }
-}
-
-void main() {
-    tid = gl_LocalInvocationID.x;
-    tn = tid % pc.n_blocks;
-    uint row = tid / pc.n_blocks;
-    uint groups_per_task = (pc.head_dim + pc.p_blocks - 1) / pc.p_blocks;
-    uint task = flat_group() / groups_per_task;
-    q = task / pc.n_head;
-    h = task % pc.n_head;
-    uint p0 = (flat_group() % groups_per_task) * pc.p_blocks, p = p0 + row;
-    bool has_row = row < pc.p_blocks && p < pc.head_dim;
-    uint E = pc.d_state * pc.head_dim, y_size = pc.head_dim * pc.n_head * pc.n_tok * pc.n_seqs;
-    uint T = pc.chunk, row_stride = pc.n_blocks + 1;
-    set_up_fields();
-    load_rates();
-
-    float st[kStates];
-    uint init = initial_state(q, h);
-    [[unroll]] for (uint j = 0; j < kStates; ++j)
-        st[j] = has_row && has_state(j) ? pc.s.v[init + p * pc.d_state + state_n(j)] : 0.0;
-
-    float xs[kTokens], dts[kTokens];
-    prefetch(0, min(T, pc.n_tok));
-    prefetch_row(0, min(T, pc.n_tok), has_row, p);
-    for (uint t0 = 0; t0 < pc.n_tok; t0 += T) {
-        uint count = min(T, pc.n_tok - t0);
-        store_stage(count);
-        [[unroll]] for (uint u = 0; u < kTokens; ++u) {
-            dts[u] = softplus_of(dts_ahead[u]);
-            xs[u] = xs_ahead[u] * dts[u];
-        }
-        barrier();
-        if (t0 + T < pc.n_tok) {  // the next block's loads, in flight while this one is computed
-            uint next = min(T, pc.n_tok - t0 - T);
-            prefetch(t0 + T, next);
-            prefetch_row(t0 + T, next, has_row, p);
-        }
-        [[unroll]] for (uint k = 0; k < kTokens; ++k) {
-            if (k >= count) break;
-            uint su = k * width;
-            float shared_decay = exp(dts[k] * rate[0]), acc = 0.0;
-            [[unroll]] for (uint j = 0; j < kStates; ++j) {
-                uint n = min(state_n(j), pc.d_state - 1);  // past d_state: a copy of the last, never kept
-                float s_new = st[j] * decay_of(j, dts[k], shared_decay) + stage[su + n] * xs[k];
-                if (has_state(j)) {
-                    st[j] = s_new;
-                    acc += s_new * stage[su + pc.d_state + n];
-                }
-            }
-            if (row < pc.p_blocks) sums[k * kSumStride + row * row_stride + tn] = acc;
-        }
-        barrier();
-        for (uint e = tid; e < count * pc.p_blocks; e += gl_WorkGroupSize.x) {
-            uint k = e / pc.p_blocks, r = e % pc.p_blocks;
-            if (p0 + r >= pc.head_dim) continue;
-            float y = 0.0;
-            for (uint i = 0; i < pc.n_blocks; ++i) y += sums[k * kSumStride + r * row_stride + i];
-            pc.o.v[x_base(t0 + k) + p0 + r] = y;
-        }
-        barrier();  // every invocation is done with this block's stage and sums
-    }
-    if (has_row) {
-        [[unroll]] for (uint j = 0; j < kStates; ++j)
-            if (has_state(j)) pc.o.v[y_size + task * E + p * pc.d_state + state_n(j)] = st[j];
-    }
-}
-
-#elif defined(BACKWARD)
 
 // One token's per-invocation gradient sums: [quantity][tp][n] for quantity 0: sum_p G x (gB),
 // 1: sum_p S dy (gC), 2: sum_p G S_prev (gA); [p][tn] (stride n_blocks + 1) for gx; and each
@@ -405,5 +301,3 @@ void main() {
         [[unroll]] for (uint i = 0; i < kRows; ++i)
             if (has(j, i)) pc.o.v[task * E + state_offset(j, i)] = gr[j * kRows + i];
 }
-
-#endif

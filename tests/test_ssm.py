@@ -75,19 +75,19 @@ def scan_with_gradients(arrays, device, weights):
 
 @pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
 @pytest.mark.parametrize("d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1", [
-    # ssm_scan_tiled.comp, forward and backward
-    (16, 32, 4, 33, 2, 2, False),    # 2 x 16 tokens per sum of y, and one more
+    # forward ssm_scan_rows.comp, backward ssm_scan_tiled.comp
+    (16, 32, 4, 33, 2, 2, False),
     (64, 32, 2, 20, 2, 1, False),
-    (128, 64, 2, 16, 2, 2, False),   # the demo's sizes: 4 workgroups per head forward
-    (20, 12, 3, 50, 2, 3, False),    # tiles past d_state and head_dim; 17 backward chunks of 3 tokens
-    (24, 8, 2, 30, 1, 1, True),      # Mamba-1's decay per state, on tiles
+    (128, 64, 2, 16, 2, 2, False),   # the demo's sizes
+    (20, 12, 3, 50, 2, 3, False),    # lanes and tiles past d_state and head_dim; 17 backward chunks of 3 tokens
+    (24, 8, 2, 30, 1, 1, True),      # Mamba-1's decay per state
     (16, 16, 2, 300, 2, 1, False),   # 50 checkpoints, the last chunk short
-    # ssm_scan_tiled.comp forward, ssm_scan.comp backward (a head's tiles need more than 256 invocations)
+    # forward ssm_scan_rows.comp, backward ssm_scan.comp (a head's tiles need more than 256 invocations)
     (256, 64, 1, 9, 1, 1, False),    # as many state elements as registers hold
     (256, 128, 1, 6, 1, 1, False),   # more: the state lives in device memory
+    (16, 1, 24, 40, 2, 1, True),     # Mamba-1: head_dim 1, a decay per state
     # ssm_scan.comp, forward and backward
     (512, 8, 2, 64, 1, 1, False),    # 3 tokens per shared-memory stage: several stages per chunk
-    (16, 1, 24, 40, 2, 1, True),     # Mamba-1: head_dim 1, a decay per state
     (2048, 1, 2, 5, 1, 1, True),     # a token too large for the shared-memory stage: read from memory
 ])
 def test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1):
@@ -103,20 +103,24 @@ def test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_gr
 
 @pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
 def test_ssm_scan_gpu_kernel_choice():
-    """The tiled kernels take Mamba-2 shapes in both passes (the shapes above test each choice).
-    A chunk of a long sequence needs the larger stage of devices with 48 KiB of shared memory."""
-    large = rlkit._native.gpu_info()["max_shared_memory"] >= 48 * 1024
-    assert rlkit._native.gpu_scan_kernel(False, 128, 64, 2048) == "ssm_scan_tiled_forward"
+    """Forward: two rows per subgroup, the variant by the states each lane holds. Backward: the
+    tiles, whose chunk of a long sequence needs the larger stage of devices with 48 KiB of shared
+    memory. The shapes of test_ssm_scan_gpu_matches_cpu reach each choice."""
+    info = rlkit._native.gpu_info()
+    lanes, large = info["subgroup_size"], info["max_shared_memory"] >= 48 * 1024
+    rows = lambda d_state: f"ssm_scan_rows_{1 << max(0, (-(-d_state // lanes) - 1).bit_length())}"
+    for d_state, head_dim in [(128, 64), (16, 1), (20, 12), (256, 128)]:
+        assert rlkit._native.gpu_scan_kernel(False, d_state, head_dim, 2048) == rows(d_state)
+    assert rows(128) == {8: "ssm_scan_rows_16", 32: "ssm_scan_rows_4"}.get(lanes, rows(128))
+    assert rlkit._native.gpu_scan_kernel(False, 2048, 1, 5, mamba1=True) == "ssm_scan_forward_memory"
     long_backward = "ssm_scan_tiled_backward_large" if large else "ssm_scan_backward"
     assert rlkit._native.gpu_scan_kernel(True, 128, 64, 2048) == long_backward
     assert rlkit._native.gpu_scan_kernel(True, 128, 64, 64).startswith("ssm_scan_tiled_backward")
     assert rlkit._native.gpu_scan_kernel(True, 20, 12, 50).startswith("ssm_scan_tiled_backward")
     assert rlkit._native.gpu_scan_kernel(True, 24, 8, 30, mamba1=True).startswith("ssm_scan_tiled_backward")
-    assert rlkit._native.gpu_scan_kernel(False, 256, 128, 6) == "ssm_scan_tiled_forward"
     assert rlkit._native.gpu_scan_kernel(True, 256, 128, 6) == "ssm_scan_backward_memory"
     assert rlkit._native.gpu_scan_kernel(True, 256, 64, 9) == "ssm_scan_backward"
-    assert rlkit._native.gpu_scan_kernel(False, 16, 1, 40, mamba1=True) == "ssm_scan_forward"
-    assert rlkit._native.gpu_scan_kernel(True, 2048, 1, 5, mamba1=True) == "ssm_scan_backward_memory"
+    assert rlkit._native.gpu_scan_kernel(True, 16, 1, 40, mamba1=True) == "ssm_scan_backward"
     with pytest.raises(ValueError, match="must be >= 1"):
         rlkit._native.gpu_scan_kernel(True, 0, 64, 16)
 

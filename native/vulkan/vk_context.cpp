@@ -315,6 +315,8 @@ void Context::init(std::string* why) {
     const VkPhysicalDeviceLimits& lim = props2.properties.limits;
     device_name_ = props2.properties.deviceName;
     limits_.subgroup_size = subgroup.subgroupSize;
+    limits_.subgroup_arithmetic = (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                                  (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT);
     limits_.max_shared_memory = lim.maxComputeSharedMemorySize;
     limits_.max_push_constants = lim.maxPushConstantsSize;
     limits_.max_group_count_x = lim.maxComputeWorkGroupCount[0];

@@ -36,6 +36,7 @@ inline bool any_overlap(const std::vector<Range>& xs, const std::vector<Range>& 
 
 struct Limits {
     uint32_t subgroup_size = 0;
+    bool subgroup_arithmetic = false;  // subgroupAdd and the like in compute shaders
     uint32_t max_shared_memory = 0;
     uint32_t max_push_constants = 0;
     uint32_t max_group_count_x = 0;

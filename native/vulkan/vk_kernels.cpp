@@ -743,13 +743,24 @@ struct SsmScanPush {
     uint32_t scratch_stride;  // ssm_scan_tiled.comp's backward: scratch floats per (sequence, head)
 };
 
-// ssm_scan_tiled.comp's tiles and stages (the shader's constants): forward, 8 states per
-// invocation, at most 64 rows per workgroup, blocks of 8 tokens whose B and C take at most 512
-// floats each; backward, 4 states of 8 rows per invocation, a chunk whose B, C, x, dy and dt
-// take at most 512 floats per token: at most 8 tokens in 2048 floats, or (the LARGE_STAGE
-// variant, for 48 KiB of shared memory) 24 tokens in 5888 floats; 2560 floats of row sums.
-constexpr int64_t kForwardStates = 8, kForwardRows = 64, kForwardTokens = 8, kStageWidth = 512;
-constexpr int64_t kBackwardStates = 4, kBackwardRows = 8, kRowSums = 2560;
+// ssm_scan_rows.comp (forward): two rows per subgroup, each lane with LANE_STATES states of
+// them, a variant for each power of two up to 32.
+constexpr int64_t kRowsPerSubgroup = 2, kMaxLaneStates = 32;
+
+// The forward variant's states per lane, or 0 where ssm_scan_rows.comp cannot run.
+int64_t lane_states(const ScanDims& d) {
+    const vk::Limits& limits = ctx().limits();
+    const uint32_t lanes = limits.subgroup_size;
+    if (!limits.subgroup_arithmetic || lanes == 0 || kGroup % lanes != 0) return 0;
+    const int64_t states = int64_t(next_pow2(uint64_t((d.d_state + lanes - 1) / lanes)));
+    return states <= kMaxLaneStates ? states : 0;
+}
+
+// ssm_scan_tiled.comp's tiles and stages (the shader's constants): 4 states of 8 rows per
+// invocation, a chunk whose B, C, x, dy and dt take at most 512 floats per token: at most 8
+// tokens in 2048 floats, or (the LARGE_STAGE variant, for 48 KiB of shared memory) 24 tokens in
+// 5888 floats; 2560 floats of row sums.
+constexpr int64_t kStageWidth = 512, kBackwardStates = 4, kBackwardRows = 8, kRowSums = 2560;
 constexpr int64_t kSmallChunk = 8, kSmallStage = 2048, kLargeChunk = 24, kLargeStage = 5888;
 
 struct TiledScan {
@@ -757,12 +768,6 @@ struct TiledScan {
     int64_t n_blocks, p_blocks, chunk;  // the push constants of those names
     bool large_stage;
 };
-
-TiledScan tiled_forward(const ScanDims& d) {
-    const int64_t group = int64_t(kGroup), n_blocks = (d.d_state + kForwardStates - 1) / kForwardStates;
-    const int64_t rows = std::min({group / n_blocks, d.head_dim, kForwardRows});
-    return {d.head_dim >= 8 && 2 * d.d_state <= kStageWidth, n_blocks, rows, kForwardTokens, false};
-}
 
 // The backward pass checkpoints every chunk-th token in the scratch the CPU's layout sets aside
 // (ScanDims::scratch_per_task): as many checkpoints as it holds, so chunks are short; a chunk's
@@ -802,10 +807,10 @@ ScanSplit scan_split(const ScanDims& d) {
 namespace vk {
 
 std::string scan_kernel(const ScanDims& d, bool backward) {
-    // The tiles pay off from 8 rows per head (Mamba-1's head_dim 1 stays on ssm_scan.comp).
-    const TiledScan tiled = backward ? tiled_backward(d) : tiled_forward(d);
-    if (tiled.fits) return backward ? (tiled.large_stage ? "ssm_scan_tiled_backward_large" : "ssm_scan_tiled_backward")
-                                    : "ssm_scan_tiled_forward";
+    if (!backward && lane_states(d) > 0) return "ssm_scan_rows_" + std::to_string(lane_states(d));
+    // The backward tiles pay off from 8 rows per head (Mamba-1's head_dim 1 stays on ssm_scan.comp).
+    const TiledScan tiled = tiled_backward(d);
+    if (backward && tiled.fits) return tiled.large_stage ? "ssm_scan_tiled_backward_large" : "ssm_scan_tiled_backward";
     return std::string(backward ? "ssm_scan_backward" : "ssm_scan_forward") + (scan_split(d).in_memory ? "_memory" : "");
 }
 
@@ -825,13 +830,15 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
                   u32(d.chunk(), pass), {0, 0}, 0};
     const std::string shader = vk::scan_kernel(d, g != nullptr);
     uint64_t n_groups = uint64_t(d.tasks());
-    if (shader.rfind("ssm_scan_tiled", 0) == 0) {
-        const TiledScan tiled = g ? tiled_backward(d) : tiled_forward(d);
+    if (shader.rfind("ssm_scan_rows", 0) == 0) {  // workgroups per (sequence, head)
+        const int64_t rows = kRowsPerSubgroup * int64_t(kGroup / ctx().limits().subgroup_size);
+        n_groups *= uint64_t((d.head_dim + rows - 1) / rows);
+    } else if (shader.rfind("ssm_scan_tiled", 0) == 0) {
+        const TiledScan tiled = tiled_backward(d);
         p.chunk = u32(tiled.chunk, pass);
         p.split[0] = u32(tiled.n_blocks, pass);
         p.split[1] = u32(tiled.p_blocks, pass);
         p.scratch_stride = u32(d.scratch_per_task(), pass);
-        if (!g) n_groups *= uint64_t((d.head_dim + tiled.p_blocks - 1) / tiled.p_blocks);  // row blocks per head
     } else {
         const ScanSplit split = scan_split(d);
         p.split[0] = u32(split.lanes, pass);
