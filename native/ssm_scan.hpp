@@ -19,7 +19,8 @@
 //       E = d_state * head_dim.
 // The backward pass keeps states only at chunk starts (every Q tokens, Q = ceil(sqrt(n_tok)))
 // and recomputes the states inside a chunk from its start: memory grows with sqrt(n_tok), and the
-// decay is never inverted.
+// decay is never inverted. (The GPU's tiled backward, ssm_scan_tiled.comp, fills a task's scratch
+// with checkpoints only, as many as it holds, so its chunks are shorter.)
 #pragma once
 
 #include <cmath>

@@ -49,7 +49,7 @@ layout(push_constant) uniform Push {
 // token times its stride, set up once. The stage is loaded into registers while the previous
 // one is used, and a token's walk has no load of its own.
 const uint kFields = 2;
-const uint kStates = 4;     // states n per invocation
+const uint kStates = 4;    // states n per invocation
 const uint kRows = 8;      // rows p per invocation
 #if defined(LARGE_STAGE)   // devices with 48 KiB of shared memory
 const uint kTokens = 24;   // tokens per chunk at most
@@ -96,12 +96,10 @@ void set_up_fields() {
         if (f < pc.d_state) {
             field_base[r] = float_address(pc.b, group_t0 + f);
             field_stride[r] = group_stride;
-        }
-        else if (f < 2 * pc.d_state) {
+        } else if (f < 2 * pc.d_state) {
             field_base[r] = float_address(pc.c, group_t0 + f - pc.d_state);
             field_stride[r] = group_stride;
-        }
-        else if (f < 2 * pc.d_state + pc.head_dim) {
+        } else if (f < 2 * pc.d_state + pc.head_dim) {
             field_base[r] = float_address(pc.x, x_base(0) + f - 2 * pc.d_state);
             field_stride[r] = pc.n_head * pc.head_dim;
         } else if (f < 2 * (pc.d_state + pc.head_dim)) {
