@@ -12,7 +12,9 @@
 // checkpoint (the decay is never inverted), carries the state gradient G in registers, and sums
 // each token's gradients over the rows (gA, gB, gC), the states (gx) and everything (gdt)
 // through shared memory, in a fixed order: deterministic, no atomics. The walks read tokens
-// from a shared-memory stage that holds a chunk, loaded while the previous chunk is used.
+// from shared-memory stages of up to kTokens tokens: walking forward, the next stage is loaded
+// while one is used; walking back, each stage's first state is recomputed from the chunk's
+// checkpoint, so chunks may be longer than a stage.
 #version 450
 #include "common.glsl"
 #extension GL_EXT_control_flow_attributes : require
@@ -46,14 +48,13 @@ layout(push_constant) uniform Push {
 // The stage: `count` tokens from t0, `width` floats each (at most 512): B, C, every row of x,
 // every row of dy, softplus(dt) and its slope. Invocation tid loads the fields
 // f = tid + 256 r (r < kFields) of every staged token: the addresses are a field's base plus the
-// token times its stride, set up once. The stage is loaded into registers while the previous
-// one is used, and a token's walk has no load of its own.
+// token times its stride, set up once. A token's walk has no load of its own.
 const uint kFields = 2;
 const uint kStates = 4;    // states n per invocation
 const uint kRows = 8;      // rows p per invocation
 #if defined(LARGE_STAGE)   // devices with 48 KiB of shared memory
-const uint kTokens = 24;   // tokens per chunk at most
-const uint kStage = 5888;  // floats: tokens x width at most (the host checks)
+const uint kTokens = 24;   // tokens per stage at most (and kStage / width)
+const uint kStage = 5888;  // floats
 #else
 const uint kTokens = 8;
 const uint kStage = 2048;
@@ -135,6 +136,14 @@ void store_stage(uint count) {  // the caller puts a barrier between the stage's
     }
 }
 
+// Stages tokens t0 .. t0 + count - 1 at once (their loads are not hidden).
+void stage_tokens(uint t0, uint count) {
+    prefetch(t0, count);
+    barrier();  // every invocation is done with the previous stage
+    store_stage(count);
+    barrier();
+}
+
 // One token's per-invocation gradient sums: [quantity][tp][n] for quantity 0: sum_p G x (gB),
 // 1: sum_p S dy (gC), 2: sum_p G S_prev (gA); [p][tn] (stride n_blocks + 1) for gx; and each
 // invocation's share of gdt, then 16 partial sums of those.
@@ -189,110 +198,122 @@ void main() {
     [[unroll]] for (uint m = 0; m < 4; ++m) reducer_rate[m] = tid + 256 * m < pc.d_state ? a_of(h, tid + 256 * m) : 0.0;
 
     // the walk forward: the state at each chunk start
-    float st[kElements], gr[kElements], start[kElements];
+    uint K = min(kTokens, kStage / width);  // tokens per stage (the host checks K >= 1)
+    float st[kElements], gr[kElements], block_start[kElements];
     uint init = initial_state(q, h);
     [[unroll]] for (uint j = 0; j < kStates; ++j)
         [[unroll]] for (uint i = 0; i < kRows; ++i)
             st[j * kRows + i] = has(j, i) ? pc.s.v[init + state_offset(j, i)] : 0.0;
-    prefetch(0, min(Q, pc.n_tok));
-    for (uint c = 0; c < n_chunks; ++c) {
-        uint t0 = c * Q, len = min(Q, pc.n_tok - t0);
-        barrier();  // every invocation is done with the previous chunk's stage
-        store_stage(len);
+    prefetch(0, min(K, pc.n_tok));
+    for (uint b0 = 0; b0 < pc.n_tok; b0 += K) {
+        uint count = min(K, pc.n_tok - b0);
+        barrier();  // every invocation is done with the previous stage
+        store_stage(count);
         barrier();
-        if (c + 1 < n_chunks) prefetch(t0 + Q, min(Q, pc.n_tok - t0 - Q));
-        [[unroll]] for (uint j = 0; j < kStates; ++j)
-            [[unroll]] for (uint i = 0; i < kRows; ++i)
-                if (has(j, i)) pc.o.v[checkpoints + c * E + state_offset(j, i)] = st[j * kRows + i];
-        for (uint k = 0; k < len; ++k) step(st, k * width);
+        if (b0 + K < pc.n_tok) prefetch(b0 + K, min(K, pc.n_tok - b0 - K));
+        for (uint k = 0; k < count; ++k) {
+            uint t = b0 + k;
+            if (t % Q == 0) {
+                [[unroll]] for (uint j = 0; j < kStates; ++j)
+                    [[unroll]] for (uint i = 0; i < kRows; ++i)
+                        if (has(j, i)) pc.o.v[checkpoints + (t / Q) * E + state_offset(j, i)] = st[j * kRows + i];
+            }
+            step(st, k * width);
+        }
     }
 
-    // the walk back, from the final state's gradient
+    // the walk back, from the final state's gradient, a chunk at a time and within it a stage at
+    // a time from the last
     [[unroll]] for (uint j = 0; j < kStates; ++j)
         [[unroll]] for (uint i = 0; i < kRows; ++i)
             gr[j * kRows + i] = has(j, i) ? pc.g.v[y_size + task * E + state_offset(j, i)] : 0.0;
-    uint last = n_chunks - 1;
-    prefetch(last * Q, pc.n_tok - last * Q);
     for (uint c = n_chunks; c-- > 0;) {
         uint t0 = c * Q, len = min(Q, pc.n_tok - t0);
-        barrier();
-        store_stage(len);
-        barrier();
-        if (c > 0) prefetch(t0 - Q, Q);
-        [[unroll]] for (uint j = 0; j < kStates; ++j)
-            [[unroll]] for (uint i = 0; i < kRows; ++i)
-                start[j * kRows + i] = has(j, i) ? pc.o.v[checkpoints + c * E + state_offset(j, i)] : 0.0;
-        for (uint k = len; k-- > 0;) {
-            uint t = t0 + k, su = k * width;
-
-            st = start;  // S_{t-1}, recomputed from the chunk's checkpoint
-            for (uint u = 0; u < k; ++u) step(st, u * width);
-
-            float dts = stage[su + width - 2], shared_decay = exp(dts * rate[0]);
-            float xs[kRows], dys[kRows], cs[kStates], gx[kRows];
-            [[unroll]] for (uint i = 0; i < kRows; ++i) {
-                xs[i] = has_row(i) ? stage[su + 2 * pc.d_state + tp + pc.p_blocks * i] : 0.0;
-                dys[i] = has_row(i) ? stage[su + 2 * pc.d_state + pc.head_dim + tp + pc.p_blocks * i] : 0.0;
-                gx[i] = 0.0;
+        for (uint b0 = (len - 1) / K * K;; b0 -= K) {
+            // the state before the stage's first token: the checkpoint, walked over the chunk's
+            // earlier stages
+            [[unroll]] for (uint j = 0; j < kStates; ++j)
+                [[unroll]] for (uint i = 0; i < kRows; ++i)
+                    block_start[j * kRows + i] = has(j, i) ? pc.o.v[checkpoints + c * E + state_offset(j, i)] : 0.0;
+            for (uint a0 = 0; a0 < b0; a0 += K) {
+                stage_tokens(t0 + a0, K);
+                for (uint k = 0; k < K; ++k) step(block_start, k * width);
             }
-            [[unroll]] for (uint j = 0; j < kStates; ++j) cs[j] = has_state(j) ? stage[su + pc.d_state + state_n(j)] : 0.0;
-            float dt_share = 0.0;
-            [[unroll]] for (uint j = 0; j < kStates; ++j) {
-                uint n = state_n(j);
-                float bn = has_state(j) ? stage[su + n] : 0.0, decay = decay_of(j, dts, shared_decay);
-                float gb = 0.0, gc = 0.0, gs = 0.0;
+            uint count = min(K, len - b0);
+            stage_tokens(t0 + b0, count);
+            for (uint k = count; k-- > 0;) {
+                uint t = t0 + b0 + k, su = k * width;
+
+                st = block_start;  // S_{t-1}, recomputed from the stage's first state
+                for (uint u = 0; u < k; ++u) step(st, u * width);
+
+                float dts = stage[su + width - 2], shared_decay = exp(dts * rate[0]);
+                float xs[kRows], dys[kRows], cs[kStates], gx[kRows];
                 [[unroll]] for (uint i = 0; i < kRows; ++i) {
-                    uint e = j * kRows + i;
-                    gr[e] += cs[j] * dys[i];  // y_t reads S_t
-                    gs += gr[e] * st[e];
-                    gb += gr[e] * xs[i];
-                    gx[i] += gr[e] * bn;
-                    st[e] = st[e] * decay + bn * (xs[i] * dts);  // S_t
-                    gc += st[e] * dys[i];
+                    xs[i] = has_row(i) ? stage[su + 2 * pc.d_state + tp + pc.p_blocks * i] : 0.0;
+                    dys[i] = has_row(i) ? stage[su + 2 * pc.d_state + pc.head_dim + tp + pc.p_blocks * i] : 0.0;
+                    gx[i] = 0.0;
                 }
-                if (in_head) {  // elements past d_state or head_dim add zeros
-                    state_sums[(0 * pc.p_blocks + tp) * n_pad + n] = gb;
-                    state_sums[(1 * pc.p_blocks + tp) * n_pad + n] = gc;
-                    state_sums[(2 * pc.p_blocks + tp) * n_pad + n] = gs;
+                [[unroll]] for (uint j = 0; j < kStates; ++j) cs[j] = has_state(j) ? stage[su + pc.d_state + state_n(j)] : 0.0;
+                float dt_share = 0.0;
+                [[unroll]] for (uint j = 0; j < kStates; ++j) {
+                    uint n = state_n(j);
+                    float bn = has_state(j) ? stage[su + n] : 0.0, decay = decay_of(j, dts, shared_decay);
+                    float gb = 0.0, gc = 0.0, gs = 0.0;
+                    [[unroll]] for (uint i = 0; i < kRows; ++i) {
+                        uint e = j * kRows + i;
+                        gr[e] += cs[j] * dys[i];  // y_t reads S_t
+                        gs += gr[e] * st[e];
+                        gb += gr[e] * xs[i];
+                        gx[i] += gr[e] * bn;
+                        st[e] = st[e] * decay + bn * (xs[i] * dts);  // S_t
+                        gc += st[e] * dys[i];
+                    }
+                    if (in_head) {  // elements past d_state or head_dim add zeros
+                        state_sums[(0 * pc.p_blocks + tp) * n_pad + n] = gb;
+                        state_sums[(1 * pc.p_blocks + tp) * n_pad + n] = gc;
+                        state_sums[(2 * pc.p_blocks + tp) * n_pad + n] = gs;
+                    }
+                    dt_share += rate[j] * decay * gs + bn * gb;
+                    [[unroll]] for (uint i = 0; i < kRows; ++i) gr[j * kRows + i] *= decay;  // on to S_{t-1}
                 }
-                dt_share += rate[j] * decay * gs + bn * gb;
-                [[unroll]] for (uint i = 0; i < kRows; ++i) gr[j * kRows + i] *= decay;  // on to S_{t-1}
-            }
-            if (in_head) {
-                [[unroll]] for (uint i = 0; i < kRows; ++i) row_sums[(tp + pc.p_blocks * i) * row_stride + tn] = gx[i];
-            }
-            dt_shares[tid] = in_head ? dt_share : 0.0;
-            barrier();
-            [[unroll]] for (uint m = 0; m < 4; ++m) {
-                uint n = tid + 256 * m;
-                if (n >= pc.d_state) break;
-                float gb = 0.0, gc = 0.0, gs = 0.0;
-                for (uint r = 0; r < pc.p_blocks; ++r) {
-                    gb += state_sums[(0 * pc.p_blocks + r) * n_pad + n];
-                    gc += state_sums[(1 * pc.p_blocks + r) * n_pad + n];
-                    gs += state_sums[(2 * pc.p_blocks + r) * n_pad + n];
+                if (in_head) {
+                    [[unroll]] for (uint i = 0; i < kRows; ++i) row_sums[(tp + pc.p_blocks * i) * row_stride + tn] = gx[i];
                 }
-                uint at = ((q * pc.n_tok + t) * pc.n_head + h) * pc.d_state + n;
-                pc.o.v[ga_at + at] = dts * exp(dts * reducer_rate[m]) * gs;
-                pc.o.v[gb_at + at] = dts * gb;
-                pc.o.v[gc_at + at] = gc;
+                dt_shares[tid] = in_head ? dt_share : 0.0;
+                barrier();
+                [[unroll]] for (uint m = 0; m < 4; ++m) {
+                    uint n = tid + 256 * m;
+                    if (n >= pc.d_state) break;
+                    float gb = 0.0, gc = 0.0, gs = 0.0;
+                    for (uint r = 0; r < pc.p_blocks; ++r) {
+                        gb += state_sums[(0 * pc.p_blocks + r) * n_pad + n];
+                        gc += state_sums[(1 * pc.p_blocks + r) * n_pad + n];
+                        gs += state_sums[(2 * pc.p_blocks + r) * n_pad + n];
+                    }
+                    uint at = ((q * pc.n_tok + t) * pc.n_head + h) * pc.d_state + n;
+                    pc.o.v[ga_at + at] = dts * exp(dts * reducer_rate[m]) * gs;
+                    pc.o.v[gb_at + at] = dts * gb;
+                    pc.o.v[gc_at + at] = gc;
+                }
+                for (uint p = tid; p < pc.head_dim; p += gl_WorkGroupSize.x) {
+                    float sum = 0.0;
+                    for (uint r = 0; r < pc.n_blocks; ++r) sum += row_sums[p * row_stride + r];
+                    pc.o.v[gx_at + x_base(t) + p] = dts * sum;
+                }
+                if (tid < 16) {
+                    float sum = 0.0;
+                    for (uint r = 0; r < 16; ++r) sum += dt_shares[tid * 16 + r];
+                    dt_partials[tid] = sum;
+                }
+                barrier();
+                if (tid == 0) {
+                    float sum = 0.0;
+                    for (uint r = 0; r < 16; ++r) sum += dt_partials[r];
+                    pc.o.v[gdt_at + dt_at(t)] = sum * stage[su + width - 1];
+                }
             }
-            for (uint p = tid; p < pc.head_dim; p += gl_WorkGroupSize.x) {
-                float sum = 0.0;
-                for (uint r = 0; r < pc.n_blocks; ++r) sum += row_sums[p * row_stride + r];
-                pc.o.v[gx_at + x_base(t) + p] = dts * sum;
-            }
-            if (tid < 16) {
-                float sum = 0.0;
-                for (uint r = 0; r < 16; ++r) sum += dt_shares[tid * 16 + r];
-                dt_partials[tid] = sum;
-            }
-            barrier();
-            if (tid == 0) {
-                float sum = 0.0;
-                for (uint r = 0; r < 16; ++r) sum += dt_partials[r];
-                pc.o.v[gdt_at + dt_at(t)] = sum * stage[su + width - 1];
-            }
+            if (b0 == 0) break;
         }
     }
     [[unroll]] for (uint j = 0; j < kStates; ++j)

@@ -757,11 +757,9 @@ int64_t lane_states(const ScanDims& d) {
 }
 
 // ssm_scan_tiled.comp's tiles and stages (the shader's constants): 4 states of 8 rows per
-// invocation, a chunk whose B, C, x, dy and dt take at most 512 floats per token: at most 8
-// tokens in 2048 floats, or (the LARGE_STAGE variant, for 48 KiB of shared memory) 24 tokens in
-// 5888 floats; 2560 floats of row sums.
+// invocation; a token's B, C, x, dy and dt take at most 512 floats of a stage (2048 floats, or
+// 5888 in the LARGE_STAGE variant, for 48 KiB of shared memory); 2560 floats of row sums.
 constexpr int64_t kStageWidth = 512, kBackwardStates = 4, kBackwardRows = 8, kRowSums = 2560;
-constexpr int64_t kSmallChunk = 8, kSmallStage = 2048, kLargeChunk = 24, kLargeStage = 5888;
 
 struct TiledScan {
     bool fits;
@@ -770,8 +768,7 @@ struct TiledScan {
 };
 
 // The backward pass checkpoints every chunk-th token in the scratch the CPU's layout sets aside
-// (ScanDims::scratch_per_task): as many checkpoints as it holds, so chunks are short; a chunk's
-// tokens must fit the stage.
+// (ScanDims::scratch_per_task): as many checkpoints as it holds, so chunks are short.
 TiledScan tiled_backward(const ScanDims& d) {
     const int64_t group = int64_t(kGroup);
     const int64_t n_blocks = (d.d_state + kBackwardStates - 1) / kBackwardStates;
@@ -781,8 +778,7 @@ TiledScan tiled_backward(const ScanDims& d) {
     const int64_t width = 2 * (d.d_state + d.head_dim + 1);  // B, C, x, dy, dt and its slope
     const bool fits = d.head_dim >= 8 && n_blocks * p_blocks <= group &&
                       p_blocks * kBackwardRows * (n_blocks + 1) <= kRowSums &&
-                      width <= kStageWidth && chunk <= (large ? kLargeChunk : kSmallChunk) &&
-                      chunk * width <= (large ? kLargeStage : kSmallStage);
+                      width <= kStageWidth;
     return {fits, n_blocks, p_blocks, chunk, large};
 }
 
