@@ -141,6 +141,29 @@ def test_ssm_scan_gpu_matches_cpu_on_long_sequences(d_state, head_dim, n_head, n
     test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1)
 
 
+@pytest.mark.skipif(not LAVAPIPE, reason="a guard for lavapipe's loop limit")
+def test_ssm_scan_refuses_what_lavapipe_would_cut_short():
+    """Where lavapipe would end the backward kernel's loops early, the op says so instead of
+    giving wrong gradients; the forward pass of the same sequence still runs, and so do pieces
+    of it that carry the state."""
+    arrays = {k: v.astype(np.float32) for k, v in scan_inputs(np.random.default_rng(0), 16, 16, 1, 2800, 1).items()}
+    previous = rc.device("gpu")
+    try:
+        inputs = [rc.tensor(np.asfortranarray(a)) for a in arrays.values()]
+        ids = rc.tensor(np.zeros(1, np.int32))
+        packed = ops.apply("ssm_scan", (*inputs, ids))
+        with pytest.raises(RuntimeError, match="2800 tokens per sequence need about .* loop iterations.*llvmpipe.*CPU"):
+            ops.apply("ssm_scan_back", (rc.full(packed.shape, 1.0), *inputs, ids))
+        # 1000 tokens fit (test_ssm_scan_gpu_matches_cpu checks that length's gradients)
+        piece = [inputs[0], rc.tensor(np.asfortranarray(arrays["x"][:, :, :1000])),
+                 rc.tensor(np.asfortranarray(arrays["dt"][:, :1000])), inputs[3],
+                 rc.tensor(np.asfortranarray(arrays["B"][:, :, :1000])), rc.tensor(np.asfortranarray(arrays["C"][:, :, :1000]))]
+        packed = ops.apply("ssm_scan", (*piece, ids))
+        assert np.isfinite(ops.apply("ssm_scan_back", (rc.full(packed.shape, 1.0), *piece, ids)).numpy()).all()
+    finally:
+        rc.device(previous)
+
+
 def test_ssm_scan_matches_the_recurrence_in_float64():
     arrays = scan_inputs(np.random.default_rng(3), 5, 3, 4, 11, 2, n_group=2)
     y, final = rc.ssm_scan(*[rc.tensor(np.asfortranarray(a), dtype="f64") for a in arrays.values()])

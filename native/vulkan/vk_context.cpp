@@ -314,6 +314,7 @@ void Context::init(std::string* why) {
     api_.vkGetPhysicalDeviceProperties2(physical_, &props2);
     const VkPhysicalDeviceLimits& lim = props2.properties.limits;
     device_name_ = props2.properties.deviceName;
+    if (device_name_.find("llvmpipe") != std::string::npos) limits_.loop_iterations = 65535;
     limits_.subgroup_size = subgroup.subgroupSize;
     limits_.subgroup_arithmetic = (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                                   (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT);

@@ -760,6 +760,7 @@ int64_t lane_states(const ScanDims& d) {
 // invocation; a token's B, C, x, dy and dt take at most 512 floats of a stage (2048 floats, or
 // 5888 in the LARGE_STAGE variant, for 48 KiB of shared memory); 2560 floats of row sums.
 constexpr int64_t kStageWidth = 512, kBackwardStates = 4, kBackwardRows = 8, kRowSums = 2560;
+constexpr int64_t kSmallStage = 2048, kSmallStageTokens = 8, kLargeStage = 5888, kLargeStageTokens = 24;
 
 struct TiledScan {
     bool fits;
@@ -780,6 +781,30 @@ TiledScan tiled_backward(const ScanDims& d) {
                       p_blocks * kBackwardRows * (n_blocks + 1) <= kRowSums &&
                       width <= kStageWidth;
     return {fits, n_blocks, p_blocks, chunk, large};
+}
+
+// At least the loop iterations one invocation of the scan's shader runs: its loops whose trip
+// counts are not constants, per token, from each shader's code. Generous, so that it errs on
+// the side of refusing.
+double scan_loop_iterations(const ScanDims& d, const std::string& shader) {
+    const double tokens = double(d.n_tok);
+    if (shader.rfind("ssm_scan_rows", 0) == 0) return tokens + 1;  // the token loop
+    if (shader.rfind("ssm_scan_tiled", 0) == 0) {
+        const TiledScan t = tiled_backward(d);
+        const int64_t width = 2 * (d.d_state + d.head_dim + 1);
+        const int64_t stage = std::min(t.large_stage ? kLargeStageTokens : kSmallStageTokens,
+                                       (t.large_stage ? kLargeStage : kSmallStage) / width);
+        const int64_t stages_per_chunk = (t.chunk + stage - 1) / stage;
+        // the two walks' token loops, the recomputed steps, the sums over rows, states and
+        // gdt's shares, the walks over a chunk's earlier stages
+        const double per_token = 2.0 + double(stage) + double(t.p_blocks + t.n_blocks) +
+                                 double((d.head_dim + 255) / 256) + 32.0 + double(stages_per_chunk);
+        return tokens * per_token;
+    }
+    // ssm_scan.comp: up to four passes over an invocation's 64 owned elements per token, the
+    // backward's sums over head_dim and d_state, the reduction and stage loops
+    const bool backward = shader.rfind("ssm_scan_backward", 0) == 0;
+    return tokens * (backward ? 4.0 * 64 + double(d.d_state + d.head_dim) + 16.0 : 64.0 + 16.0);
 }
 
 // How ssm_scan.comp spreads a head's state over its 256 invocations: `lanes` invocations per row
@@ -825,6 +850,13 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
                   u32(d.n_seqs, pass), u32(d.n_group, pass), u32(d.a_rows, pass), u32(d.n_rs, pass),
                   u32(d.chunk(), pass), {0, 0}, 0};
     const std::string shader = vk::scan_kernel(d, g != nullptr);
+    const uint64_t loop_budget = ctx().limits().loop_iterations;
+    if (loop_budget > 0 && scan_loop_iterations(d, shader) > double(loop_budget))
+        throw std::runtime_error(std::string(pass) + ": " + std::to_string(d.n_tok) + " tokens per sequence need about " +
+                                 std::to_string(int64_t(scan_loop_iterations(d, shader))) + " loop iterations in one " +
+                                 "shader invocation; " + ctx().device_name() + " ends a shader's loops after " +
+                                 std::to_string(loop_budget) + " and would give wrong numbers. Run it on the CPU " +
+                                 "(rc.device('cpu')), or in shorter pieces carrying the state");
     uint64_t n_groups = uint64_t(d.tasks());
     if (shader.rfind("ssm_scan_rows", 0) == 0) {  // workgroups per (sequence, head)
         const int64_t rows = kRowsPerSubgroup * int64_t(kGroup / ctx().limits().subgroup_size);
