@@ -88,6 +88,19 @@ def test_gpu_matches_the_cpu(shape):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * scale, err_msg=f"d{name}")
 
 
+@pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
+def test_lavapipe_refuses_what_it_would_cut_short():
+    """lavapipe ends a shader invocation's loops after 65535 iterations in all; at head size 64,
+    1000 tokens' forward pass went wrong there without an error. It is refused now, with a message
+    that names the way out; 256 tokens still run and match the CPU."""
+    arrays = [x.astype(np.float32) for x in inputs(64, 1, 1000, 1, seed=3)]
+    with pytest.raises(RuntimeError, match="rwkv_wkv7: 1000 tokens per sequence need about .*llvmpipe.*CPU"):
+        run(arrays, device="gpu")
+    short = [x.astype(np.float32) for x in inputs(64, 1, 256, 1, seed=3)]
+    for cpu, gpu in zip(run(short, device="cpu"), run(short, device="gpu")):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=2e-5 * float(np.abs(cpu).max()))
+
+
 @on_gpu_only
 def test_gpu_backward_is_deterministic():
     arrays = [x.astype(np.float32) for x in inputs(16, 2, 40, 2, seed=5)]

@@ -2,6 +2,7 @@
 // constants it passes (each struct mirrors the push_constant block of its shader, std430).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "backend.hpp"
@@ -698,6 +699,24 @@ void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record("norm_total", p, 1, {span(*partials)}, {span(out)});
 }
 
+// The counts of loops in the recurrences' shaders below come from reading them; lavapipe was
+// seen to count about 1.2 times as many (rwkv_wkv7 at head size 64 went wrong from about 950
+// tokens, where 59 per token were counted), so they are doubled.
+constexpr double kLoopMargin = 2.0;
+
+// Refuses a dispatch whose invocations would run more loop iterations than the device lets a
+// shader invocation run before it ends its loops early (lavapipe: Limits::loop_iterations), which
+// would give wrong numbers without an error. `iterations` bounds one invocation's from above.
+void check_loop_budget(const char* op, int64_t tokens, double iterations) {
+    const uint64_t budget = ctx().limits().loop_iterations;
+    if (budget == 0 || iterations <= double(budget)) return;
+    throw std::runtime_error(std::string(op) + ": " + std::to_string(tokens) + " tokens per sequence need about " +
+                             std::to_string(int64_t(iterations)) + " loop iterations in one shader invocation; " +
+                             ctx().device_name() + " ends a shader's loops after " + std::to_string(budget) +
+                             " and would give wrong numbers. Run it on the CPU (rc.device('cpu')), or in shorter "
+                             "pieces carrying the state");
+}
+
 // ---- state-space layers ------------------------------------------------------------------
 
 struct SsmConvPush {
@@ -850,13 +869,7 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
                   u32(d.n_seqs, pass), u32(d.n_group, pass), u32(d.a_rows, pass), u32(d.n_rs, pass),
                   u32(d.chunk(), pass), {0, 0}, 0};
     const std::string shader = vk::scan_kernel(d, g != nullptr);
-    const uint64_t loop_budget = ctx().limits().loop_iterations;
-    if (loop_budget > 0 && scan_loop_iterations(d, shader) > double(loop_budget))
-        throw std::runtime_error(std::string(pass) + ": " + std::to_string(d.n_tok) + " tokens per sequence need about " +
-                                 std::to_string(int64_t(scan_loop_iterations(d, shader))) + " loop iterations in one " +
-                                 "shader invocation; " + ctx().device_name() + " ends a shader's loops after " +
-                                 std::to_string(loop_budget) + " and would give wrong numbers. Run it on the CPU " +
-                                 "(rc.device('cpu')), or in shorter pieces carrying the state");
+    check_loop_budget(pass, d.n_tok, scan_loop_iterations(d, shader));
     uint64_t n_groups = uint64_t(d.tasks());
     if (shader.rfind("ssm_scan_rows", 0) == 0) {  // workgroups per (sequence, head)
         const int64_t rows = kRowsPerSubgroup * int64_t(kGroup / ctx().limits().subgroup_size);
@@ -921,6 +934,13 @@ void recurrence(const char* kind, bool backward, const Inputs& in, size_t first,
     // S <= 64: at most 4 x 4 state elements per invocation, kept in registers
     const std::string shader = std::string("recurrence_") + kind + (backward ? "_backward" : "_forward") +
                                (d.S <= 64 ? "_registers" : "");
+    // recurrence.comp's loops per token, each at its largest trip count: the state update over the
+    // owned rows and columns, the sums over 64-wide tiles with their 16 lanes; the backward walks
+    // the state twice and sums four quantities
+    const double per = double((d.S + 15) / 16), tiles = double((d.S + 63) / 64), lanes = double(std::min<int64_t>(d.S, 16));
+    const double forward = 1.0 + per + per * per + tiles * (1.0 + per + per * per + lanes);
+    const int64_t tokens = d.T / d.n_seqs;
+    check_loop_budget(kind, tokens, kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward));
     record(shader, p, uint64_t(d.n_seqs * d.H), reads, {span(out)});
 }
 
@@ -948,6 +968,17 @@ void vk_gated_linear_attn_back(const Inputs& in, const OpAttrs& attrs, TensorImp
 
 namespace {
 
+// wkv7.comp's loops per token, each at its largest trip count: a row or column sum (its passes,
+// each with a part of the row and the parts' sum) and an elementwise pass over the state. The
+// forward has two sums and a pass; the backward walks the state twice (a sum and a pass each) and
+// then has four sums and two passes.
+double wkv7_loop_iterations(int64_t S, int64_t tokens, bool backward) {
+    const double ways = double(std::max<int64_t>(1, 256 / S)), lines = 256.0 / ways;
+    const double sum = std::ceil(double(S) / lines) * (1.0 + std::ceil(double(S) / ways) + ways);
+    const double pass = std::ceil(double(S * S) / 256.0);
+    return kLoopMargin * double(tokens) * (backward ? 2.0 + 6.0 * sum + 4.0 * pass : 1.0 + 2.0 * sum + pass);
+}
+
 struct Wkv7Push {
     uint64_t r, w, k, v, a, b, state, o;
     uint32_t S, H, T, n_seqs;
@@ -967,6 +998,7 @@ void vk_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                in[5]->address(), state.address(), out.address(), u32(r.ne[0], "rwkv_wkv7"), u32(r.ne[1], "rwkv_wkv7"),
                u32(r.ne[2], "rwkv_wkv7"), u32(state.ne[1], "rwkv_wkv7")};
     u32(out.numel(), "rwkv_wkv7");
+    check_loop_budget("rwkv_wkv7", r.ne[2] / state.ne[1], wkv7_loop_iterations(r.ne[0], r.ne[2] / state.ne[1], false));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     record("wkv7_forward", p, uint64_t(p.H) * p.n_seqs, reads, {span(out)});
@@ -982,6 +1014,7 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                    u32(S, "rwkv_wkv7_back"), u32(H, "rwkv_wkv7_back"), u32(T, "rwkv_wkv7_back"),
                    u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kRecurrenceChunk)};
     u32(out.numel(), "rwkv_wkv7_back");
+    check_loop_budget("rwkv_wkv7_back", T / n_seqs, wkv7_loop_iterations(S, T / n_seqs, true));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
