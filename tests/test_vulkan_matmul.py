@@ -101,7 +101,7 @@ def test_batched_matmul_broadcasts_like_the_cpu(dtype, poisoned_gpu_memory):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("m, n, k", SHAPES + [(264, 136, 48)])
+@pytest.mark.parametrize("m, n, k", SHAPES + [(264, 136, 48), (136, 17, 40), (272, 264, 200)])
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
 def test_f16_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
     a, b = _operands(m, n, k, ta, tb, np.float16, seed=m * n + k)

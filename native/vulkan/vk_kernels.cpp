@@ -288,14 +288,16 @@ MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
 }
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
-// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile time).
-std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb) {
+// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile
+// time), and a CHUNKED one of each for operands that are both read in 16-byte chunks.
+std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bool chunked) {
     const std::string base = linear ? "matmul_linear" : "matmul";
     switch (kernel) {
         case MatmulKernel::tiled_small: return base + "_small";
         case MatmulKernel::tiled: return base;
         case MatmulKernel::tiled_large: return base + "_large";
-        case MatmulKernel::coopmat: return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "");
+        case MatmulKernel::coopmat:
+            return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "") + (chunked ? "_chunked" : "");
     }
     return base;
 }
@@ -339,15 +341,16 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
                             activation};
     std::vector<vk::Range> reads{span(a), span(b)};
     if (bias) reads.push_back(span(*bias));
-    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb);
     const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
     if (kernel == MatmulKernel::coopmat) {
-        const CoopmatPush p{linear, uint32_t(reads_in_chunks(a)) | uint32_t(reads_in_chunks(b)) << 1};
+        const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
+        const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
+        const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b);
         record(shader, p, tiles, reads, {span(out)}, batches);
     } else if (bias) {
-        record(shader, linear, tiles, reads, {span(out)}, batches);
+        record(matmul_shader(kernel, true, ta, tb, false), linear, tiles, reads, {span(out)}, batches);
     } else {
-        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
+        record(matmul_shader(kernel, false, ta, tb, false), linear.matmul, tiles, reads, {span(out)}, batches);
     }
 }
 
