@@ -44,7 +44,7 @@ class Backend {
     virtual ~Backend() = default;
     virtual std::shared_ptr<Storage> allocate(size_t nbytes) = 0;
     // Runs op into `out` (already sized, storage assigned). Kernels see f32/f64/i32 only, except
-    // where takes_f16 says otherwise.
+    // where takes_half says otherwise.
     virtual void run(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) = 0;
     // Host <-> device copies of n bytes at a byte offset into a tensor (counted in
     // transfer_stats on the GPU): whole tensors, or a few columns of a buffer.
@@ -60,9 +60,9 @@ class Backend {
     virtual void submit() {}
     // Waits for everything recorded so far.
     virtual void synchronize() {}
-    // Whether op's kernel reads these f16 inputs as they are; otherwise f16 inputs are widened to
-    // f32 first (and an f16 result rounded once at the end).
-    virtual bool takes_f16(Op, const Inputs&) const { return false; }
+    // Whether op's kernel reads these f16 or bf16 inputs as they are; otherwise they are widened
+    // to f32 first (and a 16-bit result rounded once at the end).
+    virtual bool takes_half(Op, const Inputs&) const { return false; }
 };
 
 // The Vulkan backend, created on first use; null (and `why` says what is missing) where no

@@ -26,6 +26,7 @@ py::dtype numpy_dtype(DType d) {
         case DType::i32: return py::dtype::of<int32_t>();
         case DType::f64: return py::dtype::of<double>();
         case DType::u8: return py::dtype::of<uint8_t>();
+        case DType::bf16: return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
     }
     throw std::logic_error("unknown dtype");
 }
@@ -270,8 +271,8 @@ PYBIND11_MODULE(_native, m) {
         "gpu_matmul_kernel",
         [](const std::string& dtype, int64_t m, int64_t n, int64_t batch) -> py::object {
             const DType d = dtype_from_name(dtype);
-            if (d != DType::f32 && d != DType::f16)
-                throw TypeError("gpu_matmul_kernel: dtype must be 'f32' or 'f16', got '" + dtype + "'");
+            if (d != DType::f32 && !is_half(d))
+                throw TypeError("gpu_matmul_kernel: dtype must be 'f32', 'f16' or 'bf16', got '" + dtype + "'");
             if (m < 1 || n < 1 || batch < 1)
                 throw std::invalid_argument("gpu_matmul_kernel: m, n and batch must be >= 1");
             const std::string kernel = gpu_matmul_kernel(d, m, n, batch);

@@ -174,7 +174,7 @@ RK_BACK(clamp_back, 2, (v > T(attrs.floats[0]) && v < T(attrs.floats[1])) ? g : 
 #undef RK_BACK
 
 OutSpec shape_cast(const Inputs& in, const OpAttrs& attrs) {
-    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::u8))
+    if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::bf16))
         throw std::invalid_argument("cast: expected one dtype attribute");
     OutSpec spec = same_as(*in[0]);
     spec.dtype = DType(attrs.ints[0]);
@@ -189,11 +189,12 @@ double load(const TensorImpl& t, int64_t i) {
         case DType::i32: return t.ptr<int32_t>()[i];
         case DType::u8: return t.ptr<uint8_t>()[i];
         case DType::f16: return half_to_float(t.ptr<uint16_t>()[i]);
+        case DType::bf16: return bf16_to_float(t.ptr<uint16_t>()[i]);
     }
     return 0;
 }
 // v as a float rounded to odd (inexact results get an odd last bit): rounding that float to f16
-// then gives the correctly rounded f16 of v, which rounding to nearest twice does not.
+// or bf16 then gives the correctly rounded value of v, which rounding to nearest twice does not.
 float to_odd_float(double v) {
     float f = float(v);
     if (!std::isfinite(v) || double(f) == v) return f;
@@ -212,6 +213,7 @@ void store(TensorImpl& t, int64_t i, double v) {
             t.ptr<int32_t>()[i] = std::isnan(v) ? 0 : int32_t(std::clamp(v, -2147483648.0, 2147483647.0));
             return;
         case DType::f16: t.ptr<uint16_t>()[i] = float_to_half(to_odd_float(v)); return;
+        case DType::bf16: t.ptr<uint16_t>()[i] = float_to_bf16(to_odd_float(v)); return;
         case DType::u8:  // rounded and saturated to 0..255; NaN becomes 0
             t.ptr<uint8_t>()[i] = std::isnan(v) ? 0 : uint8_t(std::clamp(std::nearbyint(v), 0.0, 255.0));
             return;
@@ -234,6 +236,22 @@ void cpu_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) {
         float* po = out.ptr<float>();
         parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i) po[i] = half_to_float(px[i]);
+        });
+        return;
+    }
+    if (x.dtype == DType::f32 && out.dtype == DType::bf16) {  // and of bf16 storage
+        const float* px = x.ptr<float>();
+        uint16_t* po = out.ptr<uint16_t>();
+        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = float_to_bf16(px[i]);
+        });
+        return;
+    }
+    if (x.dtype == DType::bf16 && out.dtype == DType::f32) {
+        const uint16_t* px = x.ptr<uint16_t>();
+        float* po = out.ptr<float>();
+        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) po[i] = bf16_to_float(px[i]);
         });
         return;
     }

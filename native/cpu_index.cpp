@@ -158,7 +158,7 @@ OutSpec shape_one_hot(const Inputs& in, const OpAttrs& attrs) {
     const int64_t classes = int_attr("one_hot", attrs, 0, "classes");
     const int64_t dtype = int_attr("one_hot", attrs, 1, "dtype");
     if (classes < 1) throw std::invalid_argument("one_hot: classes must be at least 1, got " + std::to_string(classes));
-    if (dtype != int64_t(DType::f32) && dtype != int64_t(DType::f64) && dtype != int64_t(DType::f16))
+    if (dtype < 0 || dtype > int64_t(DType::bf16) || !is_float(DType(dtype)))
         throw TypeError("one_hot: the output dtype must be a float dtype");
     return OutSpec{{classes, in[0]->numel(), 1, 1}, 2, DType(dtype)};
 }

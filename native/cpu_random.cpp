@@ -24,7 +24,7 @@ uint64_t splitmix64(uint64_t x) {
 OutSpec random_spec(const char* op, const OpAttrs& attrs) {
     if (attrs.ints.size() != kMaxDims + 2) throw std::invalid_argument(op_err(op, "expected a shape and a dtype"));
     const int64_t dtype = attrs.ints[kMaxDims + 1];
-    if (dtype != int64_t(DType::f32) && dtype != int64_t(DType::f64) && dtype != int64_t(DType::f16))
+    if (dtype < 0 || dtype > int64_t(DType::bf16) || !is_float(DType(dtype)))
         throw TypeError(op_err(op, "the dtype must be a float dtype"));
     return shape_from_attrs(op, attrs, 0, DType(dtype));
 }
@@ -79,7 +79,7 @@ OutSpec shape_full(const Inputs&, const OpAttrs& attrs) {
     if (attrs.ints.size() != kMaxDims + 2 || attrs.floats.size() != 1)
         throw std::invalid_argument("full: expected a shape, a dtype and a value");
     const int64_t dtype = attrs.ints[kMaxDims + 1];
-    if (dtype < 0 || dtype > int64_t(DType::u8)) throw TypeError("full: unknown dtype");
+    if (dtype < 0 || dtype > int64_t(DType::bf16)) throw TypeError("full: unknown dtype");
     return shape_from_attrs("full", attrs, 0, DType(dtype));
 }
 
@@ -101,14 +101,14 @@ void cpu_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
 
 OutSpec shape_rand(const Inputs&, const OpAttrs& attrs) { return random_spec("rand", attrs); }
 void cpu_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
-    // f64 draws 53 bits; f32 and f16 draw the 24-bit values the GPU shader draws. Rounding to
-    // f16 must not reach 1: cap at its largest value below 1.
+    // f64 draws 53 bits; f32, f16 and bf16 draw the 24-bit values the GPU shader draws. Rounding
+    // to f16 or bf16 must not reach 1: cap at its largest value below 1.
     const DType dtype = DType(attrs.ints[kMaxDims + 1]);
     if (dtype == DType::f64) {
         fill_random(out, uniform_at);
         return;
     }
-    const float below_one = dtype == DType::f16 ? 1.0f - 0x1.0p-11f : 1.0f;
+    const float below_one = largest_below_one(int(dtype));
     fill_random(out, [below_one](uint64_t stream, uint64_t i) { return std::min(uniform24_at(stream, i), below_one); });
 }
 

@@ -15,7 +15,7 @@ inline std::string op_err(const char* op, const std::string& msg) { return std::
 
 inline void require_float(const char* op, const TensorImpl& t, const char* arg) {
     if (!is_float(t.dtype))
-        throw TypeError(op_err(op, std::string(arg) + " must be a float tensor (f32, f16 or f64), got " + dtype_name(t.dtype)));
+        throw TypeError(op_err(op, std::string(arg) + " must be a float tensor (f32, f16, bf16 or f64), got " + dtype_name(t.dtype)));
 }
 
 inline void require_index(const char* op, const TensorImpl& t, const char* arg) {
@@ -41,7 +41,7 @@ inline OutSpec same_as(const TensorImpl& t) { return OutSpec{t.ne, t.ndim, t.dty
 // Reads the shape attributes ne[0..3], ndim stored from position `at` of attrs.ints.
 OutSpec shape_from_attrs(const char* op, const OpAttrs& attrs, size_t at, DType dtype);
 
-// Calls f with a value of the computing type of a float tensor (kernels never see f16).
+// Calls f with a value of the computing type of a float tensor (kernels never see f16 or bf16).
 template <typename F>
 void dispatch_float(DType dtype, F&& f) {
     switch (dtype) {

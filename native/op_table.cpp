@@ -97,23 +97,23 @@ TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype) {
 
 void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out) {
     Backend& be = backend(out.device);
-    bool any_half = out.dtype == DType::f16;
-    for (const auto& t : inputs) any_half |= t->dtype == DType::f16;
-    if (!any_half || op == Op::cast || be.takes_f16(op, inputs)) {
+    bool any_half = is_half(out.dtype);
+    for (const auto& t : inputs) any_half |= is_half(t->dtype);
+    if (!any_half || op == Op::cast || be.takes_half(op, inputs)) {
         be.run(op, inputs, attrs, out);
         return;
     }
-    // f16 is a storage format here: compute in f32 and round the result once.
+    // f16 and bf16 are storage formats here: compute in f32 and round the result once.
     Inputs wide;
     wide.reserve(inputs.size());
-    for (const auto& t : inputs) wide.push_back(t->dtype == DType::f16 ? converted(t, DType::f32) : t);
-    if (out.dtype != DType::f16) {
+    for (const auto& t : inputs) wide.push_back(is_half(t->dtype) ? converted(t, DType::f32) : t);
+    if (!is_half(out.dtype)) {
         be.run(op, wide, attrs, out);
         return;
     }
     TensorPtr wide_out = make_on(out.device, out.ne, out.ndim, DType::f32);
     be.run(op, wide, attrs, *wide_out);
-    be.run(Op::cast, {wide_out}, OpAttrs{{int64_t(DType::f16)}, {}}, out);
+    be.run(Op::cast, {wide_out}, OpAttrs{{int64_t(out.dtype)}, {}}, out);
 }
 
 TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device) {

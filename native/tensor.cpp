@@ -17,6 +17,7 @@ size_t dtype_size(DType dtype) {
         case DType::i32: return 4;
         case DType::f64: return 8;
         case DType::u8: return 1;
+        case DType::bf16: return 2;
     }
     throw std::logic_error("unknown dtype");
 }
@@ -28,6 +29,7 @@ const char* dtype_name(DType dtype) {
         case DType::i32: return "i32";
         case DType::f64: return "f64";
         case DType::u8: return "u8";
+        case DType::bf16: return "bf16";
     }
     return "?";
 }
@@ -40,7 +42,8 @@ DType dtype_from_name(const std::string& name) {
     if (name == "i32") return DType::i32;
     if (name == "f64") return DType::f64;
     if (name == "u8") return DType::u8;
-    throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, i32, f64, u8");
+    if (name == "bf16") return DType::bf16;
+    throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, bf16, i32, f64, u8");
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
@@ -147,6 +150,14 @@ float half_to_float(uint16_t h) {
     float f;
     std::memcpy(&f, &x, 4);
     return f;
+}
+
+uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // NaN: keep it a (quiet) NaN
+    x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even; overflows to inf as it should
+    return uint16_t(x >> 16);
 }
 
 }  // namespace rk

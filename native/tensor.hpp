@@ -6,20 +6,23 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 namespace rk {
 
-enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3, u8 = 4 };  // u8: buffer storage (frames)
+// u8: buffer storage (frames); f16 and bf16: float storage formats (ops compute them in f32)
+enum class DType : int { f32 = 0, f16 = 1, i32 = 2, f64 = 3, u8 = 4, bf16 = 5 };
 enum class Device : int { cpu = 0, gpu = 1 };
 const char* device_name(Device device);
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 DType dtype_from_name(const std::string& name);
-inline bool is_float(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::f64; }
+inline bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }  // the 16-bit float formats
+inline bool is_float(DType d) { return d == DType::f32 || d == DType::f64 || is_half(d); }
 
 constexpr int kMaxDims = 4;
 using Shape = std::array<int64_t, kMaxDims>;  // ne[0..3]; unused trailing dims are 1
@@ -67,5 +70,13 @@ TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device = D
 // Half-precision conversion (IEEE 754 binary16, round to nearest even).
 uint16_t float_to_half(float f);
 float half_to_float(uint16_t h);
+// bfloat16 conversion (f32's upper 16 bits, round to nearest even; NaN stays a quiet NaN).
+uint16_t float_to_bf16(float f);
+inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 
 }  // namespace rk

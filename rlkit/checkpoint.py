@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 
+import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load, save as st_save
@@ -33,6 +34,9 @@ def _flatten(value, path: str, tensors: dict):
     if isinstance(value, np.ndarray):
         if path in tensors:
             raise ValueError(f"checkpoint: two arrays of the state map to the same entry {path!r}")
+        if value.dtype == ml_dtypes.bfloat16:  # safetensors' numpy reader has no BF16: stored as its bits
+            tensors[path] = np.ascontiguousarray(value).view(np.uint16)
+            return {"__tensor__": path, "bits_of": "bf16"}
         tensors[path] = np.ascontiguousarray(value)
         return {"__tensor__": path}
     if isinstance(value, dict):
@@ -53,6 +57,8 @@ def _unflatten(tree, tensors: dict):
     if isinstance(tree, dict):
         if set(tree) == {"__tensor__"}:
             return tensors[tree["__tensor__"]]
+        if set(tree) == {"__tensor__", "bits_of"} and tree["bits_of"] == "bf16":
+            return tensors[tree["__tensor__"]].view(ml_dtypes.bfloat16)
         return {key: _unflatten(v, tensors) for key, v in tree.items()}
     if isinstance(tree, list):
         return [_unflatten(v, tensors) for v in tree]

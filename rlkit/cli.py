@@ -429,7 +429,7 @@ def _gpu_matmul_lines() -> list[str]:
 
     sizes = (256, 4096)
     return [f"gpu matmul {dtype}: " + "; ".join(f"{n}x{n}: {_native.gpu_matmul_kernel(dtype, n, n)}" for n in sizes)
-            for dtype in ("f32", "f16")]
+            for dtype in ("f32", "f16", "bf16")]
 
 
 def info_lines() -> list[str]:

@@ -1,5 +1,6 @@
-// dtype conversions. u8 travels as four bytes per 32-bit word; f16 travels as pairs of halves in 32-bit words: F32_TO_F16 writes one
-// word (two elements) per invocation; the buffer is padded to whole words.
+// dtype conversions. u8 travels as four bytes per 32-bit word; f16 and bf16 travel as pairs of
+// 16-bit values in 32-bit words: F32_TO_F16 and F32_TO_BF16 write one word (two elements) per
+// invocation; the buffer is padded to whole words.
 #version 450
 #include "common.glsl"
 
@@ -8,6 +9,14 @@ layout(push_constant) uniform Push {
     Words o;
     uint n;  // elements
 } pc;
+
+// f's bfloat16 bits: its upper half rounded to nearest even (as the CPU's float_to_bf16); a NaN
+// stays a quiet NaN.
+uint bf16_bits(float f) {
+    uint x = floatBitsToUint(f);
+    if (isnan(f)) return (x >> 16) | 0x40u;
+    return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
 
 void main() {
     uint i = flat_invocation();
@@ -20,6 +29,14 @@ void main() {
     if (i >= pc.n) return;
     vec2 pair = unpackHalf2x16(pc.x.v[i / 2]);
     pc.o.v[i] = floatBitsToUint((i % 2 == 0) ? pair.x : pair.y);
+#elif defined(F32_TO_BF16)
+    if (2 * i >= pc.n) return;
+    uint lo = bf16_bits(uintBitsToFloat(pc.x.v[2 * i]));
+    uint hi = 2 * i + 1 < pc.n ? bf16_bits(uintBitsToFloat(pc.x.v[2 * i + 1])) : 0u;
+    pc.o.v[i] = lo | (hi << 16);
+#elif defined(BF16_TO_F32)
+    if (i >= pc.n) return;
+    pc.o.v[i] = ((pc.x.v[i / 2] >> (16 * (i % 2))) & 0xffffu) << 16;
 #elif defined(F32_TO_I32)
     if (i >= pc.n) return;
     float f = uintBitsToFloat(pc.x.v[i]);

@@ -1,7 +1,8 @@
-// C[m, n] = op(A)[m, k] @ op(B)[k, n] for f16 A, B and C with f32 accumulation, on cooperative
-// matrices (tensor cores): matmul.comp's push constants and LINEAR epilogue (bias f16 here).
-// Used only where the device lists 16x16x16 f16 x f16 -> f32 subgroup fragments and runs
-// 32-invocation subgroups (vk_context.cpp): the 256 invocations are 8 subgroups.
+// C[m, n] = op(A)[m, k] @ op(B)[k, n] for f16 (or, variant BF16, bf16) A, B and C with f32
+// accumulation, on cooperative matrices (tensor cores): matmul.comp's push constants and LINEAR
+// epilogue (bias of A's dtype here). Used only where the device lists 16x16x16 fragments of that
+// type with f32 sums and runs 32-invocation subgroups (vk_context.cpp): the 256 invocations are
+// 8 subgroups.
 // A workgroup computes a 128 x 256 tile; subgroup s owns the 64 x 64 block at
 // (64 (s % 2), 64 (s / 2)) as 4 x 4 fragments (each B fragment read from shared memory serves
 // four products, each A fragment four: 128 x 128 tiles of 4 x 2 fragments reached 48 TFLOP/s at
@@ -23,9 +24,15 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_GOOGLE_include_directive : require  // glslangValidator does not imply it, as glslc does
+#if defined(BF16)
+#extension GL_EXT_bfloat16 : require
+#define ELEMENT bfloat16_t
+#else
+#define ELEMENT float16_t
+#endif
 #include "common.glsl"
 
-layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { ELEMENT v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Chunks { uvec4 v[]; };
 
 layout(push_constant) uniform Push {
@@ -67,8 +74,8 @@ shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way o
 // VK_KHR_cooperative_matrix where the build's shader compiler knows it (KHR_COOPMAT; its
 // fragments declare their use, A, B or accumulator), else VK_NV_cooperative_matrix.
 #if defined(KHR_COOPMAT)
-#define FRAGMENT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAGMENT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAGMENT_A coopmat<ELEMENT, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAGMENT_B coopmat<ELEMENT, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define FRAGMENT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define COLUMN_MAJOR gl_CooperativeMatrixLayoutColumnMajor
 #define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
@@ -86,14 +93,18 @@ shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way o
 #define MUL_ADD coopMatMulAddNV
 #endif
 
-// Eight halves at element `at` along a contiguous dimension, zero past `limit` there or where the
-// other index is out of range: one 16-byte read where allowed (`whole`), else eight 2-byte reads.
-float16_t read_half(Halfs src, uint at, uint index, uint limit) {
-    return index < limit ? src.v[at] : float16_t(0.0);
+// Eight 16-bit elements at element `at` along a contiguous dimension, zero past `limit` there or
+// where the other index is out of range: one 16-byte read where allowed (`whole`), else each
+// element's bits from the 32-bit word that holds it (the same for f16 and bf16).
+uint read_bits(Halfs src, uint at, uint index, uint limit) {
+    if (index >= limit) return 0u;
+    uint64_t byte = uint64_t(src) + 2 * uint64_t(at);
+    uint word = Words(byte & ~uint64_t(3)).v[0];
+    return (byte & 2) != 0 ? word >> 16 : word & 0xffffu;
 }
 
 uint read_pair(Halfs src, uint at, uint start, uint limit) {
-    return packFloat2x16(f16vec2(read_half(src, at, start, limit), read_half(src, at + 1, start + 1, limit)));
+    return read_bits(src, at, start, limit) | (read_bits(src, at + 1, start + 1, limit) << 16);
 }
 
 uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool inside) {
@@ -160,14 +171,14 @@ FRAGMENT_B b_fragment(uint kk, uint j) {
 }
 
 // Writes fragment f, the output block at rows i0.., columns j0.., through subgroup s's scratch:
-// clipped at the edges, the epilogue applied, rounded to f16.
+// clipped at the edges, the epilogue applied, rounded to f16 (bf16).
 void store_fragment(FRAGMENT_C f, uint i0, uint j0, uint base_c, uint s) {
     STORE_FRAGMENT(f, scratch, 256 * s, 16, COLUMN_MAJOR);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     for (uint e = gl_SubgroupInvocationID; e < 256; e += 32) {
         uint i = i0 + e % 16, j = j0 + e / 16;
-        if (i < pc.m && j < pc.n) pc.c.v[base_c + i + j * pc.m] = float16_t(epilogue(scratch[256 * s + e], i));
+        if (i < pc.m && j < pc.n) pc.c.v[base_c + i + j * pc.m] = ELEMENT(epilogue(scratch[256 * s + e], i));
     }
     subgroupBarrier();
 }

@@ -15,6 +15,7 @@ layout(push_constant) uniform Push {
     uint n;     // outputs
     uint rows;  // SAMPLE_CATEGORICAL: classes per column
     uint64_t stream_at;  // nonzero: the stream is read here (a recorded program's per-replay draw)
+    float below;  // RAND: the cap, the largest value below 1 of the dtype the result is rounded to
 } pc;
 
 uint64_t stream;
@@ -34,7 +35,7 @@ void main() {
     if (i >= pc.n) return;
     stream = pc.stream_at != 0ul ? Stream(pc.stream_at).value : pc.stream;
 #if defined(RAND)
-    pc.o.v[i] = floatBitsToUint(uniform_at(uint64_t(i)));
+    pc.o.v[i] = floatBitsToUint(min(uniform_at(uint64_t(i)), pc.below));
 #elif defined(RANDN)
     float u1 = 1.0 - uniform_at(2ul * i), u2 = uniform_at(2ul * i + 1ul);
     pc.o.v[i] = floatBitsToUint(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import ml_dtypes
 import numpy as np
 
 import rlkit.core as rc
@@ -276,6 +277,32 @@ def np_huber(p, t, delta):
 def to_f16(x):
     with np.errstate(over="ignore"):  # out-of-range values become inf, as they should
         return x.astype(np.float16)
+
+
+def to_bf16(x):
+    """x (float64) correctly rounded to bfloat16 (nearest, ties to an even last bit), found by
+    search: of the bf16 values around x, the nearest (ml_dtypes rounds float64 through float32,
+    which can round twice)."""
+    x = np.asarray(x, np.float64)
+    with np.errstate(over="ignore"):
+        guess = x.astype(np.float32).astype(ml_dtypes.bfloat16)
+    bits = guess.view(np.uint16).astype(np.int64)
+    # the bf16 values one step either side (sign-magnitude bits: step the magnitude)
+    candidates = []
+    for step in (-1, 0, 1):
+        magnitude = np.clip((bits & 0x7FFF) + step, 0, 0x7F80)
+        candidates.append(((bits & 0x8000) | magnitude).astype(np.uint16).view(ml_dtypes.bfloat16))
+    values = np.stack([c.astype(np.float64) for c in candidates])
+    with np.errstate(invalid="ignore"):
+        distance = np.abs(values - x)
+        # a tie goes to the even last bit: make the odd one slightly farther
+        odd = np.stack([(c.view(np.uint16) & 1).astype(bool) for c in candidates])
+        distance = np.where(odd, np.nextafter(distance, np.inf), distance)
+        best = np.take_along_axis(np.stack(candidates), np.nanargmin(np.where(np.isnan(distance), np.inf, distance),
+                                                                      axis=0)[None], axis=0)[0]
+    # inf, NaN and what rounds past bf16's largest value (from its midpoint with 2**128): the guess
+    exact = ~np.isfinite(x) | (np.abs(x) >= 2.0**128 - 2.0**119)
+    return np.where(exact, guess, best).astype(ml_dtypes.bfloat16)
 
 
 def np_randn_like(shape, seed):

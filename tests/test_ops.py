@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -35,10 +36,10 @@ from op_references import (  # tests/ is on sys.path when pytest imports a test 
     AWAY, CONST, DECAY, DISTINCT, GRID, IDX, N, ONEHOT, POS, RECURRENCE, RECURRENCE_SHAPES, RIDX, SOFT, SORTED, U,
     WKV7, _align, binary, np_huber, np_huber_terms, np_linear, np_log_softmax, np_matmul, np_randn_like,
     np_recurrence, np_reduce, np_reshape, np_rwkv_wkv7, np_scatter_cols, np_searchsorted, np_sigmoid,
-    np_softmax, np_ssm_conv, np_ssm_scan, packed, to_f16,
+    np_softmax, np_ssm_conv, np_ssm_scan, packed, to_bf16, to_f16,
 )
 
-NP_DTYPE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32}
+NP_DTYPE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32}
 
 
 # ---- the case table -------------------------------------------------------------------------------
@@ -140,6 +141,10 @@ CASES: list[Case] = [
     Case("cast_f16_rounding", "cast", lambda x: rc.cast(x, "f16"), to_f16,
          ((CONST([[1 + 2**-11 + 2**-40, -(1 + 2**-11 + 2**-40), 2049 + 2**-30, 1 + 2**-11, 1e-300, 70000.0]]),),
           (lambda r: r.normal(size=(50, 40)) * np.exp(r.uniform(-20, 12, size=(50, 40))),)), grad=False, int_ok=True),
+    Case("cast_bf16", "cast", lambda x: rc.cast(x, "bf16"), to_bf16, unary_sets(N), grad=False, int_ok=True),
+    Case("cast_bf16_rounding", "cast", lambda x: rc.cast(x, "bf16"), to_bf16,
+         ((CONST([[1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40), 1 + 2**-8, 1 + 3 * 2**-8, 1e-300, 3.4e38, 2.0**-133]]),),
+          (lambda r: r.normal(size=(50, 40)) * np.exp(r.uniform(-90, 88, size=(50, 40))),)), grad=False, int_ok=True),
     Case("cast_i32", "cast", lambda x: rc.cast(x, "i32"), lambda x: np.trunc(x).astype(np.int32),
          unary_sets(lambda *s: N(*s, s=5.0)), grad=False, int_ok=True),
     Case("cast_from_i32", "cast", lambda i: rc.cast(i, "f32"), lambda i: i.astype(np.float32).reshape(-1, 1),
@@ -368,6 +373,8 @@ def _assert_matches(out: rc.Tensor, expected: np.ndarray, dtype: str, atol32: fl
         np.testing.assert_array_equal(got, expected)
     elif out.dtype == "f16":
         np.testing.assert_array_equal(got, expected.astype(np.float16))
+    elif out.dtype == "bf16":  # expected is already rounded (to_bf16)
+        np.testing.assert_array_equal(got.view(np.uint16), expected.astype(ml_dtypes.bfloat16).view(np.uint16))
     elif out.dtype == "f32" or dtype == "f32":
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=atol32)
     else:
@@ -544,7 +551,7 @@ def test_clamp_back_formula():
     np.testing.assert_array_equal(out.numpy(), [[0, 0, 3, 0, 0]])
 
 
-# ---- f16 storage: computed in f32, rounded once ----------------------------------------------------
+# ---- f16 and bf16 storage: computed in f32, rounded once -------------------------------------------
 
 F16_CASES = ["add", "mul", "div", "maximum", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "silu", "softplus",
              "clamp", "matmul", "matmul_batched", "sum", "sum_dim0", "sum_to_rows", "softmax", "log_softmax", "max",
@@ -552,17 +559,21 @@ F16_CASES = ["add", "mul", "div", "maximum", "relu", "sigmoid", "tanh", "exp", "
 
 
 def _ordered(h: np.ndarray) -> np.ndarray:
-    """f16 bit patterns as integers ordered like the values (one step = one ulp)."""
-    bits = h.astype(np.float16).view(np.int16).astype(np.int64)
+    """f16 or bf16 bit patterns as integers ordered like the values (one step = one ulp)."""
+    bits = h.view(np.int16).astype(np.int64)
     return np.where(bits < 0, -(bits & 0x7FFF), bits)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("case, k", [p for p in _params(CASES) if p.values[0].id in F16_CASES and p.values[1] < 2])
-def test_f16_storage(case: Case, k: int):
-    arrays = [a if _is_index(a) else a.astype(np.float16) for a in _arrays(case, k)]
-    out = case.fn(*[_tensor(a, "f16") for a in arrays])
-    assert out.dtype == "f16"
-    expected = case.ref(*[a if _is_index(a) else a.astype(np.float32) for a in arrays]).astype(np.float16)
+def test_half_storage(case: Case, k: int, dtype: str):
+    half = NP_DTYPE[dtype]
+    arrays = [a if _is_index(a) else a.astype(half) for a in _arrays(case, k)]
+    out = case.fn(*[_tensor(a, dtype) for a in arrays])
+    assert out.dtype == dtype
+    with np.errstate(over="ignore"):
+        expected = case.ref(*[a if _is_index(a) else a.astype(np.float32) for a in arrays]).astype(np.float32)
+        expected = expected.astype(half)
     got = out.numpy()
     assert got.shape == expected.shape
     # the engine and numpy compute in float32 and round once: at most one ulp apart

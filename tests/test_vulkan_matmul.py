@@ -1,14 +1,16 @@
 """GPU matmul and linear kernels against the CPU backend at sizes that are not multiples of any
 tile (edges, k remainders), with transposes, batch broadcasting and the LINEAR epilogue; each
-kernel variant (16 x 16, 64 x 64 and 128 x 128 f32 SIMT tiles, and f16 cooperative matrices
-where the device has them) is reached, and the choice reported by rlkit.
+kernel variant (16 x 16, 64 x 64 and 128 x 128 f32 SIMT tiles, and f16 and bf16 cooperative
+matrices where the device has them) is reached, and the choice reported by rlkit.
 
-Lavapipe (CI) has no cooperative matrices: there f16 operands are widened to the f32 kernels,
-and the cooperative-matrix kernel is exercised on a GPU that lists them (the H200).
+Lavapipe (CI) has no cooperative matrices: there f16 and bf16 operands are widened to the f32
+kernels, and the cooperative-matrix kernel is exercised on a GPU that lists them (the H200; bf16
+where the build's shader compiler knows GL_EXT_bfloat16).
 """
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -62,11 +64,16 @@ def _linear_on(device, w, x, bias, activation, dtype):
     return out.numpy()
 
 
-def _assert_f16_close(got, expected):
-    # the CPU rounds an f32 sum once to f16; the GPU sums in another order, so the rounded results
-    # may differ by an f16 ulp or two (relative 2^-10), never by a lost or doubled product
-    assert got.dtype == expected.dtype == np.float16
-    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=5e-3, atol=5e-3)
+NP_HALF = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _assert_half_close(got, expected):
+    # the CPU rounds an f32 sum once to f16 (bf16); the GPU sums in another order, so the rounded
+    # results may differ by an ulp or two (relative 2^-10, bf16 2^-7), never by a lost or doubled
+    # product
+    assert got.dtype == expected.dtype
+    tolerance = 5e-3 if got.dtype == np.float16 else 3e-2
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("m, n, k", SHAPES)
@@ -87,42 +94,43 @@ def test_f32_matmul_each_tile_size_matches_cpu(shape, tile, ta, tb, poisoned_gpu
     np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_batched_matmul_broadcasts_like_the_cpu(dtype, poisoned_gpu_memory):
     # a has 3 slices along dim 2, b 2 along dim 3: the output has 3 x 2 slices
-    a, b = _operands(19, 45, 70, False, True, np.float16 if dtype == "f16" else np.float32, seed=8,
+    a, b = _operands(19, 45, 70, False, True, NP_HALF.get(dtype, np.float32), seed=8,
                      batch_a=(3, 1), batch_b=(1, 2))
     expected = _matmul_on("cpu", a, b, False, True, dtype)
     got = _matmul_on("gpu", a, b, False, True, dtype)
     assert got.shape == (19, 45, 3, 2)
-    if dtype == "f16":
-        _assert_f16_close(got, expected)
+    if dtype in NP_HALF:
+        _assert_half_close(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("m, n, k", SHAPES + [(264, 136, 48), (136, 17, 40), (272, 264, 200)])
 @pytest.mark.parametrize("ta, tb", TRANSPOSES)
-def test_f16_matmul_matches_cpu(m, n, k, ta, tb, poisoned_gpu_memory):
-    a, b = _operands(m, n, k, ta, tb, np.float16, seed=m * n + k)
-    _assert_f16_close(_matmul_on("gpu", a, b, ta, tb, "f16"), _matmul_on("cpu", a, b, ta, tb, "f16"))
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_matmul_matches_cpu(m, n, k, ta, tb, dtype, poisoned_gpu_memory):
+    a, b = _operands(m, n, k, ta, tb, NP_HALF[dtype], seed=m * n + k)
+    _assert_half_close(_matmul_on("gpu", a, b, ta, tb, dtype), _matmul_on("cpu", a, b, ta, tb, dtype))
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "tanh", "sigmoid"])
 @pytest.mark.parametrize("out_features, in_features, n",
                          [(1, 1, 1), (33, 65, 17), (130, 31, 257), (MEDIUM[0], MEDIUM[2], MEDIUM[1]),
                           (LARGE[0], LARGE[2], LARGE[1])])
-@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poisoned_gpu_memory):
     rng = np.random.default_rng(out_features + n)
-    np_dtype = np.float16 if dtype == "f16" else np.float32
+    np_dtype = NP_HALF.get(dtype, np.float32)
     w = rng.standard_normal((out_features, in_features)).astype(np_dtype)
     x = rng.standard_normal((in_features, n)).astype(np_dtype)
     bias = rng.standard_normal((out_features, 1)).astype(np_dtype)
     expected = _linear_on("cpu", w, x, bias, activation, dtype)
     got = _linear_on("gpu", w, x, bias, activation, dtype)
-    if dtype == "f16":
-        _assert_f16_close(got, expected)
+    if dtype in NP_HALF:
+        _assert_half_close(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -135,12 +143,16 @@ def test_the_kernel_choice_is_reported():
     assert "64x64" in _native.gpu_matmul_kernel("f32", 400, 400)
     assert "128x128" in _native.gpu_matmul_kernel("f32", 4096, 4096)
     assert "128x128" in _native.gpu_matmul_kernel("f32", 512, 512, batch=16)  # batch slices fill the GPU too
-    f16 = _native.gpu_matmul_kernel("f16", 4096, 4096)
-    assert f16.startswith("cooperative matrices") or f16.endswith("(f16 operands widened to f32)")
     lines = info_lines()
     assert any(line.startswith("gpu matmul f32: ") and "SIMT" in line for line in lines)
-    assert any(line.startswith("gpu matmul f16: ") and f16 in line for line in lines)
-    with pytest.raises(TypeError, match="dtype must be 'f32' or 'f16'"):
+    for dtype in ("f16", "bf16"):
+        kernel = _native.gpu_matmul_kernel(dtype, 4096, 4096)
+        assert (kernel.startswith("cooperative matrices") and f"16x16x16 {dtype} fragments" in kernel
+                or kernel.endswith(f"({dtype} operands widened to f32)")), kernel
+        assert any(line.startswith(f"gpu matmul {dtype}: ") and kernel in line for line in lines)
+    if os.environ.get("RLKIT_EXPECT_BF16_COOPMAT") == "1":  # set where the device and the build have them
+        assert _native.gpu_matmul_kernel("bf16", 4096, 4096).startswith("cooperative matrices")
+    with pytest.raises(TypeError, match="dtype must be 'f32', 'f16' or 'bf16'"):
         _native.gpu_matmul_kernel("i32", 4, 4)
     with pytest.raises(ValueError, match="must be >= 1"):
         _native.gpu_matmul_kernel("f32", 0, 4)

@@ -43,7 +43,7 @@ class VulkanBackend final : public Backend {
     std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
         return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
     }
-    bool takes_f16(Op op, const Inputs& inputs) const override { return vk::takes_f16(op, inputs); }
+    bool takes_half(Op op, const Inputs& inputs) const override { return vk::takes_half(op, inputs); }
     void submit() override { ctx_.submit(); }
     void synchronize() override { ctx_.flush(); }
 

@@ -78,6 +78,22 @@ constexpr const char* kCoopmatPropertiesFunction = "vkGetPhysicalDeviceCooperati
 int result_type(const CoopmatProperties& p) { return int(p.DType); }
 #endif
 
+#if defined(RLKIT_COOPMAT_BF16)
+#if !defined(VK_KHR_shader_bfloat16)
+// VK_KHR_shader_bfloat16 as the Vulkan registry defines it, for headers older than 1.4.311.
+#define VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME "VK_KHR_shader_bfloat16"
+constexpr VkStructureType VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR = VkStructureType(1000141000);
+struct VkPhysicalDeviceShaderBfloat16FeaturesKHR {
+    VkStructureType sType;
+    void* pNext;
+    VkBool32 shaderBFloat16Type;
+    VkBool32 shaderBFloat16DotProduct;
+    VkBool32 shaderBFloat16CooperativeMatrix;
+};
+#endif
+constexpr int kComponentBfloat16 = 1000141000;  // VK_COMPONENT_TYPE_BFLOAT16_KHR
+#endif
+
 uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 bool env_flag(const char* name) {
@@ -334,9 +350,9 @@ void Context::init(std::string* why) {
         return std::any_of(all.begin(), all.end(),
                            [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
     };
-    // Whether the device lists the fragment matmul_coopmat.comp multiplies: 16x16x16, f16 A and B,
-    // f32 C and result, subgroup scope.
-    auto has_f16_fragment = [&] {
+    // Whether the device lists the fragment matmul_coopmat.comp multiplies: 16x16x16, A and B of
+    // this component type, f32 C and result, subgroup scope.
+    auto has_fragment = [&](int component) {
         auto properties = reinterpret_cast<PFN_coopmat_properties>(
             api_.vkGetInstanceProcAddr(instance_, kCoopmatPropertiesFunction));
         if (!properties) return false;
@@ -346,14 +362,18 @@ void Context::init(std::string* why) {
         blank.sType = kCoopmatProperties;
         std::vector<CoopmatProperties> all(count, blank);
         properties(physical_, &count, all.data());
-        return std::any_of(all.begin(), all.end(), [](const CoopmatProperties& p) {
-            return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 && p.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
-                   p.BType == VK_COMPONENT_TYPE_FLOAT16_NV && p.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+        return std::any_of(all.begin(), all.end(), [&](const CoopmatProperties& p) {
+            return p.MSize == 16 && p.NSize == 16 && p.KSize == 16 && int(p.AType) == component &&
+                   int(p.BType) == component && p.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
                    result_type(p) == VK_COMPONENT_TYPE_FLOAT32_NV && p.scope == VK_SCOPE_SUBGROUP_NV;
         });
     };
     CoopmatFeatures fcoop{};
     fcoop.sType = kCoopmatFeatures;
+#if defined(RLKIT_COOPMAT_BF16)
+    VkPhysicalDeviceShaderBfloat16FeaturesKHR fbf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
+    if (has_extension(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME)) fcoop.pNext = &fbf16;
+#endif
     VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &fcoop};
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
@@ -364,8 +384,12 @@ void Context::init(std::string* why) {
     }
     limits_.cooperative_matrix_f16 = has_extension(kCoopmatExtension) && fcoop.cooperativeMatrix &&
                                      f11.storageBuffer16BitAccess && f12.shaderFloat16 && f12.vulkanMemoryModel &&
-                                     limits_.subgroup_size == 32 && has_f16_fragment() &&
+                                     limits_.subgroup_size == 32 && has_fragment(VK_COMPONENT_TYPE_FLOAT16_NV) &&
                                      !env_flag("RLKIT_VK_NO_COOPMAT");
+#if defined(RLKIT_COOPMAT_BF16)
+    limits_.cooperative_matrix_bf16 = limits_.cooperative_matrix_f16 && fbf16.shaderBFloat16Type &&
+                                      fbf16.shaderBFloat16CooperativeMatrix && has_fragment(kComponentBfloat16);
+#endif
 
     uint32_t nq = 0;
     api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
@@ -395,6 +419,17 @@ void Context::init(std::string* why) {
     CoopmatFeatures enable_coop{};
     enable_coop.sType = kCoopmatFeatures;
     enable_coop.cooperativeMatrix = VK_TRUE;
+    std::vector<const char*> device_extensions;
+    if (coop) device_extensions.push_back(kCoopmatExtension);
+#if defined(RLKIT_COOPMAT_BF16)
+    VkPhysicalDeviceShaderBfloat16FeaturesKHR enable_bf16{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR};
+    enable_bf16.shaderBFloat16Type = VK_TRUE;
+    enable_bf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
+    if (limits_.cooperative_matrix_bf16) {
+        enable_coop.pNext = &enable_bf16;
+        device_extensions.push_back(VK_KHR_SHADER_BFLOAT16_EXTENSION_NAME);
+    }
+#endif
     VkPhysicalDeviceVulkan11Features enable11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                               coop ? &enable_coop : nullptr};
     enable11.storageBuffer16BitAccess = coop;
@@ -404,12 +439,11 @@ void Context::init(std::string* why) {
     enable12.vulkanMemoryModel = coop;
     VkPhysicalDeviceFeatures2 enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &enable12};
     enable.features.shaderInt64 = VK_TRUE;
-    const char* coop_extension = kCoopmatExtension;
     VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &enable};
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
-    dci.enabledExtensionCount = coop ? 1 : 0;
-    dci.ppEnabledExtensionNames = coop ? &coop_extension : nullptr;
+    dci.enabledExtensionCount = uint32_t(device_extensions.size());
+    dci.ppEnabledExtensionNames = device_extensions.empty() ? nullptr : device_extensions.data();
     check(api_.vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
 #define RK_LOAD_DEVICE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetDeviceProcAddr(device_, #name));
     RK_VK_DEVICE_FUNCTIONS(RK_LOAD_DEVICE)

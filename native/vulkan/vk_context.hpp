@@ -50,6 +50,9 @@ struct Limits {
     // shader was built for: VK_KHR_cooperative_matrix where the build had a shader compiler that
     // knows it (glslang 13.1+), else VK_NV_cooperative_matrix (glslc 2023.2 knows only that one).
     bool cooperative_matrix_f16 = false;
+    // The same with bf16 inputs (VK_KHR_shader_bfloat16), where the build has the bf16 variants
+    // (a shader compiler that knows GL_EXT_bfloat16).
+    bool cooperative_matrix_bf16 = false;
     // Nanoseconds per timestamp tick on the compute queue, and the ticks' valid bits (0: the
     // queue cannot time).
     double timestamp_period_ns = 0;

@@ -72,6 +72,8 @@ void cast_into(const TensorImpl& x, TensorImpl& out) {
     auto one_step = [](DType from, DType to) -> const char* {
         if (from == DType::f32 && to == DType::f16) return "cast_f32_to_f16";
         if (from == DType::f16 && to == DType::f32) return "cast_f16_to_f32";
+        if (from == DType::f32 && to == DType::bf16) return "cast_f32_to_bf16";
+        if (from == DType::bf16 && to == DType::f32) return "cast_bf16_to_f32";
         if (from == DType::f32 && to == DType::i32) return "cast_f32_to_i32";
         if (from == DType::i32 && to == DType::f32) return "cast_i32_to_f32";
         if (from == DType::u8 && to == DType::f32) return "cast_u8_to_f32";
@@ -81,11 +83,11 @@ void cast_into(const TensorImpl& x, TensorImpl& out) {
         throw TypeError("cast: converting to u8 on the GPU is not supported (u8 is a storage dtype for buffers)");
     if (const char* shader = one_step(x.dtype, out.dtype)) {
         CastPush p{x.address(), out.address(), u32(out.numel(), "cast")};
-        const uint64_t threads = out.dtype == DType::f16 ? (out.numel() + 1) / 2 : out.numel();
+        const uint64_t threads = is_half(out.dtype) ? (out.numel() + 1) / 2 : out.numel();  // a word each
         record(shader, p, groups(threads), {span(x)}, {span(out)});
         return;
     }
-    TensorPtr wide = make_on(Device::gpu, x.ne, x.ndim, DType::f32);  // i32 / u8 <-> f16 goes through f32
+    TensorPtr wide = make_on(Device::gpu, x.ne, x.ndim, DType::f32);  // the others (f16 <-> bf16, i32 -> f16...) go through f32
     cast_into(x, *wide);
     cast_into(*wide, out);
 }
@@ -137,6 +139,7 @@ struct RandomPush {
     uint64_t stream;
     uint32_t n, rows;
     uint64_t stream_at;  // where to read the stream instead (a recorded program's slot), or 0
+    float below;         // rand's cap (largest_below_one of the dtype the result is rounded to)
 };
 
 // A random op's stream: drawn now when the op runs; while a program records its command buffer,
@@ -250,8 +253,9 @@ struct CoopmatPush {
     uint32_t chunked;
 };
 
-// The matmul kernel for a product: cooperative matrices for f16 where the device has them, else
-// the f32 SIMT kernel (f16 operands widened first) with the largest tiles the output has enough
+// The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
+// for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
+// the output has enough
 // of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for outputs that make
 // fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a small batch).
 enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
@@ -280,8 +284,14 @@ uint64_t tile_count(MatmulKernel kernel, int64_t m, int64_t n, int64_t batch) {
     return uint64_t((m + tile.rows - 1) / tile.rows) * uint64_t((n + tile.columns - 1) / tile.columns) * uint64_t(batch);
 }
 
+// Whether the device multiplies operands of this dtype on cooperative matrices.
+bool on_cooperative_matrices(DType dtype) {
+    const vk::Limits& limits = ctx().limits();
+    return (dtype == DType::f16 && limits.cooperative_matrix_f16) || (dtype == DType::bf16 && limits.cooperative_matrix_bf16);
+}
+
 MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
-    if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16) return MatmulKernel::coopmat;
+    if (on_cooperative_matrices(dtype)) return MatmulKernel::coopmat;
     if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
     return tile_count(MatmulKernel::tiled, m, n, batch) >= kSmallTilesBelow ? MatmulKernel::tiled
                                                                             : MatmulKernel::tiled_small;
@@ -289,15 +299,17 @@ MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
 // cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile
-// time), and a CHUNKED one of each for operands that are both read in 16-byte chunks.
-std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bool chunked) {
+// time), and a CHUNKED one of each for operands that are both read in 16-byte chunks, for f16 and
+// bf16.
+std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bool chunked, DType dtype) {
     const std::string base = linear ? "matmul_linear" : "matmul";
     switch (kernel) {
         case MatmulKernel::tiled_small: return base + "_small";
         case MatmulKernel::tiled: return base;
         case MatmulKernel::tiled_large: return base + "_large";
         case MatmulKernel::coopmat:
-            return base + "_coopmat" + (ta ? "_ta" : "") + (tb ? "_tb" : "") + (chunked ? "_chunked" : "");
+            return base + "_coopmat" + (dtype == DType::bf16 ? "_bf16" : "") + (ta ? "_ta" : "") + (tb ? "_tb" : "") +
+                   (chunked ? "_chunked" : "");
     }
     return base;
 }
@@ -333,9 +345,9 @@ bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne
 void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
                    uint32_t activation, TensorImpl& out, const char* op) {
     const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], out.ne[2] * out.ne[3]);
-    if ((a.dtype == DType::f16) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
-        throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 on cooperative "
-                               "matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
+    if (is_half(a.dtype) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
+        throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 (bf16 by bf16) "
+                               "on cooperative matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
     uint64_t tiles = 0;
     const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
                             activation};
@@ -345,12 +357,12 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
     if (kernel == MatmulKernel::coopmat) {
         const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
         const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
-        const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b);
+        const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
         record(shader, p, tiles, reads, {span(out)}, batches);
     } else if (bias) {
-        record(matmul_shader(kernel, true, ta, tb, false), linear, tiles, reads, {span(out)}, batches);
+        record(matmul_shader(kernel, true, ta, tb, false, a.dtype), linear, tiles, reads, {span(out)}, batches);
     } else {
-        record(matmul_shader(kernel, false, ta, tb, false), linear.matmul, tiles, reads, {span(out)}, batches);
+        record(matmul_shader(kernel, false, ta, tb, false, a.dtype), linear.matmul, tiles, reads, {span(out)}, batches);
     }
 }
 
@@ -358,10 +370,11 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
 
 namespace vk {
 
-bool takes_f16(Op op, const Inputs& in) {
+bool takes_half(Op op, const Inputs& in) {
     if (op != Op::matmul && op != Op::linear) return false;
-    const bool all_f16 = std::all_of(in.begin(), in.end(), [](const TensorPtr& t) { return t->dtype == DType::f16; });
-    return all_f16 && ctx().limits().cooperative_matrix_f16;
+    const DType dtype = in.front()->dtype;
+    const bool same = std::all_of(in.begin(), in.end(), [&](const TensorPtr& t) { return t->dtype == dtype; });
+    return same && on_cooperative_matrices(dtype);
 }
 
 std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
@@ -372,10 +385,11 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
     const std::string extension = "VK_NV_cooperative_matrix";
 #endif
     if (kernel == MatmulKernel::coopmat)
-        return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 f16 fragments, f32 accumulation";
+        return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
+               " fragments, f32 accumulation";
     const Tile tile = tile_shape(kernel);
     const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
-    const std::string widened = dtype == DType::f16 ? " (f16 operands widened to f32)" : "";
+    const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
     return "f32 SIMT, " + size + " tiles" + widened;
 }
 
@@ -524,8 +538,10 @@ void vk_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     ctx().fill(out, pattern);
 }
 
-void vk_rand(const Inputs&, const OpAttrs&, TensorImpl& out) {
-    random_op("random_rand", RandomPush{0, out.address(), 0, u32(out.numel(), "rand"), 1}, {}, out);
+void vk_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
+    // out is f32 here; an f16 or bf16 result is rounded from it afterwards (op_table.cpp)
+    const float below = largest_below_one(int(attrs.ints[kMaxDims + 1]));
+    random_op("random_rand", RandomPush{0, out.address(), 0, u32(out.numel(), "rand"), 1, 0, below}, {}, out);
 }
 
 void vk_randn(const Inputs&, const OpAttrs&, TensorImpl& out) {

@@ -15,9 +15,9 @@ namespace rk::vk {
 void adam(const UpdateSet& set, const AdamCoefficients& c);
 void sgd(const UpdateSet& set, const SgdCoefficients& c);
 
-// Whether op runs on these f16 inputs as they are (matmul and linear on cooperative matrices)
-// rather than on f32 copies.
-bool takes_f16(Op op, const Inputs& inputs);
+// Whether op runs on these f16 or bf16 inputs as they are (matmul and linear on cooperative
+// matrices) rather than on f32 copies.
+bool takes_half(Op op, const Inputs& inputs);
 // The kernel matmul uses here for operands of this dtype and an [m, n] output with `batch`
 // slices, in words.
 std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);

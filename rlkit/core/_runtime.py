@@ -12,7 +12,9 @@ import numpy as np
 
 from rlkit import _native
 
-DTYPES = ("f32", "f16", "i32", "f64")
+DTYPES = ("f32", "f16", "bf16", "i32", "f64")
+FLOAT_DTYPES = ("f32", "f16", "bf16", "f64")
+HALF_DTYPES = ("f16", "bf16")  # 16-bit float storage formats
 MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
@@ -99,14 +101,15 @@ def check_device(name: str) -> str:
 
 
 def dtype(name: str | None = None) -> str:
-    """Sets the default float dtype of new tensors and parameters ("f32", "f16" or "f64");
-    returns the previous one. f16 is a storage format: ops compute in f32, except GPU matmul and
-    linear on a device with cooperative matrices, which multiply the f16 values with f32 sums."""
+    """Sets the default float dtype of new tensors and parameters ("f32", "f16", "bf16" or
+    "f64"); returns the previous one. f16 and bf16 are storage formats: ops compute in f32,
+    except GPU matmul and linear on a device with cooperative matrices of that type, which
+    multiply the 16-bit values with f32 sums."""
     previous = _state["dtype"]
     if name is None:
         return previous
-    if name not in ("f32", "f16", "f64"):
-        raise ValueError(f"unknown default dtype {name!r}; expected 'f32', 'f16' or 'f64'")
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"unknown default dtype {name!r}; expected one of {FLOAT_DTYPES}")
     _state["dtype"] = name
     return previous
 

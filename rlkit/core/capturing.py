@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from rlkit import _native
@@ -95,7 +96,7 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
                        f"got {type(result).__name__}")
 
 
-_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 
 
 def _host_array(name: str, value) -> tuple[np.ndarray, str]:

@@ -37,7 +37,7 @@ def gradcheck(
     if not callable(fn):
         raise TypeError(f"gradcheck: fn must be callable, got {type(fn).__name__}")
     params = [x if isinstance(x, Tensor) and x.dtype == "i32" else param(x, dtype=_dtype_of(x)) for x in inputs]
-    narrow = any(p.dtype in ("f32", "f16") for p in params)
+    narrow = any(p.dtype in ("f32", "f16", "bf16") for p in params)
     eps = eps if eps is not None else (1e-3 if narrow else 1e-6)
     atol = atol if atol is not None else (1e-2 if narrow else 1e-5)
     with autograd.grad_tape():

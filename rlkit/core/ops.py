@@ -23,7 +23,7 @@ from rlkit.core.autograd import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
 _OP_ID = {name: i for i, name in enumerate(_native.op_names())}
-_DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3, "u8": 4}
+_DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3, "u8": 4, "bf16": 5}
 
 
 def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
@@ -197,7 +197,7 @@ def clamp(x, lo=-math.inf, hi=math.inf) -> Tensor:
 
 
 def cast(x, dtype: str) -> Tensor:
-    """x converted to another dtype (f32, f16, f64, i32)."""
+    """x converted to another dtype (f32, f16, bf16, f64, i32), rounded to nearest even."""
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"cast: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
     x = as_tensor(x, op="cast")
@@ -272,12 +272,12 @@ def sum(x, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001  (the op's 
 
 def sum_squares(tensors) -> Tensor:
     """[1, 1]: the sum of the squares of every element of ``tensors`` (a sequence of tensors on
-    one device; f16 ones are summed in f32), in one pass over all of them: a global gradient
+    one device; f16 and bf16 ones are summed in f32), in one pass over all of them: a global gradient
     norm's square without one reduction per tensor."""
     tensors = [as_tensor(t, op="sum_squares") for t in tensors]
     if not tensors:
         raise ValueError("sum_squares: expected at least one tensor, got none")
-    return apply("sum_squares", tuple(cast(t, "f32") if t.dtype == "f16" else t for t in tensors))
+    return apply("sum_squares", tuple(cast(t, "f32") if t.dtype in _runtime.HALF_DTYPES else t for t in tensors))
 
 
 def mean(x, dim=None, keepdim: bool = False) -> Tensor:
@@ -374,7 +374,7 @@ def one_hot(index, classes: int, dtype: str | None = None, device: str | None = 
     array goes to ``device`` (the default device when None); a tensor index decides itself."""
     classes = _int_arg(classes, "one_hot", "classes")
     dtype = dtype or _runtime.dtype()
-    if dtype not in ("f32", "f16", "f64"):
+    if dtype not in _runtime.FLOAT_DTYPES:
         raise ValueError(f"one_hot: dtype must be a float dtype, got {dtype!r}")
     return apply("one_hot", (_index(index, "one_hot", device, classes, "classes"),), ints=(classes, _DTYPE_CODE[dtype]))
 
@@ -448,7 +448,7 @@ def _random_shape(op: str, shape) -> tuple[int, ...]:
 def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
     shape = _random_shape(op, shape)
     dtype = dtype or _runtime.dtype()
-    if dtype not in ("f32", "f16", "f64"):
+    if dtype not in _runtime.FLOAT_DTYPES:
         raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
     device = _runtime.check_device(device if device is not None else _runtime.device())
     return Tensor(_native.apply(_OP_ID[op], [], _shape_attrs(shape) + [_DTYPE_CODE[dtype]], [], device))

@@ -9,8 +9,9 @@ first group's rate; setting it rescales every group by the same factor, so their
 With ``accumulate_steps=k`` the optimizer sums the gradients of k calls of ``step()`` and
 updates on the k-th (by their mean when ``average``); ``step()`` returns whether it updated.
 
-Mixed precision: with ``master_weights=True`` the update of an f16 parameter is applied to an
-f32 copy (its optimizer state is f32 too) and the parameter becomes that copy rounded to f16.
+Mixed precision: with ``master_weights=True`` the update of an f16 (or bf16) parameter is applied
+to an f32 copy (its optimizer state is f32 too) and the parameter becomes that copy rounded to
+f16 (bf16). bf16 has f32's exponent range and needs no loss scale.
 ``loss_scale`` multiplies the loss before backward (``optimizer.scale_loss(loss)``) so small
 f16 gradients do not flush to zero; ``step`` divides the gradients by it again. With
 ``loss_scale="dynamic"`` the scale starts at 2**15 (the largest power of two f16 holds: the
@@ -95,9 +96,9 @@ class Optimizer:
         if not seen:
             raise ValueError("optimizer: got an empty parameter list")
         self._base_lrs = [g["lr"] for g in self.param_groups]
-        self.master: dict[int, Tensor] = {}  # f32 copies of f16 parameters, by the parameter's id
+        self.master: dict[int, Tensor] = {}  # f32 copies of f16 / bf16 parameters, by the parameter's id
         if master_weights:
-            self.master = {id(p): ops.cast(p, "f32") for p in self.params if p.dtype == "f16"}
+            self.master = {id(p): ops.cast(p, "f32") for p in self.params if p.dtype in _runtime.HALF_DTYPES}
         self.state: dict[int, dict] = {}
         for p in self.params:
             target = self.master.get(id(p), p)
@@ -157,7 +158,7 @@ class Optimizer:
         factor = 1.0 / self._scaling.scale
         out = {}
         for key, g in current.items():
-            if key in self.master and g.dtype == "f16":
+            if key in self.master and g.dtype in _runtime.HALF_DTYPES:
                 g = ops.cast(g, "f32")
             out[key] = g if factor == 1.0 else ops.scale(g, factor)
         if self._scaling.mode == "dynamic":
@@ -193,7 +194,7 @@ class Optimizer:
                 self._check_dtypes(members)
                 self._update(group, [self.master.get(id(p), p) for p in members], [current[id(p)] for p in members])
                 for p in members:
-                    if id(p) in self.master:  # the parameter: its f32 master rounded to f16
+                    if id(p) in self.master:  # the parameter: its f32 master rounded to f16 / bf16
                         p._impl = ops.cast(self.master[id(p)], p.dtype)._impl
         if any(p.device == "gpu" for p in self.params):
             _native.submit("gpu")  # a step ends: the GPU starts on it while the host goes on
@@ -201,8 +202,8 @@ class Optimizer:
 
     def _check_dtypes(self, params: list[Tensor]) -> None:
         for p in params:
-            if p.dtype == "f16" and id(p) not in self.master:
-                raise TypeError(f"optimizer: the f16 parameter {p.name or tuple(p.shape)} needs master_weights=True "
+            if p.dtype in _runtime.HALF_DTYPES and id(p) not in self.master:
+                raise TypeError(f"optimizer: the {p.dtype} parameter {p.name or tuple(p.shape)} needs master_weights=True "
                                 "(f32 copies the update is applied to)")
 
     def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:

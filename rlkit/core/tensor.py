@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import numbers
 
+import ml_dtypes
 import numpy as np
 
 from rlkit import _native
 from rlkit.core import _runtime
 
-_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "f64": np.float64, "u8": np.uint8}
+# bf16 arrays are ml_dtypes' bfloat16 (numpy has no such dtype)
+_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32, "f64": np.float64,
+                 "u8": np.uint8}
 
 
 class Tensor:
-    """A value of the engine: up to 4 dimensions, dtype f32, f16, i32 or f64.
+    """A value of the engine: up to 4 dimensions, dtype f32, f16, bf16, i32 or f64.
 
     ``shape`` is ggml's ``ne`` order (``shape[0]`` is contiguous); a tensor has at least 2
     dimensions. Arithmetic operators build ops (recorded on the tape when one is open).
@@ -46,7 +49,7 @@ class Tensor:
 
     @property
     def dtype(self) -> str:
-        """"f32", "f16", "i32" or "f64"."""
+        """"f32", "f16", "bf16", "i32" or "f64"."""
         return self._impl.dtype
 
     @property
@@ -180,10 +183,10 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
     if not isinstance(data, (np.ndarray, numbers.Number, list, tuple)):
         raise TypeError(f"expected a numpy array, a number or a list of numbers, got {type(data).__name__}")
     arr = np.asarray(data)
-    if arr.dtype.kind not in "fiu":
+    if arr.dtype.kind not in "fiu" and arr.dtype != ml_dtypes.bfloat16:
         raise TypeError(f"expected numeric data, got an array of dtype {arr.dtype}")
     if dtype is None:
-        dtype = "i32" if arr.dtype.kind in "iu" else _runtime.dtype()
+        dtype = "i32" if arr.dtype.kind in "iu" else "bf16" if arr.dtype == ml_dtypes.bfloat16 else _runtime.dtype()
     if dtype not in _NUMPY_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(_NUMPY_DTYPES)}")
     if arr.ndim > 4:
