@@ -221,40 +221,23 @@ void store(TensorImpl& t, int64_t i, double v) {
 }
 }  // namespace
 
+// out[i] = convert(x[i]) over every element, in parallel: the hot conversions of 16-bit storage.
+template <typename From, typename To, typename Convert>
+void convert_all(const TensorImpl& x, TensorImpl& out, Convert convert) {
+    const From* px = x.ptr<From>();
+    To* po = out.ptr<To>();
+    parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) po[i] = convert(px[i]);
+    });
+}
+
 void cpu_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& x = *in[0];
-    if (x.dtype == DType::f32 && out.dtype == DType::f16) {  // the hot conversion of f16 storage
-        const float* px = x.ptr<float>();
-        uint16_t* po = out.ptr<uint16_t>();
-        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) po[i] = float_to_half(px[i]);
-        });
-        return;
-    }
-    if (x.dtype == DType::f16 && out.dtype == DType::f32) {
-        const uint16_t* px = x.ptr<uint16_t>();
-        float* po = out.ptr<float>();
-        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) po[i] = half_to_float(px[i]);
-        });
-        return;
-    }
-    if (x.dtype == DType::f32 && out.dtype == DType::bf16) {  // and of bf16 storage
-        const float* px = x.ptr<float>();
-        uint16_t* po = out.ptr<uint16_t>();
-        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) po[i] = float_to_bf16(px[i]);
-        });
-        return;
-    }
-    if (x.dtype == DType::bf16 && out.dtype == DType::f32) {
-        const uint16_t* px = x.ptr<uint16_t>();
-        float* po = out.ptr<float>();
-        parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) po[i] = bf16_to_float(px[i]);
-        });
-        return;
-    }
+    const DType from = x.dtype, to = out.dtype;
+    if (from == DType::f32 && to == DType::f16) return convert_all<float, uint16_t>(x, out, float_to_half);
+    if (from == DType::f16 && to == DType::f32) return convert_all<uint16_t, float>(x, out, half_to_float);
+    if (from == DType::f32 && to == DType::bf16) return convert_all<float, uint16_t>(x, out, float_to_bf16);
+    if (from == DType::bf16 && to == DType::f32) return convert_all<uint16_t, float>(x, out, bf16_to_float);
     parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) store(out, i, load(x, i));
     });
