@@ -9,8 +9,8 @@ the agents' captured SAC and DQN updates, and a wide MLP's training step.
 Figures (every row: rlkit's figure, PyTorch's measured in the same run, and rlkit's speed over
 PyTorch's, above 1 where rlkit is faster):
 
-- matmul n x n @ n x n, f32 and f16, TFLOP/s = 2 n^3 / time; PyTorch's f32 is cuBLAS FP32 (TF32
-  off), with an extra row against TF32 on CUDA.
+- matmul n x n @ n x n, f32, f16 and bf16, TFLOP/s = 2 n^3 / time; PyTorch's f32 is cuBLAS FP32
+  (TF32 off), with an extra row against TF32 on CUDA.
 - dispatch: a chain of adds on a 256 x 256 tensor, then a sum read on the host; microseconds
   per add, eager and captured (rc.capture) against eager and a CUDA graph.
 - the SAC update (actor and two critics 256-256, batch 256, automatic entropy) and the DQN update
@@ -162,7 +162,7 @@ def not_measured(reason: str) -> dict:
 # ---- matmul ---------------------------------------------------------------------------------------
 
 def bench_matmul(n: int, dtype: str, args, timer: Timer) -> list[Row]:
-    """TFLOP/s of n x n @ n x n in ``dtype`` ("f32" or "f16") on both sides."""
+    """TFLOP/s of n x n @ n x n in ``dtype`` ("f32", "f16" or "bf16") on both sides."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, n)).astype(np.float32)
     y = rng.standard_normal((n, n)).astype(np.float32)
@@ -170,10 +170,10 @@ def bench_matmul(n: int, dtype: str, args, timer: Timer) -> list[Row]:
     flops = 2.0 * n**3
     ours = flops / timer.rlkit(lambda: rc.matmul(a, b)) / 1e12
     table, label = f"matmul {dtype}", f"n = {n}"
-    target = 0.5 if dtype == "f32" or n == 4096 else None  # f16's target is set at 4096
+    target = 0.5 if dtype == "f32" or (dtype == "f16" and n == 4096) else None  # f16's target is set at 4096
     if torch is None or args.no_torch:
         return [Row(table, label, "TFLOP/s", ours, None, "PyTorch", True, target)]
-    torch_dtype = {"f32": torch.float32, "f16": torch.float16}[dtype]
+    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     ta = torch.from_numpy(x).to(args.torch_device, torch_dtype)
     tb = torch.from_numpy(y).to(args.torch_device, torch_dtype)
     library = "cuBLAS" if args.torch_device == "cuda" else "PyTorch CPU"
@@ -741,7 +741,7 @@ def run(args) -> tuple[list[Row], dict]:
         torch.set_num_threads(rc.get_num_threads())
     timer = Timer(args.repeats, args.warmup, args.round_seconds)
     rows = []
-    for dtype in ("f32", "f16"):
+    for dtype in ("f32", "f16", "bf16"):
         for n in args.sizes:
             rows += bench_matmul(n, dtype, args, timer)
     rows += bench_dispatch(50 if args.quick else 1000, 32 if args.quick else 256, args, timer)

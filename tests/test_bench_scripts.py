@@ -38,14 +38,14 @@ def test_bench_gpu_measures_rlkit_without_torch(bench_gpu, monkeypatch, tmp_path
     rows = json.loads(out.read_text())["rows"]
     labels = [row["label"] for row in rows]
     for size in (64, 128):
-        assert sum(label == f"n = {size}" for label in labels) == 2  # f32 and f16
+        assert sum(label == f"n = {size}" for label in labels) == 3  # f32, f16 and bf16
     for name in ("adds of 32 x 32", "SAC update", "DQN update", "MLP 64-64-64-64"):
         assert any(name in label for label in labels), name
     for row in rows:
         assert row["rlkit"] > 0 and math.isfinite(row["rlkit"]), row
         assert row["torch"] is None and row["speed_ratio"] is None, row
     printed = capsys.readouterr().out
-    for table in ("| matmul f32 |", "| matmul f16 |", "| dispatch |", "| RL updates |", "| MLP |"):
+    for table in ("| matmul f32 |", "| matmul f16 |", "| matmul bf16 |", "| dispatch |", "| RL updates |", "| MLP |"):
         assert table in printed
     written = doc.read_text()
     assert written.startswith("before\n<!-- bench_gpu_torch begin -->\nMachine: ") and written.endswith(
