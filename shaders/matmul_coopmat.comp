@@ -94,32 +94,21 @@ shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way o
 #endif
 
 // Eight 16-bit elements at element `at` along a contiguous dimension, zero past `limit` there or
-// where the other index is out of range: one 16-byte read where allowed (`whole`), else the
-// elements one by one, packed in pairs.
-#if defined(BF16)
-// bf16: each element's bits from the 32-bit word that holds it (bit casts of bfloat16_t need
-// 16-bit integers, a device feature rlkit does not ask for).
+// where the other index is out of range: one 16-byte read where allowed (`whole`), else each
+// element's bits from the 32-bit word that holds it (the same for f16 and bf16; bit casts of a
+// bfloat16_t would need 16-bit integers, a device feature rlkit does not ask for).
 uint read_bits(Halfs src, uint at, uint index, uint limit) {
     if (index >= limit) return 0u;
     uint64_t byte = uint64_t(src) + 2 * uint64_t(at);
-    uint word = Words(byte & ~uint64_t(3)).v[0];
+    // (The word's address as `byte & ~3` gave wrong products in the VK_NV_cooperative_matrix build
+    // on the H200; the KHR build was right with either.)
+    uint word = Words(byte - (byte & 3ul)).v[0];
     return (byte & 2) != 0 ? word >> 16 : word & 0xffffu;
 }
 
 uint read_pair(Halfs src, uint at, uint start, uint limit) {
     return read_bits(src, at, start, limit) | (read_bits(src, at + 1, start + 1, limit) << 16);
 }
-#else
-// f16: read as float16_t. (The word reads above gave wrong products in the VK_NV_cooperative_matrix
-// build, glslc 2023.2 with -O, on the H200; the KHR build was right. Not understood.)
-float16_t read_half(Halfs src, uint at, uint index, uint limit) {
-    return index < limit ? src.v[at] : float16_t(0.0);
-}
-
-uint read_pair(Halfs src, uint at, uint start, uint limit) {
-    return packFloat2x16(f16vec2(read_half(src, at, start, limit), read_half(src, at + 1, start + 1, limit)));
-}
-#endif
 
 uvec4 read_chunk(Halfs src, bool whole, uint at, uint start, uint limit, bool inside) {
     bool wanted = inside && start < limit;
