@@ -59,7 +59,7 @@ def softmax_cross_entropy_loss(logits, target) -> Tensor:
     indices, one per column (an i32 tensor or an integer array)."""
     logits = ops.as_tensor(logits, op="softmax_cross_entropy_loss", arg="logits")
     if logits.dtype == "i32":
-        raise TypeError("softmax_cross_entropy_loss: logits must be a float tensor (f32, f16 or f64), got i32")
+        raise TypeError("softmax_cross_entropy_loss: logits must be a float tensor (f32, f16, bf16 or f64), got i32")
     is_index = (isinstance(target, Tensor) and target.dtype == "i32") or (
         isinstance(target, (np.ndarray, list, tuple)) and np.asarray(target).dtype.kind in "iu"
     )

@@ -241,7 +241,7 @@ def expand(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 def _reduced_shape(x: Tensor, dim, op: str) -> tuple[tuple[int, ...], int]:
     if x.dtype == "i32":
-        raise TypeError(f"{op}: x must be a float tensor (f32, f16 or f64), got i32")
+        raise TypeError(f"{op}: x must be a float tensor (f32, f16, bf16 or f64), got i32")
     if dim is None:
         return (1, 1), x.numel
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):

@@ -239,7 +239,7 @@ def param(data, name: str | None = None, dtype: str | None = None, device: str |
         raise TypeError(f"param: name must be a str, got {type(name).__name__}")
     arr = _to_fortran(data, dtype if dtype is not None else _float_dtype_of(data))
     if arr.dtype == np.int32:
-        raise TypeError("param: a trainable tensor must be float (f32, f16 or f64), got i32 data")
+        raise TypeError("param: a trainable tensor must be float (f32, f16, bf16 or f64), got i32 data")
     return Tensor(_native.from_numpy(arr, _dtype_of(arr), True, device), requires_grad=True, name=name)
 
 
