@@ -108,7 +108,7 @@ void cpu_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
         fill_random(out, uniform_at);
         return;
     }
-    const float below_one = largest_below_one(int(dtype));
+    const float below_one = largest_below_one(dtype);
     fill_random(out, [below_one](uint64_t stream, uint64_t i) { return std::min(uniform24_at(stream, i), below_one); });
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "tensor.hpp"
+
 namespace rk {
 
 void manual_seed(uint64_t seed);
@@ -22,12 +24,12 @@ double normal_at(uint64_t stream, uint64_t i);
 // The f32 draws: 24 random bits (exact in f32), the values the GPU shaders draw too.
 float uniform24_at(uint64_t stream, uint64_t i);
 float normal24_at(uint64_t stream, uint64_t i);
-// The largest value below 1 of a float storage format (`dtype`, a DType's code): rand's f32 draws
-// are capped there so that rounding them to f16 or bf16 never gives 1.
-inline float largest_below_one(int dtype) {
-    if (dtype == 1) return 1.0f - 0x1.0p-11f;  // f16
-    if (dtype == 5) return 1.0f - 0x1.0p-8f;   // bf16
-    return 1.0f;                               // f32: the 24-bit draws are below 1 already
+// The largest value below 1 of a float storage format: rand's f32 draws are capped there so that
+// rounding them to f16 or bf16 never gives 1.
+inline float largest_below_one(DType dtype) {
+    if (dtype == DType::f16) return 1.0f - 0x1.0p-11f;
+    if (dtype == DType::bf16) return 1.0f - 0x1.0p-8f;
+    return 1.0f;  // f32: the 24-bit draws are below 1 already
 }
 
 }  // namespace rk

@@ -255,9 +255,9 @@ struct CoopmatPush {
 
 // The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
 // for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
-// the output has enough
-// of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for outputs that make
-// fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a small batch).
+// the output has enough of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
+// outputs that make fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a
+// small batch).
 enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
 
 constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
@@ -336,7 +336,7 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
     return p;
 }
 
-// Whether an f16 operand can be read in 16-byte chunks: 16-byte aligned, and its leading
+// Whether a 16-bit operand can be read in 16-byte chunks: 16-byte aligned, and its leading
 // dimension (hence every column and batch slice) a multiple of 8 halves.
 bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
 
@@ -354,15 +354,15 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
     std::vector<vk::Range> reads{span(a), span(b)};
     if (bias) reads.push_back(span(*bias));
     const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
+    const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
+    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
     if (kernel == MatmulKernel::coopmat) {
-        const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
         const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
-        const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
         record(shader, p, tiles, reads, {span(out)}, batches);
     } else if (bias) {
-        record(matmul_shader(kernel, true, ta, tb, false, a.dtype), linear, tiles, reads, {span(out)}, batches);
+        record(shader, linear, tiles, reads, {span(out)}, batches);
     } else {
-        record(matmul_shader(kernel, false, ta, tb, false, a.dtype), linear.matmul, tiles, reads, {span(out)}, batches);
+        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
     }
 }
 
@@ -540,7 +540,7 @@ void vk_full(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
 
 void vk_rand(const Inputs&, const OpAttrs& attrs, TensorImpl& out) {
     // out is f32 here; an f16 or bf16 result is rounded from it afterwards (op_table.cpp)
-    const float below = largest_below_one(int(attrs.ints[kMaxDims + 1]));
+    const float below = largest_below_one(DType(attrs.ints[kMaxDims + 1]));
     random_op("random_rand", RandomPush{0, out.address(), 0, u32(out.numel(), "rand"), 1, 0, below}, {}, out);
 }
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 from rlkit import _native
 from rlkit.core import _runtime
-from rlkit.core.tensor import Tensor
+from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
 class CaptureError(RuntimeError):
@@ -96,7 +95,7 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
                        f"got {type(result).__name__}")
 
 
-_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
+_FLOAT_DTYPES = {name: _NUMPY_DTYPES[name] for name in _runtime.FLOAT_DTYPES}
 
 
 def _host_array(name: str, value) -> tuple[np.ndarray, str]:
