@@ -99,7 +99,8 @@ void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out)
     Backend& be = backend(out.device);
     bool any_half = is_half(out.dtype);
     for (const auto& t : inputs) any_half |= is_half(t->dtype);
-    if (!any_half || op == Op::cast || be.takes_half(op, inputs)) {
+    // cast and cast_into convert between the dtypes themselves (cast_into writes its f16 / bf16 targets)
+    if (!any_half || op == Op::cast || op == Op::cast_into || be.takes_half(op, inputs)) {
         be.run(op, inputs, attrs, out);
         return;
     }

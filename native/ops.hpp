@@ -63,7 +63,8 @@ Op op_from_name(const std::string& name);
 
 // Ops that write into their inputs (the captured optimizer updates): a graph never skips them.
 inline bool has_side_effects(Op op) {
-    return op == Op::adam_step || op == Op::sgd_step || op == Op::polyak_step || op == Op::put_cols;
+    return op == Op::adam_step || op == Op::sgd_step || op == Op::polyak_step || op == Op::cast_into ||
+           op == Op::put_cols;
 }
 // Ops that draw one fresh stream from the global generator at every execution.
 inline bool draws_random(Op op) {

@@ -295,4 +295,37 @@ void cpu_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     });
 }
 
+// ---- master weights (op cast_into) ------------------------------------------------------------
+//
+// A captured step with master weights rounds each updated f32 master into its f16 / bf16
+// parameter, in place: the parameter's storage is what the captured program reads.
+
+OutSpec shape_cast_into(const Inputs& in, const OpAttrs&) {
+    const char* op = "cast_into";
+    if (in.empty() || in.size() % 2 != 0)
+        throw std::invalid_argument(op_err(op, "expected (target, source) pairs; got " + std::to_string(in.size()) +
+                                                   " inputs"));
+    std::unordered_set<const TensorImpl*> targets;
+    for (size_t at = 0; at < in.size(); at += 2) {
+        const TensorImpl &target = *in[at], &source = *in[at + 1];
+        const std::string which = "pair " + std::to_string(at / 2);
+        if (!is_float(target.dtype) || !is_float(source.dtype))
+            throw TypeError(op_err(op, which + ": expected float tensors, got " + dtype_name(target.dtype) + " and " +
+                                           dtype_name(source.dtype)));
+        if (target.ne != source.ne)
+            throw std::invalid_argument(op_err(op, which + ": the target is " + target.shape_str() + ", the source " +
+                                                       source.shape_str()));
+        if (target.device != source.device || target.device != in[0]->device)
+            throw std::invalid_argument(op_err(op, which + " is not on the device of pair 0"));
+        if (&target == &source || !targets.insert(&target).second)
+            throw std::invalid_argument(op_err(op, which + ": its target is its source or the target of another pair"));
+    }
+    return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
+}
+
+void cpu_cast_into(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    out.ptr<float>()[0] = 0.0f;
+    for (size_t at = 0; at < in.size(); at += 2) cpu_cast({in[at + 1]}, attrs, *in[at]);
+}
+
 }  // namespace rk

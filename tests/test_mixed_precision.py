@@ -1,7 +1,7 @@
 """Mixed precision: f16 parameters trained through f32 master weights with loss scaling
 (rlkit.core.optim): the same accuracy as f32 training, steps with Inf/NaN gradients skipped and
 the scale halved, the scale doubled after clean steps, a static scale undone exactly, state
-dicts that resume, and clear errors."""
+dicts that resume, captured steps with master weights equal to eager ones, and clear errors."""
 
 import numpy as np
 import pytest
@@ -135,6 +135,72 @@ def test_mixed_precision_errors():
             rc.optim.Adam([p], loss_scale=bad)
     with pytest.raises(ValueError, match="growth_interval must be a positive int"):
         rc.optim.Adam([p], loss_scale="dynamic", growth_interval=0)
-    optimizer = rc.optim.SGD([p], lr=0.1, loss_scale="dynamic")
-    with pytest.raises(rc.CaptureError, match="master weights or loss scaling cannot be captured yet"):
-        rc.capture_step(lambda: rc.sum(rc.square(p)), [p], optimizer)()
+    for scale in ("dynamic", 128.0):
+        optimizer = rc.optim.SGD([p], lr=0.1, loss_scale=scale)
+        with pytest.raises(rc.CaptureError, match="loss scaling cannot be captured yet"):
+            rc.capture_step(lambda: rc.sum(rc.square(p)), [p], optimizer)()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_cast_into_rounds_each_source_into_its_target_in_place(device, dtype):
+    """The op a captured step with master weights ends with: each target becomes its source
+    rounded to nearest even in the target's dtype (numpy's rounding; ml_dtypes' for bf16), past
+    the largest f16 to inf, NaN kept."""
+    rng = np.random.default_rng(3)
+    sources = [rng.normal(size=(5, 3)) * 100.0, np.array([[1e6, -1e6, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, np.nan]])]
+    targets = [rc.tensor(np.zeros(s.shape, np.float32), dtype=dtype) for s in sources]
+    keep = targets[0]._impl  # written in place: the same storage afterwards
+    rc.ops.apply("cast_into", tuple(t for pair in zip(targets, (rc.tensor(s.astype(np.float32)) for s in sources))
+                                    for t in pair))
+    assert targets[0]._impl is keep
+    for target, source in zip(targets, sources):
+        expected = source.astype(np.float32).astype(target.numpy().dtype)
+        # compared in f32 (exact for f16 and bf16), where numpy's NaN-aware comparison works
+        np.testing.assert_array_equal(target.numpy().astype(np.float32), expected.astype(np.float32))
+
+
+def _master_weight_model(dtype, opt_cls, **kw):
+    previous = rc.dtype(dtype)
+    try:
+        rc.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16, activation="relu"), nn.Linear(16, 2))
+        return model, opt_cls(model.parameters(), master_weights=True, **kw)
+    finally:
+        rc.dtype(previous)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("opt_cls, kw", [(rc.optim.Adam, dict(lr=1e-2)), (rc.optim.SGD, dict(lr=0.05, momentum=0.9))])
+def test_captured_steps_with_master_weights_equal_eager_steps(device, dtype, opt_cls, kw):
+    """rc.capture_step over f16 / bf16 parameters with master weights: the same masters, moments
+    and parameters as eager steps, and the parameters stay their masters rounded. The CPU runs the
+    same update code both ways (equal bit for bit); the GPU's eager and captured updates are two
+    shaders, whose compilers may contract differently (a float32 rounding, and so at most one
+    step of the parameters' dtype)."""
+    exact = device == "cpu"
+    close32 = dict(rtol=0, atol=0) if exact else dict(rtol=1e-5, atol=1e-7)
+    close16 = dict(rtol=0, atol=0) if exact else dict(rtol=2.0**-7, atol=1e-7)
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 32)).astype(np.float32), rng.standard_normal((2, 32)).astype(np.float32))
+               for _ in range(5)]
+    eager_model, eager_opt = _master_weight_model(dtype, opt_cls, **kw)
+    eager_losses = []
+    for x, y in batches:
+        with rc.grad_tape():
+            loss = rc.mse_loss(rc.cast(eager_model(rc.cast(rc.tensor(x), dtype)), "f32"), y)
+        eager_opt.step(rc.backward(loss))
+        eager_losses.append(loss.item())
+    model, opt = _master_weight_model(dtype, opt_cls, **kw)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(rc.cast(model(rc.cast(x, dtype)), "f32"), y), model.parameters(), opt)
+    losses = [step(x=x, y=y)[0] for x, y in batches]
+    assert step.captured.traces == 1
+    np.testing.assert_allclose(losses, eager_losses, **(close32 if exact else dict(rtol=1e-3)))
+    for (name, p), q in zip(model.parameters().items(), eager_model.parameters().values()):
+        assert p.dtype == dtype
+        master = opt.master[id(p)].numpy()
+        np.testing.assert_array_equal(p.numpy(), master.astype(p.numpy().dtype), err_msg=name)  # exact everywhere
+        np.testing.assert_allclose(p.numpy().astype(np.float32), q.numpy().astype(np.float32), **close16, err_msg=name)
+        np.testing.assert_allclose(master, eager_opt.master[id(q)].numpy(), **close32, err_msg=name)
+        for slot in opt.slots:
+            np.testing.assert_allclose(opt.state[id(p)][slot].numpy(), eager_opt.state[id(q)][slot].numpy(), **close32)
+        assert opt.state[id(p)]["step"] == len(batches)

@@ -337,8 +337,9 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # Ops the optimizers apply inside captured steps (not public functions): test_capture.py checks
 # them against eager updates; the bad-input table below covers their checks.
 # polyak_step: tests/test_optim_fused.py checks it against numpy on both devices;
+# cast_into: tests/test_mixed_precision.py, against numpy's rounding and eager master-weight steps;
 # elementwise_chain: tests/test_elementwise_chain.py, against the ops it chains.
-INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "put_cols", "elementwise_chain",  # put_cols: the device prioritized buffer
+INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "cast_into", "put_cols", "elementwise_chain",  # put_cols: the device prioritized buffer
                 "randint"}  # rc.ops.randint: the replay buffers' sampling on the device (tests/test_random_ops.py)
 DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
@@ -675,6 +676,11 @@ def _polyak_step_into_a_source():
     return rc.ops.apply("polyak_step", (a, b, b, c), floats=(0.5,))
 
 
+def _cast_into_one_target_twice():
+    target = _t(2, 2, dtype="f16")
+    return rc.ops.apply("cast_into", (target, _t(2, 2), target, _t(2, 2)))
+
+
 def _chain(inputs, steps):
     """elementwise_chain on `inputs` with (op name, a, b) steps, floats 0, shaped like input 0."""
     op_id = {name: k for k, name in enumerate(_native.op_names())}
@@ -788,6 +794,14 @@ _BAD += [
     _bad("polyak_step", lambda: rc.ops.apply("polyak_step", (rc.zeros((2, 2)), rc.ones((2, 2))), floats=(1.5,)),
          ValueError, "tau must be one number in [0, 1]"),
     _bad("polyak_step", lambda: _polyak_step_into_a_source(), ValueError, "target 1 is also a source"),
+    _bad("cast_into", lambda: rc.ops.apply("cast_into", (_t(2, 2), _t(2, 2), _t(2, 2))), ValueError,
+         "(target, source) pairs", "3 inputs"),
+    _bad("cast_into", lambda: rc.ops.apply("cast_into", (_t(2, 2, dtype="f16"), _t(2, 3))), ValueError,
+         "pair 0: the target is [2, 2]", "the source [2, 3]"),
+    _bad("cast_into", lambda: rc.ops.apply("cast_into", (_t(2, 2, dtype="i32"), _t(2, 2))), TypeError,
+         "pair 0: expected float tensors, got i32 and f32"),
+    _bad("cast_into", lambda: _cast_into_one_target_twice(), ValueError,
+         "pair 1: its target is its source or the target of another pair"),
     _bad("elementwise_chain", lambda: _chain([_t(2, 3)], []), ValueError,
          "expected ints ne[0..3], ndim, then (op, a, b) per step; got 5 ints"),
     _bad("elementwise_chain", lambda: _chain([_t(2, 3)], [("matmul", 0, 0)]), ValueError,

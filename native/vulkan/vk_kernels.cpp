@@ -653,6 +653,11 @@ void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     ctx().fill(out, 0);
 }
 
+void vk_cast_into(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    for (size_t at = 0; at < in.size(); at += 2) cast_into(*in[at + 1], *in[at]);
+    ctx().fill(out, 0);
+}
+
 // ---- the sum of squares of a tensor set (a gradient norm) --------------------------------------
 
 namespace {

@@ -252,6 +252,7 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     listed = [grads.tensor(p) for p in param_list if p in grads]
     if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
+    listed = [ops.cast(g, "f32") if g.dtype in _runtime.HALF_DTYPES else g for g in listed]  # f16 / bf16 summed in f32
     sum_squares = ops.sum_squares(listed)  # [1, 1]
     norm = ops.sqrt(sum_squares)  # [1, 1]
     _active.grad_scale = _gradient_factor(sum_squares, max_grad_norm)

@@ -11,7 +11,9 @@ updates on the k-th (by their mean when ``average``); ``step()`` returns whether
 
 Mixed precision: with ``master_weights=True`` the update of an f16 (or bf16) parameter is applied
 to an f32 copy (its optimizer state is f32 too) and the parameter becomes that copy rounded to
-f16 (bf16). bf16 has f32's exponent range and needs no loss scale.
+f16 (bf16). bf16 has f32's exponent range and needs no loss scale. A captured step
+(``rc.capture_step``) with master weights updates the masters and rounds them into the parameters
+on the device; one with a loss scale cannot be captured yet.
 ``loss_scale`` multiplies the loss before backward (``optimizer.scale_loss(loss)``) so small
 f16 gradients do not flush to zero; ``step`` divides the gradients by it again. With
 ``loss_scale="dynamic"`` the scale starts at 2**15 (the largest power of two f16 holds: the
@@ -214,12 +216,16 @@ class Optimizer:
     def _record_step(self, trace, grads: Gradients | None) -> bool:
         """Records one in-place update op per parameter group (one dispatch on the GPU), reading
         coefficients the capture computes on the host before every replay; steps are counted
-        after replays whose gradient scale was finite."""
+        after replays whose gradient scale was finite. With master weights the update applies to
+        the f32 masters, and one more op rounds them into their f16 / bf16 parameters."""
         if self.accumulate_steps > 1:
             raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
-        if self.master or self._scaling.mode is not None:
-            raise capturing.CaptureError("capture: an optimizer with master weights or loss scaling cannot be captured yet")
+        if self._scaling.mode is not None:
+            raise capturing.CaptureError("capture: an optimizer with loss scaling cannot be captured yet "
+                                         "(master weights can; bf16 needs no loss scaling)")
         current = self._current_gradients(grads)
+        current = {key: ops.cast(g, "f32") if key in self.master and g.dtype in _runtime.HALF_DTYPES else g
+                   for key, g in current.items()}
         earlier = trace.updates_recorded.get(id(self), 0)  # a trace may hold several steps of one optimizer
         trace.updates_recorded[id(self)] = earlier + 1
         scale = trace.grad_scale
@@ -234,8 +240,13 @@ class Optimizer:
                 raise capturing.CaptureError("capture: the parameters of a group must share their step count")
             hyper = trace.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
                                      self._coefficients(group, first, earlier))
-            self._record_update(members, [current[id(p)] for p in members], hyper, scale)
+            self._check_dtypes(members)
+            self._record_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
+                                hyper, scale)
             updated += members
+        rounded = [t for p in updated if id(p) in self.master for t in (p, self.master[id(p)])]
+        if rounded:  # after the updates: the parameters are their masters rounded to f16 / bf16
+            ops.apply("cast_into", tuple(rounded))
 
         def count_steps(value, updated=updated):
             if capturing.is_finite(value):

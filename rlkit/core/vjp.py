@@ -141,7 +141,7 @@ VJP = {
 NOT_DIFFERENTIABLE = frozenset(
     {
         "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "randint", "sample_categorical",
-        "adam_step", "sgd_step", "polyak_step",  # in-place updates of captured optimizer steps
+        "adam_step", "sgd_step", "polyak_step", "cast_into",  # in-place updates of captured optimizer steps
         "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
         "elementwise_chain",  # made from recorded ops by a captured GPU program, after the tape
         # backward helpers: used inside vjp rules, never differentiated themselves
