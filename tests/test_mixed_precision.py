@@ -1,7 +1,8 @@
 """Mixed precision: f16 parameters trained through f32 master weights with loss scaling
 (rlkit.core.optim): the same accuracy as f32 training, steps with Inf/NaN gradients skipped and
 the scale halved, the scale doubled after clean steps, a static scale undone exactly, state
-dicts that resume, captured steps with master weights equal to eager ones, and clear errors."""
+dicts that resume, captured steps with master weights and loss scales equal to eager ones, and
+clear errors."""
 
 import numpy as np
 import pytest
@@ -135,10 +136,18 @@ def test_mixed_precision_errors():
             rc.optim.Adam([p], loss_scale=bad)
     with pytest.raises(ValueError, match="growth_interval must be a positive int"):
         rc.optim.Adam([p], loss_scale="dynamic", growth_interval=0)
-    for scale in ("dynamic", 128.0):
-        optimizer = rc.optim.SGD([p], lr=0.1, loss_scale=scale)
-        with pytest.raises(rc.CaptureError, match="loss scaling cannot be captured yet"):
-            rc.capture_step(lambda: rc.sum(rc.square(p)), [p], optimizer)()
+    optimizer = rc.optim.SGD([p], lr=0.1, loss_scale="dynamic")
+    with pytest.raises(rc.CaptureError, match="return the unscaled loss; a captured step"):
+        rc.capture_step(lambda: optimizer.scale_loss(rc.sum(rc.square(p))), [p], optimizer)()
+
+    def manual_step():  # backward and step by hand: nothing scales the loss
+        with rc.grad_tape():
+            loss = rc.sum(rc.square(p))
+        optimizer.step(rc.backward(loss))
+        return loss
+
+    with pytest.raises(rc.CaptureError, match="loss scaling steps inside rc.capture_step or rc.update_step"):
+        rc.capture(manual_step)()
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -154,7 +163,8 @@ def test_cast_into_rounds_each_source_into_its_target_in_place(device, dtype):
                                     for t in pair))
     assert targets[0]._impl is keep
     for target, source in zip(targets, sources):
-        expected = source.astype(np.float32).astype(target.numpy().dtype)
+        with np.errstate(over="ignore"):  # numpy's f16 of 1e6 is inf, as the op's must be
+            expected = source.astype(np.float32).astype(target.numpy().dtype)
         # compared in f32 (exact for f16 and bf16), where numpy's NaN-aware comparison works
         np.testing.assert_array_equal(target.numpy().astype(np.float32), expected.astype(np.float32))
 
@@ -204,3 +214,42 @@ def test_captured_steps_with_master_weights_equal_eager_steps(device, dtype, opt
         for slot in opt.slots:
             np.testing.assert_allclose(opt.state[id(p)][slot].numpy(), eager_opt.state[id(q)][slot].numpy(), **close32)
         assert opt.state[id(p)]["step"] == len(batches)
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", 512.0])
+def test_captured_steps_with_a_loss_scale_equal_eager_steps(device, loss_scale):
+    """f16 with master weights and a loss scale, captured: the step scales the loss by each
+    replay's scale. With a dynamic scale, a batch whose f16 gradients overflow is skipped and
+    halves the scale, and clean steps double it (growth_interval 2), as eager steps do."""
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((4, 32)).astype(np.float32), rng.standard_normal((2, 32)).astype(np.float32))
+               for _ in range(6)]
+    if loss_scale == "dynamic":
+        batches[2] = (batches[2][0] * 3e4, batches[2][1])  # f16 activations and gradients overflow
+    kw = dict(lr=1e-2, loss_scale=loss_scale, growth_interval=2)
+    eager_model, eager_opt = _master_weight_model("f16", rc.optim.Adam, **kw)
+    eager_scales, eager_updated = [], []
+    for x, y in batches:
+        with rc.grad_tape():
+            loss = eager_opt.scale_loss(rc.mse_loss(rc.cast(eager_model(rc.cast(rc.tensor(x), "f16")), "f32"), y))
+        eager_updated.append(eager_opt.step(rc.backward(loss)))
+        eager_scales.append(eager_opt.loss_scale)
+    model, opt = _master_weight_model("f16", rc.optim.Adam, **kw)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(rc.cast(model(rc.cast(x, "f16")), "f32"), y), model.parameters(), opt)
+    scales, norms = [], []
+    for x, y in batches:
+        norms.append(step(x=x, y=y)[1])
+        scales.append(opt.loss_scale)
+    assert step.captured.traces == 1
+    assert scales == eager_scales
+    assert [np.isfinite(n) for n in norms] == eager_updated
+    if loss_scale == "dynamic":
+        assert eager_updated == [True, True, False, True, True, True]
+        assert eager_scales == [2.0**15, 2.0**16, 2.0**15, 2.0**15, 2.0**16, 2.0**16]
+    exact = device == "cpu"
+    for (name, p), q in zip(model.parameters().items(), eager_model.parameters().values()):
+        np.testing.assert_array_equal(p.numpy(), opt.master[id(p)].numpy().astype(np.float16), err_msg=name)
+        np.testing.assert_allclose(opt.master[id(p)].numpy(), eager_opt.master[id(q)].numpy(),
+                                   rtol=0 if exact else 1e-5, atol=0 if exact else 1e-7, err_msg=name)
+        assert opt.state[id(p)]["step"] == eager_opt.state[id(q)]["step"] == sum(eager_updated)
+

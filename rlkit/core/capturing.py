@@ -239,23 +239,30 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     """Inside a traced function: ``loss_fn()`` on its own tape, its backward pass, the global
     gradient norm of ``params`` (clipped to ``max_grad_norm`` when given) and ``optimizer``'s
     update. Returns ``(loss [1, 1], norm [1, 1])`` as traced tensors. A traced function may
-    make several (critic, then actor, then entropy updates); a non-finite norm skips its own."""
+    make several (critic, then actor, then entropy updates); a non-finite norm skips its own.
+    With an optimizer's loss scale, the step scales the loss (``loss_fn`` returns it unscaled)
+    by the scale of each replay, and the update unscales the gradients."""
     from rlkit.core import autograd, ops
 
     if _active is None:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
     _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
+    loss_scale = optimizer.traced_loss_scale(_active)  # None, or the scale and its inverse, [1, 1] each
     with autograd.grad_tape():
         loss = loss_fn()
-    grads = autograd.backward(loss)
+        scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])
+    grads = autograd.backward(scaled)
     listed = [grads.tensor(p) for p in param_list if p in grads]
     if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
     listed = [ops.cast(g, "f32") if g.dtype in _runtime.HALF_DTYPES else g for g in listed]  # f16 / bf16 summed in f32
     sum_squares = ops.sum_squares(listed)  # [1, 1]
+    if loss_scale is not None:  # of the unscaled gradients
+        sum_squares = ops.mul(sum_squares, ops.square(loss_scale[1]))
     norm = ops.sqrt(sum_squares)  # [1, 1]
-    _active.grad_scale = _gradient_factor(sum_squares, max_grad_norm)
+    factor = _gradient_factor(sum_squares, max_grad_norm)
+    _active.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
     optimizer.step(grads)
     _active.grad_scale = None
     return ops.reshape(loss, (1, 1)), norm

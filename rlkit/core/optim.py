@@ -13,13 +13,14 @@ Mixed precision: with ``master_weights=True`` the update of an f16 (or bf16) par
 to an f32 copy (its optimizer state is f32 too) and the parameter becomes that copy rounded to
 f16 (bf16). bf16 has f32's exponent range and needs no loss scale. A captured step
 (``rc.capture_step``) with master weights updates the masters and rounds them into the parameters
-on the device; one with a loss scale cannot be captured yet.
+on the device.
 ``loss_scale`` multiplies the loss before backward (``optimizer.scale_loss(loss)``) so small
 f16 gradients do not flush to zero; ``step`` divides the gradients by it again. With
 ``loss_scale="dynamic"`` the scale starts at 2**15 (the largest power of two f16 holds: the
 gradient entering an f16 graph is the scale itself), a step whose gradients hold an Inf or a NaN
 is skipped and halves it, and every ``growth_interval`` clean steps double it (PyTorch's
-GradScaler rule).
+GradScaler rule). A captured step scales the loss itself (its ``loss_fn`` returns the unscaled
+loss), by the scale of each replay, and skips and halves in the same way.
 """
 
 from __future__ import annotations
@@ -149,8 +150,21 @@ class Optimizer:
         return self._scaling.scale
 
     def scale_loss(self, loss: Tensor) -> Tensor:
-        """The loss times the loss scale: call backward on this (``step`` undoes the factor)."""
+        """The loss times the loss scale: call backward on this (``step`` undoes the factor).
+        For eager steps: a captured step scales the loss itself."""
+        if capturing.tracing() is not None and self._scaling.mode is not None:
+            raise capturing.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
+                                         "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
+
+    def traced_loss_scale(self, trace) -> tuple[Tensor, Tensor] | None:
+        """Inside a trace: the loss scale and its inverse, [1, 1] inputs filled before every
+        replay with the scale of that moment; None without loss scaling."""
+        if self._scaling.mode is None:
+            return None
+        scale = trace.host_input((1, 1), lambda: np.full((1, 1), self._scaling.scale, np.float32))
+        inverse = trace.host_input((1, 1), lambda: np.full((1, 1), 1.0 / self._scaling.scale, np.float32))
+        return scale, inverse
 
     def _unscaled(self, current: dict[int, Tensor]) -> dict[int, Tensor] | None:
         """The gradients in f32 where the update is applied to an f32 master, divided by the loss
@@ -220,9 +234,9 @@ class Optimizer:
         the f32 masters, and one more op rounds them into their f16 / bf16 parameters."""
         if self.accumulate_steps > 1:
             raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
-        if self._scaling.mode is not None:
-            raise capturing.CaptureError("capture: an optimizer with loss scaling cannot be captured yet "
-                                         "(master weights can; bf16 needs no loss scaling)")
+        if self._scaling.mode is not None and trace.grad_scale is None:
+            raise capturing.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
+                                         "rc.update_step, which scale the loss")
         current = self._current_gradients(grads)
         current = {key: ops.cast(g, "f32") if key in self.master and g.dtype in _runtime.HALF_DTYPES else g
                    for key, g in current.items()}
@@ -249,9 +263,12 @@ class Optimizer:
             ops.apply("cast_into", tuple(rounded))
 
         def count_steps(value, updated=updated):
-            if capturing.is_finite(value):
+            finite = capturing.is_finite(value)
+            if finite:
                 for p in updated:
                     self.state[id(p)]["step"] += 1
+            if self._scaling.mode == "dynamic":  # halve after a skipped step, grow after clean ones
+                self._scaling.update(finite)
 
         trace.extra_output(scale, count_steps)
         return True
