@@ -160,9 +160,9 @@ void backward_task(const Operands& o, const RecurrenceDims& d, bool bonus_form, 
             const T *k = pk + at, *v = pv + at, *r = pr + at, *w = pw + at, *gy = pg + at;
             const T* prev = slot + (tl - t0) * d.matrix();
             T *gk = po + l.grads + at, *gv = gk + plane, *gr = gv + plane, *gw = gr + plane;
+            // the sums over j are dot()s, out of the loops over j, which then vectorise
             if (bonus_form) {
-                T vg = 0;
-                for (int64_t j = 0; j < S; ++j) vg += v[j] * gy[j];
+                const T vg = dot(v, gy, S);
                 T kur = 0;
                 for (int64_t i = 0; i < S; ++i) kur += k[i] * pu[h * S + i] * r[i];
                 for (int64_t j = 0; j < S; ++j) gv[j] = gy[j] * kur;
@@ -170,36 +170,28 @@ void backward_task(const Operands& o, const RecurrenceDims& d, bool bonus_form, 
                     const T* Di = D + i * S;
                     const T* Pi = prev + i * S;
                     const T u = pu[h * S + i];
-                    T vd = 0, gp = 0, dp = 0;
-                    for (int64_t j = 0; j < S; ++j) {
-                        vd += v[j] * Di[j];
-                        gp += gy[j] * Pi[j];
-                        dp += Di[j] * Pi[j];
-                        gv[j] += k[i] * Di[j];
-                    }
-                    gk[i] = u * r[i] * vg + vd;
-                    gr[i] = u * k[i] * vg + gp;
-                    gw[i] = dp;
+                    for (int64_t j = 0; j < S; ++j) gv[j] += k[i] * Di[j];
+                    gk[i] = u * r[i] * vg + dot(v, Di, S);
+                    gr[i] = u * k[i] * vg + dot(gy, Pi, S);
+                    gw[i] = dot(Di, Pi, S);
                     gu[i] += r[i] * k[i] * vg;
                 }
                 for (int64_t i = 0; i < S; ++i)  // D_{t-1} = td_t (.) D_t + r_t gy_t^T
                     for (int64_t j = 0; j < S; ++j) D[i * S + j] = w[i] * D[i * S + j] + r[i] * gy[j];
             } else {
                 for (int64_t j = 0; j < S; ++j) gv[j] = 0;
+                const T gv_dot = dot(gy, v, S);
                 for (int64_t i = 0; i < S; ++i) {
                     T* Di = D + i * S;
                     const T* Pi = prev + i * S;
-                    T vd = 0, gs = 0, dp = 0;
+                    const T read = scale * r[i];
                     for (int64_t j = 0; j < S; ++j) {
-                        Di[j] += scale * r[i] * gy[j];  // D_t: the carry plus this token's read
-                        gs += gy[j] * (w[i] * Pi[j] + k[i] * v[j]);
-                        vd += v[j] * Di[j];
-                        dp += Di[j] * Pi[j];
+                        Di[j] += read * gy[j];  // D_t: the carry plus this token's read
                         gv[j] += k[i] * Di[j];
                     }
-                    gk[i] = vd;
-                    gr[i] = scale * gs;
-                    gw[i] = dp;
+                    gk[i] = dot(v, Di, S);
+                    gr[i] = scale * (w[i] * dot(gy, Pi, S) + k[i] * gv_dot);  // gy . S_t[i, :]
+                    gw[i] = dot(Di, Pi, S);
                     for (int64_t j = 0; j < S; ++j) Di[j] *= w[i];  // the carry to token t - 1
                 }
             }

@@ -43,11 +43,7 @@ Wkv7Dims wkv7_dims(const char* op, const Inputs& in, size_t first) {
 // One token's update of one head's state in place: sa = S a, then S = S diag(w) + v k^T + sa b^T.
 template <typename T>
 void advance(T* st, const T* w, const T* k, const T* v, const T* a, const T* b, T* sa, int64_t S) {
-    for (int64_t i = 0; i < S; ++i) {
-        T acc = 0;
-        for (int64_t j = 0; j < S; ++j) acc += a[j] * st[i * S + j];
-        sa[i] = acc;
-    }
+    for (int64_t i = 0; i < S; ++i) sa[i] = dot(a, st + i * S, S);
     for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) st[i * S + j] = st[i * S + j] * w[j] + v[i] * k[j] + sa[i] * b[j];
 }
@@ -93,11 +89,7 @@ void cpu_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                     const Token<T> x = token<T>(in, 0, d, t, h);
                     advance(st, x.w, x.k, x.v, x.a, x.b, sa.data(), d.S);
                     T* y_t = y + (t * d.H + h) * d.S;
-                    for (int64_t i = 0; i < d.S; ++i) {
-                        T acc = 0;
-                        for (int64_t j = 0; j < d.S; ++j) acc += st[i * d.S + j] * x.r[j];
-                        y_t[i] = acc;
-                    }
+                    for (int64_t i = 0; i < d.S; ++i) y_t[i] = dot(st + i * d.S, x.r, d.S);
                 }
             }
         });
@@ -134,27 +126,21 @@ struct TokenGrads {
 template <typename T>
 void step_back(const Token<T>& x, const T* prev, const T* gy, T* D, T* sa, T* gsa, const TokenGrads<T>& out,
                int64_t S) {
-    for (int64_t i = 0; i < S; ++i) {
-        T acc = 0;
-        for (int64_t j = 0; j < S; ++j) acc += x.a[j] * prev[i * S + j];
-        sa[i] = acc;
-    }
+    for (int64_t i = 0; i < S; ++i) sa[i] = dot(x.a, prev + i * S, S);
     for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) D[i * S + j] += gy[i] * x.r[j];
     for (int64_t j = 0; j < S; ++j) out.r[j] = out.w[j] = out.k[j] = out.b[j] = out.a[j] = 0;
     for (int64_t i = 0; i < S; ++i) {
-        T acc_v = 0, acc_sa = 0;
-        for (int64_t j = 0; j < S; ++j) {
-            const T p = prev[i * S + j], dij = D[i * S + j];
+        const T* row = D + i * S;
+        for (int64_t j = 0; j < S; ++j) {  // no sum over j in this loop: it vectorises
+            const T p = prev[i * S + j], dij = row[j];
             out.r[j] += gy[i] * (p * x.w[j] + x.v[i] * x.k[j] + sa[i] * x.b[j]);  // S_t[i, j]
             out.w[j] += dij * p;
             out.k[j] += dij * x.v[i];
             out.b[j] += dij * sa[i];
-            acc_v += dij * x.k[j];
-            acc_sa += dij * x.b[j];
         }
-        out.v[i] = acc_v;
-        gsa[i] = acc_sa;
+        out.v[i] = dot(row, x.k, S);
+        gsa[i] = dot(row, x.b, S);
     }
     for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) {

@@ -43,26 +43,30 @@ struct ScanInputs {
     const T* c_at(int64_t q, int64_t t, int64_t h) const { return c + ((q * d.n_tok + t) * d.n_group + group_of(h)) * d.d_state; }
     const T* initial_state(int64_t q, int64_t h) const { return s + (int64_t(ids[q]) * d.n_head + h) * d.state_size(); }
 
-    // dA[n] for one token, and softplus(dt) returned.
+    // dA[n] for one token, and softplus(dt) returned (Mamba-2's one decay per head: one exp).
     T decay(int64_t q, int64_t t, int64_t h, T* da) const {
         const T dts = softplus_of(dt_at(q, t, h));
-        for (int64_t n = 0; n < d.d_state; ++n) da[n] = std::exp(dts * a[h * d.a_rows + (d.a_rows == 1 ? 0 : n)]);
+        if (d.a_rows == 1)
+            std::fill(da, da + d.d_state, std::exp(dts * a[h]));
+        else
+            for (int64_t n = 0; n < d.d_state; ++n) da[n] = std::exp(dts * a[h * d.a_rows + n]);
         return dts;
     }
 
-    // One step of the recurrence on state [d_state, head_dim]; writes y[p] when y is given.
-    void step(int64_t q, int64_t t, int64_t h, T* state, T* da, T* y) const {
+    // One step of the recurrence from state `from` to state `to` ([d_state, head_dim]; they may
+    // be one array); writes y[p] when y is given.
+    void step(int64_t q, int64_t t, int64_t h, const T* from, T* to, T* da, T* y) const {
         const T dts = decay(q, t, h, da);
         const T *xt = x_at(q, t, h), *bt = b_at(q, t, h), *ct = c_at(q, t, h);
         for (int64_t p = 0; p < d.head_dim; ++p) {
-            T* row = state + p * d.d_state;
+            const T* row = from + p * d.d_state;
+            T* next = to + p * d.d_state;
             const T xdt = xt[p] * dts;
-            T acc = 0;
-            for (int64_t n = 0; n < d.d_state; ++n) {
-                row[n] = row[n] * da[n] + bt[n] * xdt;
-                acc += row[n] * ct[n];
-            }
-            if (y) y[p] = acc;
+            if (row == next)  // in place: one pointer, or the compiler's overlap check would refuse its vector loop
+                for (int64_t n = 0; n < d.d_state; ++n) next[n] = next[n] * da[n] + bt[n] * xdt;
+            else
+                for (int64_t n = 0; n < d.d_state; ++n) next[n] = row[n] * da[n] + bt[n] * xdt;
+            if (y) y[p] = dot(next, ct, d.d_state);
         }
     }
 };
@@ -93,25 +97,25 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, 
     const int64_t E = d.state_size(), Q = d.chunk(), task = q * d.n_head + h;
     T* checkpoints = out + d.scratch_at() + task * d.scratch_per_task();  // [n_chunks][E]
     T* states = checkpoints + d.n_chunks() * E;                             // [Q][E], one chunk
-    std::vector<T> da(d.d_state), grad(E), gb(d.d_state), gc(d.d_state), u(d.d_state);
+    // da: this token's decays; carry: the decays of the token after it, which dL/dS still owes
+    // (applied in the next token's pass over it rather than in a pass of their own)
+    std::vector<T> da(d.d_state), carry(d.d_state, T(1)), grad(E), gb(d.d_state), gc(d.d_state), u(d.d_state);
 
     // the state at each chunk start
     std::copy(in.initial_state(q, h), in.initial_state(q, h) + E, checkpoints);
     for (int64_t c = 1; c < d.n_chunks(); ++c) {
-        std::copy(checkpoints + (c - 1) * E, checkpoints + c * E, checkpoints + c * E);
-        for (int64_t t = (c - 1) * Q; t < c * Q; ++t) in.step(q, t, h, checkpoints + c * E, da.data(), nullptr);
+        in.step(q, (c - 1) * Q, h, checkpoints + (c - 1) * E, checkpoints + c * E, da.data(), nullptr);
+        for (int64_t t = (c - 1) * Q + 1; t < c * Q; ++t)
+            in.step(q, t, h, checkpoints + c * E, checkpoints + c * E, da.data(), nullptr);
     }
 
-    // grad = dL/dS_t, starting from the final state's gradient
+    // grad = dL/dS_t (times carry), starting from the final state's gradient
     const T* g_final = g + d.y_size() + task * E;
     std::copy(g_final, g_final + E, grad.begin());
     for (int64_t c = d.n_chunks(); c-- > 0;) {
         const int64_t t0 = c * Q, len = std::min(Q, d.n_tok - t0);
-        for (int64_t k = 0; k < len; ++k) {  // the states after each token of the chunk
-            std::copy(k ? states + (k - 1) * E : checkpoints + c * E, (k ? states + (k - 1) * E : checkpoints + c * E) + E,
-                      states + k * E);
-            in.step(q, t0 + k, h, states + k * E, da.data(), nullptr);
-        }
+        for (int64_t k = 0; k < len; ++k)  // the states after each token of the chunk
+            in.step(q, t0 + k, h, k ? states + (k - 1) * E : checkpoints + c * E, states + k * E, da.data(), nullptr);
         for (int64_t k = len; k-- > 0;) {
             const int64_t t = t0 + k;
             const T* before = k ? states + (k - 1) * E : checkpoints + c * E;
@@ -126,15 +130,14 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, 
             for (int64_t p = 0; p < d.head_dim; ++p) {
                 T* gr = grad.data() + p * d.d_state;
                 const T *sa = after + p * d.d_state, *sb = before + p * d.d_state;
-                T gxp = 0;
-                for (int64_t n = 0; n < d.d_state; ++n) {
-                    gr[n] += ct[n] * gy[p];  // y_t reads S_t
-                    gxp += gr[n] * bt[n];
-                    gb[n] += gr[n] * xt[p];
-                    gc[n] += gy[p] * sa[n];
+                const T gyp = gy[p], xtp = xt[p];
+                for (int64_t n = 0; n < d.d_state; ++n) {  // no sum over n in this loop: it vectorises
+                    gr[n] = gr[n] * carry[n] + ct[n] * gyp;  // dL/dS_t: through S_{t+1}, and y_t reads S_t
+                    gb[n] += gr[n] * xtp;
+                    gc[n] += gyp * sa[n];
                     u[n] += gr[n] * sb[n];
                 }
-                gx[p] = gxp * dts;
+                gx[p] = dot(gr, bt, d.d_state) * dts;
             }
             const int64_t at = ((q * d.n_tok + t) * d.n_head + h) * d.d_state;  // [d_state, n_head, n_tok, n_seqs]
             T gdts = 0;
@@ -146,11 +149,12 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, 
                 gdts += an * da[n] * u[n] + bt[n] * gb[n];
             }
             out[d.gdt_at() + (q * d.n_tok + t) * d.n_head + h] = gdts * softplus_slope(in.dt_at(q, t, h));
-            for (int64_t p = 0; p < d.head_dim; ++p)  // on to dL/dS_{t-1}
-                for (int64_t n = 0; n < d.d_state; ++n) grad[p * d.d_state + n] *= da[n];
+            carry.swap(da);  // dL/dS_{t-1} = dL/dS_t * dA_t + (what y_{t-1} adds)
         }
     }
-    std::copy(grad.begin(), grad.end(), out + d.gs0_at() + task * E);
+    T* gs0 = out + d.gs0_at() + task * E;
+    for (int64_t p = 0; p < d.head_dim; ++p)
+        for (int64_t n = 0; n < d.d_state; ++n) gs0[p * d.d_state + n] = grad[p * d.d_state + n] * carry[n];
 }
 
 }  // namespace
@@ -201,9 +205,9 @@ void cpu_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
             for (int64_t task = lo; task < hi; ++task) {
                 const int64_t q = task / d.n_head, h = task % d.n_head;
                 T* state = po + d.y_size() + task * d.state_size();  // scanned in place: the final state
-                std::copy(si.initial_state(q, h), si.initial_state(q, h) + d.state_size(), state);
                 for (int64_t t = 0; t < d.n_tok; ++t)
-                    si.step(q, t, h, state, da.data(), po + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim);
+                    si.step(q, t, h, t ? state : si.initial_state(q, h), state, da.data(),
+                            po + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim);
             }
         });
     });

@@ -13,6 +13,22 @@ constexpr int64_t kElementGrain = 1 << 15;
 
 inline std::string op_err(const char* op, const std::string& msg) { return std::string(op) + ": " + msg; }
 
+// sum_i a[i] b[i] as kLanes interleaved partial sums, added up in a fixed order at the end: the
+// compiler keeps them in one vector register, where a single running sum is a chain of adds it
+// may not reorder (no -ffast-math), so the loop would not vectorise.
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+    constexpr int64_t kLanes = 8;
+    T part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) part[l] += a[i + l] * b[i + l];
+    T total = 0;
+    for (; i < n; ++i) total += a[i] * b[i];
+    for (int64_t l = 0; l < kLanes; ++l) total += part[l];
+    return total;
+}
+
 inline void require_float(const char* op, const TensorImpl& t, const char* arg) {
     if (!is_float(t.dtype))
         throw TypeError(op_err(op, std::string(arg) + " must be a float tensor (f32, f16, bf16 or f64), got " + dtype_name(t.dtype)));
