@@ -9,6 +9,7 @@
 // the ones stored every kRecurrenceChunk tokens (never dividing by the decay to step back).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernel_util.hpp"
 #include "recurrence.hpp"
@@ -73,9 +74,13 @@ struct Task {
     int64_t matrix() const { return (b * d.H + h) * d.matrix(); }                        // in a state column
 };
 
+// (sequence, head) tasks per parallel chunk: enough state updates to be worth a thread.
+int64_t task_grain(const RecurrenceDims& d) {
+    return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, d.seq_len() * d.matrix()));
+}
+
 void for_each_task(const RecurrenceDims& d, const std::function<void(int64_t b, int64_t h)>& fn) {
-    const int64_t work = std::max<int64_t>(1, d.seq_len() * d.matrix());
-    parallel_for(d.n_seqs * d.H, std::max<int64_t>(1, kElementGrain / work), [&](int64_t lo, int64_t hi) {
+    parallel_for(d.n_seqs * d.H, task_grain(d), [&](int64_t lo, int64_t hi) {
         for (int64_t task = lo; task < hi; ++task) fn(task / d.H, task % d.H);
     });
 }
@@ -124,14 +129,15 @@ void forward(const Operands& o, const RecurrenceDims& d, bool bonus_form, T scal
 
 // The backward pass of one (sequence, head). g is the packed upstream gradient; D, the gradient
 // of the state after the token being walked, lives in the initial state's gradient region.
+// scratch: slabs() matrices of the worker's own, reused by its tasks (the output's scratch region
+// is the GPU kernels'; pages of it written here would be faulted in fresh at every call).
 template <typename T>
 void backward_task(const Operands& o, const RecurrenceDims& d, bool bonus_form, T scale, const T* pg, T* po,
-                   const BackLayout& l, int64_t b, int64_t h) {
+                   const BackLayout& l, T* scratch, int64_t b, int64_t h) {
     const T *pk = o.k->ptr<T>(), *pv = o.v->ptr<T>(), *pr = o.r->ptr<T>(), *pw = o.w->ptr<T>();
     const T* pu = o.u ? o.u->ptr<T>() : nullptr;
     const int64_t S = d.S, C = kRecurrenceChunk, plane = d.token() * d.T;
     const Task task{d, b, h};
-    T* scratch = po + l.scratch + (b * d.H + h) * d.slabs() * d.matrix();
     T* work = scratch;
     T* checkpoint = scratch + d.matrix();                   // n_chunks states
     T* slot = checkpoint + d.n_chunks() * d.matrix();       // C states of one chunk
@@ -204,7 +210,11 @@ void backward(const Operands& o, const RecurrenceDims& d, bool bonus_form, T sca
     const BackLayout l = back_layout(d, bonus_form);
     const T* pg = g.ptr<T>();
     T* po = out.ptr<T>();
-    for_each_task(d, [&](int64_t b, int64_t h) { backward_task<T>(o, d, bonus_form, scale, pg, po, l, b, h); });
+    parallel_for(d.n_seqs * d.H, task_grain(d), [&](int64_t lo, int64_t hi) {
+        std::vector<T> scratch(d.slabs() * d.matrix());
+        for (int64_t task = lo; task < hi; ++task)
+            backward_task<T>(o, d, bonus_form, scale, pg, po, l, scratch.data(), task / d.H, task % d.H);
+    });
 }
 
 OutSpec forward_spec(const RecurrenceDims& d, DType dtype) {

@@ -123,6 +123,30 @@ struct TokenGrads {
 // later tokens on entry and dL/dS_{t-1} on return:
 //   D += gy r^T;  gr = S_t^T gy;  gw[j] = sum_i D S_{t-1};  gk = D^T v;  gv = D k;  gb = D^T sa;
 //   gsa = D b;  ga = S_{t-1}^T gsa;  D = D diag(w) + gsa a^T
+//
+// The loops over j are functions whose arrays are __restrict: the gradients of one token all
+// point into one output, and without that promise the compiler does not vectorise them.
+template <typename T>
+void row_sums_back(int64_t S, const T* __restrict p, const T* __restrict d, const T* __restrict w,
+                   const T* __restrict k, const T* __restrict b, T gy_i, T v_i, T sa_i, T* __restrict gr,
+                   T* __restrict gw, T* __restrict gk, T* __restrict gb) {
+    for (int64_t j = 0; j < S; ++j) {
+        gr[j] += gy_i * (p[j] * w[j] + v_i * k[j] + sa_i * b[j]);  // S_t[i, j]
+        gw[j] += d[j] * p[j];
+        gk[j] += d[j] * v_i;
+        gb[j] += d[j] * sa_i;
+    }
+}
+
+template <typename T>
+void carry_back(int64_t S, const T* __restrict p, const T* __restrict w, const T* __restrict a, T gsa_i,
+                T* __restrict d, T* __restrict ga) {
+    for (int64_t j = 0; j < S; ++j) {
+        ga[j] += gsa_i * p[j];
+        d[j] = d[j] * w[j] + gsa_i * a[j];
+    }
+}
+
 template <typename T>
 void step_back(const Token<T>& x, const T* prev, const T* gy, T* D, T* sa, T* gsa, const TokenGrads<T>& out,
                int64_t S) {
@@ -132,21 +156,11 @@ void step_back(const Token<T>& x, const T* prev, const T* gy, T* D, T* sa, T* gs
     for (int64_t j = 0; j < S; ++j) out.r[j] = out.w[j] = out.k[j] = out.b[j] = out.a[j] = 0;
     for (int64_t i = 0; i < S; ++i) {
         const T* row = D + i * S;
-        for (int64_t j = 0; j < S; ++j) {  // no sum over j in this loop: it vectorises
-            const T p = prev[i * S + j], dij = row[j];
-            out.r[j] += gy[i] * (p * x.w[j] + x.v[i] * x.k[j] + sa[i] * x.b[j]);  // S_t[i, j]
-            out.w[j] += dij * p;
-            out.k[j] += dij * x.v[i];
-            out.b[j] += dij * sa[i];
-        }
+        row_sums_back(S, prev + i * S, row, x.w, x.k, x.b, gy[i], x.v[i], sa[i], out.r, out.w, out.k, out.b);
         out.v[i] = dot(row, x.k, S);
         gsa[i] = dot(row, x.b, S);
     }
-    for (int64_t i = 0; i < S; ++i)
-        for (int64_t j = 0; j < S; ++j) {
-            out.a[j] += gsa[i] * prev[i * S + j];
-            D[i * S + j] = D[i * S + j] * x.w[j] + gsa[i] * x.a[j];
-        }
+    for (int64_t i = 0; i < S; ++i) carry_back(S, prev + i * S, x.w, x.a, gsa[i], D + i * S, out.a);
 }
 
 // The backward of one (sequence, head). A forward pass keeps the state before every

@@ -90,13 +90,34 @@ int64_t task_grain(const ScanDims& d) {
     return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, d.n_tok * d.state_size()));
 }
 
+// The states the CPU's walk back keeps for one task: the state at each chunk start, and the states
+// of one chunk. A worker reuses its own for every task it runs (the output's scratch region,
+// which the GPU's kernels use, stays untouched: pages of it the CPU wrote would be faulted in
+// fresh at every call).
+int64_t cpu_scratch_size(const ScanDims& d) { return (d.n_chunks() + d.chunk()) * d.state_size(); }
+
+// One row p of a token's walk back: dL/dS_t[p, :] from dL/dS_{t+1} (times the carried decay)
+// and what y_t[p] reads, and the row's shares of gB, gC and u. No sum over n, and __restrict
+// arrays (one output holds several of them): the loop vectorises.
+template <typename T>
+void row_back(int64_t N, const T* __restrict carry, const T* __restrict ct, const T* __restrict after,
+              const T* __restrict before, T gyp, T xtp, T* __restrict gr, T* __restrict gb, T* __restrict gc,
+              T* __restrict u) {
+    for (int64_t n = 0; n < N; ++n) {
+        gr[n] = gr[n] * carry[n] + ct[n] * gyp;
+        gb[n] += gr[n] * xtp;
+        gc[n] += gyp * after[n];
+        u[n] += gr[n] * before[n];
+    }
+}
+
 // The gradients of one (sequence q, head h) task, walking the chunks backwards.
 template <typename T>
-void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, int64_t h) {
+void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, T* scratch, int64_t q, int64_t h) {
     const ScanDims& d = in.d;
     const int64_t E = d.state_size(), Q = d.chunk(), task = q * d.n_head + h;
-    T* checkpoints = out + d.scratch_at() + task * d.scratch_per_task();  // [n_chunks][E]
-    T* states = checkpoints + d.n_chunks() * E;                             // [Q][E], one chunk
+    T* checkpoints = scratch;                     // [n_chunks][E]
+    T* states = checkpoints + d.n_chunks() * E;  // [Q][E], one chunk
     // da: this token's decays; carry: the decays of the token after it, which dL/dS still owes
     // (applied in the next token's pass over it rather than in a pass of their own)
     std::vector<T> da(d.d_state), carry(d.d_state, T(1)), grad(E), gb(d.d_state), gc(d.d_state), u(d.d_state);
@@ -129,14 +150,8 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, int64_t q, 
             T* gx = out + d.gx_at() + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim;
             for (int64_t p = 0; p < d.head_dim; ++p) {
                 T* gr = grad.data() + p * d.d_state;
-                const T *sa = after + p * d.d_state, *sb = before + p * d.d_state;
-                const T gyp = gy[p], xtp = xt[p];
-                for (int64_t n = 0; n < d.d_state; ++n) {  // no sum over n in this loop: it vectorises
-                    gr[n] = gr[n] * carry[n] + ct[n] * gyp;  // dL/dS_t: through S_{t+1}, and y_t reads S_t
-                    gb[n] += gr[n] * xtp;
-                    gc[n] += gyp * sa[n];
-                    u[n] += gr[n] * sb[n];
-                }
+                row_back(d.d_state, carry.data(), ct, after + p * d.d_state, before + p * d.d_state, gy[p], xt[p], gr,
+                         gb.data(), gc.data(), u.data());
                 gx[p] = dot(gr, bt, d.d_state) * dts;
             }
             const int64_t at = ((q * d.n_tok + t) * d.n_head + h) * d.d_state;  // [d_state, n_head, n_tok, n_seqs]
@@ -233,7 +248,9 @@ void cpu_ssm_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
         const T* g = in[0]->ptr<T>();
         T* po = out.ptr<T>();
         parallel_for(d.tasks(), task_grain(d), [&](int64_t lo, int64_t hi) {
-            for (int64_t task = lo; task < hi; ++task) scan_backward_task(si, g, po, task / d.n_head, task % d.n_head);
+            std::vector<T> scratch(cpu_scratch_size(d));
+            for (int64_t task = lo; task < hi; ++task)
+                scan_backward_task(si, g, po, scratch.data(), task / d.n_head, task % d.n_head);
         });
     });
 }

@@ -10,7 +10,8 @@
 // caller sums them), the initial state's (S*n_seqs columns), then scratch: per (sequence, head)
 // `slabs()` S x S matrices: [0] the working state, [1, n_chunks] the state at the start of every
 // chunk of kChunk tokens, then kChunk slots for the states inside one chunk. The backward pass
-// keeps only those, recomputing a chunk's states forward before walking it backwards.
+// keeps only those, recomputing a chunk's states forward before walking it backwards. (The GPU
+// kernels use that region; the CPU keeps the same matrices in each worker's own memory.)
 #pragma once
 
 #include <cstdint>

@@ -16,7 +16,8 @@
 //   scratch: per (sequence, head) task, the state at each chunk start [n_chunks][E], the states
 //       and the state gradients of one chunk [Q][E] each, one chunk's per-state dt terms
 //       [Q][d_state], and a running state [E] (the GPU's, when a state is too large for registers).
-//       E = d_state * head_dim.
+//       E = d_state * head_dim. The GPU's kernels use it; the CPU keeps its checkpoints and
+//       chunk states in each worker's own memory and leaves the region untouched.
 // The backward pass keeps states only at chunk starts (every Q tokens, Q = ceil(sqrt(n_tok)))
 // and recomputes the states inside a chunk from its start: memory grows with sqrt(n_tok), and the
 // decay is never inverted. (The GPU's tiled backward, ssm_scan_tiled.comp, fills a task's scratch
