@@ -248,7 +248,7 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
     _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
-    loss_scale = optimizer.traced_loss_scale(_active)  # None, or the scale and its inverse, [1, 1] each
+    loss_scale = optimizer._traced_loss_scale(_active)  # None, or the scale and its inverse, [1, 1] each
     with autograd.grad_tape():
         loss = loss_fn()
         scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])

@@ -157,7 +157,7 @@ class Optimizer:
                                          "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
 
-    def traced_loss_scale(self, trace) -> tuple[Tensor, Tensor] | None:
+    def _traced_loss_scale(self, trace) -> tuple[Tensor, Tensor] | None:
         """Inside a trace: the loss scale and its inverse, [1, 1] inputs filled before every
         replay with the scale of that moment; None without loss scaling."""
         if self._scaling.mode is None:
@@ -166,6 +166,11 @@ class Optimizer:
         inverse = trace.host_input((1, 1), lambda: np.full((1, 1), 1.0 / self._scaling.scale, np.float32))
         return scale, inverse
 
+    def _in_update_dtype(self, current: dict[int, Tensor]) -> dict[int, Tensor]:
+        """The gradients, those of parameters with an f32 master in f32 (the update's dtype)."""
+        return {key: ops.cast(g, "f32") if key in self.master and g.dtype in _runtime.HALF_DTYPES else g
+                for key, g in current.items()}
+
     def _unscaled(self, current: dict[int, Tensor]) -> dict[int, Tensor] | None:
         """The gradients in f32 where the update is applied to an f32 master, divided by the loss
         scale; None when dynamic scaling finds an Inf or NaN among them (the step is skipped)."""
@@ -173,9 +178,7 @@ class Optimizer:
             return current
         factor = 1.0 / self._scaling.scale
         out = {}
-        for key, g in current.items():
-            if key in self.master and g.dtype in _runtime.HALF_DTYPES:
-                g = ops.cast(g, "f32")
+        for key, g in self._in_update_dtype(current).items():
             out[key] = g if factor == 1.0 else ops.scale(g, factor)
         if self._scaling.mode == "dynamic":
             total = ops.sum_squares(list(out.values())).item()
@@ -237,9 +240,7 @@ class Optimizer:
         if self._scaling.mode is not None and trace.grad_scale is None:
             raise capturing.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
                                          "rc.update_step, which scale the loss")
-        current = self._current_gradients(grads)
-        current = {key: ops.cast(g, "f32") if key in self.master and g.dtype in _runtime.HALF_DTYPES else g
-                   for key, g in current.items()}
+        current = self._in_update_dtype(self._current_gradients(grads))
         earlier = trace.updates_recorded.get(id(self), 0)  # a trace may hold several steps of one optimizer
         trace.updates_recorded[id(self)] = earlier + 1
         scale = trace.grad_scale
