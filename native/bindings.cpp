@@ -252,6 +252,17 @@ PYBIND11_MODULE(_native, m) {
         }, "[(mean microseconds, what runs)] per dependency level, where the program was recorded with GPU "
            "profiling on; else [].");
 
+    m.def("build_info", [] {
+        py::dict d;
+#ifdef RLKIT_VULKAN
+        d["vulkan"] = true;
+#else
+        d["vulkan"] = false;
+#endif
+        d["vulkan_option"] = RLKIT_VULKAN_OPTION;
+        return d;
+    }, "How this module was built: whether the Vulkan backend is compiled in, and the RLKIT_VULKAN "
+       "switch it was configured with (AUTO, ON or OFF).");
     m.def("gpu_unavailable_reason", &gpu_unavailable_reason,
           "Why the GPU backend cannot be used here (empty when it can); creates the Vulkan context on first use.");
     m.def("gpu_info", []() -> py::object {

@@ -62,8 +62,12 @@ TensorPtr converted(const TensorPtr& t, DType dtype) {
 
 #ifndef RLKIT_VULKAN
 Backend* vulkan_backend(std::string* why) {
-    *why = "this build of rlkit has no Vulkan backend: it was built where the Vulkan headers or glslc were "
-           "missing (Debian: apt-get install libvulkan-dev glslc, then reinstall rlkit)";
+    *why = std::string("this build of rlkit has no Vulkan backend: ") +
+           (std::string(RLKIT_VULKAN_OPTION) == "OFF"
+                ? "it was built with RLKIT_VULKAN=OFF (reinstall rlkit without it, with the Vulkan headers and "
+                  "glslc there: Debian: apt-get install libvulkan-dev glslc)"
+                : "it was built where the Vulkan headers or glslc were missing (Debian: apt-get install "
+                  "libvulkan-dev glslc, then reinstall rlkit)");
     return nullptr;
 }
 bool gpu_info(GpuInfo*) { return false; }

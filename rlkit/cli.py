@@ -28,8 +28,6 @@ from rlkit import __version__
 
 EXIT_USAGE = 2
 DEFAULT_TAG = "rollout/ep_rew_mean"
-# The native module says that it was built without Vulkan only through this reason.
-NO_VULKAN_BUILD = "this build of rlkit has no Vulkan backend"
 
 
 class UsageError(Exception):
@@ -440,12 +438,13 @@ def info_lines() -> list[str]:
     from rlkit import _native
 
     gpu_problem = _native.gpu_unavailable_reason()
-    vulkan = "compiled in" if not gpu_problem.startswith(NO_VULKAN_BUILD) else "not compiled in"
+    build = _native.build_info()
+    vulkan = "compiled in" if build["vulkan"] else "not compiled in"
     blas = _native.blas_name() or "none loaded: matmul uses rlkit's built-in kernel"
     lines = [f"rlkit {__version__} (python {platform.python_version()}, numpy {np.__version__})",
              f"default device: {rc.device()}"]
     lines += [_device_line(row) for row in rc.devices()]
-    lines += [f"vulkan backend: {vulkan}"]
+    lines += [f"vulkan backend: {vulkan} (built with RLKIT_VULKAN={build['vulkan_option']})"]
     if gpu_problem:
         lines += [f"gpu: unavailable: {gpu_problem}"]
     else:

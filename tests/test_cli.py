@@ -15,6 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import rlkit
+from rlkit import _native
 from rlkit.agents import DQN, evaluate
 from rlkit.checkpoint import save_checkpoint
 from rlkit.cli import UsageError, main, parse_hyperparams
@@ -217,7 +218,12 @@ def test_info_lists_the_devices(capsys):
     out = capsys.readouterr().out
     assert f"rlkit {rlkit.__version__}" in out
     assert re.search(r"^device cpu: \d+ threads", out, re.MULTILINE)
-    assert re.search(r"^vulkan backend: (compiled in|not compiled in)$", out, re.MULTILINE)
+    build = _native.build_info()
+    expected = "compiled in" if build["vulkan"] else "not compiled in"
+    assert re.search(rf"^vulkan backend: {expected} \(built with RLKIT_VULKAN={build['vulkan_option']}\)$", out,
+                     re.MULTILINE)
+    assert build["vulkan_option"] in ("AUTO", "ON", "OFF")
+    assert not (build["vulkan"] and build["vulkan_option"] == "OFF")
 
 
 def test_python_m_rlkit_info():
