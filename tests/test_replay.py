@@ -481,6 +481,43 @@ def test_device_prioritized_draws_match_across_backends_and_capture():
         np.testing.assert_array_equal(other, draws[0])
 
 
+def test_device_prioritized_non_finite_td_errors_take_the_largest_priority(device):
+    """The issue's case: a NaN TD error made every later draw the last, never written column
+    (5000 columns, 10 written) with NaN weights. A non-finite priority becomes the largest
+    finite one so far and is counted; in a captured update as well."""
+    from rlkit.buffers import DevicePrioritizedReplayBuffer
+
+    buf = DevicePrioritizedReplayBuffer(5000, 1, 1, alpha=0.6, eps=0.0, seed=0)
+    for t in range(10):
+        buf.add(np.full((1, 1), t), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    td = np.array([[2.0, 3.0]], np.float32)
+    buf.update_priorities_on_device(rc.tensor(np.array([[0, 1]], np.int32)), rc.tensor(td))
+    buf.update_priorities_on_device(rc.tensor(np.array([[3]], np.int32)), rc.tensor(np.array([[np.nan]], np.float32)))
+    expected = np.ones(10, np.float32)
+    expected[:2] = td[0] ** 0.6
+    expected[3] = 3.0**0.6  # the largest so far
+    np.testing.assert_allclose(buf._priority.read()[0, :10], expected, rtol=1e-6)
+    assert buf.nonfinite_priorities == 1
+    rc.manual_seed(0)
+    drawn = np.concatenate([buf.sample_on_device(1, stored=10).index.numpy()[0] for _ in range(200)])
+    assert drawn.max() < 10  # stored columns only
+    s = buf.sample_on_device(2000, stored=10, beta=0.4)
+    assert s.index.numpy().max() < 10 and np.all(np.isfinite(s.weights.numpy()))
+
+    def step(index, td):
+        buf.update_priorities_on_device(index, td)
+        return buf.sample_on_device(64, 10.0).weights
+
+    captured = rc.capture(step, params=[buf._priority, buf._max])
+    bad = np.array([[np.inf, -np.inf, np.nan, 1.0]], np.float32)
+    for _ in range(3):
+        weights = captured(index=np.array([[4, 5, 6, 7]], np.int32), td=bad)[0]
+        assert np.all(np.isfinite(weights))
+    assert buf.nonfinite_priorities == 1 + 3 * 3
+    np.testing.assert_allclose(buf._priority.read()[0, 4:8], [3.0**0.6] * 3 + [1.0], rtol=1e-6)
+    assert buf._max.read()[0, 0] == pytest.approx(3.0**0.6, rel=1e-6)
+
+
 def test_device_prioritized_bad_settings():
     from rlkit.buffers import DevicePrioritizedReplayBuffer
 

@@ -8,6 +8,7 @@ updates are batched (no Python loop over the batch).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -137,7 +138,8 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
     prefix sums and a search (``sample_on_device``), importance weights, and priority updates
     from TD errors (``update_priorities_on_device``), so a captured update samples and
     re-prioritizes without crossing to the host. n-step returns as ReplayBuffer.sample_on_device
-    gives them; not with next-observation sharing. New transitions get the largest priority so far."""
+    gives them; not with next-observation sharing. New transitions get the largest priority so far;
+    so does a column whose TD error is not finite (counted in ``nonfinite_priorities``)."""
 
     def __init__(self, capacity: int, obs_shape, action_shape, alpha: float = 0.6, eps: float = 1e-6, **kwargs):
         super().__init__(capacity, obs_shape, action_shape, **kwargs)
@@ -152,6 +154,8 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         self._priority.before_read = self.flush  # new steps get their priority when they are sent
         self._max = DeviceBuffer(1, 1, "f32", device)  # the largest priority^alpha so far
         self._max.write(np.ones((1, 1), np.float32))
+        self._nonfinite = DeviceBuffer(1, 1, "f32", device)  # replaced priorities (nonfinite_priorities)
+        self._nonfinite.write(np.zeros((1, 1), np.float32))
 
     def _device_fields(self) -> dict:
         return {**super()._device_fields(), "priority": self._priority, "max_priority": self._max}
@@ -190,12 +194,32 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         weights = rc.div(weights, rc.max(rc.reshape(weights, (batch_size, 1))))
         return self._transitions_on_device(index, weights)
 
+    @property
+    def nonfinite_priorities(self) -> int:
+        """How many priorities ``update_priorities_on_device`` found not finite (a NaN or
+        infinite TD error, or an overflow of priority^alpha) and replaced by the largest so far:
+        counted on the device, read here (exact up to 2^24)."""
+        return int(self._nonfinite.read()[0, 0])
+
     def update_priorities_on_device(self, index: Tensor, td_error: Tensor) -> None:
         """Priorities (|td_error| + eps)^alpha for the columns ``index`` (both [1, B] device
-        tensors, as sample_on_device and a TD computation give them)."""
-        values = rc.pow(rc.add(rc.abs(rc.stop_gradient(td_error)), self.eps), self.alpha)  # [1, B]
+        tensors, as sample_on_device and a TD computation give them). A priority that is not
+        finite becomes the largest finite one so far, the one new steps get, and is counted in
+        ``nonfinite_priorities``: a NaN in the priority row would make every later draw land on
+        the last, perhaps never written, column (the prefix sums are NaN from it on)."""
+        priority = rc.add(rc.abs(rc.stop_gradient(td_error)), self.eps)  # [1, B]
+        values = rc.pow(priority, self.alpha)
+        top = self._max.__rlkit_buffer__()  # [1, 1], finite: only finite values reach it
+        # 1 where both are finite, else 0 (gt is 0 for NaN); both, since pow(NaN, 0) is 1
+        finite = rc.mul(rc.gt(math.inf, priority), rc.gt(math.inf, values))
+        replaced = rc.sub(1.0, finite)
+        # clamp_back(g, v, lo, hi) is g where lo < v < hi and 0 elsewhere without reading g there:
+        # a select no NaN passes, where finite * values would be NaN
+        kept = rc.ops.apply("clamp_back", (values, finite), floats=(0.5, math.inf))
+        values = rc.add(kept, rc.mul(replaced, top))
         rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), index, values))
         batch_max = rc.max(rc.reshape(values, (values.numel, 1)))  # [1, 1]
-        new_max = rc.maximum(self._max.__rlkit_buffer__(), batch_max)
         zero = rc.full((1, 1), 0, dtype="i32", device=values.device)
-        rc.ops.apply("put_cols", (self._max.__rlkit_buffer__(), zero, new_max))
+        rc.ops.apply("put_cols", (self._max.__rlkit_buffer__(), zero, rc.maximum(top, batch_max)))
+        counted = rc.add(self._nonfinite.__rlkit_buffer__(), rc.sum(replaced))
+        rc.ops.apply("put_cols", (self._nonfinite.__rlkit_buffer__(), zero, counted))
