@@ -8,13 +8,6 @@
 namespace rk {
 namespace {
 
-template <typename T>
-T sigmoid_of(T x) {
-    if (x >= 0) return T(1) / (T(1) + std::exp(-x));
-    T e = std::exp(x);
-    return e / (T(1) + e);
-}
-
 OutSpec broadcast_spec(const char* op, const Inputs& in) {
     const TensorImpl &a = *in[0], &b = *in[1];
     require_same_float(op, a, b);
@@ -138,7 +131,7 @@ T huber_of(T x, T delta) {
     }
 
 RK_UNARY(neg, 0, -x)
-RK_UNARY(relu, 0, (x > T(0) || std::isnan(x)) ? x : T(0))  // NaN propagates, as in numpy
+RK_UNARY(relu, 0, relu_of(x))
 RK_UNARY(sigmoid, 0, sigmoid_of(x))
 RK_UNARY(tanh, 0, std::tanh(x))
 RK_UNARY(softplus, 0, std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x))))

@@ -93,11 +93,9 @@ void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                     const T z = column[i] + bias[i];
                     switch (act) {
                         case Activation::none: column[i] = z; break;
-                        case Activation::relu: column[i] = z > T(0) ? z : T(0); break;
+                        case Activation::relu: column[i] = relu_of(z); break;
                         case Activation::tanh: column[i] = std::tanh(z); break;
-                        case Activation::sigmoid:
-                            column[i] = z >= T(0) ? T(1) / (T(1) + std::exp(-z)) : std::exp(z) / (T(1) + std::exp(z));
-                            break;
+                        case Activation::sigmoid: column[i] = sigmoid_of(z); break;
                     }
                 }
             }

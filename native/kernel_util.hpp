@@ -1,6 +1,7 @@
 // Helpers shared by the shape rules and the CPU kernels.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "ops.hpp"
@@ -12,6 +13,20 @@ namespace rk {
 constexpr int64_t kElementGrain = 1 << 15;
 
 inline std::string op_err(const char* op, const std::string& msg) { return std::string(op) + ": " + msg; }
+
+// The activations, shared by their ops (cpu_elementwise.cpp) and the fused linear op
+// (cpu_linalg.cpp), so a fused layer gives what its unfused ops give, NaN included.
+template <typename T>
+T relu_of(T x) {
+    return (x > T(0) || std::isnan(x)) ? x : T(0);  // NaN propagates, as in numpy
+}
+
+template <typename T>
+T sigmoid_of(T x) {
+    if (x >= 0) return T(1) / (T(1) + std::exp(-x));
+    T e = std::exp(x);
+    return e / (T(1) + e);
+}
 
 // sum_i a[i] b[i] as kLanes interleaved partial sums, added up in a fixed order at the end: the
 // compiler keeps them in one vector register, where a single running sum is a chain of adds it

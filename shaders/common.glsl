@@ -18,6 +18,9 @@ uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupI
 // This invocation's index in the folded grid.
 uint flat_invocation() { return flat_group() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
 
+// NaN propagates (GLSL's max(x, 0.0) may return 0 there), as in numpy.
+float relu_of(float x) { return (x > 0.0 || isnan(x)) ? x : 0.0; }
+
 float sigmoid_of(float x) {
     if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
     float e = exp(x);
@@ -45,4 +48,13 @@ float c_pow(float x, float p) {
 float safe_tanh(float x) {
     float e = exp(-2.0 * abs(x));
     return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
+// The fused linear op's activation (0 none, 1 relu, 2 tanh, 3 sigmoid), through the functions
+// the unfused ops use (elementwise.glsl), so a fused layer gives what they give, NaN included.
+float linear_activation(uint activation, float z) {
+    if (activation == 1u) return relu_of(z);
+    if (activation == 2u) return safe_tanh(z);
+    if (activation == 3u) return sigmoid_of(z);
+    return z;
 }

@@ -58,7 +58,7 @@ float binary_value(uint op, float x, float y, float p0, float p1) {
 float unary_value(uint op, float x, float p0, float p1) {
     switch (op) {
         case EW_NEG: return -x;
-        case EW_RELU: return (x > 0.0 || isnan(x)) ? x : 0.0;
+        case EW_RELU: return relu_of(x);
         case EW_SIGMOID: return sigmoid_of(x);
         case EW_TANH: return safe_tanh(x);
         case EW_SOFTPLUS: return max(x, 0.0) + log(1.0 + exp(-abs(x)));

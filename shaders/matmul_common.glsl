@@ -18,11 +18,7 @@ layout(push_constant) uniform Push {
 
 float epilogue(float acc, uint i) {
 #if defined(LINEAR)
-    float z = acc + pc.bias.v[i];
-    if (pc.activation == 1) return max(z, 0.0);
-    if (pc.activation == 2) return tanh(z);
-    if (pc.activation == 3) return sigmoid_of(z);
-    return z;
+    return linear_activation(pc.activation, acc + pc.bias.v[i]);
 #else
     return acc;
 #endif
