@@ -317,6 +317,79 @@ def test_bad_input():
     assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "recurrent_dqn", "recurrent_sac", "sac", "td3"]
 
 
+# ---- NaN from the environment ---------------------------------------------------------------------
+
+class NanAfter(gym.Wrapper):
+    """Returns a NaN in its observation (or as its reward) from its ``after``-th step on."""
+
+    def __init__(self, env, after: int, what: str = "observation"):
+        super().__init__(env)
+        self.after, self.what, self.steps = after, what, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps >= self.after:
+            if self.what == "observation":
+                obs = obs.copy()
+                obs[2] = np.nan
+            else:
+                reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+def test_learn_raises_at_the_first_non_finite_observation_naming_the_timestep_and_lane():
+    agent = DQN(NanAfter(gym.make("CartPole-v1"), 50), DQNConfig(**SMALL), seed=0)
+    with pytest.raises(ValueError, match=r"non-finite observation at timestep 50, lane 0 \(element 2 is nan\)"):
+        agent.learn(200)
+    assert agent.num_timesteps == 49 and len(agent.buffer) == 49  # the step never reached the buffer
+    with pytest.raises(ValueError, match="check_finite must be one of"):
+        agent.learn(10, check_finite="ignore")
+
+
+def test_learn_raises_at_a_non_finite_reward_of_one_lane_of_a_vector_environment():
+    def make(after):
+        return lambda: NanAfter(gym.make("CartPole-v1"), after, what="reward")
+
+    vector = gym.vector.SyncVectorEnv([make(10**9), make(30)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    agent = DQN(vector, DQNConfig(**SMALL, n_envs=2), seed=0)
+    with pytest.raises(ValueError, match=r"non-finite reward at timestep 60, lane 1 \(it is nan\)"):
+        agent.learn(200)
+
+
+def _scalars(logdir, tag):
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return [event.value for event in acc.Scalars(tag)]
+
+
+def test_learn_only_warns_when_asked_and_logs_nan_losses_and_skipped_updates(device, tmp_path):
+    """With check_finite="warn", one warning; the updates that sample the NaN steps skip
+    themselves, are counted, and train/loss reaches TensorBoard as NaN."""
+    config = DQNConfig(**SMALL, train_freq=4, gradient_steps=1)
+    agent = DQN(NanAfter(gym.make("CartPole-v1"), 250), config, seed=0, logdir=str(tmp_path), device=device)
+    with pytest.warns(RuntimeWarning, match="non-finite observation at timestep 250, lane 0") as caught:
+        agent.learn(500, check_finite="warn")
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert 0 < agent.skipped_updates <= (500 - 250) // 4 + 1
+    losses = _scalars(agent.log_path, "train/loss")
+    assert np.isfinite(losses[0]) and np.isnan(losses[-1])
+    skipped = _scalars(agent.log_path, "train/skipped_updates")
+    assert skipped[0] == 0 and skipped[-1] == agent.skipped_updates
+
+
+@pytest.mark.parametrize("cls, config", [(SAC, SACConfig(**SMALL)), (TD3, TD3Config(**SMALL))], ids=["sac", "td3"])
+def test_captured_updates_count_the_updates_they_skip(cls, config):
+    """A NaN reward makes the critic's target NaN: each critic update that samples it skips
+    itself (its gradient norm is not finite); none does before."""
+    agent = cls(NanAfter(gym.make("Pendulum-v1"), 200, what="reward"), config, seed=0)
+    agent.learn(199)
+    assert agent.skipped_updates == 0
+    with pytest.warns(RuntimeWarning, match="non-finite reward at timestep 200"):
+        agent.learn(101, check_finite="warn")
+    assert 0 < agent.skipped_updates <= 101  # the critic's updates: the actor's read no reward
+
+
 # ---- learning gates (fixed seeds, CPU) ----------------------------------------------------------------
 
 RANDOM_PENDULUM = -1200.0  # about what uniform random actions score over 200 steps

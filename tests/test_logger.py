@@ -1,5 +1,6 @@
 """TensorBoard event files read back with tensorboard's own EventAccumulator."""
 
+import math
 import os
 
 import pytest
@@ -25,6 +26,15 @@ def test_scalars_round_trip(tmp_path):
     events = acc.Scalars("train/loss")
     assert [e.step for e in events] == list(range(5))
     assert [e.value for e in events] == pytest.approx([1.0, 0.5, 1 / 3, 0.25, 0.2])
+
+
+def test_non_finite_scalars_are_written_as_they_are(tmp_path):
+    """TensorBoard shows NaN and infinities; a writer that dropped them would hide a diverged loss."""
+    with SummaryWriter(str(tmp_path)) as w:
+        for step, value in enumerate([1.0, float("nan"), float("inf"), float("-inf")]):
+            w.add_scalar("train/loss", value, step)
+    values = [e.value for e in _load(str(tmp_path)).Scalars("train/loss")]
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2:] == [math.inf, -math.inf]
 
 
 def test_hparams_and_text_are_written(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, fields
 
@@ -247,6 +248,41 @@ def check_common_fields(config) -> None:
         positive_int(width, f"{prefix}: each net_arch width")
 
 
+# ---- what the environment returns ----------------------------------------------------------------
+
+class FiniteCheck:
+    """learn's check of the observations and rewards the environment returns: at the first NaN
+    or infinity, ``mode="raise"`` raises ValueError naming the timestep, the lane and what was
+    not finite (before it reaches the buffer); ``"warn"`` warns, once per learn call, and trains
+    on. An update on a NaN transition would skip itself (its gradients are not finite), and so
+    would every later one that samples it: training would go on learning nothing."""
+
+    MODES = ("raise", "warn")
+
+    def __init__(self, algo: str, mode: str):
+        if mode not in self.MODES:
+            raise ValueError(f"{algo}.learn: check_finite must be one of {self.MODES}, got {mode!r}")
+        self.algo, self.mode, self.warned = algo, mode, False
+
+    def __call__(self, timestep: int, what: str, values: np.ndarray) -> None:
+        """Checks ``values`` [n_lanes, ...], the ``what`` (observation or reward) of each lane at
+        ``timestep``: one isfinite pass over the array where all is well."""
+        if values.dtype.kind != "f" or np.isfinite(values).all():
+            return
+        flat = values.reshape(values.shape[0], -1)
+        lane = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
+        index = int(np.flatnonzero(~np.isfinite(flat[lane]))[0])
+        value = flat[lane, index]
+        where = f"element {index} is {value}" if flat.shape[1] > 1 else f"it is {value}"
+        message = (f"{self.algo}.learn: the environment returned a non-finite {what} at timestep {timestep}, "
+                   f"lane {lane} ({where})")
+        if self.mode == "raise":
+            raise ValueError(f"{message}; learn(..., check_finite='warn') trains on regardless")
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
+
+
 # ---- the agent ------------------------------------------------------------------------------------
 
 class OffPolicyAgent:
@@ -256,6 +292,10 @@ class OffPolicyAgent:
     the replay buffer ``self.buffer`` and the captured updates), ``_explore`` (actions while
     training), ``_act`` (the policy's forward, captured per batch size), ``_train`` (gradient steps) and
     ``_state_objects`` (what ``save`` writes).
+
+    ``skipped_updates`` counts the gradient updates that skipped themselves because their
+    gradients were not finite (see ``rc.capturing.update_step``); it is logged as
+    ``train/skipped_updates``.
     """
 
     algo = ""
@@ -282,6 +322,7 @@ class OffPolicyAgent:
         self._n_calls = 0  # vector-environment steps taken
         self._last_obs: np.ndarray | None = None
         self._train_scalars: dict[str, float] = {}
+        self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.Captured] = {}  # the captured policy, by determinism
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
@@ -412,11 +453,17 @@ class OffPolicyAgent:
 
     # ---- training -----------------------------------------------------------------------------------
 
-    def learn(self, total_timesteps: int, progress_bar: bool = False, callback=None):
+    def learn(self, total_timesteps: int, progress_bar: bool = False, callback=None, check_finite: str = "raise"):
         """Trains for ``total_timesteps`` environment steps (summed over the lanes);
-        ``callback(agent, locals)`` returning False stops early. Returns the agent."""
+        ``callback(agent, locals)`` returning False stops early. Returns the agent.
+
+        ``check_finite``: what a NaN or an infinity in an observation or a reward the environment
+        returns does: ``"raise"`` (ValueError naming the timestep, the lane and the value, before
+        the step reaches the buffer) or ``"warn"`` (a RuntimeWarning, once per call; training
+        goes on, its updates on such steps skipped and counted in ``skipped_updates``)."""
         if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int) or total_timesteps < 1:
             raise ValueError(f"learn: total_timesteps must be a positive int, got {total_timesteps!r}")
+        check = FiniteCheck(self.algo, check_finite)
         self.log_path = run_dir(self.logdir, self.algo) if self.logdir else None
         writer = SummaryWriter(self.log_path) if self.log_path else None
         if writer is not None:
@@ -428,7 +475,7 @@ class OffPolicyAgent:
             bar = tqdm(total=total_timesteps, desc=self.algo)
         try:
             with self.on_device():
-                self._loop(total_timesteps, writer, bar, callback)
+                self._loop(total_timesteps, writer, bar, callback, check)
         finally:
             if bar is not None:
                 bar.close()
@@ -436,12 +483,13 @@ class OffPolicyAgent:
                 writer.close()
         return self
 
-    def _loop(self, total_timesteps: int, writer, bar, callback) -> None:
+    def _loop(self, total_timesteps: int, writer, bar, callback, check: FiniteCheck) -> None:
         cfg, lanes = self.config, self.lanes
         stats = EpisodeStats(lanes.n)
         self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
         start_time = time.perf_counter()
         obs = lanes.reset() if self._last_obs is None else self._last_obs
+        check(self.num_timesteps, "observation", obs)
         while self.num_timesteps - self._learn_start < total_timesteps:
             batch = obs.reshape(lanes.n, self.n_obs).astype(np.float32, copy=False)
             if self.num_timesteps < cfg.learning_starts:
@@ -449,6 +497,11 @@ class OffPolicyAgent:
             else:
                 actions = self._explore(batch)
             next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
+            timestep = self.num_timesteps + lanes.n
+            check(timestep, "observation", true_next)
+            if next_obs is not true_next:  # a reset's first observation
+                check(timestep, "observation", next_obs)
+            check(timestep, "reward", reward)
             self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
             done = terminated | truncated
             stats.step(reward, done)
@@ -482,11 +535,12 @@ class OffPolicyAgent:
         fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
         means = stats.means()
         scalars = {"time/fps": fps, **self._extra_scalars(), **self._train_scalars}
+        if self._train_scalars:
+            scalars["train/skipped_updates"] = self.skipped_updates
         if means is not None:
             scalars["rollout/ep_rew_mean"], scalars["rollout/ep_len_mean"] = means
         for tag, value in scalars.items():
-            if math.isfinite(value):
-                writer.add_scalar(tag, value, step)
+            writer.add_scalar(tag, value, step)  # NaN and infinities as they are: TensorBoard shows them
 
     # ---- saving -----------------------------------------------------------------------------------
 

@@ -123,8 +123,8 @@ class DiscreteSAC(SAC):
     def _update(self, stored, with_target: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, alpha), self.critic.parameters(),
-                                                   self.critic_optimizer)
+        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s, alpha),
+                                                             self.critic.parameters(), self.critic_optimizer)
         with rc.no_grad():
             min_q = rc.stop_gradient(self.critic.min(s.obs))  # [actions, B], after the critics' update
         policy = {}
@@ -133,18 +133,19 @@ class DiscreteSAC(SAC):
             policy["probs"], policy["log_probs"] = self._policy_distribution(s.obs)  # [actions, B]
             return rc.mean(rc.sum(policy["probs"] * (alpha * policy["log_probs"] - min_q), dim=0))
 
-        actor_loss, _ = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
-        outputs = [critic_loss, actor_loss, alpha]
+        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:
             # the policy's entropy minus the target, the expectation taken over its own probabilities
             entropy_gap = rc.stop_gradient(rc.sum(policy["probs"] * policy["log_probs"], dim=0) + self.target_entropy)
-            ent_coef_loss, _ = rc.capturing.update_step(
+            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
                 lambda: -rc.mean(self.ent_coef.log_alpha * entropy_gap), self.ent_coef.parameters(),
                 self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)
+            norms.append(ent_coef_norm)
         if with_target:
             self._update_target(self.config.tau)
-        return tuple(outputs)
+        return (*outputs, rc.capturing.skipped_count(norms))  # the skipped updates last
 
     # ---- acting ----------------------------------------------------------------------------------
 

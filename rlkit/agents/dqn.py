@@ -10,6 +10,7 @@ small Q-network acts from a copy on the host, refreshed after each round of grad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -232,7 +233,9 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         if self.config.prioritized:  # beta rises linearly from its start to 1 over training
             beta = self.config.prioritized_beta
             inputs["beta"] = np.array([[beta + self._progress() * (1.0 - beta)]], np.float32)
-        losses = [loss for loss, _ in self._gradient_steps(gradient_steps, inputs)]
+        results = self._gradient_steps(gradient_steps, inputs)
+        losses = [loss for loss, _ in results]
+        self.skipped_updates += sum(not math.isfinite(norm) for _, norm in results)
         self._host_q_versions = None  # replays update self.q in place without a version bump
         return {"train/loss": float(np.mean(losses)), "train/learning_rate": self.optimizer.lr}  # SB3: the round's mean
 

@@ -11,6 +11,7 @@ carried per environment lane (see rlkit.agents.recurrent).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -186,7 +187,8 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
         if starts[1, 0] < self.config.burn_in + self.config.sequence_length + self._window_tail:
             return {}  # not a whole window stored per lane yet
         for _ in range(gradient_steps):
-            loss, _ = self._train_step(starts=starts)
+            loss, norm = self._train_step(starts=starts)
+            self.skipped_updates += not math.isfinite(norm)
         return {"train/loss": loss, "train/learning_rate": self.optimizer.lr}
 
     def _after_env_step(self) -> None:

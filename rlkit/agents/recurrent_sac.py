@@ -173,8 +173,9 @@ class RecurrentSAC(RecurrentAgent):
         inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each
         weights, count = learning_weights(s, self._burn_in_weights)  # [1, T * B], [1, 1]
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, inputs, next_inputs, weights, count, alpha),
-                                                   self.critic.parameters(), self.critic_optimizer)
+        critic_loss, critic_norm = rc.capturing.update_step(
+            lambda: self._critic_loss(s, inputs, next_inputs, weights, count, alpha),
+            self.critic.parameters(), self.critic_optimizer)
         with rc.no_grad():
             features = rc.stop_gradient(self.critic.features(inputs))  # the updated critics' view of the windows
         sampled = {}
@@ -184,23 +185,25 @@ class RecurrentSAC(RecurrentAgent):
             value = alpha * sampled["log_prob"] - self.critic.heads.min(features, action)  # [1, T * B]
             return rc.div(rc.sum(weights * value), count)
 
-        actor_loss, _ = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
-        outputs = [critic_loss, actor_loss, alpha]
+        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:
             error = rc.stop_gradient(sampled["log_prob"] + self.target_entropy)  # [1, T * B]
-            ent_coef_loss, _ = rc.capturing.update_step(
+            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
                 lambda: -rc.div(rc.sum(weights * self.ent_coef.log_alpha * error), count),
                 self.ent_coef.parameters(), self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)
+            norms.append(ent_coef_norm)
         self._update_target(cfg.tau)
-        return tuple(outputs)
+        return (*outputs, rc.capturing.skipped_count(norms))  # the skipped updates last
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         starts = self.buffer.sequence_starts()
         if starts[1, 0] < self.config.burn_in + self.config.sequence_length:
             return {}  # not a whole window stored per lane yet
         for _ in range(gradient_steps):
-            outputs = [float(np.asarray(v).reshape(-1)[0]) for v in self._step(starts=starts)]
+            *outputs, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in self._step(starts=starts)]
+            self.skipped_updates += int(skipped)
         scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
                    "train/learning_rate": self.actor_optimizer.lr}
         if self.tune_alpha:

@@ -181,31 +181,33 @@ class SAC(OffPolicyAgent):
     def _update(self, stored, with_target: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s, alpha), self.critic.parameters(),
-                                                   self.critic_optimizer)
+        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s, alpha),
+                                                             self.critic.parameters(), self.critic_optimizer)
         sampled = {}
 
         def actor_loss():
             action, sampled["log_prob"] = self.actor.sample(s.obs)  # [actions, B], [1, B]
             return rc.mean(alpha * sampled["log_prob"] - self.critic.min(s.obs, action))
 
-        actor_loss, _ = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
-        outputs = [critic_loss, actor_loss, alpha]
+        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:
             error = rc.stop_gradient(sampled["log_prob"] + self.target_entropy)  # [1, B]
-            ent_coef_loss, _ = rc.capturing.update_step(
+            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
                 lambda: -rc.mean(self.ent_coef.log_alpha * error), self.ent_coef.parameters(), self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)
+            norms.append(ent_coef_norm)
         if with_target:
             self._update_target(self.config.tau)
-        return tuple(outputs)
+        return (*outputs, rc.capturing.skipped_count(norms))  # the skipped updates last
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         stored = np.array([[len(self.buffer)]], np.float32)
         for _ in range(gradient_steps):
             self._n_updates += 1
             with_target = self._n_updates % self.config.target_update_interval == 0
-            outputs = [float(np.asarray(v).reshape(-1)[0]) for v in self._steps[with_target](stored=stored)]
+            *outputs, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in self._steps[with_target](stored=stored)]
+            self.skipped_updates += int(skipped)
         scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
                    "train/learning_rate": self.actor_optimizer.lr}
         if self.tune_alpha:

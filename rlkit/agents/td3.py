@@ -171,15 +171,15 @@ class TD3(OffPolicyAgent):
 
     def _update(self, stored, with_actor: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
-        critic_loss, _ = rc.capturing.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
-                                                   self.critic_optimizer)
+        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
+                                                             self.critic_optimizer)
         if not with_actor:
-            return critic_loss, rc.full((1, 1), float("nan"))
-        actor_loss, _ = rc.capturing.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
-                                                  self.actor_optimizer)
+            return critic_loss, rc.full((1, 1), float("nan")), rc.capturing.skipped_count([critic_norm])
+        actor_loss, actor_norm = rc.capturing.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
+                                                           self.actor_optimizer)
         for update in self._update_targets:
             update(self.config.tau)
-        return critic_loss, actor_loss
+        return critic_loss, actor_loss, rc.capturing.skipped_count([critic_norm, actor_norm])
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         stored = np.array([[len(self.buffer)]], np.float32)
@@ -187,7 +187,8 @@ class TD3(OffPolicyAgent):
         for _ in range(gradient_steps):
             self._n_updates += 1
             with_actor = self._n_updates % self.config.policy_delay == 0
-            critic_loss, actor_loss = (self._full_step if with_actor else self._critic_step)(stored=stored)
+            critic_loss, actor_loss, skipped = (self._full_step if with_actor else self._critic_step)(stored=stored)
+            self.skipped_updates += int(skipped.reshape(-1)[0])
             scalars["train/critic_loss"] = float(critic_loss.reshape(-1)[0])
             if with_actor:
                 scalars["train/actor_loss"] = float(actor_loss.reshape(-1)[0])

@@ -282,6 +282,18 @@ def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor
     return ops.minimum(ops.div(float(max_grad_norm), ops.add(ops.sqrt(checked), 1e-6)), 1.0)
 
 
+def skipped_count(norms) -> Tensor:
+    """Inside a traced function: [1, 1], how many of ``norms`` (the gradient norms update_step
+    returned) are not finite, that is how many of those updates skipped themselves."""
+    from rlkit.core import ops
+
+    skipped = [ops.sub(1.0, ops.gt(math.inf, norm)) for norm in norms]  # gt is 0 for NaN and inf
+    total = skipped[0]
+    for one in skipped[1:]:
+        total = ops.add(total, one)
+    return total
+
+
 def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | None = None) -> CapturedStep:
     """A captured training step: ``loss_fn(**inputs)`` (a scalar loss), its backward pass, the
     global gradient norm (clipped to ``max_grad_norm`` when given) and ``optimizer``'s update.
