@@ -390,6 +390,18 @@ def test_captured_updates_count_the_updates_they_skip(cls, config):
     assert 0 < agent.skipped_updates <= 101  # the critic's updates: the actor's read no reward
 
 
+def test_predict_refuses_a_non_finite_observation_whose_q_values_are_nan(device):
+    agent = DQN("CartPole-v1", DQNConfig(net_arch=(16, 16)), seed=0, device=device)
+    nan = np.full(4, np.nan, np.float32)
+    with agent.on_device():
+        q = agent.q(rc.tensor(nan[:, None])).numpy()
+    assert np.all(np.isnan(q))  # were finite: the fused relu layers turned NaN into 0
+    with pytest.raises(ValueError, match="DQN.predict: observation 0 holds NaN or an infinity"):
+        agent.predict(nan)
+    with pytest.raises(ValueError, match="observation 1 holds NaN"):
+        agent.predict(np.stack([np.zeros(4, np.float32), np.array([0, np.inf, 0, 0], np.float32)]))
+
+
 # ---- learning gates (fixed seeds, CPU) ----------------------------------------------------------------
 
 RANDOM_PENDULUM = -1200.0  # about what uniform random actions score over 200 steps

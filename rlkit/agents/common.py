@@ -443,8 +443,13 @@ class OffPolicyAgent:
 
     def predict(self, obs, deterministic: bool = True):
         """The action for one observation, or actions for a batch [n, *obs_shape], in the
-        environment's action space: an int (Discrete) or an array rescaled to [low, high] (Box)."""
+        environment's action space: an int (Discrete) or an array rescaled to [low, high] (Box).
+        An observation holding NaN or an infinity raises ValueError: its Q values or actions
+        would be NaN, and an argmax over NaN picks action 0, which would pass for a choice."""
         batch, single = self._obs_batch(obs)
+        if not np.isfinite(batch).all():
+            row = int(np.flatnonzero(~np.isfinite(batch).all(axis=1))[0])
+            raise ValueError(f"{self.algo}.predict: observation {row} holds NaN or an infinity")
         with self.on_device():
             actions = self._to_env_action(self._policy(batch, deterministic))
         if single:
