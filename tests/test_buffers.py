@@ -138,6 +138,25 @@ def test_errors(device):
             use()
 
 
+@pytest.mark.parametrize("dtype, data, message", [
+    ("u8", [[300, -1]], r"^DeviceBuffer.write: value 300 at position 0 does not convert to u8 "
+                        r"\(whole numbers from 0 to 255\)$"),
+    ("u8", [[1, -1]], "value -1 at position 1 does not convert to u8"),
+    ("u8", [[0.5, 1.0]], "value 0.5 at position 0"),
+    ("i32", [[2**32 + 1, 0]], "value 4294967297 at position 0 does not convert to i32"),
+    ("i32", [[1.0, np.nan]], "value nan at position 1 does not convert to i32"),
+    ("i32", [[1.5, 0.0]], "value 1.5 at position 0"),
+])
+def test_integer_tables_refuse_values_they_cannot_hold(device, dtype, data, message):
+    buf = DeviceBuffer(1, 4, dtype=dtype)
+    buf.write(np.array([[1, 2, 3, 4]]))
+    with pytest.raises(ValueError, match=message):
+        buf.write(np.array(data), 1)
+    np.testing.assert_array_equal(buf.read(), [[1, 2, 3, 4]])  # nothing written
+    buf.write(np.array([[0.0, 255.0]]), 2)  # whole numbers in range, from floats too, are stored exactly
+    np.testing.assert_array_equal(buf.read(), [[1, 2, 0, 255]])
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(rows=0, capacity=4), ValueError, "rows must be a positive int"),
     (dict(rows=2, capacity=-1), ValueError, "capacity must be a positive int"),

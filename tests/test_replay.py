@@ -324,6 +324,24 @@ def test_prioritized_new_transitions_get_the_largest_priority_and_bad_updates_fa
         PrioritizedReplayBuffer(4, 1, 1, alpha=-1)
 
 
+def test_integer_tables_refuse_observations_and_actions_they_cannot_hold():
+    buf = ReplayBuffer(4, 2, 1, obs_dtype="u8", action_dtype="i32")
+    step = dict(obs=np.array([[3, 2]], np.uint8), action=np.array([[1]]), reward=[0.0],
+                next_obs=np.array([[4, 5]], np.uint8), terminated=[False], truncated=[False])
+    for field, value, message in [
+        ("obs", np.array([[300, 2]]), r"^ReplayBuffer.add: obs: value 300 at position 0 does not convert to u8 "
+                                      r"\(whole numbers from 0 to 255\)$"),  # was stored as 44
+        ("next_obs", np.array([[1.0, -1.0]]), "ReplayBuffer.add: next_obs: value -1.0 at position 1"),
+        ("action", np.array([[2.7]]), "ReplayBuffer.add: action: value 2.7 does not convert to i32"),  # was 2
+    ]:
+        with pytest.raises(ValueError, match=message):
+            buf.add(**{**step, field: value})
+    assert len(buf) == 0  # nothing stored
+    buf.add(**{**step, "obs": np.array([[255.0, 0.0]]), "action": np.array([[7.0]])})  # whole floats are exact
+    np.testing.assert_array_equal(buf._obs.read(0, 1).ravel(), [255, 0])
+    np.testing.assert_array_equal(buf._action.read(0, 1).ravel(), [7])
+
+
 # ---- sampling on the device --------------------------------------------------------------------
 
 def _filled(n_steps=13, seed=0):

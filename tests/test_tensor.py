@@ -132,6 +132,33 @@ def test_integers_that_do_not_fit_in_i32_are_rejected():
     np.testing.assert_array_equal(rc.tensor(edge).numpy().ravel(), edge)
 
 
+@pytest.mark.parametrize("data, dtype, message", [
+    ([3e9, np.nan], "i32", r"^tensor: value 3000000000.0 at position 0 does not convert to i32 "
+                           r"\(whole numbers from -2147483648 to 2147483647\)$"),
+    ([1.0, np.nan], "i32", "value nan at position 1 does not convert to i32"),
+    ([np.inf], "i32", "value inf does not convert to i32"),
+    ([-np.inf, 0.0], "i32", "value -inf at position 0"),
+    ([1.0, 2.5], "i32", "value 2.5 at position 1"),
+    (np.array([300, -1]), "u8", r"^tensor: value 300 at position 0 does not convert to u8 "
+                                r"\(whole numbers from 0 to 255\)$"),
+    (np.array([0, -1]), "u8", "value -1 at position 1"),
+    ([255.5], "u8", "value 255.5 does not convert to u8"),
+])
+def test_values_that_an_integer_dtype_cannot_hold_are_rejected(data, dtype, message):
+    with pytest.raises(ValueError, match=message):
+        rc.tensor(data, dtype=dtype)
+
+
+def test_whole_numbers_in_range_convert_to_integer_dtypes_unchanged():
+    np.testing.assert_array_equal(rc.tensor([2.0**31 - 1, -2.0**31, -0.0, 7.0], dtype="i32").numpy().ravel(),
+                                  [2**31 - 1, -(2**31), 0, 7])
+    np.testing.assert_array_equal(rc.tensor(np.array([0, 255], np.int64), dtype="u8").numpy().ravel(), [0, 255])
+    np.testing.assert_array_equal(rc.tensor(np.array([0.0, 255.0], np.float32), dtype="u8").numpy().ravel(), [0, 255])
+    position = np.array([[1.0, 2.0], [3.0, np.nan]])  # Fortran order, as the tensor holds it: nan is element 3
+    with pytest.raises(ValueError, match="value nan at position 3"):
+        rc.tensor(position, dtype="i32")
+
+
 def test_bool_data_becomes_float():
     t = rc.tensor(np.array([True, False, True]))
     assert t.dtype == "f32"

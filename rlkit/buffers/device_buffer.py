@@ -15,7 +15,7 @@ import numpy as np
 
 from rlkit.core import _runtime, capturing
 from rlkit.core import ops
-from rlkit.core._checks import positive_int
+from rlkit.core._checks import check_integer_values, positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 DTYPES = ("f32", "f16", "i32", "u8")
@@ -92,7 +92,8 @@ class DeviceBuffer:
 
     def write(self, data, col_offset: int = 0) -> None:
         """Stores ``data`` [rows, k] (or one column of ``rows`` values) into columns
-        ``col_offset`` .. ``col_offset + k - 1``; only those columns are sent."""
+        ``col_offset`` .. ``col_offset + k - 1``; only those columns are sent. An i32 or u8 table
+        takes whole numbers in its dtype's range (ValueError otherwise, nothing written)."""
         table = self._live("write")
         if isinstance(col_offset, bool) or not isinstance(col_offset, numbers.Integral):
             raise TypeError(f"DeviceBuffer.write: col_offset must be an int, got {type(col_offset).__name__}")
@@ -112,6 +113,7 @@ class DeviceBuffer:
         if col_offset + k > self.capacity:
             raise IndexError(f"DeviceBuffer.write: columns [{col_offset}, {col_offset + k}) are past the end of a "
                              f"buffer of capacity {self.capacity} (write in two parts to wrap a ring)")
+        check_integer_values(arr, self.dtype, "DeviceBuffer.write")
         table._impl.write_columns(np.asfortranarray(arr, dtype=_NUMPY_DTYPES[self.dtype]), int(col_offset))
         self.generation += 1
 

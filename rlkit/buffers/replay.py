@@ -28,7 +28,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core._checks import check_integer_values, positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
@@ -155,7 +155,11 @@ class ReplayBuffer:
 
     def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
         """Stores one step of every environment (column ``pos * n_envs + e`` for env e). It
-        reaches the device tables at the latest when something reads them (see ``flush``)."""
+        reaches the device tables at the latest when something reads them (see ``flush``). Into
+        i32 or u8 tables, values must be whole numbers in the dtype's range (ValueError)."""
+        for what, value, dtype in (("obs", obs, self._obs.dtype), ("next_obs", next_obs, self._obs.dtype),
+                                   ("action", action, self._action.dtype)):
+            check_integer_values(value, dtype, f"ReplayBuffer.add: {what}")
         obs = self._lanes(obs, self.obs_shape, "obs")  # [n_envs, obs_rows]
         next_obs = self._lanes(next_obs, self.obs_shape, "next_obs")
         action = self._lanes(action, self.action_shape, "action")

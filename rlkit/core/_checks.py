@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
+_INTEGER_RANGES = {"i32": (-2**31, 2**31 - 1), "u8": (0, 255)}  # what an integer dtype holds
+_INTEGER_NUMPY = {"i32": np.dtype(np.int32), "u8": np.dtype(np.uint8)}
+
 
 def positive_int(value, what: str) -> int:
     """``value`` as an int, or a ValueError naming ``what`` when it is not an int >= 1 (bools are
@@ -12,3 +17,33 @@ def positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
     return int(value)
+
+
+def check_integer_values(values, dtype: str, what: str) -> None:
+    """A ValueError naming ``what`` unless every value (of an array or a number) converts to the
+    integer dtype ``dtype`` ("i32" or "u8") unchanged: a whole number inside its range. NaN,
+    Inf, fractions and values that would wrap or saturate are refused rather than stored as
+    another number (numpy's casting="same_value" rule); other dtypes, and data that is not
+    numbers (for the caller to refuse), are not checked."""
+    if dtype not in _INTEGER_RANGES:
+        return
+    arr = np.asarray(values)
+    if arr.size == 0 or arr.dtype == _INTEGER_NUMPY[dtype] or arr.dtype.kind not in "iufV":  # V: bf16
+        return
+    lo, hi = _INTEGER_RANGES[dtype]
+    if arr.dtype.kind in "iu":
+        if lo <= arr.min() and arr.max() <= hi:
+            return
+        bad = (arr < lo) | (arr > hi)
+    else:  # floats (a NaN fails the comparisons)
+        wide = arr.astype(np.float64)
+        if lo <= wide.min() and wide.max() <= hi and np.array_equal(np.trunc(wide), wide):
+            return
+        with np.errstate(invalid="ignore"):
+            bad = ~((lo <= wide) & (wide <= hi) & (np.trunc(wide) == wide))
+    j = int(np.flatnonzero(bad.reshape(-1, order="F"))[0])
+    value = arr.reshape(-1, order="F")[j]
+    value = int(value) if arr.dtype.kind in "iu" else float(value)
+    where = f" at position {j}" if arr.size > 1 else ""
+    raise ValueError(f"{what}: value {value!r}{where} does not convert to {dtype} "
+                     f"(whole numbers from {lo} to {hi})")

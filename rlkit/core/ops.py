@@ -19,6 +19,7 @@ import numpy as np
 
 from rlkit import _native
 from rlkit.core import _runtime
+from rlkit.core._checks import check_integer_values
 from rlkit.core.autograd import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
@@ -197,7 +198,9 @@ def clamp(x, lo=-math.inf, hi=math.inf) -> Tensor:
 
 
 def cast(x, dtype: str) -> Tensor:
-    """x converted to another dtype (f32, f16, bf16, f64, i32), rounded to nearest even."""
+    """x converted to another dtype (f32, f16, bf16, f64, i32): floats rounded to nearest even;
+    to i32 toward zero and saturating, NaN becoming 0, on both backends (a device value is not
+    read back to be checked)."""
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"cast: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
     x = as_tensor(x, op="cast")
@@ -420,7 +423,8 @@ def arange(n: int, device: str | None = None) -> Tensor:
 
 
 def full(shape, value: float, dtype: str | None = None, device: str | None = None) -> Tensor:
-    """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload)."""
+    """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload).
+    For i32 and u8, ``value`` must be a whole number in the dtype's range (ValueError)."""
     if isinstance(shape, numbers.Integral):
         shape = (shape, 1)
     shape = tuple(_int_arg(n, "full", "shape") for n in shape)
@@ -430,6 +434,7 @@ def full(shape, value: float, dtype: str | None = None, device: str | None = Non
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"full: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
     value = _number(value, "full", "value")
+    check_integer_values(value, dtype, "full")
     device = _runtime.check_device(device if device is not None else _runtime.device())
     ints = _shape_attrs(shape) + [_DTYPE_CODE[dtype]]
     return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))

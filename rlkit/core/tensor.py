@@ -14,6 +14,7 @@ import numpy as np
 
 from rlkit import _native
 from rlkit.core import _runtime
+from rlkit.core._checks import check_integer_values
 
 # bf16 arrays are ml_dtypes' bfloat16 (numpy has no such dtype)
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32, "f64": np.float64,
@@ -175,7 +176,7 @@ class Tensor:
 
 def _to_fortran(data, dtype: str | None) -> np.ndarray:
     """Converts array-like data to a Fortran-ordered array of an rlkit dtype (no copy when it
-    already is one)."""
+    already is one). Values must convert to an integer dtype unchanged (ValueError)."""
     if isinstance(data, Tensor):
         data = data.numpy()
     if isinstance(data, (bool, np.bool_)) or (isinstance(data, np.ndarray) and data.dtype == np.bool_):
@@ -191,13 +192,7 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(_NUMPY_DTYPES)}")
     if arr.ndim > 4:
         raise ValueError(f"rlkit tensors have at most 4 dimensions, got an array of shape {arr.shape}")
-    if dtype == "i32" and arr.dtype.kind in "iu" and arr.size:
-        info = np.iinfo(np.int32)
-        if arr.max() > info.max or arr.min() < info.min:
-            raise ValueError(
-                f"integer values from {arr.min()} to {arr.max()} do not fit in i32 "
-                f"([{info.min}, {info.max}])"
-            )
+    check_integer_values(arr, dtype, "tensor")
     if arr.ndim == 0:
         arr = arr.reshape(1, 1)
     return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
@@ -220,7 +215,8 @@ def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
     On the CPU a Fortran-ordered numpy array of the target dtype is shared, not copied:
     writing to the array afterwards changes the tensor (on the GPU the values are uploaded).
     Integer data becomes i32 unless ``dtype`` says otherwise; float data takes the default
-    dtype (``rc.dtype()``); the device defaults to ``rc.device()``.
+    dtype (``rc.dtype()``); the device defaults to ``rc.device()``. Data made i32 or u8 must
+    be whole numbers in the dtype's range (NaN, Inf, 2.5 or 300 for u8 raise ValueError).
     """
     device = _resolve_device(device)
     if _runtime._state["tracing"]:
