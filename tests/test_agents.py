@@ -213,7 +213,8 @@ def test_checkpoints_and_replay_buffer_resume_training(tmp_path):
     assert callback.saved == [str(tmp_path / f"sac_{n}_steps.safetensors") for n in (200, 400)]
     loaded = SAC.load(callback.saved[-1])
     assert loaded.num_timesteps == 400 and len(loaded.buffer) == 0
-    loaded._train(1)  # traced against the empty buffer it was built with
+    with pytest.raises(ValueError, match="sample_on_device: the buffer is empty"):
+        loaded._train(1)  # traced against the empty buffer it was built with; the replay is refused
     loaded.load_replay_buffer(str(tmp_path / "sac_replay_buffer_400_steps"))
     assert len(loaded.buffer) == 400
     rc.manual_seed(0)

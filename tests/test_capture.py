@@ -2,6 +2,8 @@
 rules; host work refused while tracing; a non-finite gradient norm skips the update; one upload,
 one submission and one download per replay on the GPU."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -102,6 +104,65 @@ def test_buffers_are_read_where_they_are(device):
     buf.free()
     with pytest.raises(RuntimeError, match="freed"):
         gather(index=index)
+
+
+def _eager_error(call):
+    with pytest.raises(IndexError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("bad", [2**32 + 1, -2**32 + 3, 2**40, 4, -1])
+def test_index_inputs_are_checked_at_every_replay_as_eager_indices(device, bad):
+    """Out-of-range indices given to a replay raise the eager op's error instead of wrapping to
+    another column (2**32 + 1 read column 1) or being clamped on the GPU."""
+    b = rc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4, order="F"))
+    gather = rc.capture(lambda i: rc.get_rows(b, i), [b])
+    valid = np.array([[0, 3, 1]])
+    np.testing.assert_array_equal(gather(i=valid), rc.get_rows(b, valid).numpy())
+    index = np.array([[0, 2, bad]])
+    expected = _eager_error(lambda: rc.get_rows(b, index))
+    assert expected in ("get_rows: index values must fit in 32 bits",
+                        f"get_rows: index {bad} at position 2 is out of range for 4 columns (valid: 0..3)")
+    with pytest.raises(IndexError, match=f"^{re.escape(expected)}$"):
+        gather(i=index)
+    np.testing.assert_array_equal(gather(i=np.array([[2, 2, 0]], np.int64)), rc.get_rows(b, [[2, 2, 0]]).numpy())
+    assert gather.traces == 1
+
+
+def test_every_op_taking_an_input_as_indices_checks_it(device):
+    x = rc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4, order="F"))
+    rows = rc.capture(lambda i: rc.gather(x, i), [x])
+    np.testing.assert_array_equal(rows(i=np.array([[2, 0, 1, 2]])), rc.gather(x, [[2, 0, 1, 2]]).numpy())
+    with pytest.raises(IndexError, match=r"^gather: index 3 at position 1 is out of range for 3 rows \(valid: 0..2\)$"):
+        rows(i=np.array([[2, 3, 1, 2]]))
+    # one input read by two ops: each op's own bound
+    both = rc.capture(lambda i: (rc.get_rows(x, i), rc.one_hot(i, 2)), [x])
+    np.testing.assert_array_equal(both(i=np.array([[1, 0]]))[1], [[0.0, 1.0], [1.0, 0.0]])
+    with pytest.raises(IndexError, match=r"^one_hot: index 3 at position 0 is out of range for 2 classes"):
+        both(i=np.array([[3, 0]]))
+
+
+def test_integer_inputs_must_fit_in_i32(device):
+    double = rc.capture(lambda n: rc.scale(rc.cast(n, "f32"), 2.0))
+    np.testing.assert_array_equal(double(n=np.array([[2**31 - 1, -7]])), [[2.0**32, -14.0]])
+    with pytest.raises(ValueError, match="^capture: input 'n': value 2147483648 at position 1 does not convert to i32"):
+        double(n=np.array([[0, 2**31]]))
+    with pytest.raises(ValueError, match="value 4294967297 at position 0 does not convert to i32"):
+        double(n=np.array([[2**32 + 1, 0]], np.uint64))
+    assert double.traces == 1
+
+
+def test_a_captured_randint_bound_is_checked_as_a_number_is(device):
+    draw = rc.capture(lambda high: rc.ops.randint(high, (1, 64)))
+    assert draw(high=np.array([[5.0]], np.float32)).max() < 5
+    for bad in (0.0, -5.0, np.nan, np.inf):
+        message = rf"^randint: high must be a finite number > 0 \(the draws lie in \[0, high\)\), got {bad!r}$"
+        with pytest.raises(ValueError, match=message):
+            draw(high=np.array([[bad]], np.float32))
+        with pytest.raises(ValueError, match="randint: high must be a finite number > 0"):
+            rc.ops.randint(float(bad), (1, 64))
+    assert draw.traces == 1
 
 
 def test_host_work_in_a_trace_is_refused(device):

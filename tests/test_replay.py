@@ -384,6 +384,38 @@ def test_device_sampling_inside_a_capture_needs_no_index_upload(device):
         ReplayBuffer(10, 1, 1, optimize_memory=True).sample_on_device(4)
 
 
+def test_device_sampling_refuses_a_stored_count_the_buffer_does_not_hold(device):
+    from rlkit.buffers import DevicePrioritizedReplayBuffer
+
+    buf, _ = _filled(n_steps=5)  # 10 transitions in 40 columns
+    where = "ReplayBuffer.sample_on_device"
+    for bad in (90, 11, 0, -1, 2.5, float("nan")):
+        with pytest.raises(ValueError, match=rf"^{where}: stored must be a whole number from 1 to the 10 transitions "
+                                             rf"stored, got {bad!r}$"):
+            buf.sample_on_device(8, stored=bad)
+    with pytest.raises(TypeError, match="stored must be a number or a \\[1, 1\\] tensor, got str"):
+        buf.sample_on_device(8, stored="10")
+    assert buf.sample_on_device(64, stored=10).index.numpy().max() < 10
+    assert buf.sample_on_device(64, stored=4).index.numpy().max() < 4
+    # a captured function's input, checked at every replay against what is stored then
+    draw = rc.capture(lambda stored: buf.sample_on_device(16, stored).index, params=[buf._obs])
+    assert draw(stored=np.array([[10.0]], np.float32)).max() < 10
+    with pytest.raises(ValueError, match=rf"^{where}: stored must be a whole number from 1 to the 10 transitions "
+                                         r"stored, got 90.0$"):
+        draw(stored=np.array([[90.0]], np.float32))
+    with pytest.raises(ValueError, match="got 0.0"):
+        draw(stored=np.array([[0.0]], np.float32))
+    _rollout([buf], 1, 2, seed=5)  # two more
+    assert draw(stored=np.array([[12.0]], np.float32)).max() < 12
+    assert draw.traces == 1
+    with pytest.raises(ValueError, match=r"^ReplayBuffer.sample_on_device: the buffer is empty$"):
+        ReplayBuffer(10, 1, 1).sample_on_device(4, stored=1)
+    prioritized = DevicePrioritizedReplayBuffer(8, 1, 1)
+    prioritized.add(np.zeros((1, 1)), np.zeros((1, 1)), [0.0], np.zeros((1, 1)), [False], [False])
+    with pytest.raises(ValueError, match="^sample_on_device: stored must be a whole number from 1 to the 1 "):
+        prioritized.sample_on_device(4, stored=5)
+
+
 @pytest.mark.parametrize("capacity", [200, 60])
 def test_device_n_step_sums_match_the_reference(device, capacity):
     """n-step returns summed on the device stop at terminations, truncations and the newest

@@ -28,6 +28,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
+from rlkit.core import capturing
 from rlkit.core._checks import check_integer_values, positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
@@ -297,7 +298,8 @@ class ReplayBuffer:
         """A uniform batch drawn on the device from the engine's counter-based generator
         (``rc.manual_seed``): the same draws on both backends, and nothing crosses from the host,
         so it can sit inside a captured update. ``stored`` is the number of transitions stored,
-        a [1, 1] tensor (pass it as an input of a captured function) or a number (default: now).
+        a [1, 1] tensor (pass it as an input of a captured function) or a number (default: now);
+        a number or an input above ``len(self)`` (or below 1) raises ValueError.
         n-step returns are summed on the device; not with next-observation sharing."""
         if self.optimize_memory:
             raise ValueError("ReplayBuffer.sample_on_device: not with optimize_memory")
@@ -346,12 +348,25 @@ class ReplayBuffer:
         return ret, done, discount, rc.cast(last, "i32")
 
     def _stored_for_device_sampling(self, stored, where: str):
-        """``stored`` as given (a [1, 1] tensor or a number), or the count stored now."""
-        if stored is not None:
+        """``stored`` as given (a [1, 1] tensor or a number), or the count stored now. A number,
+        and a captured function's input at each replay, must be a whole number from 1 to
+        ``len(self)`` (a tensor computed on the device is not read back to be checked)."""
+        if stored is None:
+            stored = float(len(self))
+        if isinstance(stored, Tensor):
+            capturing.check_replay_input(stored, lambda values: self._check_stored(float(values.reshape(-1)[0]), where))
             return stored
+        if isinstance(stored, bool) or not isinstance(stored, numbers.Real):
+            raise TypeError(f"{where}: stored must be a number or a [1, 1] tensor, got {type(stored).__name__}")
+        self._check_stored(stored, where)
+        return float(stored)
+
+    def _check_stored(self, stored, where: str) -> None:
         if len(self) == 0:
             raise ValueError(f"{where}: the buffer is empty")
-        return float(len(self))
+        if not (1 <= stored <= len(self) and float(stored).is_integer()):
+            raise ValueError(f"{where}: stored must be a whole number from 1 to the {len(self)} transitions stored, "
+                             f"got {stored!r}")
 
     def sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> SequenceSamples:
         """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment

@@ -19,6 +19,23 @@ def positive_int(value, what: str) -> int:
     return int(value)
 
 
+def check_index_values(index: np.ndarray, op: str, limit: int | None = None, what: str = "") -> None:
+    """The checks of a host integer index array (0-based): not empty, within 32 bits, and, when
+    ``limit`` >= 1 is given, inside [0, limit) (an IndexError naming the first index outside,
+    its position in Fortran order and the valid range). Eager ops run it on the arrays they are
+    given; a captured function runs it on its index inputs before every replay."""
+    if index.size == 0:
+        raise ValueError(f"{op}: index is empty (shape {index.shape})")
+    lowest, highest = index.min(), index.max()
+    if highest > np.iinfo(np.int32).max or lowest < np.iinfo(np.int32).min:
+        raise IndexError(f"{op}: index values must fit in 32 bits")
+    if limit is not None and limit >= 1 and (lowest < 0 or highest >= limit):
+        flat = index.reshape(-1, order="F")
+        j = int(np.flatnonzero((flat < 0) | (flat >= limit))[0])
+        raise IndexError(f"{op}: index {int(flat[j])} at position {j} is out of range for {limit} {what} "
+                         f"(valid: 0..{limit - 1})")
+
+
 def check_integer_values(values, dtype: str, what: str) -> None:
     """A ValueError naming ``what`` unless every value (of an array or a number) converts to the
     integer dtype ``dtype`` ("i32" or "u8") unchanged: a whole number inside its range. NaN,

@@ -12,7 +12,10 @@ command buffer recorded once and re-submitted (random ops draw fresh streams at 
 A replay re-records when an input's shape or dtype, the device, or a listed parameter or buffer
 (freed, moved, or written from the host with load_state_dict) changes. Host work inside the
 trace that a replay would not repeat (reading a value, making a tensor from host data) raises
-CaptureError naming it. A non-finite gradient norm skips the update: weights, moments and the
+CaptureError naming it. Inputs are checked at every replay as the eager ops check host data:
+an integer input must hold values that fit in i32, and an input that an op takes as indices
+(get_rows, gather, ...) or as a bound (randint, a replay buffer's ``stored``) gets that op's
+checks and messages. A non-finite gradient norm skips the update: weights, moments and the
 step counter stay as they were.
 """
 
@@ -25,6 +28,7 @@ import numpy as np
 
 from rlkit import _native
 from rlkit.core import _runtime
+from rlkit.core._checks import check_integer_values
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
@@ -43,6 +47,7 @@ class Trace:
         self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
         self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this trace so far
+        self.input_checks: list[tuple[object, Callable[[np.ndarray], None]]] = []  # (a tensor's impl, its check)
 
     def host_input(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray]) -> Tensor:
         """A placeholder filled with ``compute()`` before every replay (f32)."""
@@ -57,6 +62,12 @@ class Trace:
         if prepare not in self.before_replay:
             self.before_replay.append(prepare)
 
+    def check_input(self, t: Tensor, check: Callable[[np.ndarray], None]) -> None:
+        """Calls ``check(values)`` on the host values given for ``t`` before every replay, when
+        ``t`` is one of the captured function's inputs (a tensor computed in the trace has no
+        host values, and is not checked)."""
+        self.input_checks.append((t._impl, check))
+
     def extra_output(self, t: Tensor, after: Callable[[np.ndarray], None]) -> None:
         """Downloads ``t`` with the outputs and calls ``after(value)`` after each replay."""
         index = len(self.extra_outputs)
@@ -70,6 +81,13 @@ _active: Trace | None = None
 def tracing() -> Trace | None:
     """The trace being recorded, or None."""
     return _active
+
+
+def check_replay_input(t: Tensor, check: Callable[[np.ndarray], None]) -> None:
+    """While tracing, :meth:`Trace.check_input`: the eager check an op runs on host data, run
+    on ``t``'s values at every replay when ``t`` is an input; nothing otherwise."""
+    if _active is not None:
+        _active.check_input(t, check)
 
 
 def refuse_host_work(what: str) -> None:
@@ -95,24 +113,28 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
                        f"got {type(result).__name__}")
 
 
-_FLOAT_DTYPES = {name: _NUMPY_DTYPES[name] for name in _runtime.FLOAT_DTYPES}
-
-
-def _host_array(name: str, value) -> tuple[np.ndarray, str]:
+def _input_array(name: str, value) -> tuple[np.ndarray, str]:
+    """An input as given (bools as f32) and the dtype it is traced as: i32 for integers, the
+    default float dtype for floats."""
     arr = np.asarray(value)
     if arr.dtype.kind == "b":
         arr = arr.astype(np.float32)
     if arr.dtype.kind in "iu":
-        np_dtype, dtype = np.int32, "i32"
-    elif arr.dtype.kind == "f":
-        dtype = _runtime.dtype()
-        np_dtype = _FLOAT_DTYPES[dtype]
-    else:
-        raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
-    host = np.asfortranarray(arr, dtype=np_dtype)
+        return arr, "i32"
+    if arr.dtype.kind == "f":
+        return arr, _runtime.dtype()
+    raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
+
+
+def _host_array(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
+    """An input converted for the program: Fortran-ordered, of the traced dtype and shape
+    (integers checked to fit in i32 first)."""
+    if dtype == "i32":
+        check_integer_values(arr, "i32", f"capture: input {name!r}")
+    host = np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
     if host.ndim != 2:  # (a 2-D array keeps its shape: no reshape at every replay of the common case)
         host = host.reshape(_tensor_shape(arr), order="F")
-    return host, dtype
+    return host
 
 
 def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
@@ -128,9 +150,10 @@ def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
 class _Recording:
     """One traced program and what its replays need."""
 
-    def __init__(self, program, names, placeholders, host_inputs, outputs, n_user_outputs, rebuild, before_replay,
-                 after_replay):
+    def __init__(self, program, names, placeholders, input_checks, host_inputs, outputs, n_user_outputs, rebuild,
+                 before_replay, after_replay):
         self.program, self.names, self.placeholders = program, names, placeholders
+        self.input_checks = input_checks  # (input name, check of its values)
         self.host_inputs, self.outputs = host_inputs, outputs
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
@@ -167,14 +190,17 @@ class Captured:
         return tuple(parts)
 
     def __call__(self, **inputs):
-        arrays = {name: _host_array(name, value) for name, value in sorted(inputs.items())}
-        signature = (_runtime.device(), tuple([(n, a.shape, d) for n, (a, d) in arrays.items()]), self._identity())
+        arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
+        shapes = {name: _tensor_shape(a) for name, (a, _) in arrays.items()}
+        signature = (_runtime.device(), tuple([(n, shapes[n], d) for n, (_, d) in arrays.items()]), self._identity())
         recording = self._recordings.get(signature)
         if recording is None:
             self._recordings = {k: v for k, v in self._recordings.items() if k[:2] != signature[:2]}
-            recording = self._record(arrays)
+            recording = self._record({name: (shapes[name], d) for name, (_, d) in arrays.items()})
             self._recordings[signature] = recording
-        values = [arrays[n][0] for n in recording.names]
+        for name, check in recording.input_checks:  # the ops' own checks, before anything is converted
+            check(arrays[name][0])
+        values = [_host_array(n, *arrays[n]) for n in recording.names]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
         for prepare in recording.before_replay:
             prepare()
@@ -185,11 +211,12 @@ class Captured:
                 after(extra)
         return recording.rebuild(results[:recording.n_user_outputs])
 
-    def _record(self, arrays) -> _Recording:
+    def _record(self, signature: dict[str, tuple[tuple[int, ...], str]]) -> _Recording:
+        """Traces fn on placeholders of the inputs' (shape, dtype)."""
         global _active
         device = _runtime.device()
-        names = list(arrays)
-        placeholders = [Tensor(_native.placeholder(list(arrays[n][0].shape), arrays[n][1], device)) for n in names]
+        names = list(signature)
+        placeholders = [Tensor(_native.placeholder(list(signature[n][0]), signature[n][1], device)) for n in names]
         trace = Trace()
         graph = _native.Graph()
         if _active is not None:
@@ -207,8 +234,10 @@ class Captured:
         inputs = placeholders + [t for t, _ in trace.host_inputs]
         program = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
         self.traces += 1
-        return _Recording(program, names, placeholders, trace.host_inputs, all_outputs, len(outputs), rebuild,
-                          trace.before_replay, trace.after_replay)
+        input_checks = [(name, check) for impl, check in trace.input_checks
+                        for name, p in zip(names, placeholders) if p._impl is impl]
+        return _Recording(program, names, placeholders, input_checks, trace.host_inputs, all_outputs, len(outputs),
+                          rebuild, trace.before_replay, trace.after_replay)
 
 
 def capture(fn: Callable, params=()) -> Captured:

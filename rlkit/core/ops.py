@@ -18,8 +18,8 @@ import numbers
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime
-from rlkit.core._checks import check_integer_values
+from rlkit.core import _runtime, capturing
+from rlkit.core._checks import check_index_values, check_integer_values
 from rlkit.core.autograd import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
@@ -62,25 +62,19 @@ def _pair(a, b, op: str) -> tuple[Tensor, Tensor]:
 
 
 def _index(index, op: str, device: str | None = None, limit: int | None = None, what: str = "") -> Tensor:
-    """Index arguments: i32 tensors or integer arrays (0-based). Host arrays are checked
-    against [0, limit) before they go to ``device`` (indices computed on the GPU are clamped
-    there instead)."""
+    """Index arguments: i32 tensors or integer arrays (0-based). Host arrays, and the index
+    inputs of a captured function at each replay, are checked against [0, limit) before they go
+    to ``device`` (indices computed on the GPU are clamped there instead)."""
     if isinstance(index, Tensor):
         if index.dtype != "i32":
             raise TypeError(f"{op}: index must be an i32 tensor, got {index.dtype}")
+        # an input of a captured function is host data too: checked at every replay
+        capturing.check_replay_input(index, lambda values: check_index_values(values, op, limit, what))
         return index
     if isinstance(index, (list, tuple)):
         index = np.asarray(index)
     if isinstance(index, np.ndarray) and index.dtype.kind in "iu":
-        if index.size == 0:
-            raise ValueError(f"{op}: index is empty (shape {index.shape})")
-        if index.max() > np.iinfo(np.int32).max or index.min() < np.iinfo(np.int32).min:
-            raise IndexError(f"{op}: index values must fit in 32 bits")
-        if limit is not None and limit >= 1 and (index.min() < 0 or index.max() >= limit):
-            flat = index.reshape(-1, order="F")
-            j = int(np.flatnonzero((flat < 0) | (flat >= limit))[0])
-            raise IndexError(f"{op}: index {int(flat[j])} at position {j} is out of range for {limit} {what} "
-                             f"(valid: 0..{limit - 1})")
+        check_index_values(index, op, limit, what)
         return tensor(index.astype(np.int32), device=device)
     raise TypeError(f"{op}: index must be an i32 tensor or an integer array, got {type(index).__name__}")
 
@@ -473,13 +467,17 @@ def randint(high, shape, device: str | None = None) -> Tensor:
     """i32 values uniform in [0, high) from the engine's generator: floor(u * high) for the u
     that ``rand`` draws in high's dtype. ``high`` is a number, or a one-element float tensor
     (inside a captured function, a bound that changes between replays: a replay buffer's size).
-    All zeros where high < 1."""
+    A number, and a captured function's input at each replay, must be finite and > 0
+    (ValueError); a tensor computed on the device gives all zeros where high < 1."""
     if isinstance(high, Tensor):
         if high.numel != 1 or high.dtype == "i32":
             raise ValueError(f"randint: high must be a number or a one-element float tensor, got {high.dtype} "
                              f"{high.shape}")
-    elif isinstance(high, bool) or not isinstance(high, numbers.Real) or not math.isfinite(high):
+        capturing.check_replay_input(high, lambda values: _check_randint_high(float(values.reshape(-1)[0])))
+    elif isinstance(high, bool) or not isinstance(high, numbers.Real):
         raise TypeError(f"randint: high must be a finite number or a one-element float tensor, got {high!r}")
+    else:
+        _check_randint_high(float(high))
     shape = _random_shape("randint", shape)
     device = _runtime.check_device(device if device is not None else (
         high.device if isinstance(high, Tensor) else _runtime.device()))
@@ -487,6 +485,11 @@ def randint(high, shape, device: str | None = None) -> Tensor:
     if bound.device != device:
         raise ValueError(f"randint: high is on the {bound.device}, the draws are asked for on the {device}")
     return apply("randint", (bound,), ints=_shape_attrs(shape))
+
+
+def _check_randint_high(high: float) -> None:
+    if not (math.isfinite(high) and high > 0):
+        raise ValueError(f"randint: high must be a finite number > 0 (the draws lie in [0, high)), got {high!r}")
 
 
 def sample_categorical(logits) -> Tensor:
