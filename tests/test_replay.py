@@ -342,6 +342,53 @@ def test_integer_tables_refuse_observations_and_actions_they_cannot_hold():
     np.testing.assert_array_equal(buf._action.read(0, 1).ravel(), [7])
 
 
+def test_sum_tree_refuses_indices_outside_its_leaves_and_bad_values():
+    from rlkit.buffers import SumTree
+
+    tree = SumTree(8)
+    tree.update(np.arange(8), np.arange(8.0))
+    before = tree.tree.copy()
+    with pytest.raises(IndexError, match=r"^SumTree.update: index -1 at position 0 is out of range for 8 leaves "
+                                         r"\(valid: 0..7\)$"):
+        tree.update([-1], [100.0])  # was written into an internal node (the sum of leaves 6 and 7)
+    with pytest.raises(IndexError, match="index 8 at position 1 is out of range for 8 leaves"):
+        tree.update([0, 8], [1.0, 1.0])
+    with pytest.raises(TypeError, match="SumTree.update: index must be an integer array, got float64"):
+        tree.update([1.5], [1.0])
+    for bad in (-3.0, np.nan, np.inf):
+        with pytest.raises(ValueError, match=rf"^SumTree.update: values must be finite and >= 0, got {bad!r} "
+                                             r"at position 1$"):
+            tree.update([0, 1], [1.0, bad])
+    np.testing.assert_array_equal(tree.tree, before)  # nothing changed
+    tree.update([], [])
+    tree.update([2, 5], [10.0, 0.0])
+    assert tree.total() == sum(range(8)) - 2 - 5 + 10
+    with pytest.raises(ValueError, match="SumTree: capacity must be a positive int, got 0"):
+        SumTree(0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(alpha=float("nan")), r"^PrioritizedReplayBuffer: alpha must lie in \[0.0, 10.0\], got nan$"),
+    (dict(alpha=-0.1), r"alpha must lie in \[0.0, 10.0\], got -0.1"),
+    (dict(alpha=11.0), r"alpha must lie in \[0.0, 10.0\], got 11.0"),
+    (dict(beta=float("nan")), r"beta must lie in \[0.0, 1.0\], got nan"),
+    (dict(beta=1.5), r"beta must lie in \[0.0, 1.0\], got 1.5"),
+    (dict(eps=float("inf")), r"eps must lie in \[0.0, inf\), got inf"),
+    (dict(eps=-1e-6), r"eps must lie in \[0.0, inf\), got -1e-06"),
+    (dict(alpha=True), r"alpha must lie in \[0.0, 10.0\], got True"),
+])
+def test_prioritized_hyperparameters_outside_their_ranges_are_refused(kwargs, message):
+    from rlkit.buffers import DevicePrioritizedReplayBuffer, PrioritizedReplayBuffer
+
+    with pytest.raises(ValueError, match=message):
+        PrioritizedReplayBuffer(4, 1, 1, **kwargs)
+    if "beta" not in kwargs:  # the device buffer takes beta per sample
+        with pytest.raises(ValueError, match=message.replace("^Prior", "^DevicePrior")):
+            DevicePrioritizedReplayBuffer(4, 1, 1, **kwargs)
+    buf = PrioritizedReplayBuffer(4, 1, 1, alpha=10.0, beta=1.0, eps=0.0)  # the ends of the ranges
+    assert (buf.alpha, buf.beta, buf.eps) == (10.0, 1.0, 0.0)
+
+
 # ---- sampling on the device --------------------------------------------------------------------
 
 def _filled(n_steps=13, seed=0):

@@ -19,7 +19,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from rlkit.core._checks import positive_int
+from rlkit.core._checks import number_in_range, positive_int
 from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
 
@@ -217,12 +217,7 @@ class EpsilonGreedy:
 
 def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:
     """``config.name`` is a number in [low, high] (or (low, high] when ``low_open``)."""
-    value = getattr(config, name)
-    inside = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-        low < value <= high if low_open else low <= value <= high)
-    if not inside:
-        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ValueError(f"{type(config).__name__}: {name} must lie in {interval}, got {value!r}")
+    number_in_range(getattr(config, name), f"{type(config).__name__}: {name}", low, high, low_open)
 
 
 def check_positive_number(config, name: str) -> None:

@@ -9,14 +9,13 @@ updates are batched (no Python loop over the batch).
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
-from rlkit.core._checks import positive_int
+from rlkit.core._checks import check_index_values, number_in_range, positive_int
 from rlkit.core.tensor import Tensor
 
 
@@ -24,12 +23,25 @@ class SumTree:
     """Leaf values and the sums of every subtree, in one array (the root at 1)."""
 
     def __init__(self, capacity: int):
-        self.size = 1 << max(0, (capacity - 1).bit_length())
+        self.capacity = positive_int(capacity, "SumTree: capacity")
+        self.size = 1 << max(0, (self.capacity - 1).bit_length())
         self.tree = np.zeros(2 * self.size, np.float64)
 
     def update(self, index: np.ndarray, value: np.ndarray) -> None:
-        """Sets leaves (the last value wins for a repeated index) and their ancestors' sums."""
-        nodes = np.asarray(index, np.int64) + self.size
+        """Sets leaves (the last value wins for a repeated index) and their ancestors' sums.
+        ``index`` holds integers in [0, capacity) (IndexError), ``value`` (one per index, or one
+        for all) finite numbers >= 0 (ValueError); nothing changes when either is refused."""
+        index = np.asarray(index).reshape(-1)
+        if index.size == 0:
+            return
+        if index.dtype.kind not in "iu":
+            raise TypeError(f"SumTree.update: index must be an integer array, got {index.dtype}")
+        check_index_values(index, "SumTree.update", self.capacity, "leaves")
+        value = np.broadcast_to(np.asarray(value, np.float64).reshape(-1), index.shape)
+        if not np.all(np.isfinite(value) & (value >= 0)):
+            j = int(np.flatnonzero(~(np.isfinite(value) & (value >= 0)))[0])
+            raise ValueError(f"SumTree.update: values must be finite and >= 0, got {float(value[j])!r} at position {j}")
+        nodes = index.astype(np.int64) + self.size
         self.tree[nodes] = value
         nodes = np.unique(nodes // 2)
         while nodes[0] >= 1:
@@ -56,6 +68,10 @@ class SumTree:
         return node - self.size
 
 
+# the hyperparameters' ranges (alpha's and beta's as DQNConfig checks its prioritized_alpha and _beta)
+ALPHA_RANGE, BETA_RANGE, EPS_RANGE = (0.0, 10.0), (0.0, 1.0), (0.0, math.inf)
+
+
 class PrioritizedReplayBuffer(ReplayBuffer):
     """A ReplayBuffer sampled by priority. ``alpha`` shapes the priorities, ``beta`` the
     importance weights (anneal it towards 1 by setting ``buffer.beta``), ``eps`` keeps every
@@ -66,10 +82,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().__init__(capacity, obs_shape, action_shape, **kwargs)
         if self.optimize_memory:
             raise ValueError("PrioritizedReplayBuffer: optimize_memory is not supported with priorities")
-        for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
-                raise ValueError(f"PrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
-        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.alpha = number_in_range(alpha, "PrioritizedReplayBuffer: alpha", *ALPHA_RANGE)
+        self.beta = number_in_range(beta, "PrioritizedReplayBuffer: beta", *BETA_RANGE)
+        self.eps = number_in_range(eps, "PrioritizedReplayBuffer: eps", *EPS_RANGE)
         self._tree = SumTree(self.capacity)
         self._max_priority = 1.0
 
@@ -145,10 +160,8 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         super().__init__(capacity, obs_shape, action_shape, **kwargs)
         if self.optimize_memory:
             raise ValueError("DevicePrioritizedReplayBuffer: not with optimize_memory")
-        for name, value in (("alpha", alpha), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
-                raise ValueError(f"DevicePrioritizedReplayBuffer: {name} must be a number >= 0, got {value!r}")
-        self.alpha, self.eps = float(alpha), float(eps)
+        self.alpha = number_in_range(alpha, "DevicePrioritizedReplayBuffer: alpha", *ALPHA_RANGE)
+        self.eps = number_in_range(eps, "DevicePrioritizedReplayBuffer: eps", *EPS_RANGE)
         device = kwargs.get("device")  # None: follow the default device, as the base's tables do
         self._priority = DeviceBuffer(1, self.capacity, "f32", device)  # priority^alpha per column
         self._priority.before_read = self.flush  # new steps get their priority when they are sent

@@ -3,6 +3,7 @@ gets one kind of message everywhere."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -17,6 +18,18 @@ def positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
     return int(value)
+
+
+def number_in_range(value, what: str, low: float, high: float, low_open: bool = False) -> float:
+    """``value`` as a float, or a ValueError naming ``what`` and the interval unless it is a
+    finite real number in [low, high] ((low, high] when ``low_open``; ``high`` may be inf, for
+    no upper bound). NaN lies in no interval; bools are refused."""
+    inside = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and (
+        low < value <= high if low_open else low <= value <= high)
+    if not inside:
+        interval = ("(" if low_open else "[") + f"{low}, " + (f"{high}]" if math.isfinite(high) else "inf)")
+        raise ValueError(f"{what} must lie in {interval}, got {value!r}")
+    return float(value)
 
 
 def check_index_values(index: np.ndarray, op: str, limit: int | None = None, what: str = "") -> None:
