@@ -314,8 +314,12 @@ def test_prioritized_new_transitions_get_the_largest_priority_and_bad_updates_fa
     assert buf._tree.leaves(np.array([3]))[0] == pytest.approx(5.0 + 1e-6)
     with pytest.raises(ValueError, match="2 indices but 1 priorities"):
         buf.update_priorities([0, 1], [1.0])
-    with pytest.raises(IndexError, match="0..3"):
-        buf.update_priorities([9], [1.0])
+    with pytest.raises(IndexError, match=r"^update_priorities: index 9 at position 1 is out of range for 4 columns "
+                                         r"\(valid: 0..3\)$"):
+        buf.update_priorities([0, 9], [1.0, 1.0])
+    with pytest.raises(TypeError, match="index must be an integer array, got float64"):
+        buf.update_priorities([1.5], [100.0])  # was truncated to column 1
+    assert buf._max_priority == pytest.approx(5.0 + 1e-6)  # unchanged by the refused updates
     with pytest.raises(ValueError, match="finite"):
         buf.update_priorities([0], [np.nan])
     with pytest.raises(ValueError, match="optimize_memory"):

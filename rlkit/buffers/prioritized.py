@@ -139,13 +139,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         priorities = np.abs(np.asarray(priorities, np.float64).reshape(-1))
         if index.size != priorities.size:
             raise ValueError(f"update_priorities: {index.size} indices but {priorities.size} priorities")
-        if index.size and (index.min() < 0 or index.max() >= self.capacity):
-            raise IndexError(f"update_priorities: indices must lie in 0..{self.capacity - 1}")
+        if index.size and index.dtype.kind in "iu":
+            check_index_values(index, "update_priorities", self.capacity, "columns")
         if not np.all(np.isfinite(priorities)):
             raise ValueError("update_priorities: priorities must be finite")
         priorities = priorities + self.eps
+        self._tree.update(index, priorities**self.alpha)  # (refuses non-integer indices before any change)
         self._max_priority = max(self._max_priority, float(priorities.max(initial=0.0)))
-        self._tree.update(index, priorities**self.alpha)
 
 
 class DevicePrioritizedReplayBuffer(ReplayBuffer):
