@@ -93,7 +93,7 @@ def test_a_failing_load_leaves_every_object_as_it_was(tmp_path):
         load_checkpoint(path, {"scheduler": sched.StepLR(opt, 1)})
 
 
-def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
+def test_a_crash_mid_save_keeps_the_previous_checkpoint_and_the_next_save_cleans_up(tmp_path):
     path = str(tmp_path / "ckpt.safetensors")
     model, opt, _ = _setup()
     save_checkpoint(path, {"model": model}, step=1)
@@ -122,8 +122,14 @@ def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
     assert contents["step"] == 1
     assert {k: v.shape for k, v in contents["states"]["model"].items()} == {
         k: v.shape for k, v in model.state_dict().items()}
-    leftovers = [f for f in os.listdir(tmp_path) if f.startswith(".ckpt-")]
-    assert len(leftovers) == 1  # the killed save's temporary file; the checkpoint itself is intact
+    assert _temp_files(tmp_path) == 1  # the killed save's temporary file; the checkpoint itself is intact
+    save_checkpoint(path, {"model": model}, step=3)
+    assert read_checkpoint(path)["step"] == 3
+    assert _temp_files(tmp_path) == 0  # the next save of the same file removed it
+
+
+def _temp_files(folder) -> int:
+    return sum(name.startswith(".ckpt.safetensors.ckpt-") for name in os.listdir(folder))
 
 
 def test_bad_save_arguments(tmp_path):
@@ -139,3 +145,97 @@ def test_bad_save_arguments(tmp_path):
     with pytest.raises(TypeError, match="cannot store a function"):
         save_checkpoint(str(tmp_path / "x"), {"odd": Odd()})
     assert not os.path.exists(tmp_path / "x")
+
+
+# ---- what a save replaces, and what a load reads ---------------------------------------------
+
+def test_a_save_keeps_the_replaced_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
+    model, _, _ = _setup()
+    path = str(tmp_path / "ckpt.safetensors")
+    previous = os.umask(0o027)
+    try:
+        save_checkpoint(path, {"model": model})
+        assert os.stat(path).st_mode & 0o777 == 0o640  # 0o666 less the umask, not mkstemp's 0o600
+        os.chmod(path, 0o604)
+        save_checkpoint(path, {"model": model}, step=2)
+    finally:
+        os.umask(previous)
+    assert os.stat(path).st_mode & 0o777 == 0o604 and read_checkpoint(path)["step"] == 2
+
+
+def test_a_save_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
+    model, _, _ = _setup()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "links").mkdir()
+    target, link = tmp_path / "store" / "ckpt.safetensors", tmp_path / "links" / "latest.safetensors"
+    save_checkpoint(str(target), {"model": model}, step=1)
+    link.symlink_to(target)
+    save_checkpoint(str(link), {"model": model}, step=2)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert read_checkpoint(str(target))["step"] == 2
+    assert os.listdir(tmp_path / "links") == ["latest.safetensors"]  # the temporary file was beside the target
+    dangling = tmp_path / "links" / "next.safetensors"
+    dangling.symlink_to(tmp_path / "store" / "next.safetensors")
+    save_checkpoint(str(dangling), {"model": model}, step=3)  # a link to a file not written yet: written there
+    assert dangling.is_symlink() and read_checkpoint(str(tmp_path / "store" / "next.safetensors"))["step"] == 3
+
+
+def test_a_save_refuses_directories_devices_and_fifos(tmp_path):
+    model, _, _ = _setup()
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"someone's model")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((folder, "a directory"), ("/dev/null", "a character device"), (fifo, "a FIFO")):
+        with pytest.raises(FileExistsError, match=f"is {kind}, not a regular file"):
+            save_checkpoint(str(path), {"model": model})
+    assert os.listdir(folder) == ["model.safetensors"]
+    assert (folder / "model.safetensors").read_bytes() == b"someone's model"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "fifo"]  # no temporary file left by the refusals
+
+
+def test_a_save_removes_only_its_own_files_leftover_temporary_files(tmp_path):
+    model, _, _ = _setup()
+    kept = [".other.safetensors.ckpt-0123abcd",  # another checkpoint's
+            ".ckpt-k2j4_x9q",  # the old naming, which names no target
+            ".ckpt.safetensors.ckpt-notes.txt"]  # not a name a save writes
+    for name in [".ckpt.safetensors.ckpt-0123abcd", *kept]:
+        (tmp_path / name).write_bytes(b"left")
+    (tmp_path / ".ckpt.safetensors.ckpt-89abcdef").mkdir()  # a directory is never removed
+    save_checkpoint(str(tmp_path / "ckpt.safetensors"), {"model": model})
+    assert sorted(os.listdir(tmp_path)) == sorted(["ckpt.safetensors", ".ckpt.safetensors.ckpt-89abcdef", *kept])
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2) and the like so far (Linux /proc)."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_a_load_reads_a_bounded_header_before_anything_else(tmp_path):
+    from rlkit.agents import DQN
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer: refused without waiting
+    for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO"), (str(tmp_path), "a directory")):
+        with pytest.raises(CheckpointError, match=f"is {kind}, not a checkpoint file"):
+            read_checkpoint(path)
+    before = _bytes_read()
+    with pytest.raises(CheckpointError, match="is a character device"):
+        DQN.load("/dev/zero")
+    claims_too_much = tmp_path / "huge_header.safetensors"
+    claims_too_much.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(CheckpointError, match="header of 1099511627776 bytes, the file has 10 bytes"):
+        read_checkpoint(str(claims_too_much))
+    sparse = tmp_path / "sparse.safetensors"  # 4 GiB that take no disk: a short header that is no JSON
+    with open(sparse, "wb") as f:
+        f.write((16).to_bytes(8, "little") + b"not a json head!")
+        f.truncate(4 << 30)
+    with pytest.raises(CheckpointError, match="its header is not JSON"):
+        read_checkpoint(str(sparse))
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": np.zeros(1 << 20, np.float32)}, str(foreign))  # 4 MiB of data under a foreign header
+    with pytest.raises(CheckpointError, match="not an rlkit checkpoint"):
+        read_checkpoint(str(foreign))
+    assert _bytes_read() - before < 1 << 20  # none of those files' data was read
