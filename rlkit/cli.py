@@ -83,7 +83,8 @@ def _add_eval_parser(commands) -> None:
     evaluate = commands.add_parser("eval", help="evaluate a saved agent",
                                    description="Loads a saved agent and prints the mean and std of its returns.")
     evaluate.add_argument("path", metavar="PATH", help="a model saved by rlkit train (or an agent's save)")
-    evaluate.add_argument("--env", help="the Gymnasium environment id (default: the one it was trained on)")
+    evaluate.add_argument("--env", help="the Gymnasium environment id (default: the one it was trained on; needed when "
+                                         "that id has a module prefix, module:Env-v0, which would import the module)")
     evaluate.add_argument("--episodes", type=_positive_int, default=10, metavar="N",
                           help="episodes to run (default: 10)")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the first episode (default: 0)")
@@ -323,8 +324,15 @@ def _eval(args: argparse.Namespace) -> int:
     metadata = _agent_metadata(args.path)
     agent_class = _class_of_algo(metadata["algo"])
     env_id = args.env or metadata.get("env")
-    if not env_id:
+    if not env_id or not isinstance(env_id, str):
         raise UsageError(f"{args.path} does not name its environment; pass --env ENV")
+    if not args.env:
+        from rlkit.agents.common import env_module
+
+        module = env_module(env_id)
+        if module is not None:  # gym.make would import it: code that the file, not the user, names
+            raise UsageError(f"{args.path} names the environment {env_id}, which would import the module {module}; "
+                             f"pass --env {env_id} to run that module's code, or --env with another id")
     _check_device(args.device)
     try:
         agent = agent_class.load(args.path, env=env_id, device=args.device)

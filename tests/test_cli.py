@@ -178,6 +178,57 @@ def test_eval_on_an_environment_the_model_does_not_fit(trained, capsys):
     assert "cannot load" in capsys.readouterr().err
 
 
+_HELPER_MODULE = """
+import os
+
+import gymnasium
+
+with open(os.path.join(os.path.dirname(__file__), "imported"), "a") as f:
+    f.write("imported\\n")  # the proof that this file ran
+gymnasium.register("{env}", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=20)
+"""
+
+
+@pytest.fixture
+def model_naming_a_module(tmp_path, monkeypatch):
+    """A DQN checkpoint whose environment id is ``<module>:<env>``, the module a file on a temporary
+    sys.path that registers <env> and records that it ran in ``imported`` beside it."""
+    import gymnasium
+
+    token = os.urandom(4).hex()  # a module stays in sys.modules and an id in the registry: fresh names
+    module, env = f"rlkit_test_helper_{token}", f"HelperCartPole_{token}-v0"
+    (tmp_path / f"{module}.py").write_text(_HELPER_MODULE.format(env=env))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    agent = DQN("CartPole-v1", dataclasses.replace(DQN.config_class(), buffer_size=1000, net_arch=(16, 16)))
+    path = str(tmp_path / "model.safetensors")
+    save_checkpoint(path, agent._state_objects(), metadata={
+        "algo": "DQN", "config": dataclasses.asdict(agent.config), "env": f"{module}:{env}", "num_timesteps": 0})
+    yield {"path": path, "env": f"{module}:{env}", "imported": tmp_path / "imported"}
+    sys.modules.pop(module, None)
+    gymnasium.registry.pop(env, None)
+
+
+def test_agent_load_never_imports_the_module_its_file_names(model_naming_a_module):
+    model = model_naming_a_module
+    with pytest.raises(ValueError, match="would import the module 'rlkit_test_helper_.*'; pass env= .*allow_env"):
+        DQN.load(model["path"])
+    assert DQN.load(model["path"], env="CartPole-v1").env.spec.id == "CartPole-v1"
+    assert not model["imported"].exists()
+    agent = DQN.load(model["path"], allow_env_import=True)  # opted in: the module runs and makes the environment
+    assert model["imported"].read_text() == "imported\n" and agent.env.spec.id == model["env"].split(":")[1]
+
+
+def test_eval_needs_env_for_an_environment_id_with_a_module_prefix(model_naming_a_module, capsys):
+    model = model_naming_a_module
+    assert main(["eval", model["path"]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlkit: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert f"names the environment {model['env']}, which would import the module" in err
+    assert f"pass --env {model['env']}" in err and not model["imported"].exists()
+    assert main(["eval", model["path"], "--env", model["env"], "--episodes", "1"]) == 0  # named by the user
+    assert model["imported"].read_text() == "imported\n"
+
+
 def _assert_plotted_png(path, line_colour):
     """A PNG that matplotlib drew a line of ``line_colour`` (RGB) into, not just the axes."""
     import matplotlib.image

@@ -24,6 +24,12 @@ from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
 
 
+def env_module(env_id: str) -> str | None:
+    """The module ``gym.make(env_id)`` imports before it makes the environment: ``"pkg.mod"``
+    for ``"pkg.mod:Env-v0"``, None for an id without a module prefix."""
+    return env_id.split(":", 1)[0] if ":" in env_id else None
+
+
 def make_env(env_or_id, seed: int | None = None):
     """A Gymnasium environment from an id (or the environment itself), its spaces seeded."""
     import gymnasium as gym
@@ -579,14 +585,27 @@ class OffPolicyAgent:
         save_checkpoint(path, self._state_objects(), metadata=meta)
 
     @classmethod
-    def load(cls, path: str, env=None, device: str | None = None):
-        """An agent that acts exactly as the saved one, on ``env`` (default: the saved env id)."""
+    def load(cls, path: str, env=None, device: str | None = None, *, allow_env_import: bool = False):
+        """An agent that acts exactly as the saved one, on ``env`` (default: the environment id
+        saved in the file). A saved id with a module prefix (``"package.module:Env-v0"``) would
+        make Gymnasium import that module, running code that the file names (its checksum is no
+        signature): such an id is refused with a ValueError unless ``allow_env_import`` is True,
+        or ``env`` is passed (the saved id is then not used)."""
         meta = read_checkpoint(path)["metadata"]
         if meta.get("algo") != cls.algo:
             raise ValueError(f"{cls.algo}.load: {path!r} holds a {meta.get('algo')!r} agent, not {cls.algo}")
+        if env is None:
+            env = meta.get("env")
+            if not isinstance(env, str) or not env:
+                raise ValueError(f"{cls.algo}.load: {path!r} names no environment id; pass env=")
+            module = env_module(env)
+            if module is not None and not allow_env_import:
+                raise ValueError(f"{cls.algo}.load: {path!r} names the environment {env!r}, which would import the "
+                                 f"module {module!r}; pass env= (that id or another), or allow_env_import=True to "
+                                 "run that module's code")
         tuples = {f.name for f in fields(cls.config_class) if isinstance(f.default, tuple)}
         config = cls.config_class(**{k: tuple(v) if k in tuples else v for k, v in meta["config"].items()})
-        agent = cls(env if env is not None else meta["env"], config, device=device)
+        agent = cls(env, config, device=device)
         load_checkpoint(path, agent._state_objects())
         agent.num_timesteps = meta["num_timesteps"]
         return agent
