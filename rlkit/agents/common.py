@@ -551,7 +551,8 @@ class OffPolicyAgent:
     # ---- saving -----------------------------------------------------------------------------------
 
     def save_replay_buffer(self, path: str) -> None:
-        """Writes the replay buffer to the folder ``path`` (chunked; replaced only once complete)."""
+        """Writes the replay buffer to the folder ``path`` (ReplayBuffer.save: chunked, swapped in
+        whole; ``path`` must be absent or an earlier buffer save, anything else is refused)."""
         self.buffer.save(path)
 
     def load_replay_buffer(self, path: str) -> None:

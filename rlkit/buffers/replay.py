@@ -20,8 +20,10 @@ import hashlib
 import json
 import numbers
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import stat
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +32,7 @@ import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.core import capturing
 from rlkit.core._checks import check_integer_values, positive_int
+from rlkit.core._files import fsync_path, kind_of
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
@@ -462,39 +465,72 @@ class ReplayBuffer:
     def save(self, path: str) -> None:
         """Writes the buffer to the folder ``path``: one .npy per field, copied in chunks of at
         most 64 MiB (memory stays bounded), with a SHA-256 of every field's data and of the
-        host arrays in meta.json; an earlier save is replaced only once this one is complete."""
-        parent = os.path.dirname(os.path.abspath(path)) or "."
-        tmp = tempfile.mkdtemp(prefix=".replay-", dir=parent)
+        host arrays in meta.json.
+
+        ``path`` must be absent or an earlier buffer save (a folder holding only a save's files;
+        a symlink to one is followed): anything else raises FileExistsError and is left as it
+        is. The save is written to ``.<name>.replay-tmp-XXXXXXXX`` beside it and swapped in (the
+        earlier save renamed to ``.<name>.replay-old-XXXXXXXX``, the new one into place, then
+        the old one removed), every file and the folders fsynced, so a process killed at any
+        moment leaves the earlier save or this one loadable. What a killed save left beside
+        ``path`` is removed by the next save; the folder keeps the mode of the one it replaces."""
+        target = os.path.realpath(path)
+        mode = _replaceable_save(path, target)
+        if mode is None:  # absent: a killed save may have left the only whole copy beside it
+            found = _saved_folder(target)
+            if found != target:
+                os.rename(found, target)
+                mode = stat.S_IMODE(os.stat(target).st_mode)
+        _remove_leftovers(target)
+        tmp = _new_sibling(target, "tmp")
         try:
-            digests = {}
-            for name, buffer in self._device_fields().items():
-                out = np.lib.format.open_memmap(os.path.join(tmp, f"{name}.npy"), mode="w+",
-                                                dtype=_NUMPY_DTYPES[buffer.dtype], shape=(buffer.rows, buffer.capacity),
-                                                fortran_order=True)
-                digest = hashlib.sha256()
-                for col, k in self._chunks(buffer, out.itemsize):
-                    block = np.asfortranarray(buffer.read(col, k))
-                    out[:, col:col + k] = block
-                    digest.update(block.tobytes(order="F"))
-                out.flush()
-                del out
-                digests[name] = digest.hexdigest()
-            columns = sorted(self._final_obs)
-            final_obs = np.zeros((len(columns), self._obs.rows), np.float32)
-            for row, column in enumerate(columns):
-                final_obs[row] = self._final_obs[column]
-            np.savez(os.path.join(tmp, "host.npz"), reward=self._reward, terminated=self._terminated,
-                     truncated=self._truncated, final_columns=np.array(columns, np.int64), final_obs=final_obs,
-                     **self._extra_host_arrays())
-            digests["host.npz"] = _file_sha256(os.path.join(tmp, "host.npz"))
-            with open(os.path.join(tmp, "meta.json"), "w") as f:
-                json.dump({**self._settings(), "sha256": digests}, f)
-            if os.path.exists(path):
-                shutil.rmtree(path)
-            os.replace(tmp, path)
+            if mode is not None:
+                os.chmod(tmp, mode)
+            self._write_files(tmp)
+            fsync_path(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        # tmp is a whole save from here: a failure or a kill below leaves a state that load and
+        # the next save recover from (the earlier save, this one, or both, beside or at target)
+        old = None
+        if mode is not None:
+            old = _new_sibling(target, "old")
+            os.rename(target, old)  # onto the empty folder just made: a name no one else holds
+        os.rename(tmp, target)
+        fsync_path(os.path.dirname(target))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)  # what fails to go is a leftover the next save removes
+
+    def _write_files(self, folder: str) -> None:
+        """Every file of a save, written into ``folder`` and fsynced, meta.json last."""
+        digests = {}
+        for name, buffer in self._device_fields().items():
+            file = os.path.join(folder, f"{name}.npy")
+            out = np.lib.format.open_memmap(file, mode="w+", dtype=_NUMPY_DTYPES[buffer.dtype],
+                                            shape=(buffer.rows, buffer.capacity), fortran_order=True)
+            digest = hashlib.sha256()
+            for col, k in self._chunks(buffer, out.itemsize):
+                block = np.asfortranarray(buffer.read(col, k))
+                out[:, col:col + k] = block
+                digest.update(block.tobytes(order="F"))
+            out.flush()
+            del out
+            fsync_path(file)
+            digests[name] = digest.hexdigest()
+        columns = sorted(self._final_obs)
+        final_obs = np.zeros((len(columns), self._obs.rows), np.float32)
+        for row, column in enumerate(columns):
+            final_obs[row] = self._final_obs[column]
+        host = os.path.join(folder, "host.npz")
+        np.savez(host, reward=self._reward, terminated=self._terminated, truncated=self._truncated,
+                 final_columns=np.array(columns, np.int64), final_obs=final_obs, **self._extra_host_arrays())
+        fsync_path(host)
+        digests["host.npz"] = _file_sha256(host)
+        with open(os.path.join(folder, "meta.json"), "w") as f:
+            json.dump({"format": SAVE_FORMAT, "version": SAVE_VERSION, **self._settings(), "sha256": digests}, f)
+            f.flush()
+            os.fsync(f.fileno())
 
     @classmethod
     def _chunks(cls, buffer: DeviceBuffer, itemsize: int):
@@ -507,18 +543,24 @@ class ReplayBuffer:
     def load(cls, path: str, device: str | None = None) -> "ReplayBuffer":
         """A buffer saved by save(), on ``device`` (the default device when None), filled in
         chunks of at most 64 MiB. A missing, truncated or corrupt save (any field's data not
-        matching its SHA-256) raises ValueError saying which file."""
+        matching its SHA-256) raises ValueError saying which file. Where ``path`` is missing
+        because a save was killed between its two renames, the whole save it left beside
+        ``path`` is loaded (the newer one where both are whole)."""
         def refuse(what: str):
             return ValueError(f"ReplayBuffer.load: {path!r} is not a saved replay buffer, or not a whole one: "
                               f"{what}")
 
+        folder = _saved_folder(os.path.realpath(path))
         try:
-            with open(os.path.join(path, "meta.json")) as f:
+            with open(os.path.join(folder, "meta.json")) as f:
                 settings = json.load(f)
+            marker = settings.pop("format", SAVE_FORMAT), settings.pop("version", SAVE_VERSION)  # older saves: none
+            if marker != (SAVE_FORMAT, SAVE_VERSION):
+                raise refuse(f"meta.json gives format {marker[0]} v{marker[1]}, expected {SAVE_FORMAT} v{SAVE_VERSION}")
             digests, state = settings.pop("sha256"), settings.pop("state")
-            if _file_sha256(os.path.join(path, "host.npz")) != digests["host.npz"]:
+            if _file_sha256(os.path.join(folder, "host.npz")) != digests["host.npz"]:
                 raise refuse("host.npz is truncated or corrupt (its SHA-256 differs from the one saved)")
-            with np.load(os.path.join(path, "host.npz")) as archive:
+            with np.load(os.path.join(folder, "host.npz")) as archive:
                 host = {key: archive[key] for key in archive.files}
             buf = cls(**settings, device=device)
         except ValueError as exc:
@@ -529,7 +571,7 @@ class ReplayBuffer:
             raise refuse(f"{type(exc).__name__}: {exc}") from None
         for name, buffer in buf._device_fields().items():
             try:
-                data = np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r")
+                data = np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r")
             except (OSError, ValueError) as exc:
                 raise refuse(f"{name}.npy cannot be read ({exc})") from None
             if data.shape != (buffer.rows, buffer.capacity) or data.dtype != _NUMPY_DTYPES[buffer.dtype]:
@@ -598,6 +640,120 @@ class ReplayBuffer:
         for j, column in patches:
             values[:, j] = column
         return rc.tensor(values, device=next_obs.device)
+
+
+# ---- save folders: what a save may replace, and what killed saves leave beside it ------------------
+
+SAVE_FORMAT, SAVE_VERSION = "rlkit.replay_buffer", 1  # meta.json's marker (saves before it have none)
+_SAVE_FILE = re.compile(r"meta\.json|host\.npz|\w+\.npy")  # the names of the files a save writes
+
+
+def _leftover(target: str) -> re.Pattern:
+    """The names of the folders saves of ``target`` write beside it: ``kind`` tmp (being
+    written) or old (an earlier save moved aside)."""
+    return re.compile(rf"\.{re.escape(os.path.basename(target))}\.replay-(?P<kind>tmp|old)-[0-9a-f]{{8}}")
+
+
+def _new_sibling(target: str, kind: str) -> str:
+    """A new empty folder ``.<name>.replay-<kind>-XXXXXXXX`` beside ``target`` (mode from the umask)."""
+    parent, name = os.path.split(target)
+    while True:
+        folder = os.path.join(parent, f".{name}.replay-{kind}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(folder)
+            return folder
+        except FileExistsError:
+            continue
+
+
+def _save_meta(folder: str) -> dict | None:
+    """meta.json of the buffer save in ``folder``, or None where the folder is not one: no meta.json
+    of a save, or any entry that is not one of the regular files that meta.json lists (a file it
+    lists may be missing: the folder is still a save, a damaged one, and nothing else)."""
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        names = {entry.name: entry.is_file(follow_symlinks=False) for entry in os.scandir(folder)}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), dict):
+        return None
+    marked = meta.get("format") == SAVE_FORMAT or ("format" not in meta and {"capacity", "state"} <= meta.keys())
+    files = {"meta.json"} | {key if key.endswith(".npz") else f"{key}.npy" for key in meta["sha256"]}
+    return meta if marked and all(name in files and regular for name, regular in names.items()) else None
+
+
+def _replaceable_save(path: str, target: str) -> int | None:
+    """The mode of the earlier save at ``target`` that a save may replace, None when nothing is
+    there; FileExistsError for anything else, which a save leaves as it is."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileExistsError(f"ReplayBuffer.save: {path!r} is {kind_of(st.st_mode)}, not the folder of a replay "
+                              "buffer save; a save replaces only an earlier save")
+    if _save_meta(target) is None:
+        held = sorted(os.listdir(target))
+        listed = ", ".join(map(repr, held[:3])) + (", ..." if len(held) > 3 else "") if held else "nothing"
+        raise FileExistsError(f"ReplayBuffer.save: {path!r} exists and is not a replay-buffer save (it holds "
+                              f"{listed}); a save replaces only an earlier save and deletes nothing else: "
+                              "save elsewhere, or move that folder away")
+    return stat.S_IMODE(st.st_mode)
+
+
+def _saved_folder(target: str) -> str:
+    """Where the save of ``target`` is: ``target`` itself when it exists; where a save was killed
+    between its two renames, the whole save it left beside it (the new one first, then the earlier
+    one; checksums decide which is whole); ``target`` again when there is none."""
+    if os.path.lexists(target):
+        return target
+    parent = os.path.dirname(target)
+    pattern = _leftover(target)
+    found = [(m.group("kind") != "tmp", -entry.stat().st_mtime, entry.path) for entry in os.scandir(parent)
+             if (m := pattern.fullmatch(entry.name)) and entry.is_dir(follow_symlinks=False)]
+    return next((folder for *_, folder in sorted(found) if _whole_save(folder)), target)
+
+
+def _remove_leftovers(target: str) -> None:
+    """Removes what killed saves of ``target`` left beside it: folders with a name of the saves'
+    pattern that hold nothing but files of a save (whole or part written); nothing else."""
+    pattern = _leftover(target)
+    for entry in os.scandir(os.path.dirname(target)):
+        if not pattern.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False):
+            continue
+        inside = list(os.scandir(entry.path))
+        if all(_SAVE_FILE.fullmatch(item.name) and item.is_file(follow_symlinks=False) for item in inside):
+            shutil.rmtree(entry.path)
+
+
+def _whole_save(folder: str) -> bool:
+    """Whether ``folder`` holds a save whose every file matches the SHA-256 in its meta.json."""
+    meta = _save_meta(folder)
+    if meta is None:
+        return False
+    for key, expected in meta["sha256"].items():
+        file = os.path.join(folder, key if key.endswith(".npz") else f"{key}.npy")
+        try:
+            digest = _file_sha256(file) if key.endswith(".npz") else _npy_data_sha256(file)
+        except (OSError, ValueError):
+            return False
+        if digest != expected:
+            return False
+    return True
+
+
+def _npy_data_sha256(path: str) -> str:
+    """The SHA-256 of a saved field's data (a Fortran-order .npy: the bytes after its header, as
+    save hashes them), read in 1 MiB pieces."""
+    data = np.load(path, mmap_mode="r")
+    if not data.flags.f_contiguous:
+        raise ValueError(f"{path} is not in Fortran order, as saves write their fields")
+    flat = data.ravel(order="F").view(np.uint8)  # a view of the file's data bytes, no copy
+    digest = hashlib.sha256()
+    for start in range(0, flat.size, 1 << 20):
+        digest.update(flat[start:start + (1 << 20)])
+    return digest.hexdigest()
 
 
 def _file_sha256(path: str) -> str:
