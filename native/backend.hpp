@@ -102,7 +102,7 @@ std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
 int provoke_validation_error();
 
 // A new tensor with storage on `device`.
-TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype);
+TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype, const char* what = "tensor");
 
 // Runs op on the backend of out's device; f16 is computed in f32 (cast in, cast out).
 void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out);

@@ -70,10 +70,18 @@ void cpu_transpose(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 OutSpec shape_reshape(const Inputs& in, const OpAttrs& attrs) {
     const TensorImpl& x = *in[0];
     OutSpec spec = shape_from_attrs("reshape", attrs, 0, x.dtype);
-    const int64_t n = spec.ne[0] * spec.ne[1] * spec.ne[2] * spec.ne[3];
-    if (n != x.numel())
+    int64_t n = -1;  // stays -1 where the sizes multiply past any tensor's element count
+    try {
+        n = size_mul(spec.ne[0], spec.ne[1], spec.ne[2], spec.ne[3]);
+    } catch (const SizeError&) {
+    }
+    if (n != x.numel()) {
+        std::string sizes;
+        for (int d = 0; d < spec.ndim; ++d) sizes += (d ? ", " : "") + std::to_string(spec.ne[d]);
         throw std::invalid_argument("reshape: cannot reshape " + x.shape_str() + " (" + std::to_string(x.numel()) +
-                                    " elements) into a shape of " + std::to_string(n) + " elements");
+                                    " elements) into [" + sizes + "] (" +
+                                    (n < 0 ? std::string("more than 2^48") : std::to_string(n)) + " elements)");
+    }
     return spec;
 }
 
@@ -84,9 +92,10 @@ void cpu_reshape(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 OutSpec shape_slice_rows(const Inputs& in, const OpAttrs& attrs) {
     const TensorImpl& x = *in[0];
     const int64_t start = int_attr("slice_rows", attrs, 0, "start"), n = int_attr("slice_rows", attrs, 1, "n");
-    if (start < 0 || n < 1 || start + n > x.ne[0])
-        throw std::invalid_argument("slice_rows: rows [" + std::to_string(start) + ", " + std::to_string(start + n) +
-                                    ") are not inside x " + x.shape_str() + " (expected 0 <= start, n >= 1, start + n <= " +
+    // start > ne[0] - n rather than start + n > ne[0]: the sum of two attributes may overflow
+    if (start < 0 || n < 1 || n > x.ne[0] || start > x.ne[0] - n)
+        throw std::invalid_argument("slice_rows: rows from " + std::to_string(start) + ", " + std::to_string(n) +
+                                    " of them, are not inside x " + x.shape_str() + " (expected 0 <= start, n >= 1, start + n <= " +
                                     std::to_string(x.ne[0]) + ")");
     OutSpec spec = same_as(x);
     spec.ne[0] = n;
@@ -105,7 +114,7 @@ OutSpec shape_pad_rows(const Inputs& in, const OpAttrs& attrs) {
         throw std::invalid_argument("pad_rows: before and after must be >= 0, got " + std::to_string(before) + ", " +
                                     std::to_string(after));
     OutSpec spec = same_as(x);
-    spec.ne[0] = before + x.ne[0] + after;
+    spec.ne[0] = size_add(before, x.ne[0], after);
     return spec;
 }
 
@@ -124,7 +133,7 @@ OutSpec shape_concat_rows(const Inputs& in, const OpAttrs&) {
                                         " differ beyond dimension 0 (expected the same number of columns)");
     OutSpec spec = same_as(a);
     spec.ndim = std::max(a.ndim, b.ndim);
-    spec.ne[0] = a.ne[0] + b.ne[0];
+    spec.ne[0] = size_add(a.ne[0], b.ne[0]);
     return spec;
 }
 

@@ -9,29 +9,39 @@
 
 namespace rk {
 
-OutSpec shape_matmul(const Inputs& in, const OpAttrs& attrs) {
-    const TensorImpl &a = *in[0], &b = *in[1];
-    require_same_float("matmul", a, b);
-    if (attrs.ints.size() != 2) throw std::invalid_argument("matmul: expected attributes transpose_a, transpose_b");
-    const bool ta = attrs.ints[0] != 0, tb = attrs.ints[1] != 0;
+namespace {
+
+// The product's shape, for matmul and linear (errors name `op`).
+OutSpec product_spec(const char* op, const TensorImpl& a, const TensorImpl& b, bool ta, bool tb) {
     const int64_t m = ta ? a.ne[1] : a.ne[0], ka = ta ? a.ne[0] : a.ne[1];
     const int64_t kb = tb ? b.ne[1] : b.ne[0], n = tb ? b.ne[0] : b.ne[1];
     if (ka != kb)
-        throw std::invalid_argument("matmul: inner dimensions differ: a" + std::string(ta ? "^T" : "") + " is " +
+        throw std::invalid_argument(op_err(op, "inner dimensions differ: a" + std::string(ta ? "^T" : "") + " is " +
                                     a.shape_str() + " (k=" + std::to_string(ka) + "), b" + (tb ? "^T" : "") + " is " +
-                                    b.shape_str() + " (k=" + std::to_string(kb) + "); expected a [m, k] @ b [k, n]");
-    if (std::max({m, n, ka}) > INT_MAX) throw std::invalid_argument("matmul: a dimension exceeds 2^31 - 1");
+                                    b.shape_str() + " (k=" + std::to_string(kb) + "); expected a [m, k] @ b [k, n]"));
+    if (std::max({m, n, ka}) > INT_MAX)
+        throw std::invalid_argument(op_err(op, "a dimension of " + a.shape_str() + " and " + b.shape_str() +
+                                                   " exceeds 2^31 - 1"));
     OutSpec spec;
     spec.dtype = a.dtype;
     spec.ndim = std::max(a.ndim, b.ndim);
     spec.ne = {m, n, 1, 1};
     for (int d = 2; d < kMaxDims; ++d) {
         if (a.ne[d] != b.ne[d] && a.ne[d] != 1 && b.ne[d] != 1)
-            throw std::invalid_argument("matmul: batch dimensions of " + a.shape_str() + " and " + b.shape_str() +
-                                        " do not broadcast (each must match or be 1)");
+            throw std::invalid_argument(op_err(op, "batch dimensions of " + a.shape_str() + " and " + b.shape_str() +
+                                        " do not broadcast (each must match or be 1)"));
         spec.ne[d] = std::max(a.ne[d], b.ne[d]);
     }
     return spec;
+}
+
+}  // namespace
+
+OutSpec shape_matmul(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl &a = *in[0], &b = *in[1];
+    require_same_float("matmul", a, b);
+    if (attrs.ints.size() != 2) throw std::invalid_argument("matmul: expected attributes transpose_a, transpose_b");
+    return product_spec("matmul", a, b, attrs.ints[0] != 0, attrs.ints[1] != 0);
 }
 
 void cpu_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -74,7 +84,7 @@ OutSpec shape_linear(const Inputs& in, const OpAttrs& attrs) {
     if (b.ne[0] != w.ne[0] || b.numel() != w.ne[0])
         throw std::invalid_argument("linear: b must be [out, 1] = [" + std::to_string(w.ne[0]) + ", 1] for W " +
                                     w.shape_str() + ", got " + b.shape_str());
-    return shape_matmul({in[0], in[1]}, OpAttrs{{0, 0}, {}});
+    return product_spec("linear", w, x, false, false);
 }
 
 void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {

@@ -247,8 +247,9 @@ RecurrenceDims recurrence_dims(const char* op, const std::vector<NamedInput>& ve
                                                        first.shape_str() + ", got " + v.tensor->shape_str()));
     }
     require_like(op, state, first, "state", first_name);
-    if (state.ne[0] != d.S * d.S * d.H || state.ne[2] != 1 || state.ne[3] != 1)
-        throw std::invalid_argument(op_err(op, "state must be [S*S*H, n_seqs] with S*S*H = " + std::to_string(d.S * d.S * d.H) +
+    const int64_t state_rows = size_mul(d.S, d.S, d.H);
+    if (state.ne[0] != state_rows || state.ne[2] != 1 || state.ne[3] != 1)
+        throw std::invalid_argument(op_err(op, "state must be [S*S*H, n_seqs] with S*S*H = " + std::to_string(state_rows) +
                                                    " (one S x S matrix per head and sequence), got " + state.shape_str()));
     if (d.T % d.n_seqs != 0)
         throw std::invalid_argument(op_err(op, "T = " + std::to_string(d.T) + " tokens do not split into n_seqs = " +

@@ -29,7 +29,8 @@ struct Wkv7Dims {
     int64_t n_chunks() const { return (seq_len() + kRecurrenceChunk - 1) / kRecurrenceChunk; }
     // Columns [S*H] after the gradients in the backward output: the GPU kernel's scratch, per
     // (sequence, head) the adjoint, one chunk's states and the checkpoints (S x S each), sa and gsa.
-    int64_t scratch_columns() const { return n_seqs * ((1 + kRecurrenceChunk + n_chunks()) * S + 2); }
+    // Checked: chunks times S times n_seqs may pass int64 for pending inputs.
+    int64_t scratch_columns() const { return size_mul(n_seqs, size_add(size_mul(1 + kRecurrenceChunk + n_chunks(), S), 2)); }
 };
 
 // Checks the seven inputs (r, w, k, v, a, b, state) starting at in[first] and returns the dims.
@@ -106,7 +107,7 @@ OutSpec shape_rwkv_wkv7_back(const Inputs& in, const OpAttrs&) {
         throw std::invalid_argument(op_err("rwkv_wkv7_back", "g " + g.shape_str() + " is not the forward's output shape [" +
                                                                  std::to_string(d.S * d.H) + ", " +
                                                                  std::to_string(d.T + d.S * d.n_seqs) + "]"));
-    return OutSpec{{d.S * d.H, 6 * d.T + d.S * d.n_seqs + d.scratch_columns(), 1, 1}, 2, g.dtype};
+    return OutSpec{{d.S * d.H, size_add(6 * d.T, d.S * d.n_seqs, d.scratch_columns()), 1, 1}, 2, g.dtype};
 }
 
 namespace {

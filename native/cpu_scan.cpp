@@ -116,6 +116,9 @@ template <typename T>
 void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, T* scratch, int64_t q, int64_t h) {
     const ScanDims& d = in.d;
     const int64_t E = d.state_size(), Q = d.chunk(), task = q * d.n_head + h;
+    // the output's regions, once per task: their offsets are computed with overflow checks
+    T *out_gx = out + d.gx_at(), *out_gdt = out + d.gdt_at(), *out_ga = out + d.ga_at(), *out_gb = out + d.gb_at(),
+      *out_gc = out + d.gc_at();
     T* checkpoints = scratch;                     // [n_chunks][E]
     T* states = checkpoints + d.n_chunks() * E;  // [Q][E], one chunk
     // da: this token's decays; carry: the decays of the token after it, which dL/dS still owes
@@ -147,7 +150,7 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, T* scratch,
             std::fill(gb.begin(), gb.end(), T(0));
             std::fill(gc.begin(), gc.end(), T(0));
             std::fill(u.begin(), u.end(), T(0));
-            T* gx = out + d.gx_at() + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim;
+            T* gx = out_gx + ((q * d.n_tok + t) * d.n_head + h) * d.head_dim;
             for (int64_t p = 0; p < d.head_dim; ++p) {
                 T* gr = grad.data() + p * d.d_state;
                 row_back(d.d_state, carry.data(), ct, after + p * d.d_state, before + p * d.d_state, gy[p], xt[p], gr,
@@ -158,12 +161,12 @@ void scan_backward_task(const ScanInputs<T>& in, const T* g, T* out, T* scratch,
             T gdts = 0;
             for (int64_t n = 0; n < d.d_state; ++n) {
                 const T an = in.a[h * d.a_rows + (d.a_rows == 1 ? 0 : n)];
-                out[d.ga_at() + at + n] = dts * da[n] * u[n];
-                out[d.gb_at() + at + n] = dts * gb[n];
-                out[d.gc_at() + at + n] = gc[n];
+                out_ga[at + n] = dts * da[n] * u[n];
+                out_gb[at + n] = dts * gb[n];
+                out_gc[at + n] = gc[n];
                 gdts += an * da[n] * u[n] + bt[n] * gb[n];
             }
-            out[d.gdt_at() + (q * d.n_tok + t) * d.n_head + h] = gdts * softplus_slope(in.dt_at(q, t, h));
+            out_gdt[(q * d.n_tok + t) * d.n_head + h] = gdts * softplus_slope(in.dt_at(q, t, h));
             carry.swap(da);  // dL/dS_{t-1} = dL/dS_t * dA_t + (what y_{t-1} adds)
         }
     }

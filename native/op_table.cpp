@@ -93,8 +93,8 @@ std::string gpu_unavailable_reason() {
     return vulkan_backend(&why) ? std::string() : why;
 }
 
-TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype) {
-    TensorPtr t = make_pending(ne, ndim, dtype, device);
+TensorPtr make_on(Device device, const Shape& ne, int ndim, DType dtype, const char* what) {
+    TensorPtr t = make_pending(ne, ndim, dtype, device, what);
     t->storage = backend(device).allocate(t->nbytes());
     return t;
 }
@@ -134,9 +134,16 @@ TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device
             throw std::invalid_argument(std::string(info.name) + ": inputs are on different devices (" +
                                         device_name(device) + " and " + device_name(t->device) +
                                         "); move one with .to()");
-    OutSpec spec = info.shape(inputs, attrs);
+    OutSpec spec;
+    try {
+        spec = info.shape(inputs, attrs);
+    } catch (const SizeError& e) {  // a size the rule derived from its inputs overflows
+        std::string shapes;
+        for (const auto& t : inputs) shapes += (shapes.empty() ? "" : ", ") + t->shape_str();
+        throw SizeError(std::string(info.name) + ": " + e.what() + (inputs.empty() ? "" : " (inputs " + shapes + ")"));
+    }
     if (Graph* g = recording_graph()) {
-        TensorPtr out = make_pending(spec.ne, spec.ndim, spec.dtype, device);
+        TensorPtr out = make_pending(spec.ne, spec.ndim, spec.dtype, device, info.name);
         g->record(Node{op, inputs, attrs, out});
         return out;
     }
@@ -144,7 +151,7 @@ TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device
         if (t->pending())
             throw std::runtime_error(std::string(info.name) + ": input " + t->shape_str() +
                                      " is pending: run the graph that records it first");
-    TensorPtr out = make_on(device, spec.ne, spec.ndim, spec.dtype);
+    TensorPtr out = make_on(device, spec.ne, spec.ndim, spec.dtype, info.name);
     execute(op, inputs, attrs, *out);
     return out;
 }

@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 
+#include "tensor.hpp"
+
 namespace rk {
 
 constexpr size_t kArenaAlign = 64;
@@ -54,7 +56,7 @@ class ArenaPlanner {
         size = arena_aligned(std::max<size_t>(size, 1));
         if (auto offset = free_.take(size)) return *offset;
         const size_t offset = top_;
-        top_ += size;
+        top_ = size_t(size_add(int64_t(top_), int64_t(size)));  // the arena is one tensor's storage
         return offset;
     }
 

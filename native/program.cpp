@@ -17,7 +17,7 @@ size_t pack(const Inputs& tensors, std::vector<size_t>& offsets) {
     size_t total = 0;
     for (const auto& t : tensors) {
         offsets.push_back(total);
-        total += arena_aligned(t->nbytes());
+        total = size_t(size_add(int64_t(total), int64_t(arena_aligned(t->nbytes()))));  // one block holds them all
     }
     return total;
 }

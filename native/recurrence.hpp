@@ -41,13 +41,15 @@ struct BackLayout {
     int64_t total;
 };
 
+// Checked (size_add, size_mul): the scratch's slabs times the state may pass int64 for pending inputs.
 inline BackLayout back_layout(const RecurrenceDims& d, bool with_bonus) {
     BackLayout l{};
     l.grads = 0;
-    l.bonus = 4 * d.token() * d.T;
-    l.state = l.bonus + (with_bonus ? d.token() * d.n_seqs : 0);
-    l.scratch = l.state + d.matrix() * d.H * d.n_seqs;
-    l.total = l.scratch + d.slabs() * d.matrix() * d.H * d.n_seqs;
+    l.bonus = size_mul(4, d.token(), d.T);
+    l.state = size_add(l.bonus, with_bonus ? size_mul(d.token(), d.n_seqs) : 0);
+    const int64_t state_numel = size_mul(d.matrix(), d.H, d.n_seqs);
+    l.scratch = size_add(l.state, state_numel);
+    l.total = size_add(l.scratch, size_mul(d.slabs(), state_numel));
     return l;
 }
 
@@ -58,8 +60,9 @@ struct NamedInput {
 };
 
 // The sizes of a recurrence's inputs, checked (cpu_rwkv.cpp): every per-token vector a float
-// [S, H, T] tensor like the first, the state [S*S*H, n_seqs] of the same dtype, T divisible by
-// n_seqs. Shared by rwkv_wkv6, gated_linear_attn and rwkv_wkv7.
+// [S, H, T] tensor like the first, the state [S*S*H, n_seqs] of the same dtype (S*S*H computed
+// with size_mul), T divisible by n_seqs. Shared by rwkv_wkv6, gated_linear_attn and rwkv_wkv7.
+// Then S*S, S*H and S*n_seqs are at most a tensor's element count, and T + S*n_seqs fits int64.
 RecurrenceDims recurrence_dims(const char* op, const std::vector<NamedInput>& vectors, const TensorImpl& state);
 
 // The sizes read from k [S, H, T] and state [S*S*H, n_seqs] (shapes the shape rule validated).

@@ -34,24 +34,29 @@ namespace rk {
 struct ScanDims {
     int64_t d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, a_rows;
 
-    int64_t state_size() const { return d_state * head_dim; }
-    int64_t tasks() const { return n_head * n_seqs; }
-    int64_t y_size() const { return head_dim * n_head * n_tok * n_seqs; }
-    int64_t final_size() const { return state_size() * tasks(); }
-    int64_t per_token_size() const { return d_state * n_head * n_tok * n_seqs; }  // gA, gB, gC
+    // Checked (size_add, size_mul): with pending inputs, the shape rule's sizes may multiply past
+    // int64; once the rule has computed backward_size() or the forward's total, every other size
+    // here is smaller and the kernels' plain index arithmetic cannot overflow.
+    int64_t state_size() const { return size_mul(d_state, head_dim); }
+    int64_t tasks() const { return size_mul(n_head, n_seqs); }
+    int64_t y_size() const { return size_mul(head_dim, n_head, n_tok, n_seqs); }
+    int64_t final_size() const { return size_mul(state_size(), tasks()); }
+    int64_t per_token_size() const { return size_mul(d_state, n_head, n_tok, n_seqs); }  // gA, gB, gC
     int64_t chunk() const { return std::max<int64_t>(1, int64_t(std::ceil(std::sqrt(double(n_tok))))); }
     int64_t n_chunks() const { return (n_tok + chunk() - 1) / chunk(); }
-    int64_t scratch_per_task() const { return (n_chunks() + 2 * chunk() + 1) * state_size() + chunk() * d_state; }
+    int64_t scratch_per_task() const {
+        return size_add(size_mul(n_chunks() + 2 * chunk() + 1, state_size()), size_mul(chunk(), d_state));
+    }
 
     // Offsets of the backward output's regions, in elements.
     int64_t gs0_at() const { return 0; }
     int64_t gx_at() const { return final_size(); }
-    int64_t gdt_at() const { return gx_at() + y_size(); }
-    int64_t ga_at() const { return gdt_at() + n_head * n_tok * n_seqs; }
-    int64_t gb_at() const { return ga_at() + per_token_size(); }
-    int64_t gc_at() const { return gb_at() + per_token_size(); }
-    int64_t scratch_at() const { return gc_at() + per_token_size(); }
-    int64_t backward_size() const { return scratch_at() + tasks() * scratch_per_task(); }
+    int64_t gdt_at() const { return size_add(gx_at(), y_size()); }
+    int64_t ga_at() const { return size_add(gdt_at(), size_mul(n_head, n_tok, n_seqs)); }
+    int64_t gb_at() const { return size_add(ga_at(), per_token_size()); }
+    int64_t gc_at() const { return size_add(gb_at(), per_token_size()); }
+    int64_t scratch_at() const { return size_add(gc_at(), per_token_size()); }
+    int64_t backward_size() const { return size_add(scratch_at(), size_mul(tasks(), scratch_per_task())); }
 };
 
 // Checks the seven inputs (s, x, dt, A, B, C, ids) starting at in[first] and returns their sizes.

@@ -1,5 +1,6 @@
 #include "tensor.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -46,6 +47,51 @@ DType dtype_from_name(const std::string& name) {
     throw std::invalid_argument("unknown dtype '" + name + "'; expected one of f32, f16, bf16, i32, f64, u8");
 }
 
+int64_t size_add(int64_t a, int64_t b) {
+    int64_t sum;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &sum) || sum > kMaxTensorBytes)
+        throw SizeError(std::to_string(a) + " + " + std::to_string(b) + " is more than 2^48, the most elements or "
+                        "bytes a tensor may have");
+    return sum;
+}
+
+int64_t size_mul(int64_t a, int64_t b) {
+    int64_t product;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &product) || product > kMaxTensorBytes)
+        throw SizeError(std::to_string(a) + " * " + std::to_string(b) + " is more than 2^48, the most elements or "
+                        "bytes a tensor may have");
+    return product;
+}
+
+Extent checked_extent(const char* what, const Shape& ne, int ndim, DType dtype) {
+    std::ostringstream shape;
+    shape << "[";
+    for (int d = 0; d < std::min(std::max(ndim, 1), kMaxDims); ++d) shape << (d ? ", " : "") << ne[d];
+    shape << "]";
+    const std::string prefix = std::string(what) + ": shape " + shape.str() + " of " + dtype_name(dtype);
+    if (ndim < 1 || ndim > kMaxDims)
+        throw SizeError(prefix + ": a tensor has 1 to 4 dimensions, got ndim " + std::to_string(ndim));
+    for (int d = 0; d < kMaxDims; ++d) {
+        if (ne[d] < 1) throw SizeError(prefix + ": every size must be at least 1, got " + std::to_string(ne[d]));
+        if (d >= ndim && ne[d] != 1)
+            throw SizeError(prefix + ": sizes beyond ndim must be 1, got " + std::to_string(ne[d]));
+    }
+    // Left to right, so a partial product that passes the limit is refused before the next one
+    // could overflow; the exact count goes into the message as a double.
+    int64_t numel = 1, nbytes = 0;
+    bool fits = true;
+    for (int d = 0; d < kMaxDims && fits; ++d) fits = !__builtin_mul_overflow(numel, ne[d], &numel) && numel <= kMaxTensorBytes;
+    fits = fits && !__builtin_mul_overflow(numel, int64_t(dtype_size(dtype)), &nbytes) && nbytes <= kMaxTensorBytes;
+    if (!fits) {
+        const double bytes = double(ne[0]) * double(ne[1]) * double(ne[2]) * double(ne[3]) * double(dtype_size(dtype));
+        std::ostringstream os;
+        os.precision(3);
+        os << prefix << " would take about " << bytes << " bytes, more than 2^48 (256 TiB), the most a tensor may take";
+        throw SizeError(os.str());
+    }
+    return {numel, size_t(nbytes)};
+}
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
     constexpr size_t kAlign = 64;
     size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
@@ -89,7 +135,8 @@ std::string TensorImpl::shape_str() const {
     return os.str();
 }
 
-TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device) {
+TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device, const char* what) {
+    checked_extent(what, ne, ndim, dtype);
     auto t = std::make_shared<TensorImpl>();
     t->ne = ne;
     t->ndim = ndim;

@@ -66,7 +66,7 @@ class ThreadPool {
         for (;;) {
             const int64_t c = job.next_chunk.fetch_add(1);
             if (c >= job.n_chunks) return;
-            const int64_t begin = c * job.grain, end = std::min(job.n, begin + job.grain);
+            const int64_t begin = c * job.grain, end = begin + std::min(job.grain, job.n - begin);  // no overflow past n
             try {
                 (*job.fn)(begin, end);
             } catch (...) {
@@ -138,7 +138,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
     grain = std::max<int64_t>(1, grain);
     int64_t chunks = chunk_count(n, grain);
     if (chunks == 1 || pool().size() == 1 || in_parallel_region) {
-        for (int64_t c = 0; c < chunks; ++c) fn(c * grain, std::min(n, (c + 1) * grain));
+        for (int64_t c = 0; c < chunks; ++c) fn(c * grain, c * grain + std::min(grain, n - c * grain));
         return;
     }
     in_parallel_region = true;

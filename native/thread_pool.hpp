@@ -17,7 +17,8 @@ void set_num_threads(int n);
 // single chunk or a single thread.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-// The number of chunks parallel_for(n, grain, ...) makes.
-inline int64_t chunk_count(int64_t n, int64_t grain) { return grain <= 0 ? 1 : (n + grain - 1) / grain; }
+// The number of chunks parallel_for(n, grain, ...) makes. Not (n + grain - 1) / grain: near
+// INT64_MAX that sum wraps to a negative count, and the pool would wait for chunks that never run.
+inline int64_t chunk_count(int64_t n, int64_t grain) { return grain <= 0 ? 1 : n / grain + (n % grain != 0); }
 
 }  // namespace rk

@@ -52,12 +52,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Prints how many cases each property of test_properties.py ran."""
+    """Prints how many cases each property of test_properties.py and test_sizes.py ran."""
     import sys
 
-    module = sys.modules.get("test_properties") or sys.modules.get("tests.test_properties")
-    if module is None or not module.CASES_RUN:
+    counts = {}
+    for name in ("test_properties", "test_sizes"):
+        module = sys.modules.get(name) or sys.modules.get(f"tests.{name}")
+        counts.update(module.CASES_RUN if module is not None else {})
+    if not counts:
         return
     terminalreporter.write_sep("-", "property-based cases run (hypothesis)")
-    for name, count in sorted(module.CASES_RUN.items()):
+    for name, count in sorted(counts.items()):
         terminalreporter.write_line(f"{count:6d}  {name}")

@@ -85,6 +85,32 @@ def _number(x, op: str, arg: str) -> float:
     return float(x)
 
 
+_INT64 = (-2**63, 2**63 - 1)  # what the native ops take as an int attribute
+
+
+def _int_arg(n, op: str, arg: str) -> int:
+    """An int argument, checked to fit the native ops' 64-bit attributes."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{op}: {arg} must be an int, got {type(n).__name__}")
+    n = int(n)
+    if not _INT64[0] <= n <= _INT64[1]:
+        raise ValueError(f"{op}: {arg} = {n} does not fit in 64 bits")
+    return n
+
+
+def _shape(shape, op: str) -> tuple[int, ...]:
+    """A shape argument: an int n (a column [n, 1]) or 1 to 4 ints, each at least 1 and within 64
+    bits (the engine then checks what they multiply to: a ValueError past 2^48 bytes)."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape, 1)
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{op}: shape must be a tuple of ints, got {shape!r}")
+    shape = tuple(_int_arg(n, op, "shape") for n in shape)
+    if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
+        raise ValueError(f"{op}: shape must have 1 to 4 positive sizes, got {shape}")
+    return shape
+
+
 def _shape_attrs(shape: tuple[int, ...]) -> list[int]:
     """A shape as the native ops take it: ne[0..3] then ndim (at least 2)."""
     dims = list(shape) + [1] * (4 - len(shape))
@@ -228,12 +254,12 @@ def linear(w, x, b, activation: str | None = None) -> Tensor:
 
 def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Sums x over the dimensions where ``shape`` has 1 (the adjoint of :func:`expand`)."""
-    return apply("sum_to", (as_tensor(x, op="sum_to"),), ints=_shape_attrs(shape))
+    return apply("sum_to", (as_tensor(x, op="sum_to"),), ints=_shape_attrs(_shape(shape, "sum_to")))
 
 
 def expand(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Repeats x along its dimensions of size 1 to ``shape``."""
-    return apply("expand", (as_tensor(x, op="expand"),), ints=_shape_attrs(shape))
+    return apply("expand", (as_tensor(x, op="expand"),), ints=_shape_attrs(_shape(shape, "expand")))
 
 
 def _reduced_shape(x: Tensor, dim, op: str) -> tuple[tuple[int, ...], int]:
@@ -320,7 +346,7 @@ def reshape(x, shape) -> Tensor:
         isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in shape
     ):
         raise TypeError(f"reshape: shape must be a tuple of ints, got {shape!r}")
-    shape = [int(n) for n in shape]
+    shape = [_int_arg(n, "reshape", "shape") for n in shape]
     if not 1 <= len(shape) <= 4:
         raise ValueError(f"reshape: a shape has 1 to 4 sizes, got {len(shape)}")
     if shape.count(-1) > 1:
@@ -335,12 +361,6 @@ def reshape(x, shape) -> Tensor:
     if len(shape) == 1:
         shape.append(1)
     return apply("reshape", (x,), ints=_shape_attrs(tuple(shape)))
-
-
-def _int_arg(n, op: str, arg: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"{op}: {arg} must be an int, got {type(n).__name__}")
-    return int(n)
 
 
 def slice_rows(x, start: int, n: int) -> Tensor:
@@ -419,11 +439,7 @@ def arange(n: int, device: str | None = None) -> Tensor:
 def full(shape, value: float, dtype: str | None = None, device: str | None = None) -> Tensor:
     """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload).
     For i32 and u8, ``value`` must be a whole number in the dtype's range (ValueError)."""
-    if isinstance(shape, numbers.Integral):
-        shape = (shape, 1)
-    shape = tuple(_int_arg(n, "full", "shape") for n in shape)
-    if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
-        raise ValueError(f"full: shape must have 1 to 4 positive sizes, got {shape}")
+    shape = _shape(shape, "full")
     dtype = dtype or _runtime.dtype()
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"full: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
@@ -434,18 +450,8 @@ def full(shape, value: float, dtype: str | None = None, device: str | None = Non
     return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))
 
 
-def _random_shape(op: str, shape) -> tuple[int, ...]:
-    """A random op's shape: an int n (a column [n, 1]) or 1 to 4 positive sizes."""
-    if isinstance(shape, numbers.Integral):
-        shape = (shape, 1)
-    shape = tuple(_int_arg(n, op, "shape") for n in shape)
-    if not 1 <= len(shape) <= 4 or builtins.any(n < 1 for n in shape):
-        raise ValueError(f"{op}: shape must have 1 to 4 positive sizes, got {shape}")
-    return shape
-
-
 def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
-    shape = _random_shape(op, shape)
+    shape = _shape(shape, op)
     dtype = dtype or _runtime.dtype()
     if dtype not in _runtime.FLOAT_DTYPES:
         raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
@@ -478,7 +484,7 @@ def randint(high, shape, device: str | None = None) -> Tensor:
         raise TypeError(f"randint: high must be a finite number or a one-element float tensor, got {high!r}")
     else:
         _check_randint_high(float(high))
-    shape = _random_shape("randint", shape)
+    shape = _shape(shape, "randint")
     device = _runtime.check_device(device if device is not None else (
         high.device if isinstance(high, Tensor) else _runtime.device()))
     bound = high if isinstance(high, Tensor) else full((1, 1), float(high), dtype="f32", device=device)
