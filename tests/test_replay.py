@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+import rlkit
 import rlkit.core as rc
 from conftest import DEVICES
 from rlkit.buffers import ReplayBuffer
@@ -850,10 +851,10 @@ class _Saver:
     at a chosen step); the caller may SIGKILL it by its pid, then ``reap`` gives its wait status."""
 
     def __init__(self, shape):
-        tests = os.path.dirname(os.path.abspath(__file__))
+        rlkit_home = os.path.dirname(os.path.dirname(rlkit.__file__))  # the child imports the rlkit under test
         source = _SAVER.format(builder=inspect.getsource(_big_buffer), shape=tuple(shape))
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1",  # no BLAS threads: safe to fork
-               "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join(filter(None, [rlkit_home, os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen([sys.executable, "-c", source], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=env)
         assert self.process.stdout.readline() == "ready\n"

@@ -254,7 +254,7 @@ def test_mamba_train_demo_small_trains_and_the_backends_agree():
     """The seed demo at its small sizes: the verdict against predicting zero is OK on every
     backend run, and (with a GPU) the CPU and Vulkan loss curves agree."""
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "mamba_train_demo.py")
-    rlkit_home = os.path.dirname(os.path.dirname(rc.__file__))  # the script imports the rlkit under test
+    rlkit_home = os.path.dirname(os.path.dirname(rlkit.__file__))  # the script imports the rlkit under test
     env = dict(os.environ, RLKIT_DEMO_SMALL="1", RLKIT_DEMO_TRACE="0",
                PYTHONPATH=os.pathsep.join(filter(None, [rlkit_home, os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
