@@ -23,7 +23,9 @@ cd "$tree"
 # interned objects to the end), everything else is on.
 export LD_PRELOAD="$(g++ -print-file-name=libasan.so):$(g++ -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-python3 -m pytest -q -p no:cacheprovider \
+# The slow tests (a learning run, the kill harness's 12 saves) repeat what the quick ones already
+# take through the sanitizers, at several times the cost under them; both plain suites run them.
+python3 -m pytest -q -p no:cacheprovider -m "not slow" \
   tests/test_ops.py tests/test_op_table.py tests/test_tensor.py tests/test_autograd.py tests/test_optim.py \
   tests/test_random_ops.py tests/test_buffers.py tests/test_replay.py tests/test_capture.py tests/test_graph.py \
   tests/test_graph_api.py tests/test_ssm.py tests/test_rwkv.py tests/test_rwkv7.py tests/test_recurrent_blocks.py \
