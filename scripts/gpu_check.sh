@@ -12,9 +12,12 @@ out=${OUT:-$root/gpu_check_logs}
 mkdir -p "$out"
 cd "$root"
 say() { echo "[gpu check] $*"; }
-# /usr/bin/g++ where it exists: the H200 image's default g++ builds a module that crashes on
-# exceptions (shared/device/README.md).
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++; fi
+# /usr/bin/g++ where it exists, even over an inherited CXX: the H200 image exports
+# CXX=/opt/gcc/bin/g++, whose module crashes (SIGSEGV) on the first C++ exception, since its
+# libstdc++ is not the one loaded at run time (shared/device/README.md). RLKIT_GPU_CHECK_CXX
+# picks another compiler.
+if [ -n "${RLKIT_GPU_CHECK_CXX:-}" ]; then export CXX=$RLKIT_GPU_CHECK_CXX
+elif [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++; fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 
 say "building a wheel (RLKIT_VULKAN=ON; log: $out/build.log)"
@@ -26,6 +29,14 @@ rm -rf "$site"
 python3 -m pip install -q --no-deps --no-compile --target "$site" "$out"/rlkit-*.whl
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1
 (cd / && python3 -m rlkit info) | tee "$out/info.txt"
+say "a C++ exception reaches Python as a ValueError (a module built by a mismatched g++ crashes here)"
+(cd / && python3 -c '
+from rlkit import _native
+try:
+    _native.op_id("no_such_op")  # throws std::invalid_argument in C++
+except ValueError as error:
+    print("  ok:", error)
+')
 
 say "GPU tests (log: $out/tests.log)"
 RLKIT_REQUIRE_GPU=1 python3 -m pytest -q -ra -p no:cacheprovider \
