@@ -179,6 +179,8 @@ PYBIND11_MODULE(_native, m) {
     });
     m.def("op_id", [](const std::string& name) { return int(op_from_name(name)); });
     m.def("op_arity", [](int op) { return op_info(Op(op)).n_inputs; });
+    m.def("op_differentiable", [](int op) { return op_info(Op(op)).differentiable; },
+          "Whether an op id is marked `grad` in ops.def (recorded on the tape, with a vjp rule).");
     m.def(
         "apply",
         [](int op, const std::vector<TensorPtr>& inputs, std::vector<int64_t> ints, std::vector<double> floats,

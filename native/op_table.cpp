@@ -12,7 +12,7 @@ namespace {
 #endif
 
 const OpInfo kOps[] = {
-#define RK_OP(name, n_inputs) {#name, n_inputs, shape_##name, cpu_##name, RK_VK_KERNEL(name)},
+#define RK_OP(name, n_inputs, grad) {#name, n_inputs, differentiability::grad, shape_##name, cpu_##name, RK_VK_KERNEL(name)},
 #include "ops.def"
 #undef RK_OP
 };

@@ -25,7 +25,7 @@ struct OutOfMemory : std::runtime_error {
 constexpr int kVariadic = -1;
 
 enum class Op : int {
-#define RK_OP(name, n_inputs) name,
+#define RK_OP(name, n_inputs, grad) name,
 #include "ops.def"
 #undef RK_OP
     count
@@ -50,9 +50,16 @@ using CpuKernel = void (*)(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
 // Records (Vulkan) an op's shader into an output on the GPU; same signature as the CPU kernel.
 using VkKernel = CpuKernel;
 
+// Whether an op is differentiable (ops.def's third column): a `grad` op is recorded on the tape
+// and has a vjp rule in rlkit/core/vjp.py.
+namespace differentiability {
+constexpr bool grad = true, no_grad = false;
+}
+
 struct OpInfo {
     const char* name;
     int n_inputs;  // or kVariadic
+    bool differentiable;
     ShapeRule shape;
     CpuKernel cpu;
     VkKernel vk;  // null in a build without Vulkan
@@ -76,13 +83,13 @@ inline bool draws_random(Op op) {
 TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device = Device::cpu);
 
 // Declarations of every shape rule and kernel named in ops.def.
-#define RK_OP(name, n_inputs)                                       \
+#define RK_OP(name, n_inputs, grad)                                 \
     OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs);   \
     void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
 #include "ops.def"
 #undef RK_OP
 #ifdef RLKIT_VULKAN
-#define RK_OP(name, n_inputs) void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
+#define RK_OP(name, n_inputs, grad) void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out);
 #include "ops.def"
 #undef RK_OP
 #endif

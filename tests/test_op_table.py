@@ -1,8 +1,8 @@
-"""Completeness of the op table: every native op has a vjp rule or is marked not
-differentiable (never both), and every op is exercised by the case table of test_ops.py.
+"""Completeness of the op table: every native op marked ``grad`` in native/ops.def has a vjp
+rule and no ``no_grad`` op has one, and every op is exercised by the case table of test_ops.py.
 
 Adding an op to native/ops.def makes these tests fail until it has a rule (rlkit/core/vjp.py)
-or a NOT_DIFFERENTIABLE entry, and a case in tests/test_ops.py.
+where it is marked ``grad``, and a case in tests/test_ops.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import inspect
 import rlkit.core as rc
 from rlkit import _native
 from rlkit.core import losses, ops
-from rlkit.core.vjp import NOT_DIFFERENTIABLE, VJP
+from rlkit.core.vjp import VJP
 
 try:  # tests/ is on sys.path when pytest imports it without a package
     import test_ops
@@ -41,6 +41,7 @@ BACKWARD_HELPER_OF = {
 PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss", "huber": "huber_loss"}
 
 NATIVE_OPS = list(_native.op_names())
+NOT_DIFFERENTIABLE = {name for i, name in enumerate(NATIVE_OPS) if not _native.op_differentiable(i)}
 
 
 def test_op_names_are_unique():
@@ -48,16 +49,25 @@ def test_op_names_are_unique():
     assert len(NATIVE_OPS) >= 50
 
 
-def test_every_op_has_a_vjp_rule_or_is_not_differentiable():
+def test_every_op_marked_grad_has_a_vjp_rule_and_no_other_has():
     both = [name for name in NATIVE_OPS if name in VJP and name in NOT_DIFFERENTIABLE]
     neither = [name for name in NATIVE_OPS if name not in VJP and name not in NOT_DIFFERENTIABLE]
-    assert not both, f"ops with a vjp rule that are also listed as not differentiable: {both}"
-    assert not neither, f"ops with no vjp rule and not listed in NOT_DIFFERENTIABLE: {neither}"
+    assert not both, f"ops marked no_grad in ops.def that have a vjp rule: {both}"
+    assert not neither, f"ops marked grad in ops.def without a vjp rule: {neither}"
+    assert ops.DIFFERENTIABLE == set(NATIVE_OPS) - NOT_DIFFERENTIABLE
+
+
+def test_the_tape_records_exactly_the_ops_marked_grad():
+    """ops.apply records a grad op whose input requires gradients, and never a no_grad op."""
+    x = rc.param(rc.tensor([[1.0, -2.0], [3.0, 0.5]]))
+    with rc.grad_tape():
+        y = rc.relu(x)
+        mask = rc.ge(x, y)
+    assert y.requires_grad and not mask.requires_grad
 
 
 def test_no_rule_or_entry_for_an_unknown_op():
     assert set(VJP) - set(NATIVE_OPS) == set(), "vjp rules for ops that are not in ops.def"
-    assert set(NOT_DIFFERENTIABLE) - set(NATIVE_OPS) == set(), "NOT_DIFFERENTIABLE names ops not in ops.def"
 
 
 def test_every_op_has_a_test_case():

@@ -24,6 +24,8 @@ from rlkit.core.autograd import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
 _OP_ID = {name: i for i, name in enumerate(_native.op_names())}
+# ops.def's third column: the ops the tape records (each has its rule in rlkit/core/vjp.py).
+DIFFERENTIABLE = frozenset(name for name, i in _OP_ID.items() if _native.op_differentiable(i))
 _DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3, "u8": 4, "bf16": 5}
 
 
@@ -32,7 +34,7 @@ def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
     differentiable and an input requires gradients. ``attrs`` are what its vjp rule reads."""
     device = _runtime.device() if not inputs else "cpu"  # an op with inputs runs on theirs
     out = Tensor(_native.apply(_OP_ID[op], [t._impl for t in inputs], list(ints), list(floats), device))
-    if TAPE.recording and op in VJP and any(t.requires_grad for t in inputs):
+    if TAPE.recording and op in DIFFERENTIABLE and any(t.requires_grad for t in inputs):
         TAPE.record(out, op, inputs, attrs)
     return out
 
@@ -638,6 +640,3 @@ def stop_gradient(x) -> Tensor:
     """The same values, cut from the tape: no gradient flows back through it."""
     x = as_tensor(x, op="stop_gradient")
     return Tensor(x._impl)
-
-
-from rlkit.core.vjp import VJP  # noqa: E402  (the rules are written with the ops above)

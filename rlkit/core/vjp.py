@@ -5,8 +5,8 @@ output itself, the op's inputs and the attributes its op function recorded. It r
 gradient per input (None where no gradient flows). A gradient may keep the output's broadcast
 shape: the backward walker sums it back to the input's shape, once, for every op.
 
-Ops of the native table that have no rule are listed in NOT_DIFFERENTIABLE;
-tests/test_op_table.py fails when an op has neither.
+The ops that have a rule are those marked ``grad`` in native/ops.def (``ops.DIFFERENTIABLE``);
+tests/test_op_table.py fails when a ``grad`` op has no rule or a ``no_grad`` op has one.
 """
 
 from __future__ import annotations
@@ -137,18 +137,3 @@ VJP = {
     "gated_linear_attn": _gated_linear_attn,
     "rwkv_wkv7": _rwkv_wkv7,
 }
-
-NOT_DIFFERENTIABLE = frozenset(
-    {
-        "ge", "gt", "sign", "argmax", "one_hot", "full", "rand", "randn", "randint", "sample_categorical",
-        "adam_step", "sgd_step", "polyak_step", "cast_into",  # in-place updates of captured optimizer steps
-        "cumsum", "searchsorted", "put_cols",  # prioritized sampling on the device
-        "elementwise_chain",  # made from recorded ops by a captured GPU program, after the tape
-        # backward helpers: used inside vjp rules, never differentiated themselves
-        "relu_back", "sigmoid_back", "tanh_back", "silu_back", "clamp_back",
-        "softmax_back", "log_softmax_back", "ssm_conv_sx_back", "ssm_conv_c_back",
-        "ssm_scan_back",
-        "rwkv_wkv6_back", "gated_linear_attn_back",
-        "rwkv_wkv7_back",
-    }
-)
