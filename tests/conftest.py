@@ -1,9 +1,14 @@
-"""Shared fixtures and session-wide checks.
+"""Shared fixtures, the GPU marker and session-wide checks.
 
-``device`` runs a test once per backend (the GPU where Vulkan finds one; RLKIT_REQUIRE_GPU=1
-makes its absence an error, as CI sets); ``on_gpu`` makes the GPU the default device with new GPU
-memory poisoned. With the Vulkan validation layer on
-(RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during the session fails it.
+One way to say a test needs the GPU: ``@pytest.mark.requires_gpu`` (or ``pytestmark`` for a
+whole file). Where the Vulkan backend cannot be used, such a test is skipped with the reason
+(RLKIT_REQUIRE_GPU=1 makes the backend's absence an error instead, as CI sets). ``DEVICES``
+parametrizes a test over both backends, its GPU case carrying the marker, so a CPU-only machine
+lists the GPU cases as skipped rather than leaving them out; ``AVAILABLE_DEVICES`` is for a test
+that compares the backends it finds. The ``device`` fixture runs a test once per backend;
+``on_gpu`` makes the GPU the default device with new GPU memory poisoned. With the Vulkan
+validation layer on (RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during
+the session fails it.
 """
 
 import os
@@ -15,18 +20,23 @@ from rlkit import _native
 from rlkit.core import _runtime
 
 GPU_UNAVAILABLE = _native.gpu_unavailable_reason()  # why the GPU cannot be used here; "" where it can
-DEVICES = ["cpu"] + ([] if GPU_UNAVAILABLE else ["gpu"])
 if GPU_UNAVAILABLE and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
     raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_UNAVAILABLE}")
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.requires_gpu)]
+AVAILABLE_DEVICES = ["cpu"] + ([] if GPU_UNAVAILABLE else ["gpu"])
+
+
+def pytest_runtest_setup(item):
+    """Skips a test marked ``requires_gpu``, with the reason, where the GPU backend is unavailable."""
+    if GPU_UNAVAILABLE and item.get_closest_marker("requires_gpu") is not None:
+        pytest.skip(f"needs the GPU backend: {GPU_UNAVAILABLE}")
 
 
 @pytest.fixture
 def on_gpu():
     """Makes the GPU the default device and poisons new GPU memory for the test (NaN shows
-    output elements a kernel left unwritten); skips the test, with the reason, where there is no
-    GPU backend."""
-    if GPU_UNAVAILABLE:
-        pytest.skip(f"needs the GPU backend: {GPU_UNAVAILABLE}")
+    output elements a kernel left unwritten). A test using it is marked ``requires_gpu``
+    (pytest_collection_modifyitems), so it skips, with the reason, where there is no GPU backend."""
     previous = rc.device("gpu")
     _native.set_gpu_poison(True)
     yield
@@ -40,6 +50,17 @@ def device(request):
     previous = rc.device(request.param)
     yield request.param
     rc.device(previous)
+
+
+def pytest_collection_modifyitems(items):
+    """A test that uses the ``on_gpu`` fixture needs the GPU, whether or not it says so. A slow
+    test may not need the GPU: CI runs the slow tests once, on its CPU-only build (.ci/run)."""
+    for item in items:
+        if "on_gpu" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.requires_gpu)
+    slow_gpu = [item.nodeid for item in items if item.get_closest_marker("slow") and item.get_closest_marker("requires_gpu")]
+    if slow_gpu:
+        raise pytest.UsageError(f"tests marked both slow and requires_gpu (CI would never run them): {slow_gpu}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -14,7 +14,6 @@ from rlkit.agents import (
     ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
 )
 from rlkit.agents.common import EnvLanes
-from conftest import DEVICES
 from rlkit.buffers import ReplaySamples
 
 SMALL = dict(learning_starts=100, net_arch=(32, 32), batch_size=32, buffer_size=2000, log_interval=100)
@@ -49,7 +48,7 @@ def test_smoke_every_agent_and_option(device, name, cls, env, config, tmp_path):
     assert agent.action_space.contains(action if agent.discrete else np.asarray(action, np.float32))
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+@pytest.mark.requires_gpu
 def test_an_agent_on_the_gpu_keeps_its_buffer_there_while_the_default_is_the_cpu():
     """Acting and learning switch to the agent's device and back; the buffer must not follow
     (a move per call would copy it and make every captured update record again)."""

@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from rlkit import _native
 
+from conftest import DEVICES
 from test_mixed_precision import train  # tests/ is on sys.path when pytest imports a test module
 
-GPU_REASON = _native.gpu_unavailable_reason()
-DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}"))]
 
 # ties (to even, both ways), what rounds up across a binade, the largest finite bf16 and what
 # rounds past it, subnormals, signed zero, inf and NaN

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from conftest import DEVICES
 from rlkit.buffers import DeviceBuffer
 
 NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "u8": np.uint8}
@@ -75,7 +74,7 @@ def test_u8_frames_widen_to_f32_on_the_device(device):
     np.testing.assert_array_equal(batch.numpy(), data[:, [5, 0, 2]].astype(np.float32))
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+@pytest.mark.requires_gpu
 def test_switching_the_default_device_moves_the_contents():
     previous = rc.device("cpu")
     try:
@@ -95,7 +94,7 @@ def test_switching_the_default_device_moves_the_contents():
         rc.device(previous)
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+@pytest.mark.requires_gpu
 def test_a_buffer_made_on_a_device_stays_there():
     """An agent on the GPU pins its buffers there: switching the default device back and forth
     (as acting on the agent's device does) moves nothing."""
@@ -170,9 +169,8 @@ def test_bad_construction(kwargs, error, message):
         DeviceBuffer(**kwargs)
 
 
+@pytest.mark.requires_gpu
 def test_gpu_u8_gathers_need_whole_words():
-    if "gpu" not in DEVICES:
-        pytest.skip("needs the GPU backend")
     buf = DeviceBuffer(6, 3, dtype="u8", device="gpu")
     with pytest.raises(TypeError, match="rows a multiple of 4"):
         rc.get_rows(buf, [0])

@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from conftest import DEVICES
 from rlkit import _native
 from rlkit.buffers import DeviceBuffer
-
 
 
 def _model(opt_cls=rc.optim.Adam, **kw):
@@ -181,7 +179,7 @@ def test_host_work_in_a_trace_is_refused(device):
         rc.capture_step(lambda x: x, [w], rc.optim.SGD([w]), max_grad_norm=-1.0)
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+@pytest.mark.requires_gpu
 def test_a_gpu_replay_is_one_upload_one_submission_one_download():
     previous = rc.device("gpu")
     try:
@@ -208,8 +206,6 @@ def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
 
 # ---- recorded GPU programs: one command buffer, recorded once, submitted at every replay --------
 
-gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
-
 
 def _stats_after(fn) -> dict:
     rc.gpu_stats(reset=True)
@@ -217,7 +213,7 @@ def _stats_after(fn) -> dict:
     return rc.gpu_stats()
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_gpu_replays_record_once_and_equal_eager_steps(on_gpu):
     batches = _batches(8, seed=3)
     eager_model, eager_opt = _model(rc.optim.SGD, lr=0.05, momentum=0.9)
@@ -241,7 +237,7 @@ def _random_draws(x):
     return noise, classes
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_random_ops_draw_fresh_streams_at_every_replay(on_gpu):
     """Each replay draws new streams from the global generator, in the order the ops ran, with
     eager draws in between: the numbers the CPU backend draws for the same sequence."""
@@ -274,7 +270,7 @@ def test_random_ops_draw_fresh_streams_at_every_replay(on_gpu):
     assert not np.allclose(first, second)  # fresh numbers at every replay
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_a_relocated_parameter_re_records(on_gpu):
     w = rc.param(np.eye(3, dtype=np.float32))
     apply = rc.capture(lambda x: rc.matmul(w, x), params=[w])
@@ -290,7 +286,7 @@ def test_a_relocated_parameter_re_records(on_gpu):
     assert model_loaded["recordings"] == 1 and apply.traces == 2  # a host write re-traces
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu):
     """An eager in-place write recorded (not yet submitted) before a replay is seen by it, and
     eager work recorded after a replay reads what the replay wrote."""

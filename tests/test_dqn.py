@@ -202,7 +202,7 @@ def test_no_forward_when_every_lane_explores(monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
+@pytest.mark.requires_gpu
 def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
     agent = DQN("CartPole-v1", FAST, seed=2, device="gpu")
     assert agent._host_q is not None and all(p.device == "cpu" for p in agent._host_q.parameters().values())

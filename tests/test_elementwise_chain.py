@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from conftest import DEVICES
+from conftest import AVAILABLE_DEVICES
 from rlkit import _native
 
-gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
 
 OP_ID = {name: k for k, name in enumerate(_native.op_names())}
 
@@ -97,7 +96,7 @@ def _run(program, device, **inputs):
         rc.device(previous)
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_a_captured_gpu_program_fuses_runs_of_elementwise_ops():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 33)).astype(np.float32)
@@ -110,7 +109,7 @@ def test_a_captured_gpu_program_fuses_runs_of_elementwise_ops():
         return rc.sum(loss)
 
     results = {}
-    for device in DEVICES:
+    for device in AVAILABLE_DEVICES:
         program = _captured(huber_like, device)
         _run(program, device, x=x, b=b)  # traces and records
         rc.gpu_stats(reset=True)
@@ -124,7 +123,7 @@ def test_a_captured_gpu_program_fuses_runs_of_elementwise_ops():
     assert dispatches <= 5, dispatches
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_a_chain_never_moves_a_read_past_an_in_place_write_or_hides_a_value_read_elsewhere():
     target = rc.param(np.full((3, 4), 2.0, np.float32), device="gpu")
     columns = rc.tensor(np.arange(4, dtype=np.int32)[None, :], device="gpu")

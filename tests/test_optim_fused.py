@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from conftest import DEVICES
 from rlkit import _native
 from rlkit.agents.common import Polyak
 
-gpu_only = pytest.mark.skipif("gpu" not in DEVICES, reason="needs the GPU backend")
 
 # 1 element, odd sizes, the GPU's 1024-element chunks and their edges, 3-D and 4-D shapes
 AWKWARD_SHAPES = [(1, 1), (3, 1), (1, 7), (5, 3), (1, 1), (257, 1), (33, 33), (1023, 1), (1024, 1), (1025, 1),
@@ -117,7 +115,7 @@ def test_one_update_over_a_set_equals_one_per_parameter_and_numpy(device, rule, 
             np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6, err_msg=f"parameter {k} {shapes[k]}: {name}")
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 @pytest.mark.parametrize("rule", ["adam", "sgd"])
 def test_the_gpu_update_equals_the_cpus(rule):
     results = {}
@@ -132,7 +130,7 @@ def test_the_gpu_update_equals_the_cpus(rule):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"parameter {k} {AWKWARD_SHAPES[k]}")
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_a_table_longer_than_one_command_buffer_write(on_gpu):
     """More chunk records than one vkCmdUpdateBuffer carries (64 KiB: 1638 records of 1024
     elements) are written in pieces; every element is still updated."""
@@ -233,7 +231,7 @@ def test_f32_and_f64_parameters_share_one_update_on_the_cpu():
         np.testing.assert_allclose(p.numpy(), expected, rtol=tolerance * 10, atol=tolerance, err_msg=f"parameter {k}")
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_an_eager_step_is_one_dispatch_per_group(on_gpu):
     shapes = _many_shapes(40, 3)
     params = [rc.param(w) for w in _arrays(shapes, 1)]
@@ -302,7 +300,7 @@ def test_a_captured_step_over_awkward_sizes_matches_numpy(device):
         np.testing.assert_array_equal(p.numpy(), b)
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_a_moved_parameter_or_moment_re_records_the_table(on_gpu):
     """The GPU update reads its tensors by the addresses in its table: after a parameter or a
     moment moves to new storage, the program records again (a new table) and goes on exactly."""
@@ -382,7 +380,7 @@ def test_the_sum_of_squares_of_a_set_matches_numpy(device, shapes):
     np.testing.assert_allclose(got[0, 0], expected, rtol=1e-5)
 
 
-@gpu_only
+@pytest.mark.requires_gpu
 def test_the_sum_of_squares_of_any_number_of_tensors_is_two_dispatches(on_gpu):
     for n in (1, 150):
         tensors = [rc.tensor(a) for a in _arrays(_many_shapes(n, 5), 4)]

@@ -76,8 +76,8 @@ def test_all_reduce_on_one_rank_keeps_the_gradients_and_fills_missing_ones_with_
         parallel.all_reduce_gradients(grads, [used], parallel.Communicator(None), bucket_bytes=0)
 
 
-@pytest.mark.parametrize("n_ranks, batch_per_rank, device", [(2, 4, "cpu"), (4, 2, "cpu")] + (
-    [(2, 4, "gpu")] if "gpu" in DEVICES else []))
+@pytest.mark.parametrize("n_ranks, batch_per_rank, device",
+                         [(2, 4, "cpu"), (4, 2, "cpu"), pytest.param(2, 4, "gpu", marks=pytest.mark.requires_gpu)])
 def test_n_ranks_at_batch_b_match_one_rank_at_batch_n_times_b(tmp_path, n_ranks, batch_per_rank, device):
     """Every rank on its own GPU where there are several (round robin), sharing one otherwise."""
     out = tmp_path / "ranks.npz"

@@ -9,8 +9,6 @@ import pytest
 import rlkit.core as rc
 from rlkit.core import nn
 
-from conftest import DEVICES
-
 
 BLOCKS = {
     "mamba": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1),
@@ -110,7 +108,7 @@ def test_gradients_match_finite_differences_in_float64(kind):
         rc.dtype(previous)
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
+@pytest.mark.requires_gpu
 def test_gpu_matches_cpu_forward_and_gradients(kind):
     x = sequence(5, seq=12, batch=2)
     weight = np.random.default_rng(6).normal(size=(6, 12, 2)).astype(np.float32)

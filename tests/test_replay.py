@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from conftest import DEVICES
+from conftest import AVAILABLE_DEVICES
 from rlkit.buffers import ReplayBuffer
 from rlkit.buffers.replay import SequenceSamples
-
 
 
 def _rollout(buffers, steps, n_envs, seed=0):
@@ -406,7 +405,7 @@ def _filled(n_steps=13, seed=0):
 
 def test_device_sampling_draws_stored_transitions_identically_on_both_backends():
     results = []
-    for device in DEVICES:
+    for device in AVAILABLE_DEVICES:
         previous = rc.device(device)
         try:
             buf, history = _filled()
@@ -560,7 +559,7 @@ def test_device_prioritized_steps_added_between_reads_get_the_largest_priority(d
 
 def test_device_prioritized_draws_match_across_backends_and_capture():
     draws = []
-    for dev in DEVICES:
+    for dev in AVAILABLE_DEVICES:
         previous = rc.device(dev)
         try:
             buf = _device_prioritized()
@@ -777,7 +776,6 @@ def _fingerprint(buf: ReplayBuffer) -> str:
     for host in (buf._reward, buf._terminated, buf._truncated):
         digest.update(host.tobytes())
     return digest.hexdigest()
-
 
 
 # ---- staging: new steps wait on the host until something reads the device tables -------------

@@ -12,7 +12,6 @@ from rlkit import _native
 
 from op_references import np_recurrence
 
-GPU_REASON = _native.gpu_unavailable_reason()
 SCALE = 0.3
 
 
@@ -64,7 +63,7 @@ def _forward_and_gradients(op, arrays, device, weights):
     return [y.numpy(), state.numpy()] + [np.asarray(grads[x]) for x in xs]
 
 
-@pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
+@pytest.mark.requires_gpu
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize("S, H, T, n_seqs", [(8, 3, 34, 2), (32, 4, 128, 2), (64, 4, 64, 2), (64, 4, 128, 2),
                                               (128, 2, 40, 2)])

@@ -7,11 +7,8 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from rlkit import _native
 from op_references import np_rwkv_wkv7, packed
 
-GPU = not _native.gpu_unavailable_reason()
-on_gpu_only = pytest.mark.skipif(not GPU, reason="no Vulkan device")
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 
 
@@ -69,7 +66,7 @@ def _gradients(arrays, weights, device):
     return [np.asarray(grads[p]) for p in params]
 
 
-@on_gpu_only
+@pytest.mark.requires_gpu
 @pytest.mark.parametrize("shape", [(32, 4, 128, 2), (64, 4, 64, 2), (2, 3, 2 * (CHUNK + 3), 2), (8, 2, 40, 1),
                                    (128, 1, CHUNK + 4, 1), (300, 1, 3, 1)])
 def test_gpu_matches_the_cpu(shape):
@@ -101,7 +98,7 @@ def test_lavapipe_refuses_what_it_would_cut_short():
         np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=2e-5 * float(np.abs(cpu).max()))
 
 
-@on_gpu_only
+@pytest.mark.requires_gpu
 def test_gpu_backward_is_deterministic():
     arrays = [x.astype(np.float32) for x in inputs(16, 2, 40, 2, seed=5)]
     weights = [np.ones((32, 40), np.float32), np.ones(arrays[6].shape, np.float32)]

@@ -37,6 +37,8 @@ import rlkit.core as rc
 from rlkit import _native
 from rlkit.core.tensor import _NUMPY_DTYPES
 
+from conftest import DEVICES
+
 CASES_RUN: collections.Counter = collections.Counter()  # reported by conftest's terminal summary
 MAX_BYTES = 2**48  # the native kMaxTensorBytes
 F, I = "f32", "i32"
@@ -328,9 +330,6 @@ def _run_children(device: str) -> dict:
         else:
             done_public[running["start"]] = {"name": running["start"], "kind": "crashed or hung", "message": ""}
     return {"ops": done_ops, "public": done_public, "crashes": crashes, "hangs": hangs}
-
-
-DEVICES = ["cpu"] + (["gpu"] if not _native.gpu_unavailable_reason() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,7 +15,7 @@ import rlkit
 import rlkit.core as rc
 from rlkit.core import ops
 
-from conftest import DEVICES
+from conftest import AVAILABLE_DEVICES
 from op_references import np_ssm_scan
 
 
@@ -73,7 +73,7 @@ def scan_with_gradients(arrays, device, weights):
         rc.device(previous)
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
+@pytest.mark.requires_gpu
 @pytest.mark.parametrize("d_state, head_dim, n_head, n_tok, n_seqs, n_group, mamba1", [
     # forward ssm_scan_rows.comp, backward ssm_scan_tiled.comp
     (16, 32, 4, 33, 2, 2, False),
@@ -102,7 +102,7 @@ def test_ssm_scan_gpu_matches_cpu(d_state, head_dim, n_head, n_tok, n_seqs, n_gr
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
+@pytest.mark.requires_gpu
 def test_ssm_scan_gpu_kernel_choice():
     """Forward: two rows per subgroup, the variant by the states each lane holds. Backward: the
     tiles, with the larger stage on devices with 48 KiB of shared memory. The shapes of
@@ -126,10 +126,10 @@ def test_ssm_scan_gpu_kernel_choice():
         rlkit._native.gpu_scan_kernel(True, 0, 64, 16)
 
 
-LAVAPIPE = "gpu" in DEVICES and "llvmpipe" in rlkit._native.gpu_info()["name"]
+LAVAPIPE = "gpu" in AVAILABLE_DEVICES and "llvmpipe" in rlkit._native.gpu_info()["name"]
 
 
-@pytest.mark.skipif("gpu" not in DEVICES, reason="no Vulkan device")
+@pytest.mark.requires_gpu
 @pytest.mark.skipif(LAVAPIPE, reason="lavapipe ends every loop of a shader invocation after 65535 iterations in all "
                     "(gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by all loops): both backward kernels stop early "
                     "here and give wrong gradients; the H200 passes these")
@@ -260,8 +260,8 @@ def test_mamba_train_demo_small_trains_and_the_backends_agree():
     run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     verdicts = re.findall(r"^(CPU|Vulkan) .* (OK|WEAK|FAIL.*)$", run.stdout, re.M)
-    assert [v for _, v in verdicts] == ["OK"] * len(DEVICES), run.stdout
-    if "gpu" in DEVICES:
+    assert [v for _, v in verdicts] == ["OK"] * len(AVAILABLE_DEVICES), run.stdout
+    if "gpu" in AVAILABLE_DEVICES:
         assert "AGREE: both backends follow the same loss curve." in run.stdout, run.stdout
 
 

@@ -16,10 +16,7 @@ from rlkit import _native
 
 from test_ops import CASES, Case, _arrays, _is_index, _params
 
-GPU_REASON = _native.gpu_unavailable_reason()
-if GPU_REASON and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
-    raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_REASON}")
-pytestmark = pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
+pytestmark = pytest.mark.requires_gpu
 
 # Per-op tolerances of GPU f32 against CPU f32 (transcendentals and reduction orders differ).
 TOLERANCE = {"default": (2e-5, 2e-5), "matmul": (1e-4, 1e-4), "pow": (1e-4, 1e-5), "softplus": (1e-4, 1e-5),

@@ -18,10 +18,7 @@ import rlkit.core as rc
 from rlkit import _native
 from rlkit.cli import info_lines
 
-GPU_REASON = _native.gpu_unavailable_reason()
-if GPU_REASON and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
-    raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_REASON}")
-pytestmark = pytest.mark.skipif(bool(GPU_REASON), reason=f"no Vulkan device: {GPU_REASON}")
+pytestmark = pytest.mark.requires_gpu
 
 # (m, n, k): one element; primes around the 16, 64 and 128 tiles and the 16 / 32 k slices; exact
 # tiles; multiples of 8 that the f16 kernel reads in 16-byte chunks. Their outputs are small: the
