@@ -251,7 +251,7 @@ def test_no_grad_pauses_recording():
     assert not a.is_leaf and not c.is_leaf
     assert b.is_leaf and not b.requires_grad
     assert rc.backward(loss)[W].item() == pytest.approx(10.0)  # 3 + 7: b is a constant
-    assert not rc.autograd.TAPE.recording
+    assert not rc.tape.TAPE.recording
 
 
 def test_stop_gradient_blocks_the_gradient():
@@ -287,14 +287,14 @@ def test_tapes_do_not_nest():
         with pytest.raises(RuntimeError, match="already open"):
             with rc.grad_tape():
                 pass
-    assert not rc.autograd.TAPE.recording
+    assert not rc.tape.TAPE.recording
 
 
 def test_tape_closes_on_an_exception():
     with pytest.raises(KeyError):
         with rc.grad_tape():
             raise KeyError("boom")
-    assert not rc.autograd.TAPE.recording
+    assert not rc.tape.TAPE.recording
 
 
 def test_tape_memory_lists_the_largest_outputs_first():

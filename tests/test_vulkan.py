@@ -174,7 +174,7 @@ def test_device_gradients_are_handles(on_gpu):
         loss = rc.sum(w * w)
     grads = rc.backward(loss)
     handle = w.grad
-    assert isinstance(handle, rc.autograd.DeviceGradient) and isinstance(grads["w"], rc.autograd.DeviceGradient)
+    assert isinstance(handle, rc.tape.DeviceGradient) and isinstance(grads["w"], rc.tape.DeviceGradient)
     np.testing.assert_array_equal(handle.numpy(), 2 * np.ones((2, 2)))
     np.testing.assert_array_equal(np.asarray(grads[w]), 2 * np.ones((2, 2)))
     with pytest.raises(TypeError, match="handle without arithmetic"):

@@ -29,6 +29,7 @@ import numpy as np
 from rlkit import _native
 from rlkit.core import _runtime
 from rlkit.core._checks import check_integer_values
+from rlkit.core.tape import grad_tape
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
@@ -278,7 +279,7 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
     loss_scale = optimizer._traced_loss_scale(_active)  # None, or the scale and its inverse, [1, 1] each
-    with autograd.grad_tape():
+    with grad_tape():
         loss = loss_fn()
         scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])
     grads = autograd.backward(scaled)

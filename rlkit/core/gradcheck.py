@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from rlkit.core import autograd, ops
+from rlkit.core import autograd, ops, tape
 from rlkit.core.tensor import Tensor, param
 
 
@@ -15,7 +15,7 @@ class GradcheckError(AssertionError):
 
 
 def _loss_value(fn, params) -> float:
-    with autograd.no_grad():
+    with tape.no_grad():
         out = fn(*params)
     return float(np.asarray(out.numpy(), dtype=np.float64).sum())
 
@@ -40,7 +40,7 @@ def gradcheck(
     narrow = any(p.dtype in ("f32", "f16", "bf16") for p in params)
     eps = eps if eps is not None else (1e-3 if narrow else 1e-6)
     atol = atol if atol is not None else (1e-2 if narrow else 1e-5)
-    with autograd.grad_tape():
+    with tape.grad_tape():
         out = fn(*params)
         loss = ops.sum(out)
     grads = autograd.backward(loss)

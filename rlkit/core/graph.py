@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.core import _runtime, autograd, capturing
+from rlkit.core import _runtime, autograd, capturing, tape
 
 
 class Node:
@@ -202,7 +202,7 @@ class Graph:
 
     def _trace(self, **tensors):
         values = {}
-        with autograd.grad_tape():
+        with tape.grad_tape():
             for node in self.nodes.values():
                 if node.kind == "op":
                     args = [values[a.name] if isinstance(a, Node) else a for a in node.args]

@@ -20,7 +20,7 @@ import numpy as np
 from rlkit import _native
 from rlkit.core import _runtime, capturing
 from rlkit.core._checks import check_index_values, check_integer_values
-from rlkit.core.autograd import TAPE
+from rlkit.core.tape import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
 
 _OP_ID = {name: i for i, name in enumerate(_native.op_names())}

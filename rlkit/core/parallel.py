@@ -30,9 +30,10 @@ from typing import NamedTuple
 import numpy as np
 
 from rlkit.core import _runtime, ops
-from rlkit.core.autograd import Gradients, backward, grad_tape
+from rlkit.core.autograd import Gradients, backward
 from rlkit.core.clip import clip_grad_norm
 from rlkit.core.optim import Adam
+from rlkit.core.tape import grad_tape
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket size

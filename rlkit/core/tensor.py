@@ -15,6 +15,7 @@ import numpy as np
 from rlkit import _native
 from rlkit.core import _runtime
 from rlkit.core._checks import check_integer_values
+from rlkit.core.tape import DeviceGradient
 
 # bf16 arrays are ml_dtypes' bfloat16 (numpy has no such dtype)
 _NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32, "f64": np.float64,
@@ -35,7 +36,7 @@ class Tensor:
         self._impl = impl
         self.requires_grad = requires_grad
         self.name = name
-        self._node = None  # the autograd node that produced this tensor, if recorded
+        self._node = None  # the tape's node that produced this tensor, if recorded
         self._grad = None  # accumulated gradient (a Tensor) of a leaf that requires grad
 
     @property
@@ -88,8 +89,6 @@ class Tensor:
             return None
         if self._grad.device == "cpu":
             return self._grad.numpy()
-        from rlkit.core.autograd import DeviceGradient
-
         return DeviceGradient(self._grad)
 
     @grad.setter
