@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.core import _runtime, capturing
+from rlkit.core import _runtime
 from rlkit.core import ops
 from rlkit.core._checks import check_integer_values, positive_int
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
@@ -81,7 +81,7 @@ class DeviceBuffer:
         ``before_read`` now, or inside a trace before every replay of the captured program."""
         table = self._live("get_rows")
         if self.before_read is not None:
-            trace = capturing.tracing()
+            trace = _runtime.active_capture()
             if trace is None:
                 self.before_read()
             else:  # a replay runs no Python: the program calls the hook itself

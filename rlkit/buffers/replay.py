@@ -30,7 +30,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
-from rlkit.core import capturing
+from rlkit.core import _runtime
 from rlkit.core._checks import check_integer_values, positive_int
 from rlkit.core._files import fsync_path, kind_of
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
@@ -357,7 +357,7 @@ class ReplayBuffer:
         if stored is None:
             stored = float(len(self))
         if isinstance(stored, Tensor):
-            capturing.check_replay_input(stored, lambda values: self._check_stored(float(values.reshape(-1)[0]), where))
+            _runtime.check_replay_input(stored, lambda values: self._check_stored(float(values.reshape(-1)[0]), where))
             return stored
         if isinstance(stored, bool) or not isinstance(stored, numbers.Real):
             raise TypeError(f"{where}: stored must be a number or a [1, 1] tensor, got {type(stored).__name__}")

@@ -8,13 +8,13 @@ contract.
 # tensor first: it pulls in ops, autograd and vjp in the order they build on one another.
 from rlkit.core.tensor import Tensor, ones, param, tensor, zeros
 from rlkit.core._runtime import (
-    device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
+    CaptureError, device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
     synchronize, transfer_stats,
 )
 from rlkit.core.autograd import Gradients, backward
 from rlkit.core.tape import grad_tape, no_grad, tape_memory
 from rlkit.core.data import Batch, DataLoader
-from rlkit.core.capturing import CaptureError, capture, capture_step
+from rlkit.core.capturing import capture, capture_step
 from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss

@@ -1,8 +1,10 @@
 """Process-wide engine state: the native module, the BLAS it calls, the default device and
-dtype, threads, the random seed and host<->device transfer counters."""
+dtype, threads, the random seed, host<->device transfer counters, and the capture being
+recorded (which host work inside it refuses, and what ops register for its replays)."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import warnings
@@ -18,8 +20,9 @@ HALF_DTYPES = ("f16", "bf16")  # 16-bit float storage formats
 MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
-# gpu_used: the Vulkan context exists (it is created on the first use of the GPU, not at import)
-_state = {"device": "cpu", "dtype": "f32", "gpu_used": False, "tracing": False}
+# gpu_used: the Vulkan context exists (it is created on the first use of the GPU, not at import);
+# capture: the capture being recorded (rlkit.core.capturing's), or None
+_state = {"device": "cpu", "dtype": "f32", "gpu_used": False, "capture": None}
 
 
 def _load_blas() -> str:
@@ -199,6 +202,48 @@ def gpu_stats(reset: bool = False) -> dict:
     program, again only where a tensor it reads moved) and validation_errors (an empty dict
     where the GPU is unused)."""
     return {k: int(v) for k, v in _native.gpu_counters(reset).items()} if _state["gpu_used"] else {}
+
+
+# ---- the capture being recorded -------------------------------------------------------------
+# Here rather than in capturing.py because tensors, ops, optimizers and buffers ask for it, and
+# capturing.py builds on all of them.
+
+class CaptureError(RuntimeError):
+    """The traced function did something a replay would not repeat."""
+
+
+def active_capture():
+    """The capture being recorded (an ``rlkit.core.capturing`` capture), or None."""
+    return _state["capture"]
+
+
+@contextlib.contextmanager
+def capture_scope(capture):
+    """Makes ``capture`` the capture being recorded inside the block (captures do not nest)."""
+    if _state["capture"] is not None:
+        raise CaptureError("capture: captures do not nest")
+    _state["capture"] = capture
+    try:
+        yield capture
+    finally:
+        _state["capture"] = None
+
+
+def refuse_host_work(what: str) -> None:
+    """Raises CaptureError while a capture is recorded: called by host reads and uploads."""
+    if _state["capture"] is not None:
+        raise CaptureError(
+            f"capture: the traced function {what}; a replay runs only the recorded ops and would not repeat it "
+            "(pass host data as a named input, and read values from the captured function's outputs)"
+        )
+
+
+def check_replay_input(t, check) -> None:
+    """While a capture is recorded, its ``check_input``: the eager check an op runs on host
+    data, run on the values of the tensor ``t`` at every replay when ``t`` is an input of the
+    captured function; nothing otherwise."""
+    if _state["capture"] is not None:
+        _state["capture"].check_input(t, check)
 
 
 def _default_from_environment() -> None:

@@ -27,14 +27,12 @@ from collections.abc import Callable
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime
+from rlkit.core import _runtime, ops
 from rlkit.core._checks import check_integer_values
+from rlkit.core._runtime import CaptureError
+from rlkit.core.autograd import backward
 from rlkit.core.tape import grad_tape
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
-
-
-class CaptureError(RuntimeError):
-    """The traced function did something a replay would not repeat."""
 
 
 class Trace:
@@ -74,30 +72,6 @@ class Trace:
         index = len(self.extra_outputs)
         self.extra_outputs.append(t)
         self.after_replay.append(lambda values: after(values[index]))
-
-
-_active: Trace | None = None
-
-
-def tracing() -> Trace | None:
-    """The trace being recorded, or None."""
-    return _active
-
-
-def check_replay_input(t: Tensor, check: Callable[[np.ndarray], None]) -> None:
-    """While tracing, :meth:`Trace.check_input`: the eager check an op runs on host data, run
-    on ``t``'s values at every replay when ``t`` is an input; nothing otherwise."""
-    if _active is not None:
-        _active.check_input(t, check)
-
-
-def refuse_host_work(what: str) -> None:
-    """Raises CaptureError while tracing: called by host reads and uploads."""
-    if _active is not None:
-        raise CaptureError(
-            f"capture: the traced function {what}; a replay runs only the recorded ops and would not repeat it "
-            "(pass host data as a named input, and read values from the captured function's outputs)"
-        )
 
 
 def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
@@ -214,22 +188,13 @@ class Captured:
 
     def _record(self, signature: dict[str, tuple[tuple[int, ...], str]]) -> _Recording:
         """Traces fn on placeholders of the inputs' (shape, dtype)."""
-        global _active
         device = _runtime.device()
         names = list(signature)
         placeholders = [Tensor(_native.placeholder(list(signature[n][0]), signature[n][1], device)) for n in names]
         trace = Trace()
         graph = _native.Graph()
-        if _active is not None:
-            raise CaptureError("capture: captures do not nest")
-        _active = trace
-        _runtime._state["tracing"] = True
-        try:
-            with graph:
-                result = self.fn(**dict(zip(names, placeholders)))
-        finally:
-            _active = None
-            _runtime._state["tracing"] = False
+        with _runtime.capture_scope(trace), graph:
+            result = self.fn(**dict(zip(names, placeholders)))
         outputs, rebuild = _flatten(result)
         all_outputs = outputs + trace.extra_outputs
         inputs = placeholders + [t for t, _ in trace.host_inputs]
@@ -272,17 +237,16 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     make several (critic, then actor, then entropy updates); a non-finite norm skips its own.
     With an optimizer's loss scale, the step scales the loss (``loss_fn`` returns it unscaled)
     by the scale of each replay, and the update unscales the gradients."""
-    from rlkit.core import autograd, ops
-
-    if _active is None:
+    trace = _runtime.active_capture()
+    if trace is None:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
     _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
-    loss_scale = optimizer._traced_loss_scale(_active)  # None, or the scale and its inverse, [1, 1] each
+    loss_scale = optimizer._traced_loss_scale(trace)  # None, or the scale and its inverse, [1, 1] each
     with grad_tape():
         loss = loss_fn()
         scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])
-    grads = autograd.backward(scaled)
+    grads = backward(scaled)
     listed = [grads.tensor(p) for p in param_list if p in grads]
     if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
@@ -292,9 +256,9 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
         sum_squares = ops.mul(sum_squares, ops.square(loss_scale[1]))
     norm = ops.sqrt(sum_squares)  # [1, 1]
     factor = _gradient_factor(sum_squares, max_grad_norm)
-    _active.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
+    trace.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
     optimizer.step(grads)
-    _active.grad_scale = None
+    trace.grad_scale = None
     return ops.reshape(loss, (1, 1)), norm
 
 
@@ -303,8 +267,6 @@ def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor
     min(max_grad_norm / (norm + 1e-6), 1), or 1 without clipping; NaN where the norm is not
     finite, so the update skips itself. Written as one run of elementwise ops, each reading the
     op before it and the sum of squares, which a captured GPU program fuses into one kernel."""
-    from rlkit.core import ops
-
     nan_if_infinite = ops.scale(sum_squares, 0.0)  # [1, 1]: 0, or NaN where the sum is inf or NaN
     if not max_grad_norm:
         return ops.add(nan_if_infinite, 1.0)
@@ -315,8 +277,6 @@ def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor
 def skipped_count(norms) -> Tensor:
     """Inside a traced function: [1, 1], how many of ``norms`` (the gradient norms update_step
     returned) are not finite, that is how many of those updates skipped themselves."""
-    from rlkit.core import ops
-
     skipped = [ops.sub(1.0, ops.gt(math.inf, norm)) for norm in norms]  # gt is 0 for NaN and inf
     total = skipped[0]
     for one in skipped[1:]:

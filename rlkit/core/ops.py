@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime, capturing
+from rlkit.core import _runtime
 from rlkit.core._checks import check_index_values, check_integer_values
 from rlkit.core.tape import TAPE
 from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
@@ -71,7 +71,7 @@ def _index(index, op: str, device: str | None = None, limit: int | None = None, 
         if index.dtype != "i32":
             raise TypeError(f"{op}: index must be an i32 tensor, got {index.dtype}")
         # an input of a captured function is host data too: checked at every replay
-        capturing.check_replay_input(index, lambda values: check_index_values(values, op, limit, what))
+        _runtime.check_replay_input(index, lambda values: check_index_values(values, op, limit, what))
         return index
     if isinstance(index, (list, tuple)):
         index = np.asarray(index)
@@ -481,7 +481,7 @@ def randint(high, shape, device: str | None = None) -> Tensor:
         if high.numel != 1 or high.dtype == "i32":
             raise ValueError(f"randint: high must be a number or a one-element float tensor, got {high.dtype} "
                              f"{high.shape}")
-        capturing.check_replay_input(high, lambda values: _check_randint_high(float(values.reshape(-1)[0])))
+        _runtime.check_replay_input(high, lambda values: _check_randint_high(float(values.reshape(-1)[0])))
     elif isinstance(high, bool) or not isinstance(high, numbers.Real):
         raise TypeError(f"randint: high must be a finite number or a one-element float tensor, got {high!r}")
     else:

@@ -152,9 +152,9 @@ class Optimizer:
     def scale_loss(self, loss: Tensor) -> Tensor:
         """The loss times the loss scale: call backward on this (``step`` undoes the factor).
         For eager steps: a captured step scales the loss itself."""
-        if capturing.tracing() is not None and self._scaling.mode is not None:
-            raise capturing.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
-                                         "rc.update_step) scales it by the loss scale of each replay")
+        if _runtime.active_capture() is not None and self._scaling.mode is not None:
+            raise _runtime.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
+                                        "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
 
     def _traced_loss_scale(self, trace) -> tuple[Tensor, Tensor] | None:
@@ -190,7 +190,7 @@ class Optimizer:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
         accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did.
         Inside a capture, records the update into the captured program instead."""
-        trace = capturing.tracing()
+        trace = _runtime.active_capture()
         if trace is not None:
             return self._record_step(trace, grads)
         current = self._unscaled(self._current_gradients(grads))
@@ -236,10 +236,10 @@ class Optimizer:
         after replays whose gradient scale was finite. With master weights the update applies to
         the f32 masters, and one more op rounds them into their f16 / bf16 parameters."""
         if self.accumulate_steps > 1:
-            raise capturing.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
+            raise _runtime.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
         if self._scaling.mode is not None and trace.grad_scale is None:
-            raise capturing.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
-                                         "rc.update_step, which scale the loss")
+            raise _runtime.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
+                                        "rc.update_step, which scale the loss")
         current = self._in_update_dtype(self._current_gradients(grads))
         earlier = trace.updates_recorded.get(id(self), 0)  # a trace may hold several steps of one optimizer
         trace.updates_recorded[id(self)] = earlier + 1
@@ -252,7 +252,7 @@ class Optimizer:
             if not members:
                 continue
             if len({self.state[id(p)]["step"] for p in members}) > 1:
-                raise capturing.CaptureError("capture: the parameters of a group must share their step count")
+                raise _runtime.CaptureError("capture: the parameters of a group must share their step count")
             hyper = trace.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
                                      self._coefficients(group, first, earlier))
             self._check_dtypes(members)

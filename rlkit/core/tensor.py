@@ -71,8 +71,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A Fortran-ordered copy of the values, shaped like ``shape``."""
-        if _runtime._state["tracing"]:
-            _refuse("reads a value on the host (Tensor.numpy() or item())")
+        _runtime.refuse_host_work("reads a value on the host (Tensor.numpy() or item())")
         return self._impl.numpy()
 
     def item(self) -> float | int:
@@ -197,12 +196,6 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
     return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
 
 
-def _refuse(what: str) -> None:
-    from rlkit.core.capturing import refuse_host_work
-
-    refuse_host_work(what)
-
-
 def _resolve_device(device: str | None) -> str:
     """The device to make a tensor on: the given one or the default, checked."""
     return _runtime.check_device(device if device is not None else _runtime.device())
@@ -218,8 +211,7 @@ def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
     be whole numbers in the dtype's range (NaN, Inf, 2.5 or 300 for u8 raise ValueError).
     """
     device = _resolve_device(device)
-    if _runtime._state["tracing"]:
-        _refuse("makes a tensor from host data (rc.tensor)")
+    _runtime.refuse_host_work("makes a tensor from host data (rc.tensor)")
     arr = _to_fortran(data, dtype)
     return Tensor(_native.from_numpy(arr, _dtype_of(arr), False, device))
 
