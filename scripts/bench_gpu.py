@@ -673,8 +673,8 @@ def level_table(name: str, agent, updates: int = 300) -> str:
     lines = [f"### {name}", "", "| level | us | kernels |", "|---|---|---|"]
     total = 0.0
     for captured in agent._captured_programs():
-        for recording in captured._recordings.values():
-            for level, (us, label) in enumerate(recording.program.level_times()):
+        for program in captured._programs.values():
+            for level, (us, label) in enumerate(program.native.level_times()):
                 lines.append(f"| {level} | {us:.1f} | {label} |")
                 total += us
     lines.append(f"| all | {total:.1f} | |")

@@ -363,8 +363,8 @@ def test_a_program_recorded_with_profiling_on_times_each_level(on_gpu):
         _native.set_gpu_profiling(False)
     np.testing.assert_allclose(got[0], np.exp(np.full((20, 7), 0.3)), rtol=1e-5)
     np.testing.assert_array_equal(got[1], np.ones((20, 7)))
-    (recording,) = profiled._recordings.values()
-    levels = recording.program.level_times()
+    (program,) = profiled._programs.values()
+    levels = program.native.level_times()
     labels = [label for _, label in levels]
     assert all(us >= 0.0 for us, _ in levels) and sum(us for us, _ in levels) > 0.0
     matmul_level = next(k for k, label in enumerate(labels) if "matmul" in label)
@@ -372,7 +372,7 @@ def test_a_program_recorded_with_profiling_on_times_each_level(on_gpu):
     assert "outputs" in labels[-1]  # the copy of the outputs for the host ends the program
     unprofiled = rc.capture(fn, params=[a])  # recorded after profiling was turned off
     unprofiled(x=x)
-    assert next(iter(unprofiled._recordings.values())).program.level_times() == []
+    assert next(iter(unprofiled._programs.values())).native.level_times() == []
 
 
 @pytest.mark.parametrize("steps", [1, 3])

@@ -79,7 +79,7 @@ def test_gradient_against_finite_differences():
             losses.append(float(g.get_data("loss").ravel()[0]))
         numeric[index] = (losses[0] - losses[1]) / (2 * step)
     np.testing.assert_allclose(analytic, numeric, rtol=2e-2, atol=2e-3)
-    assert len(g._captured._recordings) == 1 and g._captured.traces == 1  # 33 computes, one trace
+    assert len(g._captured._programs) == 1 and g._captured.traces == 1  # 33 computes, one trace
 
 
 def test_misuse_is_refused_with_a_clear_message():

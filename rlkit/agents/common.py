@@ -324,7 +324,7 @@ class OffPolicyAgent:
         self._last_obs: np.ndarray | None = None
         self._train_scalars: dict[str, float] = {}
         self.skipped_updates = 0
-        self._acting: dict[bool, rc.capturing.Captured] = {}  # the captured policy, by determinism
+        self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
@@ -575,7 +575,7 @@ class OffPolicyAgent:
             for item in value.values() if isinstance(value, dict) else (value,):
                 if isinstance(item, rc.capturing.CapturedStep):
                     item = item.captured
-                if isinstance(item, rc.capturing.Captured):
+                if isinstance(item, rc.capturing.CapturedFunction):
                     found.append(item)
         return found
 

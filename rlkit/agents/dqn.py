@@ -151,7 +151,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         else:
             self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
-        self._updates: dict[int, rc.capturing.Captured] = {}  # captured runs of gradient steps, by their count
+        self._updates: dict[int, rc.capturing.CapturedFunction] = {}  # captured runs of gradient steps, by their count
         # requested every target_update_interval environment steps, applied before the next
         # round of gradient steps (the only writer of self.q within learn), a save or load,
         # a callback and the end of learn
@@ -162,7 +162,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         # and the captured update, which hold them too, need)
         self._q_parameters = tuple(self.q.parameters().values())
         self._on_host = default_device("cpu")
-        self._host_acting: rc.capturing.Captured | None = None  # the host copy's captured forward
+        self._host_acting: rc.capturing.CapturedFunction | None = None  # the host copy's captured forward
         self._host_q_versions: tuple[int, ...] | None = None  # self.q's versions at the last refresh
 
     def _host_copy(self) -> rc.nn.Module | None:
@@ -199,7 +199,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self.buffer.update_priorities_on_device(s.index, q_taken - td_target)
         return rc.mean(s.weights * rc.huber_loss(q_taken, td_target, reduction="none"))  # weights [1, B]
 
-    def _updates_program(self, steps: int) -> rc.capturing.Captured:
+    def _updates_program(self, steps: int) -> rc.capturing.CapturedFunction:
         """The captured program of ``steps`` gradient steps in a row (traced at its first call);
         it returns each step's loss and gradient norm."""
         program = self._updates.get(steps)

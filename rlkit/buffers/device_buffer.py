@@ -78,14 +78,14 @@ class DeviceBuffer:
 
     def __rlkit_buffer__(self) -> Tensor:
         """The table as a tensor, for rc.get_rows (no gradient flows into a buffer); runs
-        ``before_read`` now, or inside a trace before every replay of the captured program."""
+        ``before_read`` now, or inside a capture before every replay of the captured program."""
         table = self._live("get_rows")
         if self.before_read is not None:
-            trace = _runtime.active_capture()
-            if trace is None:
+            capture = _runtime.active_capture()
+            if capture is None:
                 self.before_read()
             else:  # a replay runs no Python: the program calls the hook itself
-                trace.before_each_replay(self.before_read)
+                capture.before_each_replay(self.before_read)
         return table
 
     # ---- columns ---------------------------------------------------------------------------

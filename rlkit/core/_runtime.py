@@ -21,7 +21,7 @@ MAX_THREADS = 1024
 DEVICES = ("cpu", "gpu")
 
 # gpu_used: the Vulkan context exists (it is created on the first use of the GPU, not at import);
-# capture: the capture being recorded (rlkit.core.capturing's), or None
+# capture: the capture being recorded (an rlkit.core.capturing.Capture), or None
 _state = {"device": "cpu", "dtype": "f32", "gpu_used": False, "capture": None}
 
 
@@ -209,11 +209,11 @@ def gpu_stats(reset: bool = False) -> dict:
 # capturing.py builds on all of them.
 
 class CaptureError(RuntimeError):
-    """The traced function did something a replay would not repeat."""
+    """The captured function did something a replay would not repeat."""
 
 
 def active_capture():
-    """The capture being recorded (an ``rlkit.core.capturing`` capture), or None."""
+    """The capture being recorded (an ``rlkit.core.capturing.Capture``), or None."""
     return _state["capture"]
 
 

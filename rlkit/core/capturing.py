@@ -11,11 +11,11 @@ command buffer recorded once and re-submitted (random ops draw fresh streams at 
 
 A replay re-records when an input's shape or dtype, the device, or a listed parameter or buffer
 (freed, moved, or written from the host with load_state_dict) changes. Host work inside the
-trace that a replay would not repeat (reading a value, making a tensor from host data) raises
-CaptureError naming it. Inputs are checked at every replay as the eager ops check host data:
-an integer input must hold values that fit in i32, and an input that an op takes as indices
-(get_rows, gather, ...) or as a bound (randint, a replay buffer's ``stored``) gets that op's
-checks and messages. A non-finite gradient norm skips the update: weights, moments and the
+captured function that a replay would not repeat (reading a value, making a tensor from host
+data) raises CaptureError naming it. Inputs are checked at every replay as the eager ops check
+host data: an integer input must hold values that fit in i32, and an input that an op takes as
+indices (get_rows, gather, ...) or as a bound (randint, a replay buffer's ``stored``) gets that
+op's checks and messages. A non-finite gradient norm skips the update: weights, moments and the
 step counter stay as they were.
 """
 
@@ -35,9 +35,11 @@ from rlkit.core.tape import grad_tape
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
 
-class Trace:
-    """What a trace collects besides its ops: inputs computed on the host at every replay
-    (optimizer coefficients), extra outputs, and what to do with them after each replay."""
+class Capture:
+    """A capture being recorded: what it collects besides its ops. Inputs computed on the host
+    at every replay (optimizer coefficients), extra outputs, what to do with them after each
+    replay, host work each replay needs first, and checks of the inputs' values. Ops, optimizers
+    and buffers reach it through ``_runtime.active_capture()``."""
 
     def __init__(self):
         self.host_inputs: list[tuple[Tensor, Callable[[], np.ndarray]]] = []
@@ -45,7 +47,7 @@ class Trace:
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
         self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
-        self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this trace so far
+        self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this capture so far
         self.input_checks: list[tuple[object, Callable[[np.ndarray], None]]] = []  # (a tensor's impl, its check)
 
     def host_input(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray]) -> Tensor:
@@ -55,7 +57,7 @@ class Trace:
         return t
 
     def before_each_replay(self, prepare: Callable[[], None]) -> None:
-        """Calls ``prepare()`` before every replay of the program (once however often the trace
+        """Calls ``prepare()`` before every replay of the program (once however often the capture
         asks): host work the recorded ops depend on and a replay would not repeat, such as
         sending the columns a buffer staged on the host since the last replay."""
         if prepare not in self.before_replay:
@@ -63,7 +65,7 @@ class Trace:
 
     def check_input(self, t: Tensor, check: Callable[[np.ndarray], None]) -> None:
         """Calls ``check(values)`` on the host values given for ``t`` before every replay, when
-        ``t`` is one of the captured function's inputs (a tensor computed in the trace has no
+        ``t`` is one of the captured function's inputs (a tensor computed in the capture has no
         host values, and is not checked)."""
         self.input_checks.append((t._impl, check))
 
@@ -89,7 +91,7 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
 
 
 def _input_array(name: str, value) -> tuple[np.ndarray, str]:
-    """An input as given (bools as f32) and the dtype it is traced as: i32 for integers, the
+    """An input as given (bools as f32) and the dtype it is captured as: i32 for integers, the
     default float dtype for floats."""
     arr = np.asarray(value)
     if arr.dtype.kind == "b":
@@ -102,7 +104,7 @@ def _input_array(name: str, value) -> tuple[np.ndarray, str]:
 
 
 def _host_array(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
-    """An input converted for the program: Fortran-ordered, of the traced dtype and shape
+    """An input converted for the program: Fortran-ordered, of the captured dtype and shape
     (integers checked to fit in i32 first)."""
     if dtype == "i32":
         check_integer_values(arr, "i32", f"capture: input {name!r}")
@@ -122,20 +124,37 @@ def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
     return arr.shape
 
 
-class _Recording:
-    """One traced program and what its replays need."""
+class _CapturedProgram:
+    """One captured program (``native``) and what its replays need."""
 
-    def __init__(self, program, names, placeholders, input_checks, host_inputs, outputs, n_user_outputs, rebuild,
+    def __init__(self, native, names, placeholders, input_checks, host_inputs, outputs, n_user_outputs, rebuild,
                  before_replay, after_replay):
-        self.program, self.names, self.placeholders = program, names, placeholders
+        self.native, self.names, self.placeholders = native, names, placeholders
         self.input_checks = input_checks  # (input name, check of its values)
         self.host_inputs, self.outputs = host_inputs, outputs
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
 
+    def replay(self, arrays: dict[str, tuple[np.ndarray, str]]):
+        """Runs the program on the named inputs (each an array and its dtype) and returns the
+        captured function's outputs, in the structure it returned them."""
+        for name, check in self.input_checks:  # the ops' own checks, before anything is converted
+            check(arrays[name][0])
+        values = [_host_array(n, *arrays[n]) for n in self.names]
+        values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in self.host_inputs]
+        for prepare in self.before_replay:
+            prepare()
+        results = self.native.replay(values)  # the program's own inputs and outputs, in order
+        if self.after_replay:
+            extra = results[self.n_user_outputs:]
+            for after in self.after_replay:
+                after(extra)
+        return self.rebuild(results[:self.n_user_outputs])
 
-class Captured:
-    """A captured function: call it with the traced function's inputs, by name."""
+
+class CapturedFunction:
+    """What :func:`capture` returns: call it with ``fn``'s inputs, by name, to replay the program
+    captured for them."""
 
     def __init__(self, fn: Callable, params=()):
         if not callable(fn):
@@ -145,13 +164,13 @@ class Captured:
         for p in self.params:
             if not (isinstance(p, Tensor) or hasattr(p, "__rlkit_buffer__")):
                 raise TypeError(f"capture: params lists parameters and device buffers, got {type(p).__name__}")
-        self._recordings: dict[tuple, _Recording] = {}
+        self._programs: dict[tuple, _CapturedProgram] = {}
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
     def reset(self) -> None:
-        """Forgets every recording: the next call traces ``fn`` anew (after what it reads was
+        """Forgets every program: the next call captures ``fn`` anew (after what it reads was
         replaced by an object the params list does not know, such as a loaded replay buffer)."""
-        self._recordings = {}
+        self._programs = {}
 
     def _identity(self) -> tuple:
         """What a listed parameter or buffer is now: its storage, and for a parameter its
@@ -166,58 +185,52 @@ class Captured:
 
     def __call__(self, **inputs):
         arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
+        return self._program(arrays).replay(arrays)
+
+    def _program(self, arrays: dict[str, tuple[np.ndarray, str]]) -> _CapturedProgram:
+        """The program for these inputs, the device and the listed parameters and buffers as they
+        are now: captured anew when one changed (dropping those of the inputs' old identity)."""
         shapes = {name: _tensor_shape(a) for name, (a, _) in arrays.items()}
         signature = (_runtime.device(), tuple([(n, shapes[n], d) for n, (_, d) in arrays.items()]), self._identity())
-        recording = self._recordings.get(signature)
-        if recording is None:
-            self._recordings = {k: v for k, v in self._recordings.items() if k[:2] != signature[:2]}
-            recording = self._record({name: (shapes[name], d) for name, (_, d) in arrays.items()})
-            self._recordings[signature] = recording
-        for name, check in recording.input_checks:  # the ops' own checks, before anything is converted
-            check(arrays[name][0])
-        values = [_host_array(n, *arrays[n]) for n in recording.names]
-        values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in recording.host_inputs]
-        for prepare in recording.before_replay:
-            prepare()
-        results = recording.program.replay(values)  # the program's own inputs and outputs, in order
-        if recording.after_replay:
-            extra = results[recording.n_user_outputs:]
-            for after in recording.after_replay:
-                after(extra)
-        return recording.rebuild(results[:recording.n_user_outputs])
+        program = self._programs.get(signature)
+        if program is None:
+            self._programs = {k: v for k, v in self._programs.items() if k[:2] != signature[:2]}
+            program = self._capture({name: (shapes[name], d) for name, (_, d) in arrays.items()})
+            self._programs[signature] = program
+        return program
 
-    def _record(self, signature: dict[str, tuple[tuple[int, ...], str]]) -> _Recording:
-        """Traces fn on placeholders of the inputs' (shape, dtype)."""
+    def _capture(self, signature: dict[str, tuple[tuple[int, ...], str]]) -> _CapturedProgram:
+        """Runs fn on placeholders of the inputs' (shape, dtype), recording its ops into a program."""
         device = _runtime.device()
         names = list(signature)
         placeholders = [Tensor(_native.placeholder(list(signature[n][0]), signature[n][1], device)) for n in names]
-        trace = Trace()
+        active = Capture()
         graph = _native.Graph()
-        with _runtime.capture_scope(trace), graph:
+        with _runtime.capture_scope(active), graph:
             result = self.fn(**dict(zip(names, placeholders)))
         outputs, rebuild = _flatten(result)
-        all_outputs = outputs + trace.extra_outputs
-        inputs = placeholders + [t for t, _ in trace.host_inputs]
-        program = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
+        all_outputs = outputs + active.extra_outputs
+        inputs = placeholders + [t for t, _ in active.host_inputs]
+        native = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
         self.traces += 1
-        input_checks = [(name, check) for impl, check in trace.input_checks
+        input_checks = [(name, check) for impl, check in active.input_checks
                         for name, p in zip(names, placeholders) if p._impl is impl]
-        return _Recording(program, names, placeholders, input_checks, trace.host_inputs, all_outputs, len(outputs),
-                          rebuild, trace.before_replay, trace.after_replay)
+        return _CapturedProgram(native, names, placeholders, input_checks, active.host_inputs, all_outputs,
+                                len(outputs), rebuild, active.before_replay, active.after_replay)
 
 
-def capture(fn: Callable, params=()) -> Captured:
+def capture(fn: Callable, params=()) -> CapturedFunction:
     """Traces ``fn(**inputs)`` on its first call (and again for a new input signature) into a
     native program; later calls replay it. ``params`` lists the parameters and device buffers
-    the trace reads, so that freeing, moving or reloading one records the program anew."""
-    return Captured(fn, params)
+    the capture reads, so that freeing, moving or reloading one records the program anew."""
+    return CapturedFunction(fn, params)
 
 
 class CapturedStep:
     """A captured training step: call it with the loss function's inputs, by name; it returns
-    ``(loss, grad_norm)`` as floats. ``captured`` is the underlying Captured program."""
+    ``(loss, grad_norm)`` as floats. ``captured`` is the underlying CapturedFunction."""
 
-    def __init__(self, captured: Captured):
+    def __init__(self, captured: CapturedFunction):
         self.captured = captured
 
     def __call__(self, **inputs) -> tuple[float, float]:
@@ -231,18 +244,18 @@ def _check_max_grad_norm(max_grad_norm, where: str) -> None:
 
 
 def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm: float | None = None):
-    """Inside a traced function: ``loss_fn()`` on its own tape, its backward pass, the global
+    """Inside a captured function: ``loss_fn()`` on its own tape, its backward pass, the global
     gradient norm of ``params`` (clipped to ``max_grad_norm`` when given) and ``optimizer``'s
-    update. Returns ``(loss [1, 1], norm [1, 1])`` as traced tensors. A traced function may
-    make several (critic, then actor, then entropy updates); a non-finite norm skips its own.
+    update. Returns ``(loss [1, 1], norm [1, 1])`` as tensors of the capture. A captured function
+    may make several (critic, then actor, then entropy updates); a non-finite norm skips its own.
     With an optimizer's loss scale, the step scales the loss (``loss_fn`` returns it unscaled)
     by the scale of each replay, and the update unscales the gradients."""
-    trace = _runtime.active_capture()
-    if trace is None:
+    active = _runtime.active_capture()
+    if active is None:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
     _check_max_grad_norm(max_grad_norm, "update_step")
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
-    loss_scale = optimizer._traced_loss_scale(trace)  # None, or the scale and its inverse, [1, 1] each
+    loss_scale = optimizer._captured_loss_scale(active)  # None, or the scale and its inverse, [1, 1] each
     with grad_tape():
         loss = loss_fn()
         scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])
@@ -256,9 +269,9 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
         sum_squares = ops.mul(sum_squares, ops.square(loss_scale[1]))
     norm = ops.sqrt(sum_squares)  # [1, 1]
     factor = _gradient_factor(sum_squares, max_grad_norm)
-    trace.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
+    active.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
     optimizer.step(grads)
-    trace.grad_scale = None
+    active.grad_scale = None
     return ops.reshape(loss, (1, 1)), norm
 
 
@@ -275,7 +288,7 @@ def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor
 
 
 def skipped_count(norms) -> Tensor:
-    """Inside a traced function: [1, 1], how many of ``norms`` (the gradient norms update_step
+    """Inside a captured function: [1, 1], how many of ``norms`` (the gradient norms update_step
     returned) are not finite, that is how many of those updates skipped themselves."""
     skipped = [ops.sub(1.0, ops.gt(math.inf, norm)) for norm in norms]  # gt is 0 for NaN and inf
     total = skipped[0]
@@ -294,7 +307,7 @@ def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | No
     def step(**inputs):
         return update_step(lambda: loss_fn(**inputs), param_list, optimizer, max_grad_norm)
 
-    return CapturedStep(Captured(step, param_list))
+    return CapturedStep(CapturedFunction(step, param_list))
 
 
 def is_finite(value: np.ndarray) -> bool:

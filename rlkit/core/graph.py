@@ -51,7 +51,7 @@ class Graph:
         self._backward = False
         self._data: dict[str, np.ndarray] = {}
         self._results: dict[str, np.ndarray] = {}
-        self._captured: capturing.Captured | None = None
+        self._captured: capturing.CapturedFunction | None = None
 
     # ---- building -----------------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class Graph:
         if missing:
             raise RuntimeError(f"graph: set_data for {missing} before compute")
         if self._captured is None:
-            self._captured = capturing.capture(self._trace)
+            self._captured = capturing.capture(self._forward_and_backward)
         previous = _runtime.device(self.backend)
         try:
             self._results = self._captured(**self._data)
@@ -193,14 +193,14 @@ class Graph:
     @property
     def n_ops(self) -> int:
         """Native ops in the compiled program (forward and backward), after a compute."""
-        if self._captured is None or not self._captured._recordings:
+        if self._captured is None or not self._captured._programs:
             return 0
-        recording = next(iter(self._captured._recordings.values()))
-        return recording.program.n_live  # the ops that run (dead ones are planned out)
+        program = next(iter(self._captured._programs.values()))
+        return program.native.n_live  # the ops that run (dead ones are planned out)
 
-    # ---- the traced program ---------------------------------------------------------------------
+    # ---- the captured program -----------------------------------------------------------------
 
-    def _trace(self, **tensors):
+    def _forward_and_backward(self, **tensors):
         values = {}
         with tape.grad_tape():
             for node in self.nodes.values():

@@ -430,7 +430,7 @@ def scatter_cols(g, index, columns: int) -> Tensor:
 # ---- constants and random values -------------------------------------------------------
 
 def arange(n: int, device: str | None = None) -> Tensor:
-    """f32 [n, 1]: 0, 1, ..., n - 1, computed on the device (no upload, so a captured trace can
+    """f32 [n, 1]: 0, 1, ..., n - 1, computed on the device (no upload, so a capture can
     hold it); exact for n up to 2^24."""
     n = _int_arg(n, "arange", "n")
     if n < 1:

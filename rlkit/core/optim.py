@@ -157,13 +157,13 @@ class Optimizer:
                                         "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
 
-    def _traced_loss_scale(self, trace) -> tuple[Tensor, Tensor] | None:
-        """Inside a trace: the loss scale and its inverse, [1, 1] inputs filled before every
+    def _captured_loss_scale(self, capture) -> tuple[Tensor, Tensor] | None:
+        """Inside a capture: the loss scale and its inverse, [1, 1] inputs filled before every
         replay with the scale of that moment; None without loss scaling."""
         if self._scaling.mode is None:
             return None
-        scale = trace.host_input((1, 1), lambda: np.full((1, 1), self._scaling.scale, np.float32))
-        inverse = trace.host_input((1, 1), lambda: np.full((1, 1), 1.0 / self._scaling.scale, np.float32))
+        scale = capture.host_input((1, 1), lambda: np.full((1, 1), self._scaling.scale, np.float32))
+        inverse = capture.host_input((1, 1), lambda: np.full((1, 1), 1.0 / self._scaling.scale, np.float32))
         return scale, inverse
 
     def _in_update_dtype(self, current: dict[int, Tensor]) -> dict[int, Tensor]:
@@ -190,9 +190,9 @@ class Optimizer:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
         accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did.
         Inside a capture, records the update into the captured program instead."""
-        trace = _runtime.active_capture()
-        if trace is not None:
-            return self._record_step(trace, grads)
+        capture = _runtime.active_capture()
+        if capture is not None:
+            return self._record_step(capture, grads)
         current = self._unscaled(self._current_gradients(grads))
         if current is None:
             return False
@@ -230,20 +230,20 @@ class Optimizer:
 
     # ---- inside a capture --------------------------------------------------------------------
 
-    def _record_step(self, trace, grads: Gradients | None) -> bool:
+    def _record_step(self, capture, grads: Gradients | None) -> bool:
         """Records one in-place update op per parameter group (one dispatch on the GPU), reading
         coefficients the capture computes on the host before every replay; steps are counted
         after replays whose gradient scale was finite. With master weights the update applies to
         the f32 masters, and one more op rounds them into their f16 / bf16 parameters."""
         if self.accumulate_steps > 1:
             raise _runtime.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
-        if self._scaling.mode is not None and trace.grad_scale is None:
+        if self._scaling.mode is not None and capture.grad_scale is None:
             raise _runtime.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
                                         "rc.update_step, which scale the loss")
         current = self._in_update_dtype(self._current_gradients(grads))
-        earlier = trace.updates_recorded.get(id(self), 0)  # a trace may hold several steps of one optimizer
-        trace.updates_recorded[id(self)] = earlier + 1
-        scale = trace.grad_scale
+        earlier = capture.updates_recorded.get(id(self), 0)  # a capture may hold several steps of one optimizer
+        capture.updates_recorded[id(self)] = earlier + 1
+        scale = capture.grad_scale
         if scale is None:
             scale = ops.full((1, 1), 1.0, dtype="f32", device=_runtime.device())
         updated = []
@@ -253,8 +253,8 @@ class Optimizer:
                 continue
             if len({self.state[id(p)]["step"] for p in members}) > 1:
                 raise _runtime.CaptureError("capture: the parameters of a group must share their step count")
-            hyper = trace.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
-                                     self._coefficients(group, first, earlier))
+            hyper = capture.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
+                                       self._coefficients(group, first, earlier))
             self._check_dtypes(members)
             self._record_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
                                 hyper, scale)
@@ -271,12 +271,12 @@ class Optimizer:
             if self._scaling.mode == "dynamic":  # halve after a skipped step, grow after clean ones
                 self._scaling.update(finite)
 
-        trace.extra_output(scale, count_steps)
+        capture.extra_output(scale, count_steps)
         return True
 
     def _coefficients(self, group: dict, p: Tensor, earlier: int) -> np.ndarray:
         """The captured update's coefficients for ``group`` (``p`` one of its parameters), for the
-        step after ``earlier`` steps of this optimizer recorded before it in the same trace."""
+        step after ``earlier`` steps of this optimizer recorded before it in the same capture."""
         raise NotImplementedError
 
     def _record_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
