@@ -5,26 +5,27 @@ Tensors are column-major ``[features, batch]``; ``with grad_tape():`` records op
 contract.
 """
 
-# tensor first: it pulls in ops, autograd and vjp in the order they build on one another.
-from rlkit.core.tensor import Tensor, ones, param, tensor, zeros
+# The engine in reading order, each module importing only those above it (tensor and ops import
+# each other: Tensor's operators are ops): runtime, tape, tensor, ops, vjp, autograd, capturing.
 from rlkit.core._runtime import (
     CaptureError, device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
     synchronize, transfer_stats,
 )
-from rlkit.core.autograd import Gradients, backward
 from rlkit.core.tape import grad_tape, no_grad, tape_memory
-from rlkit.core.data import Batch, DataLoader
-from rlkit.core.capturing import capture, capture_step
-from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
-from rlkit.core.gradcheck import GradcheckError, gradcheck
-from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
+from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
     abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
     gated_linear_attn, rwkv_wkv6,
-    linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, pad_rows, pow, rand, randn, relu,
+    linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, pow, rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
-    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose,
+    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, zeros,
 )
+from rlkit.core.autograd import Gradients, backward
+from rlkit.core.capturing import capture, capture_step
+from rlkit.core.data import Batch, DataLoader
+from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
+from rlkit.core.gradcheck import GradcheckError, gradcheck
+from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
 from rlkit.core import graph, nn, optim, parallel, sched
 from rlkit.core.parallel import dp_train
 

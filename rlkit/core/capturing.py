@@ -308,8 +308,3 @@ def capture_step(loss_fn: Callable, params, optimizer, max_grad_norm: float | No
         return update_step(lambda: loss_fn(**inputs), param_list, optimizer, max_grad_norm)
 
     return CapturedStep(CapturedFunction(step, param_list))
-
-
-def is_finite(value: np.ndarray) -> bool:
-    """Whether a downloaded scalar is finite."""
-    return math.isfinite(float(np.asarray(value).reshape(-1)[0]))

@@ -21,7 +21,7 @@ from rlkit import _native
 from rlkit.core import _runtime
 from rlkit.core._checks import check_index_values, check_integer_values
 from rlkit.core.tape import TAPE
-from rlkit.core.tensor import Tensor, ones, tensor, zeros  # noqa: F401  (re-exported)
+from rlkit.core.tensor import Tensor, tensor
 
 _OP_ID = {name: i for i, name in enumerate(_native.op_names())}
 # ops.def's third column: the ops the tape records (each has its rule in rlkit/core/vjp.py).
@@ -450,6 +450,16 @@ def full(shape, value: float, dtype: str | None = None, device: str | None = Non
     device = _runtime.check_device(device if device is not None else _runtime.device())
     ints = _shape_attrs(shape) + [_DTYPE_CODE[dtype]]
     return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))
+
+
+def zeros(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A tensor of zeros of the given shape (ne order), made on the device (no upload)."""
+    return full(shape, 0.0, dtype=dtype, device=device)
+
+
+def ones(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
+    """A tensor of ones of the given shape (ne order), made on the device (no upload)."""
+    return full(shape, 1.0, dtype=dtype, device=device)
 
 
 def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime, capturing, ops
+from rlkit.core import _runtime, ops
 from rlkit.core.autograd import Gradients
 from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
 
@@ -54,6 +54,11 @@ def _non_negative(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
         raise ValueError(f"optimizer: {what} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _is_finite(value: np.ndarray) -> bool:
+    """Whether a downloaded scalar is finite."""
+    return math.isfinite(float(np.asarray(value).reshape(-1)[0]))
 
 
 def _zeros_like(p: Tensor) -> Tensor:
@@ -264,7 +269,7 @@ class Optimizer:
             ops.apply("cast_into", tuple(rounded))
 
         def count_steps(value, updated=updated):
-            finite = capturing.is_finite(value)
+            finite = _is_finite(value)
             if finite:
                 for p in updated:
                     self.state[id(p)]["step"] += 1

@@ -241,14 +241,6 @@ def _dtype_of(arr: np.ndarray) -> str:
     raise TypeError(f"unsupported array dtype {arr.dtype}")
 
 
-def zeros(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
-    """A tensor of zeros of the given shape (ne order), made on the device (no upload)."""
-    return ops.full(shape, 0.0, dtype=dtype, device=device)
-
-
-def ones(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
-    """A tensor of ones of the given shape (ne order), made on the device (no upload)."""
-    return ops.full(shape, 1.0, dtype=dtype, device=device)
-
-
-from rlkit.core import ops  # noqa: E402  (ops build on Tensor)
+# Last, once Tensor exists: the operators above call ops, and ops build on Tensor (the one
+# import cycle of the engine).
+from rlkit.core import ops  # noqa: E402
