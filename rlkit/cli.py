@@ -327,7 +327,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not env_id or not isinstance(env_id, str):
         raise UsageError(f"{args.path} does not name its environment; pass --env ENV")
     if not args.env:
-        from rlkit.agents.common import env_module
+        from rlkit.agents.lanes import env_module
 
         module = env_module(env_id)
         if module is not None:  # gym.make would import it: code that the file, not the user, names

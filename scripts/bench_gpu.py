@@ -227,7 +227,7 @@ TorchModule = torch.nn.Module if torch is not None else object  # the classes be
 
 class TorchMLP(TorchModule):
     """Linear layers between ``sizes``, ReLU between them (and after the last when asked): the
-    same layers as rlkit.agents.common.mlp, listed in the same order."""
+    same layers as rlkit.agents.networks.mlp, listed in the same order."""
 
     def __init__(self, sizes: tuple[int, ...], final_activation: bool):
         super().__init__()

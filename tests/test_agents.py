@@ -13,7 +13,7 @@ import rlkit.core as rc
 from rlkit.agents import (
     ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
 )
-from rlkit.agents.common import EnvLanes
+from rlkit.agents.lanes import EnvLanes
 from rlkit.buffers import ReplaySamples
 
 SMALL = dict(learning_starts=100, net_arch=(32, 32), batch_size=32, buffer_size=2000, log_interval=100)

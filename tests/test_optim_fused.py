@@ -11,7 +11,7 @@ import pytest
 
 import rlkit.core as rc
 from rlkit import _native
-from rlkit.agents.common import Polyak
+from rlkit.agents.polyak import Polyak
 
 
 # 1 element, odd sizes, the GPU's 1024-element chunks and their edges, 3-D and 4-D shapes

@@ -4,10 +4,12 @@ observed tasks (rlkit.envs), one file each; ``ALGOS`` names them for the command
 
 import rlkit.envs  # noqa: F401  (registers the partially observed tasks)
 
-from rlkit.agents.common import CheckpointCallback, EvalCallback, OffPolicyAgent, evaluate
+from rlkit.agents.base import OffPolicyAgent
+from rlkit.agents.callbacks import CheckpointCallback, EvalCallback
 from rlkit.agents.ddpg import DDPG, DDPGConfig
 from rlkit.agents.discrete_sac import DiscreteSAC, DiscreteSACConfig
 from rlkit.agents.dqn import DQN, DQNConfig
+from rlkit.agents.evaluation import evaluate
 from rlkit.agents.recurrent_dqn import RecurrentDQN, RecurrentDQNConfig
 from rlkit.agents.recurrent_sac import RecurrentSAC, RecurrentSACConfig
 from rlkit.agents.sac import SAC, SACConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rlkit.agents.common import check_common_fields, check_in_range
+from rlkit.agents.config import check_common_fields, check_in_range
 from rlkit.agents.td3 import TD3
 
 

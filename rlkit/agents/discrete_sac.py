@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 import rlkit.core as rc
-from rlkit.agents.common import check_common_fields, check_in_range, mlp
+from rlkit.agents.config import check_common_fields, check_in_range
+from rlkit.agents.networks import mlp
 from rlkit.agents.sac import SAC, initial_ent_coef
 from rlkit.core._checks import positive_int
 

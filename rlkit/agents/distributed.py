@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.agents.common import EpisodeStats, OffPolicyAgent
+from rlkit.agents.base import OffPolicyAgent
+from rlkit.agents.episodes import EpisodeStats
 from rlkit.core import parallel
 from rlkit.logger import SummaryWriter, run_dir
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import (
-    DeferredPolyak, EpsilonGreedy, OffPolicyAgent, Polyak, check_common_fields, check_in_range, check_positive_number,
-    default_device, mlp,
-)
+from rlkit.agents.base import OffPolicyAgent, default_device
+from rlkit.agents.config import check_common_fields, check_in_range, check_positive_number
+from rlkit.agents.exploration import EpsilonGreedy
+from rlkit.agents.networks import mlp
+from rlkit.agents.polyak import DeferredPolyak, Polyak
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core._checks import positive_int
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import OffPolicyAgent
+from rlkit.agents.base import OffPolicyAgent
 from rlkit.core._checks import positive_int
 from rlkit.core.tensor import Tensor
 

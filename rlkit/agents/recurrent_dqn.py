@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
 import rlkit.core as rc
-from rlkit.agents.common import (
-    DeferredPolyak, EpsilonGreedy, Polyak, check_common_fields, check_in_range, check_positive_number, mlp,
-)
+from rlkit.agents.config import check_common_fields, check_in_range, check_positive_number
+from rlkit.agents.exploration import EpsilonGreedy
+from rlkit.agents.networks import mlp
+from rlkit.agents.polyak import DeferredPolyak, Polyak
 from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
 )

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import Polyak, check_common_fields
+from rlkit.agents.config import check_common_fields
+from rlkit.agents.polyak import Polyak
 from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
 )

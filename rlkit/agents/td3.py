@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.common import OffPolicyAgent, Polyak, check_common_fields, check_in_range, mlp
+from rlkit.agents.base import OffPolicyAgent
+from rlkit.agents.config import check_common_fields, check_in_range
+from rlkit.agents.networks import mlp
+from rlkit.agents.polyak import Polyak
 from rlkit.buffers import ReplayBuffer
 from rlkit.core._checks import positive_int
 

@@ -6,8 +6,7 @@ import sys
 
 import numpy as np
 
-from rlkit.agents import DQN, DQNConfig
-from rlkit.agents.common import evaluate
+from rlkit.agents import DQN, DQNConfig, evaluate
 from rlkit.agents.distributed import learn_distributed
 from rlkit.core import parallel
 

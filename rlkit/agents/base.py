@@ -1,5 +1,5 @@
-"""What the off-policy agents share: environments stepped as lanes, the environment loop,
-logging, saving, the polyak update on the device, config checks and evaluation.
+"""The base of the off-policy agents: the environment loop, logging, saving and loading, and
+acting on the agent's device.
 
 An agent subclasses :class:`OffPolicyAgent` and supplies its networks (``_build``), how it
 explores (``_explore``) and acts (``_act``), its gradient steps (``_train``) and what it
@@ -8,98 +8,18 @@ saves (``_state_objects``); everything between the environment and those pieces 
 
 from __future__ import annotations
 
-import math
-import os
 import time
 import warnings
-from collections import deque
 from dataclasses import asdict, fields
 
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.agents.episodes import EpisodeStats
+from rlkit.agents.lanes import EnvLanes, env_module
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from rlkit.core._checks import number_in_range, positive_int
 from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
-
-
-def env_module(env_id: str) -> str | None:
-    """The module ``gym.make(env_id)`` imports before it makes the environment: ``"pkg.mod"``
-    for ``"pkg.mod:Env-v0"``, None for an id without a module prefix."""
-    return env_id.split(":", 1)[0] if ":" in env_id else None
-
-
-def make_env(env_or_id, seed: int | None = None):
-    """A Gymnasium environment from an id (or the environment itself), its spaces seeded."""
-    import gymnasium as gym
-
-    env = gym.make(env_or_id) if isinstance(env_or_id, str) else env_or_id
-    if not hasattr(env, "step") or not hasattr(env, "reset"):
-        raise TypeError(f"expected a Gymnasium environment or its id, got {type(env_or_id).__name__}")
-    if seed is not None:
-        env.action_space.seed(seed)
-        env.observation_space.seed(seed)
-    return env
-
-
-class EnvLanes:
-    """One environment, or a Gymnasium vector environment, stepped as ``n`` lanes. ``step``
-    returns the observations to act on next and, apart, each lane's true next observation (the
-    final one where an episode ended), so the buffer never pairs steps of two episodes."""
-
-    def __init__(self, env_or_id, seed: int | None, n_envs: int = 1):
-        import gymnasium as gym
-
-        self.seed = seed
-        if isinstance(env_or_id, gym.vector.VectorEnv):
-            if env_or_id.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
-                raise ValueError("a vector environment must reset finished episodes in the same step: make it with "
-                                 "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}")
-            if n_envs not in (1, env_or_id.num_envs):
-                raise ValueError(f"n_envs is {n_envs} but the vector environment has {env_or_id.num_envs}")
-            self.env, self.vector = env_or_id, True
-        elif n_envs > 1:
-            if not isinstance(env_or_id, str):
-                raise ValueError("n_envs > 1 needs an environment id (or pass a Gymnasium vector environment)")
-            self.env = gym.make_vec(env_or_id, num_envs=n_envs, vectorization_mode="sync",
-                                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
-            self.vector = True
-        else:
-            self.env, self.vector = make_env(env_or_id), False
-        self.n = self.env.num_envs if self.vector else 1
-        self.observation_space = self.env.single_observation_space if self.vector else self.env.observation_space
-        self.action_space = self.env.single_action_space if self.vector else self.env.action_space
-        if seed is not None:
-            self.action_space.seed(seed)
-            self.observation_space.seed(seed)
-
-    @property
-    def env_id(self) -> str | None:
-        """The registered id of the environment, if it has one."""
-        spec = self.env.spec
-        return spec.id if spec is not None else None
-
-    def reset(self) -> np.ndarray:
-        """The first observation of every lane: [n, *obs_shape]."""
-        obs, _ = self.env.reset(seed=self.seed)
-        return np.asarray(obs) if self.vector else np.asarray(obs)[None]
-
-    def step(self, actions: np.ndarray):
-        """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
-        if not self.vector:
-            obs, reward, terminated, truncated, _ = self.env.step(actions[0])
-            true_next = next_obs = np.asarray(obs)[None]  # the same array unless the episode ended
-            if terminated or truncated:
-                obs, _ = self.env.reset()
-                next_obs = np.asarray(obs)[None]
-            return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
-                    true_next)
-        obs, reward, terminated, truncated, info = self.env.step(actions)
-        true_next = np.array(obs, copy=True)
-        for lane in np.flatnonzero(info.get("_final_obs", ())):
-            true_next[lane] = info["final_obs"][lane]
-        return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
 
 
 class default_device:
@@ -117,139 +37,6 @@ class default_device:
     def __exit__(self, *exc_info) -> None:
         rc.device(self._previous.pop())
 
-
-class Polyak:
-    """target <- tau * source + (1 - tau) * target for paired parameters, in place on the
-    device (the target's storage stays the same, so captured programs reading it see the
-    update). Usable inside a captured update."""
-
-    def __init__(self, target: dict[str, Tensor], source: dict[str, Tensor]):
-        if list(target) != list(source):
-            raise ValueError("polyak: the target and source networks have different parameters")
-        self._paired = tuple(x for name in target for x in (target[name], source[name]))  # target, source, ...
-
-    def __call__(self, tau: float) -> None:
-        rc.ops.apply("polyak_step", self._paired, floats=(float(tau),))  # every pair in one pass
-
-
-class DeferredPolyak:
-    """Polyak updates requested at environment steps and applied together by ``apply``, which
-    the owner calls before anything reads the target or writes the source. While the source
-    does not change, k updates with coefficient tau are one with coefficient 1 - (1 - tau)^k
-    (exactly a copy for tau = 1): one device dispatch per round of gradient steps instead of
-    one every few environment steps."""
-
-    def __init__(self, update: Polyak, tau: float):
-        self.update, self.tau = update, float(tau)
-        self.pending = 0  # updates requested since the last apply
-
-    def request(self) -> None:
-        """Asks for one update (applied by the next ``apply``)."""
-        self.pending += 1
-
-    def apply(self) -> None:
-        """Applies the requested updates as one (nothing when none is pending)."""
-        if self.pending:
-            coefficient = 1.0 - (1.0 - self.tau) ** self.pending
-            self.pending = 0
-            self.update(coefficient)
-
-
-class EpisodeStats:
-    """Returns and lengths of the last 100 finished episodes of all lanes (rollout/ep_rew_mean,
-    rollout/ep_len_mean)."""
-
-    def __init__(self, n_envs: int = 1, window: int = 100):
-        self.returns: deque = deque(maxlen=window)
-        self.lengths: deque = deque(maxlen=window)
-        self.current_return = np.zeros(n_envs)
-        self.current_length = np.zeros(n_envs, np.int64)
-
-    def step(self, reward, done) -> None:
-        """Counts one step of every lane; ``done`` marks lanes whose episode ended."""
-        self.current_return += np.asarray(reward, np.float64).reshape(-1)
-        self.current_length += 1
-        ended = np.asarray(done).reshape(-1)
-        if not np.count_nonzero(ended):
-            return  # most steps end no episode (and the count is cheaper than the search below)
-        for lane in np.flatnonzero(ended):
-            self.returns.append(float(self.current_return[lane]))
-            self.lengths.append(int(self.current_length[lane]))
-            self.current_return[lane], self.current_length[lane] = 0.0, 0
-
-    def means(self) -> tuple[float, float] | None:
-        """(mean return, mean length) of the window, or None before the first episode ends."""
-        if not self.returns:
-            return None
-        return float(np.mean(self.returns)), float(np.mean(self.lengths))
-
-
-def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
-    """Linear layers between ``sizes``, ReLU between them, initialised as PyTorch initialises
-    nn.Linear (the scale the RL Zoo settings were tuned with)."""
-    pairs = list(zip(sizes[:-1], sizes[1:]))
-    return rc.nn.Sequential(*[
-        rc.nn.Linear(a, b, activation="relu" if final_activation or i < len(pairs) - 1 else None,
-                     init="fan_in_uniform")
-        for i, (a, b) in enumerate(pairs)])
-
-
-class EpsilonGreedy:
-    """Exploration of the DQN family (a mixin before OffPolicyAgent): each lane takes a uniform
-    action with probability epsilon, else the greedy one; epsilon falls linearly from
-    ``exploration_initial_eps`` to ``exploration_final_eps`` over ``exploration_fraction`` of
-    training, and is logged as rollout/exploration_rate."""
-
-    def _explore(self, obs: np.ndarray) -> np.ndarray:
-        explore = self._rng.random(len(obs)) < self._epsilon()
-        n_explore = int(np.count_nonzero(explore))
-        if n_explore == len(obs) and not self.recurrent:  # as SB3: no forward for random actions only
-            return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
-        actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
-        if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
-            actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
-        return actions
-
-    def _epsilon(self) -> float:
-        cfg = self.config
-        progress = min(1.0, self._progress() / cfg.exploration_fraction)
-        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
-
-    def _extra_scalars(self) -> dict[str, float]:
-        return {"rollout/exploration_rate": self._epsilon()}
-
-
-# ---- config checks ------------------------------------------------------------------------------
-
-def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:
-    """``config.name`` is a number in [low, high] (or (low, high] when ``low_open``)."""
-    number_in_range(getattr(config, name), f"{type(config).__name__}: {name}", low, high, low_open)
-
-
-def check_positive_number(config, name: str) -> None:
-    """``config.name`` is a finite number > 0."""
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"{type(config).__name__}: {name} must be a positive number, got {value!r}")
-
-
-def check_common_fields(config) -> None:
-    """The checks every off-policy config shares: counts, rates, the discount, tau and the
-    network widths."""
-    prefix = type(config).__name__
-    for name in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "log_interval", "n_envs"):
-        positive_int(getattr(config, name), f"{prefix}: {name}")
-    starts = config.learning_starts
-    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 0:
-        raise ValueError(f"{prefix}: learning_starts must be an int >= 0, got {starts!r}")
-    check_positive_number(config, "learning_rate")
-    check_in_range(config, "gamma", 0.0, 1.0)
-    check_in_range(config, "tau", 0.0, 1.0, low_open=True)
-    for width in config.net_arch:
-        positive_int(width, f"{prefix}: each net_arch width")
-
-
-# ---- what the environment returns ----------------------------------------------------------------
 
 class FiniteCheck:
     """learn's check of the observations and rewards the environment returns: at the first NaN
@@ -283,8 +70,6 @@ class FiniteCheck:
             self.warned = True
             warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
 
-
-# ---- the agent ------------------------------------------------------------------------------------
 
 class OffPolicyAgent:
     """The environment loop, logging and saving of an off-policy agent.
@@ -610,90 +395,3 @@ class OffPolicyAgent:
         load_checkpoint(path, agent._state_objects())
         agent.num_timesteps = meta["num_timesteps"]
         return agent
-
-
-class CheckpointCallback:
-    """A ``learn`` callback that saves the agent every ``save_freq`` environment steps to
-    ``<save_path>/<name_prefix>_<steps>_steps.safetensors`` (each file written atomically), and
-    with ``save_replay_buffer`` the buffer to ``<name_prefix>_replay_buffer_<steps>_steps``, as
-    Stable-Baselines3's CheckpointCallback names them. ``saved`` lists the agent files."""
-
-    def __init__(self, save_freq: int, save_path: str, name_prefix: str = "rl_model",
-                 save_replay_buffer: bool = False):
-        self.save_freq = positive_int(save_freq, "CheckpointCallback: save_freq")
-        self.save_path, self.name_prefix, self.save_replay_buffer = save_path, name_prefix, save_replay_buffer
-        self.saved: list[str] = []
-        self._next = self.save_freq
-
-    def __call__(self, agent, local_vars: dict) -> bool:
-        if agent.num_timesteps >= self._next:
-            self._next = agent.num_timesteps + self.save_freq
-            os.makedirs(self.save_path, exist_ok=True)
-            stem = os.path.join(self.save_path, self.name_prefix)
-            if self.save_replay_buffer:
-                agent.save_replay_buffer(f"{stem}_replay_buffer_{agent.num_timesteps}_steps")
-            agent.save(f"{stem}_{agent.num_timesteps}_steps.safetensors")
-            self.saved.append(f"{stem}_{agent.num_timesteps}_steps.safetensors")
-        return True
-
-
-class EvalCallback:
-    """A ``learn`` callback that evaluates the agent every ``eval_freq`` environment steps on
-    ``n_episodes`` deterministic episodes of ``env`` (logged as eval/mean_reward and
-    eval/mean_ep_length, as Stable-Baselines3 names them), keeps every result in
-    ``evaluations`` as (step, mean, std), and stops training once the mean reaches
-    ``reward_threshold`` when one is given."""
-
-    def __init__(self, env, eval_freq: int = 5000, n_episodes: int = 10, reward_threshold: float | None = None,
-                 seed: int | None = None):
-        self.env_id = env
-        self.eval_freq = positive_int(eval_freq, "EvalCallback: eval_freq")
-        self.n_episodes = positive_int(n_episodes, "EvalCallback: n_episodes")
-        self.reward_threshold, self.seed = reward_threshold, seed
-        self.evaluations: list[tuple[int, float, float]] = []
-        self._next = self.eval_freq
-
-    def __call__(self, agent, local_vars: dict) -> bool:
-        if agent.num_timesteps < self._next:
-            return True
-        self._next = agent.num_timesteps + self.eval_freq
-        lengths = []
-        mean, std = evaluate(agent, self.env_id, self.n_episodes, seed=self.seed, lengths=lengths)
-        self.evaluations.append((agent.num_timesteps, mean, std))
-        writer = local_vars.get("writer")
-        if writer is not None:
-            writer.add_scalar("eval/mean_reward", mean, agent.num_timesteps)
-            writer.add_scalar("eval/mean_ep_length", float(np.mean(lengths)), agent.num_timesteps)
-        return self.reward_threshold is None or mean < self.reward_threshold
-
-    @property
-    def best(self) -> float:
-        """The best mean evaluation return so far (-inf before the first evaluation)."""
-        return max((mean for _, mean, _ in self.evaluations), default=-math.inf)
-
-
-def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None,
-             lengths: list | None = None) -> tuple[float, float]:
-    """Mean and standard deviation of the returns of ``n_episodes`` deterministic episodes
-    (episode ``i`` reset with ``seed + i``); their lengths are appended to ``lengths`` if given."""
-    if isinstance(n_episodes, bool) or not isinstance(n_episodes, int) or n_episodes < 1:
-        raise ValueError(f"evaluate: n_episodes must be a positive int, got {n_episodes!r}")
-    env = make_env(env, seed)
-    recurrent = getattr(agent, "recurrent", False)
-    returns = []
-    for episode in range(n_episodes):
-        obs, _ = env.reset(seed=None if seed is None else seed + episode)
-        total, steps, done, state = 0.0, 0, False, None
-        while not done:
-            if recurrent:  # the state carried through the episode, from zeros
-                action, state = agent.predict(obs, state, deterministic=True)
-            else:
-                action = agent.predict(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            steps += 1
-            done = terminated or truncated
-        returns.append(total)
-        if lengths is not None:
-            lengths.append(steps)
-    return float(np.mean(returns)), float(np.std(returns))

@@ -1,0 +1,31 @@
+"""Epsilon-greedy exploration, with epsilon falling linearly over training (the DQN family)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class EpsilonGreedy:
+    """Exploration of the DQN family (a mixin before OffPolicyAgent): each lane takes a uniform
+    action with probability epsilon, else the greedy one; epsilon falls linearly from
+    ``exploration_initial_eps`` to ``exploration_final_eps`` over ``exploration_fraction`` of
+    training, and is logged as rollout/exploration_rate."""
+
+    def _explore(self, obs: np.ndarray) -> np.ndarray:
+        explore = self._rng.random(len(obs)) < self._epsilon()
+        n_explore = int(np.count_nonzero(explore))
+        if n_explore == len(obs) and not self.recurrent:  # as SB3: no forward for random actions only
+            return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
+        actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
+        if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
+            actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
+        return actions
+
+    def _epsilon(self) -> float:
+        """Epsilon at the current point of the learn call."""
+        cfg = self.config
+        progress = min(1.0, self._progress() / cfg.exploration_fraction)
+        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+    def _extra_scalars(self) -> dict[str, float]:
+        return {"rollout/exploration_rate": self._epsilon()}
