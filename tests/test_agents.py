@@ -3,6 +3,7 @@ runs of every agent and option on both backends, the losses against numpy on fix
 the squashed Gaussian's log-probability, SB3's TensorBoard tags, save/load, vector
 environments, action rescaling, seeding and bad input. The learning gates are at the end."""
 
+import dataclasses
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import rlkit.core as rc
 from rlkit.agents import (
-    ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig, SACConfig, TD3Config, evaluate,
+    ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig,
+    OffPolicyConfig, SACConfig, TD3Config, evaluate,
 )
 from rlkit.agents.lanes import EnvLanes
 from rlkit.buffers import ReplaySamples
@@ -315,6 +317,17 @@ def test_bad_input():
     with pytest.raises(ValueError, match="do not match the observation space"):
         SAC("Pendulum-v1", SACConfig(net_arch=(8,))).predict(np.zeros(5))
     assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "recurrent_dqn", "recurrent_sac", "sac", "td3"]
+
+
+@pytest.mark.parametrize("cls", list(ALGOS.values()), ids=list(ALGOS))
+def test_every_config_is_an_off_policy_config_checked_by_the_base(cls):
+    """Each agent's config subclasses OffPolicyConfig: the shared fields first, in its order,
+    and checked by its __post_init__ under the subclass's name."""
+    shared = [f.name for f in dataclasses.fields(OffPolicyConfig)]
+    assert issubclass(cls.config_class, OffPolicyConfig)
+    assert [f.name for f in dataclasses.fields(cls.config_class)][:len(shared)] == shared
+    with pytest.raises(ValueError, match=f"^{cls.config_class.__name__}: batch_size must be a positive int, got 0$"):
+        cls.config_class(batch_size=0)
 
 
 # ---- NaN from the environment ---------------------------------------------------------------------

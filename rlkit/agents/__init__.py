@@ -6,6 +6,7 @@ import rlkit.envs  # noqa: F401  (registers the partially observed tasks)
 
 from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.callbacks import CheckpointCallback, EvalCallback
+from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.ddpg import DDPG, DDPGConfig
 from rlkit.agents.discrete_sac import DiscreteSAC, DiscreteSACConfig
 from rlkit.agents.dqn import DQN, DQNConfig
@@ -20,5 +21,5 @@ ALGOS = {"dqn": DQN, "ddpg": DDPG, "td3": TD3, "sac": SAC, "discrete_sac": Discr
 """The agent classes by their command-line names."""
 
 __all__ = ["ALGOS", "CheckpointCallback", "DDPG", "DDPGConfig", "DQN", "DQNConfig", "DiscreteSAC", "DiscreteSACConfig",
-           "EvalCallback", "OffPolicyAgent", "RecurrentDQN", "RecurrentDQNConfig", "RecurrentSAC",
+           "EvalCallback", "OffPolicyAgent", "OffPolicyConfig", "RecurrentDQN", "RecurrentDQNConfig", "RecurrentSAC",
            "RecurrentSACConfig", "SAC", "SACConfig", "TD3", "TD3Config", "evaluate"]

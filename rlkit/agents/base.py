@@ -74,7 +74,7 @@ class FiniteCheck:
 class OffPolicyAgent:
     """The environment loop, logging and saving of an off-policy agent.
 
-    Subclasses set ``algo`` and ``config_class`` and define ``_build`` (networks, optimizers,
+    Subclasses set ``algo`` and ``config_class`` (an OffPolicyConfig subclass) and define ``_build`` (networks, optimizers,
     the replay buffer ``self.buffer`` and the captured updates), ``_explore`` (actions while
     training), ``_act`` (the policy's forward, captured per batch size), ``_train`` (gradient steps) and
     ``_state_objects`` (what ``save`` writes).

@@ -1,10 +1,59 @@
-"""The checks of the agents' configs: number ranges, and the fields every off-policy config has."""
+"""The agents' configs: ``OffPolicyConfig``, the hyperparameters every off-policy agent has,
+documented here once, and the checks the configs' ``__post_init__`` run."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from rlkit.core._checks import number_in_range, positive_int
+
+
+@dataclass
+class OffPolicyConfig:
+    """The hyperparameters every off-policy agent has. Each agent's config subclasses it,
+    redefining only the defaults it sets otherwise (a redefined field keeps its place and its
+    meaning here) and adding its own fields after these. The defaults are Stable-Baselines3's
+    for its off-policy algorithms (SAC's); changing one changes every agent that does not set
+    its own."""
+
+    learning_rate: float = 3e-4
+    """Adam's learning rate, for every network the agent trains (and SAC's entropy coefficient)."""
+    buffer_size: int = 1_000_000
+    """Transitions the replay buffer holds."""
+    learning_starts: int = 100
+    """Environment steps taken with uniform random actions before the first gradient step."""
+    batch_size: int = 256
+    """Samples per gradient step: transitions, or sequences for the recurrent agents."""
+    tau: float = 0.005
+    """Polyak coefficient of the target updates (1: a copy)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 1
+    """Environment steps between rounds of gradient steps."""
+    gradient_steps: int = 1
+    """Gradient steps per round."""
+    net_arch: tuple[int, ...] = (256, 256)
+    """Hidden layer sizes of the agent's networks (its config's docstring says which)."""
+    n_envs: int = 1
+    """Environments stepped together (a vector environment made from the id when > 1)."""
+    log_interval: int = 1000
+    """Environment steps between TensorBoard writes."""
+
+    def __post_init__(self):
+        """The checks of the shared fields: counts, rates, the discount, tau and the network
+        widths. A subclass's ``__post_init__`` calls it first, then checks its own fields."""
+        prefix = type(self).__name__
+        for name in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "log_interval", "n_envs"):
+            positive_int(getattr(self, name), f"{prefix}: {name}")
+        starts = self.learning_starts
+        if isinstance(starts, bool) or not isinstance(starts, int) or starts < 0:
+            raise ValueError(f"{prefix}: learning_starts must be an int >= 0, got {starts!r}")
+        check_positive_number(self, "learning_rate")
+        check_in_range(self, "gamma", 0.0, 1.0)
+        check_in_range(self, "tau", 0.0, 1.0, low_open=True)
+        for width in self.net_arch:
+            positive_int(width, f"{prefix}: each net_arch width")
 
 
 def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:
@@ -18,18 +67,3 @@ def check_positive_number(config, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise ValueError(f"{type(config).__name__}: {name} must be a positive number, got {value!r}")
 
-
-def check_common_fields(config) -> None:
-    """The checks every off-policy config shares: counts, rates, the discount, tau and the
-    network widths."""
-    prefix = type(config).__name__
-    for name in ("buffer_size", "batch_size", "train_freq", "gradient_steps", "log_interval", "n_envs"):
-        positive_int(getattr(config, name), f"{prefix}: {name}")
-    starts = config.learning_starts
-    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 0:
-        raise ValueError(f"{prefix}: learning_starts must be an int >= 0, got {starts!r}")
-    check_positive_number(config, "learning_rate")
-    check_in_range(config, "gamma", 0.0, 1.0)
-    check_in_range(config, "tau", 0.0, 1.0, low_open=True)
-    for width in config.net_arch:
-        positive_int(width, f"{prefix}: each net_arch width")

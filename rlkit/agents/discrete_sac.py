@@ -12,35 +12,24 @@ drawn on the device (Gumbel-max).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import rlkit.core as rc
-from rlkit.agents.config import check_common_fields, check_in_range
+from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.sac import SAC, initial_ent_coef
 from rlkit.core._checks import positive_int
 
 
 @dataclass
-class DiscreteSACConfig:
-    """Hyperparameters (CleanRL's discrete SAC, with a polyak target, sized for classic control)."""
+class DiscreteSACConfig(OffPolicyConfig):
+    """Discrete SAC's hyperparameters, the shared ones documented in OffPolicyConfig (CleanRL's
+    discrete SAC, with a polyak target, sized for classic control); ``net_arch`` sizes the
+    actor and each critic."""
 
-    learning_rate: float = 3e-4
-    """Adam's learning rate, for the actor, the critics and the entropy coefficient."""
     buffer_size: int = 100_000
-    """Transitions the replay buffer holds."""
     learning_starts: int = 1000
-    """Environment steps taken with uniform random actions before the first gradient step."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    tau: float = 0.005
-    """Polyak coefficient of the target critics' update."""
-    gamma: float = 0.99
-    """Discount factor."""
-    train_freq: int = 1
-    """Environment steps between rounds of gradient steps."""
-    gradient_steps: int = 1
-    """Gradient steps per round."""
+
     ent_coef: float | str = "auto"
     """The entropy coefficient alpha: a fixed number, or "auto" (tuned, starting at 1) or
     "auto_<x>" (tuned, starting at x)."""
@@ -48,19 +37,12 @@ class DiscreteSACConfig:
     """The tuning aims at this fraction of the largest entropy, log(number of actions)."""
     target_update_interval: int = 1
     """Gradient steps between target-critic updates."""
-    net_arch: tuple[int, ...] = field(default=(256, 256))
-    """Hidden layer sizes of the actor and of each critic."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         positive_int(self.target_update_interval, "DiscreteSACConfig: target_update_interval")
         initial_ent_coef(self.ent_coef)
         check_in_range(self, "target_entropy_scale", 0.0, 1.0)
-
 
 class DiscreteCritics(rc.nn.Module):
     """Two critics, each giving Q of every action: [actions, B]."""

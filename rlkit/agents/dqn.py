@@ -11,13 +11,13 @@ small Q-network acts from a copy on the host, refreshed after each round of grad
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent, default_device
-from rlkit.agents.config import check_common_fields, check_in_range, check_positive_number
+from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
 from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import DeferredPolyak, Polyak
@@ -26,27 +26,20 @@ from rlkit.core._checks import positive_int
 
 
 @dataclass
-class DQNConfig:
-    """Hyperparameters (the defaults are RL Zoo's tuned CartPole-v1 settings)."""
+class DQNConfig(OffPolicyConfig):
+    """DQN's hyperparameters, the shared ones documented in OffPolicyConfig (the defaults are
+    RL Zoo's tuned CartPole-v1 settings); ``net_arch`` sizes the Q-network."""
 
     learning_rate: float = 2.3e-3
-    """Adam's learning rate."""
     buffer_size: int = 100_000
-    """Transitions the replay buffer holds."""
     learning_starts: int = 1000
-    """Environment steps before the first gradient step."""
     batch_size: int = 64
-    """Transitions per gradient step."""
-    gamma: float = 0.99
-    """Discount factor."""
+    tau: float = 1.0
     train_freq: int = 256
-    """Environment steps between rounds of gradient steps."""
     gradient_steps: int = 128
-    """Gradient steps per round."""
+
     target_update_interval: int = 10
     """Environment steps between target-network updates."""
-    tau: float = 1.0
-    """Polyak coefficient of the target update (1: copy)."""
     exploration_fraction: float = 0.16
     """Fraction of training over which epsilon falls linearly."""
     exploration_initial_eps: float = 1.0
@@ -55,8 +48,6 @@ class DQNConfig:
     """Epsilon after the fall."""
     max_grad_norm: float = 10.0
     """Gradients are clipped to this global norm."""
-    net_arch: tuple[int, ...] = field(default=(256, 256))
-    """Hidden layer sizes of the Q-network."""
     double: bool = False
     """Double DQN: the online network chooses the next action, the target network values it."""
     dueling: bool = False
@@ -70,10 +61,6 @@ class DQNConfig:
     """How strongly priorities shape sampling (0: uniform)."""
     prioritized_beta: float = 0.4
     """The importance-weight exponent at the start, annealed linearly to 1 over training."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
     act_on_host: bool | None = None
     """On a GPU, choose actions with a copy of the Q-network on the host, refreshed after each
     round of gradient steps and whenever the network's weights are written (a load, a broadcast):
@@ -82,7 +69,7 @@ class DQNConfig:
     than a GPU round trip)."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         if self.act_on_host is not None and not isinstance(self.act_on_host, bool):
             raise ValueError(f"DQNConfig: act_on_host must be True, False or None, got {self.act_on_host!r}")
         positive_int(self.target_update_interval, "DQNConfig: target_update_interval")
@@ -95,7 +82,6 @@ class DQNConfig:
         check_in_range(self, "prioritized_beta", 0.0, 1.0)
         if self.dueling and not self.net_arch:
             raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
-
 
 HOST_ACTING_MAX_PARAMETERS = 2**18  # act_on_host=None acts on the host up to this Q-network size
 UPDATES_PER_PROGRAM = 16

@@ -12,10 +12,10 @@ carried per environment lane (see rlkit.agents.recurrent).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import rlkit.core as rc
-from rlkit.agents.config import check_common_fields, check_in_range, check_positive_number
+from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
 from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import DeferredPolyak, Polyak
@@ -27,34 +27,29 @@ from rlkit.core._checks import positive_int
 
 
 @dataclass
-class RecurrentDQNConfig:
-    """Hyperparameters. The defaults learn velocity-hidden CartPole (rlkit/CartPoleNoVel-v1: 500
-    from 20k steps on, seed 0): RL Zoo's CartPole DQN schedule (gradient steps, exploration, target
-    copies) with R2D2's windows and n-step returns, which the learning rests on (with 1-step
-    targets the same agent stays near 100-300)."""
+class RecurrentDQNConfig(OffPolicyConfig):
+    """Recurrent DQN's hyperparameters, the shared ones documented in OffPolicyConfig;
+    ``batch_size`` counts sequences and ``net_arch`` sizes the Q head on the encoder's features.
+    The defaults learn velocity-hidden CartPole (rlkit/CartPoleNoVel-v1: 500 from 20k steps on,
+    seed 0): RL Zoo's CartPole DQN schedule (gradient steps, exploration, target copies) with
+    R2D2's windows and n-step returns, which the learning rests on (with 1-step targets the same
+    agent stays near 100-300)."""
 
     learning_rate: float = 1e-3
-    """Adam's learning rate."""
     buffer_size: int = 100_000
-    """Transitions the replay buffer holds."""
     learning_starts: int = 1000
-    """Environment steps before the first gradient step."""
     batch_size: int = 16
-    """Sequences per gradient step."""
+    tau: float = 1.0
+    train_freq: int = 256
+    gradient_steps: int = 128
+    net_arch: tuple[int, ...] = (64,)
+
     sequence_length: int = 16
     """Steps of each sequence that carry loss."""
     burn_in: int = 8
     """Steps before them that only warm the encoder's state up (R2D2's burn-in)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    train_freq: int = 256
-    """Environment steps between rounds of gradient steps."""
-    gradient_steps: int = 128
-    """Gradient steps per round."""
     target_update_interval: int = 10
     """Environment steps between target-network updates."""
-    tau: float = 1.0
-    """Polyak coefficient of the target update (1: copy)."""
     exploration_fraction: float = 0.16
     """Fraction of training over which epsilon falls linearly."""
     exploration_initial_eps: float = 1.0
@@ -71,20 +66,14 @@ class RecurrentDQNConfig:
     """The Mamba block's state size per channel (unused by RWKV)."""
     previous_action: bool = True
     """Feed each step's previous action (one-hot) to the encoder with the observation."""
-    net_arch: tuple[int, ...] = field(default=(64,))
-    """Hidden layer sizes of the Q head on the encoder's features."""
     double: bool = True
     """Double DQN: the online network chooses the next action, the target network values it."""
     n_steps: int = 3
     """Rewards summed into each target before bootstrapping (R2D2's n-step returns; the sums stop
     at episode ends). Windows grow by n_steps - 1 steps that only serve as bootstraps."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         positive_int(self.n_steps, "RecurrentDQNConfig: n_steps")
         check_encoder_fields(self, tail=self.n_steps - 1)
         positive_int(self.target_update_interval, "RecurrentDQNConfig: target_update_interval")
@@ -92,7 +81,6 @@ class RecurrentDQNConfig:
         check_in_range(self, "exploration_initial_eps", 0.0, 1.0)
         check_in_range(self, "exploration_final_eps", 0.0, 1.0)
         check_positive_number(self, "max_grad_norm")
-
 
 class RecurrentQNetwork(rc.nn.Module):
     """Q-values from observation histories: a sequence encoder, then an MLP head per step."""

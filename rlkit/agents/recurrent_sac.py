@@ -13,12 +13,12 @@ actor's encoder one step at a time with a state carried per environment lane.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.config import check_common_fields
+from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
@@ -30,30 +30,22 @@ from rlkit.core._checks import positive_int
 
 
 @dataclass
-class RecurrentSACConfig:
-    """Hyperparameters (the defaults are set for velocity-hidden Pendulum,
-    rlkit/PendulumNoVel-v1; the SAC ones are RL Zoo's Pendulum settings)."""
+class RecurrentSACConfig(OffPolicyConfig):
+    """Recurrent SAC's hyperparameters, the shared ones documented in OffPolicyConfig;
+    ``batch_size`` counts sequences and ``net_arch`` sizes the actor's head and each critic's
+    head. The defaults are set for velocity-hidden Pendulum (rlkit/PendulumNoVel-v1); the SAC
+    ones are RL Zoo's Pendulum settings."""
 
     learning_rate: float = 1e-3
-    """Adam's learning rate, for the actor, the critics and the entropy coefficient."""
     buffer_size: int = 200_000
-    """Transitions the replay buffer holds."""
     learning_starts: int = 1000
-    """Environment steps taken with uniform random actions before the first gradient step."""
     batch_size: int = 16
-    """Sequences per gradient step."""
+    net_arch: tuple[int, ...] = (64, 64)
+
     sequence_length: int = 16
     """Steps of each sequence that carry loss."""
     burn_in: int = 8
     """Steps before them that only warm the encoders' states up (R2D2's burn-in)."""
-    tau: float = 0.005
-    """Polyak coefficient of the target critics' update."""
-    gamma: float = 0.99
-    """Discount factor."""
-    train_freq: int = 1
-    """Environment steps between rounds of gradient steps."""
-    gradient_steps: int = 1
-    """Gradient steps per round."""
     ent_coef: float | str = "auto"
     """The entropy coefficient alpha: a fixed number, or "auto" (tuned, starting at 1) or
     "auto_<x>" (tuned, starting at x)."""
@@ -69,15 +61,9 @@ class RecurrentSACConfig:
     """The Mamba blocks' state size per channel (unused by RWKV)."""
     previous_action: bool = True
     """Feed each step's previous action to the encoders with the observation."""
-    net_arch: tuple[int, ...] = field(default=(64, 64))
-    """Hidden layer sizes of the actor's head and of each critic's head."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         check_encoder_fields(self)
         positive_int(self.n_critics, "RecurrentSACConfig: n_critics")
         if not self.net_arch:
@@ -87,7 +73,6 @@ class RecurrentSACConfig:
                                               or not np.isfinite(float(self.target_entropy))):
             raise ValueError("RecurrentSACConfig: target_entropy must be a finite number or 'auto', "
                              f"got {self.target_entropy!r}")
-
 
 class RecurrentActor(rc.nn.Module):
     """A sequence encoder, then SAC's tanh-squashed Gaussian head on each step's features."""

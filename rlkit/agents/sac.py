@@ -12,13 +12,13 @@ rescaled to the space's bounds on their way to the environment.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent
-from rlkit.agents.config import check_common_fields
+from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.td3 import Critics
@@ -30,26 +30,13 @@ HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 
 
 @dataclass
-class SACConfig:
-    """Hyperparameters (the defaults are RL Zoo's tuned Pendulum-v1 settings, which keep
-    Stable-Baselines3's SAC defaults but the learning rate)."""
+class SACConfig(OffPolicyConfig):
+    """SAC's hyperparameters, the shared ones documented in OffPolicyConfig (the defaults are
+    RL Zoo's tuned Pendulum-v1 settings, which keep Stable-Baselines3's SAC defaults but the
+    learning rate); ``net_arch`` sizes the actor and each critic."""
 
     learning_rate: float = 1e-3
-    """Adam's learning rate, for the actor, the critics and the entropy coefficient."""
-    buffer_size: int = 1_000_000
-    """Transitions the replay buffer holds."""
-    learning_starts: int = 100
-    """Environment steps taken with uniform random actions before the first gradient step."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    tau: float = 0.005
-    """Polyak coefficient of the target critics' update."""
-    gamma: float = 0.99
-    """Discount factor."""
-    train_freq: int = 1
-    """Environment steps between rounds of gradient steps."""
-    gradient_steps: int = 1
-    """Gradient steps per round."""
+
     ent_coef: float | str = "auto"
     """The entropy coefficient alpha: a fixed number, or "auto" (tuned, starting at 1) or
     "auto_<x>" (tuned, starting at x)."""
@@ -59,15 +46,9 @@ class SACConfig:
     """Gradient steps between target-critic updates."""
     n_critics: int = 2
     """Critics whose minimum makes the target (clipped double Q)."""
-    net_arch: tuple[int, ...] = field(default=(256, 256))
-    """Hidden layer sizes of the actor and of each critic."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         for name in ("target_update_interval", "n_critics"):
             positive_int(getattr(self, name), f"SACConfig: {name}")
         if not self.net_arch:
@@ -76,7 +57,6 @@ class SACConfig:
         if self.target_entropy != "auto" and (isinstance(self.target_entropy, (bool, str))
                                               or not math.isfinite(float(self.target_entropy))):
             raise ValueError(f"SACConfig: target_entropy must be a finite number or 'auto', got {self.target_entropy!r}")
-
 
 def initial_ent_coef(ent_coef) -> tuple[float, bool]:
     """(starting alpha, whether it is tuned) from a config's ``ent_coef``."""

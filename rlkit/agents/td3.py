@@ -11,13 +11,13 @@ are rescaled to the space's bounds on their way to the environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent
-from rlkit.agents.config import check_common_fields, check_in_range
+from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import Polyak
 from rlkit.buffers import ReplayBuffer
@@ -25,25 +25,16 @@ from rlkit.core._checks import positive_int
 
 
 @dataclass
-class TD3Config:
-    """Hyperparameters (the defaults are RL Zoo's tuned Pendulum-v1 settings)."""
+class TD3Config(OffPolicyConfig):
+    """TD3's hyperparameters, the shared ones documented in OffPolicyConfig (the defaults are
+    RL Zoo's tuned Pendulum-v1 settings); ``net_arch`` sizes the actor and each critic."""
 
     learning_rate: float = 1e-3
-    """Adam's learning rate, for the actor and the critics."""
     buffer_size: int = 200_000
-    """Transitions the replay buffer holds."""
     learning_starts: int = 10_000
-    """Environment steps taken with uniform random actions before the first gradient step."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    tau: float = 0.005
-    """Polyak coefficient of the target updates."""
     gamma: float = 0.98
-    """Discount factor."""
-    train_freq: int = 1
-    """Environment steps between rounds of gradient steps."""
-    gradient_steps: int = 1
-    """Gradient steps per round."""
+    net_arch: tuple[int, ...] = (400, 300)
+
     action_noise_std: float = 0.1
     """Standard deviation of the Gaussian exploration noise, in the [-1, 1] action scale."""
     policy_delay: int = 2
@@ -54,22 +45,15 @@ class TD3Config:
     """The smoothing noise is clipped to +- this."""
     n_critics: int = 2
     """Critics whose minimum makes the target (clipped double Q)."""
-    net_arch: tuple[int, ...] = field(default=(400, 300))
-    """Hidden layer sizes of the actor and of each critic."""
-    n_envs: int = 1
-    """Environments stepped together (a vector environment made from the id when > 1)."""
-    log_interval: int = 1000
-    """Environment steps between TensorBoard writes."""
 
     def __post_init__(self):
-        check_common_fields(self)
+        super().__post_init__()
         for name in ("policy_delay", "n_critics"):
             positive_int(getattr(self, name), f"{type(self).__name__}: {name}")
         for name in ("action_noise_std", "target_policy_noise", "target_noise_clip"):
             check_in_range(self, name, 0.0, 10.0)
         if not self.net_arch:
             raise ValueError(f"{type(self).__name__}: net_arch needs at least one hidden layer")
-
 
 class Actor(rc.nn.Module):
     """The deterministic policy: an MLP ending in tanh, actions in [-1, 1]."""
