@@ -29,14 +29,14 @@ def main() -> int:
 
     gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, reward_threshold=475, seed=args.seed + 100)
 
-    def report(agent, _locals):
-        go_on = gate(agent, _locals)
-        if agent.num_timesteps % 5000 == 0:
-            returns = _locals["stats"].means()
+    def report(event):
+        go_on = gate(event)
+        if event.num_timesteps % 5000 == 0:
+            returns = event.episodes.means()
             shown = f"{returns[0]:7.1f}" if returns else "    -  "
-            print(f"step {agent.num_timesteps:6d}  mean episode return (last 100) {shown}  "
+            print(f"step {event.num_timesteps:6d}  mean episode return (last 100) {shown}  "
                   f"evaluation {gate.evaluations[-1][1]:6.1f}  "
-                  f"{agent.num_timesteps / (time.perf_counter() - start):6.0f} steps/s")
+                  f"{event.num_timesteps / (time.perf_counter() - start):6.0f} steps/s")
         return go_on
 
     agent.learn(args.steps, callback=report)

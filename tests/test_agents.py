@@ -15,6 +15,7 @@ from rlkit.agents import (
     ALGOS, DDPG, DQN, SAC, TD3, CheckpointCallback, DDPGConfig, DiscreteSAC, DiscreteSACConfig, DQNConfig,
     OffPolicyConfig, SACConfig, TD3Config, evaluate,
 )
+from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.lanes import EnvLanes
 from rlkit.buffers import ReplaySamples
 
@@ -202,6 +203,28 @@ def test_saved_agent_acts_identically(cls, env, config, tmp_path):
     assert loaded.num_timesteps == 300 and loaded.config == agent.config
     with pytest.raises(ValueError, match=f"holds a '{cls.algo}' agent, not DQN"):
         DQN.load(path)
+
+
+def test_a_callback_gets_a_step_event_per_vector_step_and_stops_training_by_returning_false(tmp_path):
+    """A plain function callback: one StepEvent per vector-environment step, its fields the
+    step's (actions in the environment's space, a row per lane); None goes on, False stops."""
+    agent = DQN("CartPole-v1", DQNConfig(**SMALL, n_envs=2), seed=1, logdir=str(tmp_path))
+    events = []
+
+    def callback(event):
+        events.append(event)
+        return False if event.num_timesteps >= 40 else None
+
+    agent.learn(1000, callback=callback)
+    assert agent.num_timesteps == 40 and [e.num_timesteps for e in events] == list(range(2, 42, 2))
+    last = events[-1]
+    assert last.agent is agent and last.writer is not None and isinstance(last.episodes, EpisodeStats)
+    assert last.actions.shape == (2,) and all(agent.action_space.contains(int(a)) for a in last.actions)
+    assert last.rewards.shape == (2,) and last.new_obs.shape == (2, 4)
+    assert last.terminated.dtype == bool and last.truncated.shape == (2,)
+    np.testing.assert_array_equal(last.dones, last.terminated | last.truncated)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        last.num_timesteps = 0
 
 
 def test_checkpoints_and_replay_buffer_resume_training(tmp_path):

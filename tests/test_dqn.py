@@ -248,7 +248,8 @@ def test_deferred_target_updates_equal_sequential_polyak_updates(device, tau):
     expected = {name: np.asarray(value, np.float64) for name, value in agent.target.state_dict().items()}
     seen = []
 
-    def check(agent, local_vars):
+    def check(event):
+        agent = event.agent
         if agent._n_calls % 3 == 0:  # a target update was due at this step
             for name in expected:
                 expected[name] = tau * q[name] + (1.0 - tau) * expected[name]

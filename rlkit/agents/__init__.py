@@ -5,7 +5,7 @@ observed tasks (rlkit.envs), one file each; ``ALGOS`` names them for the command
 import rlkit.envs  # noqa: F401  (registers the partially observed tasks)
 
 from rlkit.agents.base import OffPolicyAgent
-from rlkit.agents.callbacks import CheckpointCallback, EvalCallback
+from rlkit.agents.callbacks import CheckpointCallback, EvalCallback, StepEvent
 from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.ddpg import DDPG, DDPGConfig
 from rlkit.agents.discrete_sac import DiscreteSAC, DiscreteSACConfig
@@ -22,4 +22,4 @@ ALGOS = {"dqn": DQN, "ddpg": DDPG, "td3": TD3, "sac": SAC, "discrete_sac": Discr
 
 __all__ = ["ALGOS", "CheckpointCallback", "DDPG", "DDPGConfig", "DQN", "DQNConfig", "DiscreteSAC", "DiscreteSACConfig",
            "EvalCallback", "OffPolicyAgent", "OffPolicyConfig", "RecurrentDQN", "RecurrentDQNConfig", "RecurrentSAC",
-           "RecurrentSACConfig", "SAC", "SACConfig", "TD3", "TD3Config", "evaluate"]
+           "RecurrentSACConfig", "SAC", "SACConfig", "StepEvent", "TD3", "TD3Config", "evaluate"]

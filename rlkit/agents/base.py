@@ -15,6 +15,7 @@ from dataclasses import asdict, fields
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.agents.callbacks import StepEvent
 from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.lanes import EnvLanes, env_module
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
@@ -245,8 +246,12 @@ class OffPolicyAgent:
     # ---- training -----------------------------------------------------------------------------------
 
     def learn(self, total_timesteps: int, progress_bar: bool = False, callback=None, check_finite: str = "raise"):
-        """Trains for ``total_timesteps`` environment steps (summed over the lanes);
-        ``callback(agent, locals)`` returning False stops early. Returns the agent.
+        """Trains for ``total_timesteps`` environment steps (summed over the lanes). Returns
+        the agent.
+
+        ``callback``: called after every vector-environment step with a
+        :class:`~rlkit.agents.callbacks.StepEvent`; returning False stops training there
+        (None and True go on).
 
         ``check_finite``: what a NaN or an infinity in an observation or a reward the environment
         returns does: ``"raise"`` (ValueError naming the timestep, the lane and the value, before
@@ -287,7 +292,8 @@ class OffPolicyAgent:
                 actions = self._random_actions(lanes.n)
             else:
                 actions = self._explore(batch)
-            next_obs, reward, terminated, truncated, true_next = lanes.step(self._to_env_action(actions))
+            env_actions = self._to_env_action(actions)
+            next_obs, reward, terminated, truncated, true_next = lanes.step(env_actions)
             timestep = self.num_timesteps + lanes.n
             check(timestep, "observation", true_next)
             if next_obs is not true_next:  # a reset's first observation
@@ -310,7 +316,10 @@ class OffPolicyAgent:
                 bar.update(lanes.n)
             if callback is not None:
                 self._apply_deferred()
-                if callback(self, locals()) is False:
+                event = StepEvent(agent=self, num_timesteps=self.num_timesteps, actions=env_actions, rewards=reward,
+                                  new_obs=next_obs, terminated=terminated, truncated=truncated, episodes=stats,
+                                  writer=writer)
+                if callback(event) is False:
                     break
         self._apply_deferred()
         self._last_obs = obs

@@ -1,15 +1,61 @@
-"""Callbacks for ``learn``: saving checkpoints and evaluating as training goes, with
-Stable-Baselines3's names."""
+"""Callbacks for ``learn``: the event a callback receives, and callbacks that save checkpoints
+and evaluate as training goes, with Stable-Baselines3's names.
+
+A callback is any callable taking a :class:`StepEvent`, ``callback(event) -> bool | None``:
+``learn`` calls it after every vector-environment step, and stops training when it returns
+False (None and True go on). The event's fields are the whole interface: nothing else of the
+loop reaches a callback.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.evaluation import evaluate
 from rlkit.core._checks import positive_int
+
+if TYPE_CHECKING:
+    from rlkit.agents.base import OffPolicyAgent
+    from rlkit.logger import SummaryWriter
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """What ``learn`` tells its callback after each vector-environment step (every lane
+    stepped once); the arrays have a row per lane."""
+
+    agent: OffPolicyAgent
+    """The agent being trained, its deferred work (DQN's target updates) applied."""
+    num_timesteps: int
+    """Environment steps taken so far, summed over the lanes (``agent.num_timesteps``)."""
+    actions: np.ndarray
+    """The actions the lanes took, in the environment's action space: [n_envs] ints for a
+    Discrete space, [n_envs, *shape] for a Box."""
+    rewards: np.ndarray
+    """The step's rewards, [n_envs] float32."""
+    new_obs: np.ndarray
+    """The observations to act on next, [n_envs, *obs_shape]; where an episode ended, the
+    first observation of the next one."""
+    terminated: np.ndarray
+    """[n_envs] bool: the lanes whose episode reached a terminal state."""
+    truncated: np.ndarray
+    """[n_envs] bool: the lanes whose episode was cut short (a time limit)."""
+    episodes: EpisodeStats
+    """The returns and lengths of the lanes' last 100 finished episodes; ``means()`` gives
+    what is logged as rollout/ep_rew_mean and rollout/ep_len_mean."""
+    writer: SummaryWriter | None
+    """The run's TensorBoard writer, None when the agent has no logdir."""
+
+    @property
+    def dones(self) -> np.ndarray:
+        """[n_envs] bool: the lanes whose episode ended (terminated or truncated)."""
+        return self.terminated | self.truncated
 
 
 class CheckpointCallback:
@@ -25,7 +71,8 @@ class CheckpointCallback:
         self.saved: list[str] = []
         self._next = self.save_freq
 
-    def __call__(self, agent, local_vars: dict) -> bool:
+    def __call__(self, event: StepEvent) -> bool:
+        agent = event.agent
         if agent.num_timesteps >= self._next:
             self._next = agent.num_timesteps + self.save_freq
             os.makedirs(self.save_path, exist_ok=True)
@@ -53,14 +100,15 @@ class EvalCallback:
         self.evaluations: list[tuple[int, float, float]] = []
         self._next = self.eval_freq
 
-    def __call__(self, agent, local_vars: dict) -> bool:
+    def __call__(self, event: StepEvent) -> bool:
+        agent = event.agent
         if agent.num_timesteps < self._next:
             return True
         self._next = agent.num_timesteps + self.eval_freq
         lengths = []
         mean, std = evaluate(agent, self.env_id, self.n_episodes, seed=self.seed, lengths=lengths)
         self.evaluations.append((agent.num_timesteps, mean, std))
-        writer = local_vars.get("writer")
+        writer = event.writer
         if writer is not None:
             writer.add_scalar("eval/mean_reward", mean, agent.num_timesteps)
             writer.add_scalar("eval/mean_ep_length", float(np.mean(lengths)), agent.num_timesteps)
