@@ -152,6 +152,13 @@ def test_discrete_sac_losses_match_numpy():
     expected = sum(np.mean((_run(q, obs)[action[0], columns] - target[0]) ** 2)
                    for q in (agent.critic.q0, agent.critic.q1))
     assert loss == pytest.approx(expected, rel=1e-5)
+    with rc.no_grad():  # the actor's loss, and the expected log pi the entropy coefficient's update reads
+        actor_loss, expected_log_prob = agent._actor_loss(s, rc.full((1, 1), alpha))
+    probs, log_probs = policy(obs)
+    min_q = np.minimum(_run(agent.critic.q0, obs), _run(agent.critic.q1, obs))
+    assert float(actor_loss.numpy().ravel()[0]) == pytest.approx(
+        np.mean(np.sum(probs * (alpha * log_probs - min_q), axis=0)), rel=1e-5)
+    np.testing.assert_allclose(expected_log_prob.numpy()[0], np.sum(probs * log_probs, axis=0), rtol=1e-5, atol=1e-6)
 
 
 def test_squashed_gaussian_log_probability_matches_numpy():

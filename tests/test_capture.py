@@ -204,6 +204,35 @@ def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
         rc.capture_step(lambda: rc.sum(w), [w], optimizer, max_grad_norm=-1)
 
 
+def test_update_step_returns_what_the_loss_function_returns_beside_the_loss(device):
+    """A loss function returning (loss, *aux) gets aux back after the loss and the norm, the
+    tensors of its own forward (here the prediction before the update); the update is the
+    loss's alone, as an eager step's."""
+    batches = _batches(3)
+    eager_model, eager_opt = _model(lr=1e-2)
+    model, opt = _model(lr=1e-2)
+    params = list(model.parameters().values())
+
+    def step(x, y):
+        def loss_fn():
+            prediction = model(x)
+            return rc.mse_loss(prediction, y), prediction
+
+        loss, _, prediction = rc.capturing.update_step(loss_fn, params, opt)
+        return loss, prediction
+
+    program = rc.capture(step, params)
+    for x, y in batches:
+        with rc.no_grad():
+            before = eager_model(rc.tensor(x)).numpy()
+        eager_loss = _eager_steps(eager_model, eager_opt, [(x, y)])[0]
+        loss, prediction = program(x=x, y=y)
+        np.testing.assert_allclose(prediction, before, rtol=2e-5, atol=1e-6)
+        assert float(loss.reshape(-1)[0]) == pytest.approx(eager_loss, rel=2e-5)
+    for name, value in eager_model.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value, rtol=2e-4, atol=2e-6, err_msg=name)
+
+
 # ---- recorded GPU programs: one command buffer, recorded once, submitted at every replay --------
 
 

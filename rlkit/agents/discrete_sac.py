@@ -63,8 +63,9 @@ class DiscreteCritics(rc.nn.Module):
 class DiscreteSAC(SAC):
     """Discrete SAC on ``env`` (a Gymnasium environment, its id, or a vector environment) with
     ``config`` on ``device``; TensorBoard runs go to ``<logdir>/DiscreteSAC_<N>``. Its networks,
-    losses and acting are its own; how SAC builds optimizers and the buffer, runs gradient
-    steps, explores (by sampling the policy) and saves is shared."""
+    losses and acting are its own; how SAC builds optimizers and the buffer, orders each
+    gradient step's updates and runs them, explores (by sampling the policy) and saves is
+    shared."""
 
     algo = "DiscreteSAC"
     config_class = DiscreteSACConfig
@@ -103,32 +104,16 @@ class DiscreteSAC(SAC):
         q0, q1 = self.critic(s.obs)
         return rc.mse_loss(rc.gather(q0, s.action), target) + rc.mse_loss(rc.gather(q1, s.action), target)
 
-    def _update(self, stored, with_target: bool):
-        s = self.buffer.sample_on_device(self.config.batch_size, stored)
-        alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s, alpha),
-                                                             self.critic.parameters(), self.critic_optimizer)
+    def _actor_loss(self, s, alpha):
+        """The mean over the batch of sum_a pi(a|s) (alpha log pi(a|s) - min Q(s, a)), against the
+        critics just updated; and sum_a pi(a|s) log pi(a|s) [1, B], minus the policy's entropy,
+        which the entropy coefficient's update reads where SAC's reads the sampled actions'
+        log-probabilities (SAC._update, shared)."""
         with rc.no_grad():
-            min_q = rc.stop_gradient(self.critic.min(s.obs))  # [actions, B], after the critics' update
-        policy = {}
-
-        def actor_loss():
-            policy["probs"], policy["log_probs"] = self._policy_distribution(s.obs)  # [actions, B]
-            return rc.mean(rc.sum(policy["probs"] * (alpha * policy["log_probs"] - min_q), dim=0))
-
-        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
-        outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
-        if self.tune_alpha:
-            # the policy's entropy minus the target, the expectation taken over its own probabilities
-            entropy_gap = rc.stop_gradient(rc.sum(policy["probs"] * policy["log_probs"], dim=0) + self.target_entropy)
-            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
-                lambda: -rc.mean(self.ent_coef.log_alpha * entropy_gap), self.ent_coef.parameters(),
-                self.ent_coef_optimizer)
-            outputs.append(ent_coef_loss)
-            norms.append(ent_coef_norm)
-        if with_target:
-            self._update_target(self.config.tau)
-        return (*outputs, rc.capturing.skipped_count(norms))  # the skipped updates last
+            min_q = rc.stop_gradient(self.critic.min(s.obs))  # [actions, B]
+        probs, log_probs = self._policy_distribution(s.obs)  # [actions, B]
+        loss = rc.mean(rc.sum(probs * (alpha * log_probs - min_q), dim=0))
+        return loss, rc.sum(probs * log_probs, dim=0)
 
     # ---- acting ----------------------------------------------------------------------------------
 

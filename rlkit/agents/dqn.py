@@ -168,6 +168,9 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     def _loss(self, stored, beta=None):
         """The Huber loss of Q(s, a) against the (n-step) TD target; with prioritized replay,
         weighted by the importance weights, the batch's priorities set from its TD errors."""
+        # Traced, then replayed: each Python `if` on the config here is decided while tracing and
+        # frozen into the program, so a config changed after the first update would go unseen
+        # (the config is fixed once the agent is built).
         cfg = self.config
         if cfg.prioritized:
             s = self.buffer.sample_on_device(cfg.batch_size, stored, beta)
@@ -195,7 +198,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
 
             def run(**inputs):
                 results = []
-                for _ in range(steps):
+                for _ in range(steps):  # unrolled while tracing: hence a program per step count
                     results += rc.capturing.update_step(lambda: self._loss(**inputs), params, self.optimizer,
                                                         self.config.max_grad_norm)
                 return results

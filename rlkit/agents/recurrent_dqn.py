@@ -133,7 +133,7 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
 
     def _loss(self, starts):
         """The masked Huber loss of Q(history, a) against the TD target over sampled windows."""
-        cfg = self.config
+        cfg = self.config  # its `if`s below are decided once, while the update is traced
         s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length + self._window_tail,
                                                    cfg.burn_in, starts)
         inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each

@@ -153,6 +153,14 @@ class RecurrentSAC(RecurrentAgent):
             total = error if total is None else total + error
         return 0.5 * total
 
+    def _actor_loss(self, inputs, features, weights, count, alpha):
+        """The weighted mean over the windows' steps of alpha log pi(a | h) - min Q(h, a), a
+        sampled from the policy and Q read from the updated critics' ``features``; and the
+        sampled actions' log-probabilities [1, T * B], which the entropy coefficient's update reads."""
+        action, log_prob = self.actor.sample(inputs)  # [actions, T * B], [1, T * B]
+        value = alpha * log_prob - self.critic.heads.min(features, action)  # [1, T * B]
+        return rc.div(rc.sum(weights * value), count), log_prob
+
     def _update(self, starts):
         cfg = self.config
         s = self.buffer.sample_sequences_on_device(cfg.batch_size, cfg.sequence_length, cfg.burn_in, starts)
@@ -164,17 +172,12 @@ class RecurrentSAC(RecurrentAgent):
             self.critic.parameters(), self.critic_optimizer)
         with rc.no_grad():
             features = rc.stop_gradient(self.critic.features(inputs))  # the updated critics' view of the windows
-        sampled = {}
-
-        def actor_loss():
-            action, sampled["log_prob"] = self.actor.sample(inputs)  # [actions, T * B], [1, T * B]
-            value = alpha * sampled["log_prob"] - self.critic.heads.min(features, action)  # [1, T * B]
-            return rc.div(rc.sum(weights * value), count)
-
-        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        actor_loss, actor_norm, log_prob = rc.capturing.update_step(
+            lambda: self._actor_loss(inputs, features, weights, count, alpha), self.actor.parameters(),
+            self.actor_optimizer)
         outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
-        if self.tune_alpha:
-            error = rc.stop_gradient(sampled["log_prob"] + self.target_entropy)  # [1, T * B]
+        if self.tune_alpha:  # fixed for the agent's life: decided once, when the update is traced
+            error = rc.stop_gradient(log_prob + self.target_entropy)  # [1, T * B]
             ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
                 lambda: -rc.div(rc.sum(weights * self.ent_coef.log_alpha * error), count),
                 self.ent_coef.parameters(), self.ent_coef_optimizer)

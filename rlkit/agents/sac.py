@@ -161,21 +161,27 @@ class SAC(OffPolicyAgent):
             target = rc.stop_gradient(s.reward + s.discount * (1.0 - s.done) * next_q)  # [1, B]
         return 0.5 * self.critic.squared_error(s.obs, s.action, target)
 
+    def _actor_loss(self, s, alpha):
+        """The mean over the batch of alpha log pi(a | s) - min Q(s, a), a sampled from the
+        policy; and the log-probabilities of the sampled actions [1, B], which the entropy
+        coefficient's update reads (the same sample: update_step returns them after the norm)."""
+        action, log_prob = self.actor.sample(s.obs)  # [actions, B], [1, B]
+        return rc.mean(alpha * log_prob - self.critic.min(s.obs, action)), log_prob
+
     def _update(self, stored, with_target: bool):
+        # Traced once per with_target, then replayed: a Python `if` in this function is decided
+        # while tracing and frozen into the program. So with_target picks one of two programs
+        # (self._steps) instead of being tested in one, and only what is fixed for the agent's
+        # life (tune_alpha) is tested here.
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
         critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s, alpha),
                                                              self.critic.parameters(), self.critic_optimizer)
-        sampled = {}
-
-        def actor_loss():
-            action, sampled["log_prob"] = self.actor.sample(s.obs)  # [actions, B], [1, B]
-            return rc.mean(alpha * sampled["log_prob"] - self.critic.min(s.obs, action))
-
-        actor_loss, actor_norm = rc.capturing.update_step(actor_loss, self.actor.parameters(), self.actor_optimizer)
+        actor_loss, actor_norm, log_prob = rc.capturing.update_step(lambda: self._actor_loss(s, alpha),
+                                                                     self.actor.parameters(), self.actor_optimizer)
         outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:
-            error = rc.stop_gradient(sampled["log_prob"] + self.target_entropy)  # [1, B]
+            error = rc.stop_gradient(log_prob + self.target_entropy)  # [1, B]
             ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
                 lambda: -rc.mean(self.ent_coef.log_alpha * error), self.ent_coef.parameters(), self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)

@@ -160,7 +160,7 @@ class TD3(OffPolicyAgent):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
         critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
                                                              self.critic_optimizer)
-        if not with_actor:
+        if not with_actor:  # decided while tracing: with_actor picks one of two programs
             return critic_loss, rc.full((1, 1), float("nan")), rc.capturing.skipped_count([critic_norm])
         actor_loss, actor_norm = rc.capturing.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
                                                            self.actor_optimizer)

@@ -243,11 +243,14 @@ def _check_max_grad_norm(max_grad_norm, where: str) -> None:
         raise ValueError(f"{where}: max_grad_norm must be a positive number or None, got {max_grad_norm!r}")
 
 
-def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm: float | None = None):
+def update_step(loss_fn: Callable[[], Tensor | tuple], params, optimizer, max_grad_norm: float | None = None):
     """Inside a captured function: ``loss_fn()`` on its own tape, its backward pass, the global
     gradient norm of ``params`` (clipped to ``max_grad_norm`` when given) and ``optimizer``'s
     update. Returns ``(loss [1, 1], norm [1, 1])`` as tensors of the capture. A captured function
     may make several (critic, then actor, then entropy updates); a non-finite norm skips its own.
+    ``loss_fn`` may return a tuple ``(loss, *aux)``: the step then returns ``(loss, norm, *aux)``,
+    aux as given (what the loss was computed from that later work reads, such as the sampled
+    actions' log-probabilities; ``rc.stop_gradient`` them before another loss uses them).
     With an optimizer's loss scale, the step scales the loss (``loss_fn`` returns it unscaled)
     by the scale of each replay, and the update unscales the gradients."""
     active = _runtime.active_capture()
@@ -257,7 +260,8 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     param_list = list(params.values()) if isinstance(params, dict) else list(params)
     loss_scale = optimizer._captured_loss_scale(active)  # None, or the scale and its inverse, [1, 1] each
     with grad_tape():
-        loss = loss_fn()
+        result = loss_fn()
+        loss = result[0] if isinstance(result, tuple) else result
         scaled = loss if loss_scale is None else ops.mul(loss, loss_scale[0])
     grads = backward(scaled)
     listed = [grads.tensor(p) for p in param_list if p in grads]
@@ -272,7 +276,8 @@ def update_step(loss_fn: Callable[[], Tensor], params, optimizer, max_grad_norm:
     active.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
     optimizer.step(grads)
     active.grad_scale = None
-    return ops.reshape(loss, (1, 1)), norm
+    outputs = (ops.reshape(loss, (1, 1)), norm)
+    return outputs + result[1:] if isinstance(result, tuple) else outputs
 
 
 def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor:
