@@ -277,8 +277,12 @@ class ReplayBuffer:
         )
 
     def _n_step(self, t: np.ndarray, e: np.ndarray):
-        """Discounted sums over up to n steps of the lane, stopping after a terminated or
-        truncated step, or at the newest step stored: (return, done, gamma^k, last step)."""
+        """The n-step sums of the transitions at ring steps ``t`` of lanes ``e``: the definition
+        ``_n_step_on_device`` computes again on the device (and is tested against). The rewards
+        of up to ``n_step`` consecutive steps of the lane, discounted, the sum stopping after a
+        step that terminated or was truncated, or at the newest step stored (with
+        optimize_memory, before it: its next observation is not stored yet). Returns (return,
+        done: a summed step terminated, gamma^k for the k steps summed, the last step summed)."""
         newest = (self.pos - 1) % self.lane_length
         ret = np.zeros(t.size, np.float32)
         discount = np.ones(t.size, np.float32)
@@ -333,9 +337,11 @@ class ReplayBuffer:
         return self._n_step_on_device(index)
 
     def _n_step_on_device(self, index: Tensor):
-        """As ``_n_step`` on the host, in column arithmetic: step k of a lane is column
-        index + k * n_envs (mod capacity), and the sum stops after a step whose stop flag is set.
-        Columns are exact in f32 (below 2^24). Returns (return, done, gamma^k, last column)."""
+        """``_n_step`` (the definition) on the device, for the columns ``index``, in column
+        arithmetic: step k of a lane is column index + k * n_envs (mod capacity), and the sum stops
+        after a step whose stop flag is set (``flush`` sets it at episode ends and the newest
+        step). Columns are exact in f32 (below 2^24). Returns (return, done, gamma^k, last
+        column). tests/test_replay.py checks it equals ``_n_step`` on every stored column."""
         column = rc.cast(index, "f32")  # [1, B]
         alive = rc.full(index.shape, 1.0, dtype="f32", device=index.device)  # 1 while the sum goes on
         ret, done = rc.scale(alive, 0.0), rc.scale(alive, 0.0)
