@@ -27,7 +27,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load, save as st_save
 
-from rlkit.core._files import fsync_path, kind_of
+from rlkit.core.files import fsync_path, kind_of
 
 FORMAT = "rlkit.checkpoint"
 VERSION = 1

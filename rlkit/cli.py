@@ -239,7 +239,7 @@ def _agent_class(name: str):
 
 def _check_device(name: str) -> None:
     """UsageError, saying what is missing, where ``name`` cannot be used here."""
-    from rlkit.core._runtime import check_device
+    from rlkit.core.runtime import check_device
 
     try:
         check_device(name)

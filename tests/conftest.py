@@ -17,7 +17,7 @@ import pytest
 
 import rlkit.core as rc
 from rlkit import _native
-from rlkit.core import _runtime
+from rlkit.core import runtime
 
 GPU_UNAVAILABLE = _native.gpu_unavailable_reason()  # why the GPU cannot be used here; "" where it can
 if GPU_UNAVAILABLE and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if not _runtime._state["gpu_used"]:
+    if not runtime._state["gpu_used"]:
         return
     errors = rc.gpu_stats().get("validation_errors", 0)
     if errors:

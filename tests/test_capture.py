@@ -199,7 +199,7 @@ def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
     w = rc.param(np.ones((2, 2)))
     optimizer = rc.optim.SGD([w], lr=0.1)
     with pytest.raises(rc.CaptureError, match="only inside a captured function"):
-        rc.capturing.update_step(lambda: rc.sum(w), [w], optimizer)
+        rc.update_step(lambda: rc.sum(w), [w], optimizer)
     with pytest.raises(ValueError, match="max_grad_norm must be a positive number or None, got -1"):
         rc.capture_step(lambda: rc.sum(w), [w], optimizer, max_grad_norm=-1)
 
@@ -218,7 +218,7 @@ def test_update_step_returns_what_the_loss_function_returns_beside_the_loss(devi
             prediction = model(x)
             return rc.mse_loss(prediction, y), prediction
 
-        loss, _, prediction = rc.capturing.update_step(loss_fn, params, opt)
+        loss, _, prediction = rc.update_step(loss_fn, params, opt)
         return loss, prediction
 
     program = rc.capture(step, params)
@@ -413,7 +413,7 @@ def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, s
 
     def several(x, y):
         for _ in range(steps):
-            loss, _ = rc.capturing.update_step(lambda: rc.mse_loss(model(x), y), params, opt)
+            loss, _ = rc.update_step(lambda: rc.mse_loss(model(x), y), params, opt)
         return loss
 
     program = rc.capture(several, params)

@@ -8,7 +8,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers import DeviceBuffer
-from rlkit.core import _runtime
+from rlkit.core import runtime
 
 
 def _rss_mib() -> float:
@@ -43,8 +43,8 @@ def _cycle(n: int) -> None:
 def test_memory_stays_flat_over_thousands_of_objects(device):
     _cycle(300)  # warm: pools, pipelines and allocator arenas reach their working size
     rss, on_device = _rss_mib(), _device_mib(device)
-    followers = len(_runtime._device_followers)
+    followers = len(runtime._device_followers)
     _cycle(10_000)  # 10,000 tensors, buffers and captures; 1,000 tapes
     assert _rss_mib() - rss < 8.0, (rss, _rss_mib())  # under 1 KiB per round: no per-object leak
     assert _device_mib(device) - on_device < 1.0
-    assert len(_runtime._device_followers) <= followers + 1  # freed buffers leave no reference behind
+    assert len(runtime._device_followers) <= followers + 1  # freed buffers leave no reference behind

@@ -247,6 +247,9 @@ CASES: list[Case] = [
          lambda mu, ls: mu + np.exp(ls) * np_randn_like(np.broadcast_shapes(mu.shape, ls.shape), 11),
          ((N(3, 4), N(3, 4, s=0.5)), (N(3, 4), N(3, 1, s=0.5)), (N(2, 5), N(1, 1)), (N(3, 1), N(3, 4, s=0.5)))),
     Case("stop_gradient", "stop_gradient", rc.stop_gradient, lambda x: x, ((N(3, 4),), (N(2, 1),)), grad=False, int_ok=True),
+    Case("where", "where", rc.where, lambda c, x, y: np.where(c > 0.5, x, y),
+         ((CONST([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]), N(2, 3), N(2, 3)), (CONST([[0.0, 1.0]]), N(1, 2), N(1, 1))),
+         grad=False),
     # losses
     Case("mse_loss", "mse_loss", rc.mse_loss, lambda p, t: np.mean((p - t) ** 2).reshape(1, 1),
          ((N(3, 4), N(3, 4)), (N(1, 5), N(1, 5)), (N(4, 1), N(4, 1)))),
@@ -341,7 +344,8 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # elementwise_chain: tests/test_elementwise_chain.py, against the ops it chains.
 INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "cast_into", "put_cols", "elementwise_chain",  # put_cols: the device prioritized buffer
                 "randint"}  # rc.ops.randint: the replay buffers' sampling on the device (tests/test_random_ops.py)
-DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange"} | INTERNAL_OPS  # tests/test_random_ops.py
+# polyak_update and put_cols (in place, returning nothing): test_polyak_update_and_put_cols_write_in_place below
+DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange", "polyak_update"} | INTERNAL_OPS  # tests/test_random_ops.py
 COVERED_OPS = {c.op for c in CASES} | DEDICATED
 GRAD_COVERED_OPS = {c.op for c in CASES if c.grad}
 
@@ -856,3 +860,35 @@ def test_bad_shape_or_value(op, call, exc, needles):
 def test_every_op_has_bad_input_checks():
     ops_with_bad = {p.values[0] for p in _BAD} | {c.op for c in _first_case_per_op()}
     assert COVERED_OPS <= ops_with_bad, COVERED_OPS - ops_with_bad
+
+
+def test_polyak_update_and_put_cols_write_in_place(device):
+    """Against numpy: every pair's target moves tau of the way to its source, and put_cols
+    writes columns in index order (a repeated index keeps the last value); neither returns."""
+    rng = np.random.default_rng(0)
+    targets = [rng.standard_normal((3, 4)), rng.standard_normal((5, 1))]
+    sources = [rng.standard_normal((3, 4)), rng.standard_normal((5, 1))]
+    t = [rc.param(a) for a in targets]
+    assert rc.polyak_update(t, [rc.tensor(a) for a in sources], 0.25) is None
+    for tensor, target, source in zip(t, targets, sources):
+        np.testing.assert_allclose(tensor.numpy(), 0.25 * source + 0.75 * target, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="as many targets as sources"):
+        rc.polyak_update(t, t[:1], 0.5)
+    with pytest.raises(ValueError, match="tau"):
+        rc.polyak_update(t, t, 1.5)
+    x = rc.param(np.zeros((2, 4)))
+    values = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert rc.put_cols(x, rc.tensor(np.array([[3, 0, 3]], np.int32)), rc.tensor(values)) is None
+    np.testing.assert_array_equal(x.numpy(), [[2.0, 0.0, 0.0, 3.0], [5.0, 0.0, 0.0, 6.0]])
+    with pytest.raises(IndexError):
+        rc.put_cols(x, np.array([4], np.int32), rc.tensor(values[:, :1]))  # checked on the host
+
+
+def test_where_keeps_nan_and_infinity_of_the_branch_not_taken_out(device):
+    condition = rc.tensor(np.array([[1.0, 0.0, 1.0, 0.0]]))
+    x = rc.tensor(np.array([[1.0, np.nan, np.inf, np.nan]]))
+    y = rc.tensor(np.array([[np.nan, 2.0, np.nan, -np.inf]]))
+    np.testing.assert_array_equal(rc.where(condition, x, y).numpy(), [[1.0, 2.0, np.inf, -np.inf]])
+    w = rc.param(np.ones((1, 4)))
+    with rc.grad_tape(), pytest.raises(ValueError, match="where: not differentiable"):
+        rc.where(condition, w, y)

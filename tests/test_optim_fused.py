@@ -351,7 +351,7 @@ def test_a_captured_polyak_update_follows_the_sources_update(device):
     opt = rc.optim.SGD(list(source.values()), lr=0.1)
 
     def step(**x):
-        loss, _ = rc.capturing.update_step(lambda: sum(rc.sum(rc.square(p - x[name])) for name, p in source.items()),
+        loss, _ = rc.update_step(lambda: sum(rc.sum(rc.square(p - x[name])) for name, p in source.items()),
                                  list(source.values()), opt)
         polyak(0.25)
         return loss

@@ -35,7 +35,7 @@ import pytest
 
 import rlkit.core as rc
 from rlkit import _native
-from rlkit.core.tensor import _NUMPY_DTYPES
+from rlkit.core.tensor import NUMPY_DTYPES
 
 from conftest import DEVICES
 
@@ -180,7 +180,7 @@ def check_op(op: str, sizes: list[int], device: str, physical: int) -> str:
     in_bytes = sum(int(np.prod(s, dtype=object)) * ITEMSIZE[d] for s, d in inputs)
     if in_bytes > SMALL_BYTES or SMALL_BYTES < out_bytes <= physical:
         return "legal pending output (not run: large)"
-    real = [_native.from_numpy(np.zeros(shape, _NUMPY_DTYPES[dtype], order="F"), dtype, True, device)
+    real = [_native.from_numpy(np.zeros(shape, NUMPY_DTYPES[dtype], order="F"), dtype, True, device)
             for shape, dtype in inputs]
     kind, result = _outcome(lambda: _native.apply(op_id, real, ints, floats, device))
     if kind == "ok":

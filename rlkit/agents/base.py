@@ -81,7 +81,7 @@ class OffPolicyAgent:
     ``_state_objects`` (what ``save`` writes).
 
     ``skipped_updates`` counts the gradient updates that skipped themselves because their
-    gradients were not finite (see ``rc.capturing.update_step``); it is logged as
+    gradients were not finite (see ``rc.update_step``); it is logged as
     ``train/skipped_updates``.
     """
 

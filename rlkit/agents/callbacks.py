@@ -18,7 +18,7 @@ import numpy as np
 
 from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.evaluation import evaluate
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 if TYPE_CHECKING:
     from rlkit.agents.base import OffPolicyAgent

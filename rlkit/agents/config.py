@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlkit.core._checks import number_in_range, positive_int
+from rlkit.core.checks import number_in_range, positive_int
 
 
 @dataclass

@@ -18,7 +18,7 @@ import rlkit.core as rc
 from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.sac import SAC, initial_ent_coef
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 
 @dataclass

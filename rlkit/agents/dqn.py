@@ -22,7 +22,7 @@ from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import DeferredPolyak, Polyak
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 
 @dataclass
@@ -199,7 +199,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             def run(**inputs):
                 results = []
                 for _ in range(steps):  # unrolled while tracing: hence a program per step count
-                    results += rc.capturing.update_step(lambda: self._loss(**inputs), params, self.optimizer,
+                    results += rc.update_step(lambda: self._loss(**inputs), params, self.optimizer,
                                                         self.config.max_grad_norm)
                 return results
 
@@ -247,7 +247,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         if self._host_q is None:
             return super()._policy(obs, deterministic)
-        versions = tuple([p._impl.version for p in self._q_parameters])
+        versions = tuple([p.version for p in self._q_parameters])
         if versions != self._host_q_versions:  # gradient steps, a load or a broadcast since the last copy
             self._host_q.load_state_dict(self.q.state_dict())
             self._host_q_versions = versions

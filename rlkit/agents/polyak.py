@@ -15,10 +15,10 @@ class Polyak:
     def __init__(self, target: dict[str, Tensor], source: dict[str, Tensor]):
         if list(target) != list(source):
             raise ValueError("polyak: the target and source networks have different parameters")
-        self._paired = tuple(x for name in target for x in (target[name], source[name]))  # target, source, ...
+        self._targets, self._sources = list(target.values()), [source[name] for name in target]
 
     def __call__(self, tau: float) -> None:
-        rc.ops.apply("polyak_step", self._paired, floats=(float(tau),))  # every pair in one pass
+        rc.polyak_update(self._targets, self._sources, tau)  # every pair in one pass
 
 
 class DeferredPolyak:

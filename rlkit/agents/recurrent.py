@@ -16,7 +16,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 from rlkit.core.tensor import Tensor
 
 ENCODERS = ("mamba", "rwkv")
@@ -72,7 +72,7 @@ class SequenceEncoder(rc.nn.Module):
 
     def state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
         """The shape of each of the state's tensors for ``batch_size`` sequences."""
-        return self.block._state_shapes(batch_size)
+        return self.block.state_shapes(batch_size)
 
     def forward(self, obs: Tensor, state=None):
         """(features [d_model, T, B], final state) of observations [n_obs, T, B]."""

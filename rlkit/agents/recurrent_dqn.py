@@ -23,7 +23,7 @@ from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
 )
 from rlkit.buffers import ReplayBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 
 @dataclass

@@ -26,7 +26,7 @@ from rlkit.agents.recurrent import (
 from rlkit.agents.sac import EntropyCoefficient, GaussianActor, initial_ent_coef
 from rlkit.agents.td3 import Critics
 from rlkit.buffers import ReplayBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 
 @dataclass
@@ -167,18 +167,18 @@ class RecurrentSAC(RecurrentAgent):
         inputs, next_inputs = self._window_inputs(s)  # [encoder_inputs, T, B] each
         weights, count = learning_weights(s, self._burn_in_weights)  # [1, T * B], [1, 1]
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, critic_norm = rc.capturing.update_step(
+        critic_loss, critic_norm = rc.update_step(
             lambda: self._critic_loss(s, inputs, next_inputs, weights, count, alpha),
             self.critic.parameters(), self.critic_optimizer)
         with rc.no_grad():
             features = rc.stop_gradient(self.critic.features(inputs))  # the updated critics' view of the windows
-        actor_loss, actor_norm, log_prob = rc.capturing.update_step(
+        actor_loss, actor_norm, log_prob = rc.update_step(
             lambda: self._actor_loss(inputs, features, weights, count, alpha), self.actor.parameters(),
             self.actor_optimizer)
         outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:  # fixed for the agent's life: decided once, when the update is traced
             error = rc.stop_gradient(log_prob + self.target_entropy)  # [1, T * B]
-            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
+            ent_coef_loss, ent_coef_norm = rc.update_step(
                 lambda: -rc.div(rc.sum(weights * self.ent_coef.log_alpha * error), count),
                 self.ent_coef.parameters(), self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)

@@ -23,7 +23,7 @@ from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.td3 import Critics
 from rlkit.buffers import ReplayBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the policy's log standard deviation is clamped here
 HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
@@ -175,14 +175,14 @@ class SAC(OffPolicyAgent):
         # life (tune_alpha) is tested here.
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
         alpha = rc.stop_gradient(rc.exp(self.ent_coef.log_alpha))  # [1, 1], this step's alpha
-        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s, alpha),
+        critic_loss, critic_norm = rc.update_step(lambda: self._critic_loss(s, alpha),
                                                              self.critic.parameters(), self.critic_optimizer)
-        actor_loss, actor_norm, log_prob = rc.capturing.update_step(lambda: self._actor_loss(s, alpha),
+        actor_loss, actor_norm, log_prob = rc.update_step(lambda: self._actor_loss(s, alpha),
                                                                      self.actor.parameters(), self.actor_optimizer)
         outputs, norms = [critic_loss, actor_loss, alpha], [critic_norm, actor_norm]
         if self.tune_alpha:
             error = rc.stop_gradient(log_prob + self.target_entropy)  # [1, B]
-            ent_coef_loss, ent_coef_norm = rc.capturing.update_step(
+            ent_coef_loss, ent_coef_norm = rc.update_step(
                 lambda: -rc.mean(self.ent_coef.log_alpha * error), self.ent_coef.parameters(), self.ent_coef_optimizer)
             outputs.append(ent_coef_loss)
             norms.append(ent_coef_norm)

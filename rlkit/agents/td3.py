@@ -21,7 +21,7 @@ from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.polyak import Polyak
 from rlkit.buffers import ReplayBuffer
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 
 
 @dataclass
@@ -158,11 +158,11 @@ class TD3(OffPolicyAgent):
 
     def _update(self, stored, with_actor: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)
-        critic_loss, critic_norm = rc.capturing.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
+        critic_loss, critic_norm = rc.update_step(lambda: self._critic_loss(s), self.critic.parameters(),
                                                              self.critic_optimizer)
         if not with_actor:  # decided while tracing: with_actor picks one of two programs
             return critic_loss, rc.full((1, 1), float("nan")), rc.capturing.skipped_count([critic_norm])
-        actor_loss, actor_norm = rc.capturing.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
+        actor_loss, actor_norm = rc.update_step(lambda: self._actor_loss(s), self.actor.parameters(),
                                                            self.actor_optimizer)
         for update in self._update_targets:
             update(self.config.tau)

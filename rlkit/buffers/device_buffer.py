@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.core import _runtime
+from rlkit.core import runtime
 from rlkit.core import ops
-from rlkit.core._checks import check_integer_values, positive_int
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+from rlkit.core.checks import check_integer_values, positive_int
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
 DTYPES = ("f32", "f16", "i32", "u8")
 MAX_FRACTION_OF_FREE_MEMORY = 0.85
@@ -37,9 +37,9 @@ class DeviceBuffer:
             raise ValueError(f"DeviceBuffer: dtype must be one of {DTYPES}, got {dtype!r}")
         self.dtype = dtype
         follows = device is None
-        device = _runtime.check_device(device if device is not None else _runtime.device())
-        nbytes = self.rows * self.capacity * np.dtype(_NUMPY_DTYPES[dtype]).itemsize
-        free = _runtime.free_memory(device)
+        device = runtime.check_device(device if device is not None else runtime.device())
+        nbytes = self.rows * self.capacity * np.dtype(NUMPY_DTYPES[dtype]).itemsize
+        free = runtime.free_memory(device)
         if nbytes > MAX_FRACTION_OF_FREE_MEMORY * free:
             raise MemoryError(
                 f"DeviceBuffer: {self.rows} x {self.capacity} {dtype} needs {nbytes / 2**20:.1f} MiB, more than "
@@ -52,7 +52,7 @@ class DeviceBuffer:
         replay of a captured program that gathers from it. An owner that stages columns on the
         host sets it to send them, so no reader can miss one."""
         if follows:
-            _runtime.follow_device(self._follow_device)
+            runtime.follow_device(self._follow_device)
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ class DeviceBuffer:
     @property
     def nbytes(self) -> int:
         """Bytes of the table."""
-        return self._live("nbytes")._impl.nbytes
+        return self._live("nbytes").nbytes
 
     @property
     def freed(self) -> bool:
@@ -81,7 +81,7 @@ class DeviceBuffer:
         ``before_read`` now, or inside a capture before every replay of the captured program."""
         table = self._live("get_rows")
         if self.before_read is not None:
-            capture = _runtime.active_capture()
+            capture = runtime.active_capture()
             if capture is None:
                 self.before_read()
             else:  # a replay runs no Python: the program calls the hook itself
@@ -114,7 +114,7 @@ class DeviceBuffer:
             raise IndexError(f"DeviceBuffer.write: columns [{col_offset}, {col_offset + k}) are past the end of a "
                              f"buffer of capacity {self.capacity} (write in two parts to wrap a ring)")
         check_integer_values(arr, self.dtype, "DeviceBuffer.write")
-        table._impl.write_columns(np.asfortranarray(arr, dtype=_NUMPY_DTYPES[self.dtype]), int(col_offset))
+        table.write_columns(np.asfortranarray(arr, dtype=NUMPY_DTYPES[self.dtype]), int(col_offset))
         self.generation += 1
 
     def read(self, col_offset: int = 0, k: int | None = None) -> np.ndarray:
@@ -130,7 +130,7 @@ class DeviceBuffer:
                              f"of capacity {self.capacity} (valid columns: 0..{self.capacity - 1})")
         if self.before_read is not None:
             self.before_read()
-        return table._impl.read_columns(int(col_offset), int(k))
+        return table.read_columns(int(col_offset), int(k))
 
     # ---- lifetime and devices --------------------------------------------------------------
 

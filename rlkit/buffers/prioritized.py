@@ -15,7 +15,7 @@ import numpy as np
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
-from rlkit.core._checks import check_index_values, number_in_range, positive_int
+from rlkit.core.checks import check_index_values, number_in_range, positive_int
 from rlkit.core.tensor import Tensor
 
 
@@ -187,7 +187,7 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         steps = self._ring_steps(first, n)
         new = (steps[:, None] * self.n_envs + np.arange(self.n_envs)).astype(np.int32).reshape(1, -1)  # [1, n * n_envs]
         top = rc.expand(self._max.__rlkit_buffer__(), new.shape)  # [1, n * n_envs], on the device
-        rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), rc.tensor(new, device=self._obs.device), top))
+        rc.put_cols(self._priority, rc.tensor(new, device=self._obs.device), top)
 
     def sample_on_device(self, batch_size: int, stored=None, beta=0.4) -> ReplaySamples:
         """A batch drawn in proportion to priority^alpha with importance weights
@@ -226,13 +226,10 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         # 1 where both are finite, else 0 (gt is 0 for NaN); both, since pow(NaN, 0) is 1
         finite = rc.mul(rc.gt(math.inf, priority), rc.gt(math.inf, values))
         replaced = rc.sub(1.0, finite)
-        # clamp_back(g, v, lo, hi) is g where lo < v < hi and 0 elsewhere without reading g there:
-        # a select no NaN passes, where finite * values would be NaN
-        kept = rc.ops.apply("clamp_back", (values, finite), floats=(0.5, math.inf))
-        values = rc.add(kept, rc.mul(replaced, top))
-        rc.ops.apply("put_cols", (self._priority.__rlkit_buffer__(), index, values))
+        values = rc.where(finite, values, top)  # a select: finite * values would keep the NaN
+        rc.put_cols(self._priority, index, values)
         batch_max = rc.max(rc.reshape(values, (values.numel, 1)))  # [1, 1]
         zero = rc.full((1, 1), 0, dtype="i32", device=values.device)
-        rc.ops.apply("put_cols", (self._max.__rlkit_buffer__(), zero, rc.maximum(top, batch_max)))
+        rc.put_cols(self._max, zero, rc.maximum(top, batch_max))
         counted = rc.add(self._nonfinite.__rlkit_buffer__(), rc.sum(replaced))
-        rc.ops.apply("put_cols", (self._nonfinite.__rlkit_buffer__(), zero, counted))
+        rc.put_cols(self._nonfinite, zero, counted)

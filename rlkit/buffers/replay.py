@@ -30,10 +30,10 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
-from rlkit.core import _runtime
-from rlkit.core._checks import check_integer_values, positive_int
-from rlkit.core._files import fsync_path, kind_of
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+from rlkit.core import runtime
+from rlkit.core.checks import check_integer_values, positive_int
+from rlkit.core.files import fsync_path, kind_of
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
 
 class SequenceSamples(NamedTuple):
@@ -131,13 +131,13 @@ class ReplayBuffer:
         # guarantee lives where the data is read rather than in each reader, and no reader (a
         # method added later, a subclass, a user's capture) can see a table without its newest
         # steps. Fewer than lane_length steps wait, so no ring step is staged twice.
-        step_bytes = self.n_envs * (obs_rows * np.dtype(_NUMPY_DTYPES[obs_dtype]).itemsize
+        step_bytes = self.n_envs * (obs_rows * np.dtype(NUMPY_DTYPES[obs_dtype]).itemsize
                                     * (1 if self.optimize_memory else 2)
-                                    + action_rows * np.dtype(_NUMPY_DTYPES[action_dtype]).itemsize)
+                                    + action_rows * np.dtype(NUMPY_DTYPES[action_dtype]).itemsize)
         staging_steps = max(1, min(self.lane_length - 1, self.STAGING_BYTES // step_bytes))
-        self._staged_obs = np.empty((staging_steps, self.n_envs, obs_rows), _NUMPY_DTYPES[obs_dtype])
+        self._staged_obs = np.empty((staging_steps, self.n_envs, obs_rows), NUMPY_DTYPES[obs_dtype])
         self._staged_next_obs = None if self.optimize_memory else np.empty_like(self._staged_obs)
-        self._staged_action = np.empty((staging_steps, self.n_envs, action_rows), _NUMPY_DTYPES[action_dtype])
+        self._staged_action = np.empty((staging_steps, self.n_envs, action_rows), NUMPY_DTYPES[action_dtype])
         self._n_staged = 0  # steps waiting on the host, from ring step _first_staged on
         self._first_staged = 0
         for table in self._tables():
@@ -363,7 +363,7 @@ class ReplayBuffer:
         if stored is None:
             stored = float(len(self))
         if isinstance(stored, Tensor):
-            _runtime.check_replay_input(stored, lambda values: self._check_stored(float(values.reshape(-1)[0]), where))
+            runtime.check_replay_input(stored, lambda values: self._check_stored(float(values.reshape(-1)[0]), where))
             return stored
         if isinstance(stored, bool) or not isinstance(stored, numbers.Real):
             raise TypeError(f"{where}: stored must be a number or a [1, 1] tensor, got {type(stored).__name__}")
@@ -513,7 +513,7 @@ class ReplayBuffer:
         digests = {}
         for name, buffer in self._device_fields().items():
             file = os.path.join(folder, f"{name}.npy")
-            out = np.lib.format.open_memmap(file, mode="w+", dtype=_NUMPY_DTYPES[buffer.dtype],
+            out = np.lib.format.open_memmap(file, mode="w+", dtype=NUMPY_DTYPES[buffer.dtype],
                                             shape=(buffer.rows, buffer.capacity), fortran_order=True)
             digest = hashlib.sha256()
             for col, k in self._chunks(buffer, out.itemsize):
@@ -580,7 +580,7 @@ class ReplayBuffer:
                 data = np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r")
             except (OSError, ValueError) as exc:
                 raise refuse(f"{name}.npy cannot be read ({exc})") from None
-            if data.shape != (buffer.rows, buffer.capacity) or data.dtype != _NUMPY_DTYPES[buffer.dtype]:
+            if data.shape != (buffer.rows, buffer.capacity) or data.dtype != NUMPY_DTYPES[buffer.dtype]:
                 raise refuse(f"{name}.npy holds {data.dtype} {data.shape}, expected {buffer.dtype} "
                              f"{(buffer.rows, buffer.capacity)}")
             digest = hashlib.sha256()

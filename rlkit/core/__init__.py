@@ -7,7 +7,7 @@ contract.
 
 # The engine in reading order, each module importing only those above it (tensor and ops import
 # each other: Tensor's operators are ops): runtime, tape, tensor, ops, vjp, autograd, capturing.
-from rlkit.core._runtime import (
+from rlkit.core.runtime import (
     CaptureError, device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
     synchronize, transfer_stats,
 )
@@ -16,17 +16,18 @@ from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
     abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
     gated_linear_attn, rwkv_wkv6,
-    linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, pow, rand, randn, relu,
+    linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, polyak_update, pow, put_cols,
+    rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
-    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, zeros,
+    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, where, zeros,
 )
 from rlkit.core.autograd import Gradients, backward
-from rlkit.core.capturing import capture, capture_step
+from rlkit.core.capturing import capture, capture_step, update_step
 from rlkit.core.data import Batch, DataLoader
 from rlkit.core.clip import check_grad_anomaly, clip_grad_norm, clip_grad_value
 from rlkit.core.gradcheck import GradcheckError, gradcheck
 from rlkit.core.losses import cross_entropy_loss, huber_loss, mse_loss, softmax_cross_entropy_loss
-from rlkit.core import graph, nn, optim, parallel, sched
+from rlkit.core import checks, files, graph, nn, optim, parallel, runtime, sched
 from rlkit.core.parallel import dp_train
 
 __all__ = [
@@ -38,8 +39,8 @@ __all__ = [
     "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "rwkv_wkv6", "rwkv_wkv7", "gated_linear_attn",
-    "stop_gradient",
+    "stop_gradient", "where", "put_cols", "polyak_update",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
-    "DataLoader", "Batch", "capture", "capture_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched",
+    "DataLoader", "Batch", "capture", "capture_step", "update_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched", "checks", "files", "runtime",
     "parallel", "dp_train",
 ]

@@ -27,19 +27,19 @@ from collections.abc import Callable
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime, ops
-from rlkit.core._checks import check_integer_values
-from rlkit.core._runtime import CaptureError
+from rlkit.core import runtime, ops
+from rlkit.core.checks import check_integer_values
+from rlkit.core.runtime import CaptureError
 from rlkit.core.autograd import backward
 from rlkit.core.tape import grad_tape
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
 
 class Capture:
     """A capture being recorded: what it collects besides its ops. Inputs computed on the host
     at every replay (optimizer coefficients), extra outputs, what to do with them after each
     replay, host work each replay needs first, and checks of the inputs' values. Ops, optimizers
-    and buffers reach it through ``_runtime.active_capture()``."""
+    and buffers reach it through ``runtime.active_capture()``."""
 
     def __init__(self):
         self.host_inputs: list[tuple[Tensor, Callable[[], np.ndarray]]] = []
@@ -52,7 +52,7 @@ class Capture:
 
     def host_input(self, shape: tuple[int, ...], compute: Callable[[], np.ndarray]) -> Tensor:
         """A placeholder filled with ``compute()`` before every replay (f32)."""
-        t = Tensor(_native.placeholder(list(shape), "f32", _runtime.device()))
+        t = Tensor(_native.placeholder(list(shape), "f32", runtime.device()))
         self.host_inputs.append((t, compute))
         return t
 
@@ -99,7 +99,7 @@ def _input_array(name: str, value) -> tuple[np.ndarray, str]:
     if arr.dtype.kind in "iu":
         return arr, "i32"
     if arr.dtype.kind == "f":
-        return arr, _runtime.dtype()
+        return arr, runtime.dtype()
     raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
 
 
@@ -108,7 +108,7 @@ def _host_array(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
     (integers checked to fit in i32 first)."""
     if dtype == "i32":
         check_integer_values(arr, "i32", f"capture: input {name!r}")
-    host = np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
+    host = np.asfortranarray(arr, dtype=NUMPY_DTYPES[dtype])
     if host.ndim != 2:  # (a 2-D array keeps its shape: no reshape at every replay of the common case)
         host = host.reshape(_tensor_shape(arr), order="F")
     return host
@@ -191,7 +191,7 @@ class CapturedFunction:
         """The program for these inputs, the device and the listed parameters and buffers as they
         are now: captured anew when one changed (dropping those of the inputs' old identity)."""
         shapes = {name: _tensor_shape(a) for name, (a, _) in arrays.items()}
-        signature = (_runtime.device(), tuple([(n, shapes[n], d) for n, (_, d) in arrays.items()]), self._identity())
+        signature = (runtime.device(), tuple([(n, shapes[n], d) for n, (_, d) in arrays.items()]), self._identity())
         program = self._programs.get(signature)
         if program is None:
             self._programs = {k: v for k, v in self._programs.items() if k[:2] != signature[:2]}
@@ -201,12 +201,12 @@ class CapturedFunction:
 
     def _capture(self, signature: dict[str, tuple[tuple[int, ...], str]]) -> _CapturedProgram:
         """Runs fn on placeholders of the inputs' (shape, dtype), recording its ops into a program."""
-        device = _runtime.device()
+        device = runtime.device()
         names = list(signature)
         placeholders = [Tensor(_native.placeholder(list(signature[n][0]), signature[n][1], device)) for n in names]
         active = Capture()
         graph = _native.Graph()
-        with _runtime.capture_scope(active), graph:
+        with runtime.capture_scope(active), graph:
             result = self.fn(**dict(zip(names, placeholders)))
         outputs, rebuild = _flatten(result)
         all_outputs = outputs + active.extra_outputs
@@ -253,7 +253,7 @@ def update_step(loss_fn: Callable[[], Tensor | tuple], params, optimizer, max_gr
     actions' log-probabilities; ``rc.stop_gradient`` them before another loss uses them).
     With an optimizer's loss scale, the step scales the loss (``loss_fn`` returns it unscaled)
     by the scale of each replay, and the update unscales the gradients."""
-    active = _runtime.active_capture()
+    active = runtime.active_capture()
     if active is None:
         raise CaptureError("update_step: only inside a captured function (rc.capture)")
     _check_max_grad_norm(max_grad_norm, "update_step")
@@ -267,7 +267,7 @@ def update_step(loss_fn: Callable[[], Tensor | tuple], params, optimizer, max_gr
     listed = [grads.tensor(p) for p in param_list if p in grads]
     if not listed:
         raise CaptureError("capture_step: no listed parameter received a gradient from the loss")
-    listed = [ops.cast(g, "f32") if g.dtype in _runtime.HALF_DTYPES else g for g in listed]  # f16 / bf16 summed in f32
+    listed = [ops.cast(g, "f32") if g.dtype in runtime.HALF_DTYPES else g for g in listed]  # f16 / bf16 summed in f32
     sum_squares = ops.sum_squares(listed)  # [1, 1]
     if loss_scale is not None:  # of the unscaled gradients
         sum_squares = ops.mul(sum_squares, ops.square(loss_scale[1]))

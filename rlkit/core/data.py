@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rlkit.core import ops
-from rlkit.core._checks import positive_int
+from rlkit.core.checks import positive_int
 from rlkit.core.tensor import Tensor, tensor
 
 
@@ -62,7 +62,7 @@ class DataLoader:
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
-        self._rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed)  # the shuffling order; trainer checkpoints save its state
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -71,7 +71,7 @@ class DataLoader:
 
     def epoch(self) -> Iterator[Batch]:
         """One pass over the data in (re)shuffled order."""
-        order = self._rng.permutation(self.n) if self.shuffle else np.arange(self.n)
+        order = self.rng.permutation(self.n) if self.shuffle else np.arange(self.n)
         for k in range(len(self)):
             index = order[k * self.batch_size:(k + 1) * self.batch_size].astype(np.int32)
             yield Batch(ops.get_rows(self.x, index), None if self.y is None else ops.get_rows(self.y, index))

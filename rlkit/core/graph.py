@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.core import _runtime, autograd, capturing, tape
+from rlkit.core import runtime, autograd, capturing, tape
 
 
 class Node:
@@ -110,7 +110,7 @@ class Graph:
 
     def allocate(self, backend: str = "cpu") -> None:
         """Places every node on ``backend`` ("cpu" or "gpu"); a missing GPU raises here."""
-        _runtime.check_device(backend)
+        runtime.check_device(backend)
         self.backend = backend
         self._captured = None
 
@@ -147,11 +147,11 @@ class Graph:
             raise RuntimeError(f"graph: set_data for {missing} before compute")
         if self._captured is None:
             self._captured = capturing.capture(self._forward_and_backward)
-        previous = _runtime.device(self.backend)
+        previous = runtime.device(self.backend)
         try:
             self._results = self._captured(**self._data)
         finally:
-            _runtime.device(previous)
+            runtime.device(previous)
 
     def get_data(self, node) -> np.ndarray:
         """The value a node had in the last compute (Fortran-ordered, its shape)."""
@@ -226,7 +226,7 @@ def _backend_name(device: str) -> str:
     """"CPU", or the GPU's name as Vulkan reports it."""
     if device == "cpu":
         return "CPU"
-    for entry in _runtime.devices():
+    for entry in runtime.devices():
         if entry["device"] == device:
             return f"Vulkan ({entry['name']})"
     return device

@@ -18,8 +18,8 @@ import numbers
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime
-from rlkit.core._checks import check_index_values, check_integer_values
+from rlkit.core import runtime
+from rlkit.core.checks import check_index_values, check_integer_values, number_in_range
 from rlkit.core.tape import TAPE
 from rlkit.core.tensor import Tensor, tensor
 
@@ -32,7 +32,7 @@ _DTYPE_CODE = {"f32": 0, "f16": 1, "i32": 2, "f64": 3, "u8": 4, "bf16": 5}
 def apply(op: str, inputs: tuple, ints=(), floats=(), **attrs) -> Tensor:
     """Runs one op of the native table; records it on the open tape when it is
     differentiable and an input requires gradients. ``attrs`` are what its vjp rule reads."""
-    device = _runtime.device() if not inputs else "cpu"  # an op with inputs runs on theirs
+    device = runtime.device() if not inputs else "cpu"  # an op with inputs runs on theirs
     out = Tensor(_native.apply(_OP_ID[op], [t._impl for t in inputs], list(ints), list(floats), device))
     if TAPE.recording and op in DIFFERENTIABLE and any(t.requires_grad for t in inputs):
         TAPE.record(out, op, inputs, attrs)
@@ -71,7 +71,7 @@ def _index(index, op: str, device: str | None = None, limit: int | None = None, 
         if index.dtype != "i32":
             raise TypeError(f"{op}: index must be an i32 tensor, got {index.dtype}")
         # an input of a captured function is host data too: checked at every replay
-        _runtime.check_replay_input(index, lambda values: check_index_values(values, op, limit, what))
+        runtime.check_replay_input(index, lambda values: check_index_values(values, op, limit, what))
         return index
     if isinstance(index, (list, tuple)):
         index = np.asarray(index)
@@ -302,7 +302,7 @@ def sum_squares(tensors) -> Tensor:
     tensors = [as_tensor(t, op="sum_squares") for t in tensors]
     if not tensors:
         raise ValueError("sum_squares: expected at least one tensor, got none")
-    return apply("sum_squares", tuple(cast(t, "f32") if t.dtype in _runtime.HALF_DTYPES else t for t in tensors))
+    return apply("sum_squares", tuple(cast(t, "f32") if t.dtype in runtime.HALF_DTYPES else t for t in tensors))
 
 
 def mean(x, dim=None, keepdim: bool = False) -> Tensor:
@@ -392,8 +392,8 @@ def one_hot(index, classes: int, dtype: str | None = None, device: str | None = 
     """[classes, n] with a 1 at row index[j] of column j (not differentiable). A host index
     array goes to ``device`` (the default device when None); a tensor index decides itself."""
     classes = _int_arg(classes, "one_hot", "classes")
-    dtype = dtype or _runtime.dtype()
-    if dtype not in _runtime.FLOAT_DTYPES:
+    dtype = dtype or runtime.dtype()
+    if dtype not in runtime.FLOAT_DTYPES:
         raise ValueError(f"one_hot: dtype must be a float dtype, got {dtype!r}")
     return apply("one_hot", (_index(index, "one_hot", device, classes, "classes"),), ints=(classes, _DTYPE_CODE[dtype]))
 
@@ -420,6 +420,48 @@ def get_rows(x, index) -> Tensor:
     return apply("get_rows", (x, _index(index, "get_rows", x.device, x.shape[1], "columns")), columns=x.shape[1])
 
 
+def put_cols(x: Tensor, index, values) -> None:
+    """In place: ``x[:, index[j]] = values[:, j]`` for each j in order (a later repeat wins), on
+    x's device; x [rows, c], index [1, k] of i32 column numbers, values [rows, k]. Runs inside a
+    captured function too (as a side effect, never skipped). Not differentiable."""
+    if hasattr(x, "__rlkit_buffer__"):
+        x = x.__rlkit_buffer__()
+    x = as_tensor(x, op="put_cols")
+    apply("put_cols", (x, _index(index, "put_cols", x.device, x.shape[1], "columns"), as_tensor(values, like=x, op="put_cols", arg="values")))
+
+
+def polyak_update(targets, sources, tau: float) -> None:
+    """In place: ``target = tau * source + (1 - tau) * target`` for each pair of tensors of the
+    same shape (SB3's polyak_update, with the targets first), every pair in one pass (one
+    dispatch on the GPU). The targets keep their storage, so captured programs that read them
+    see the update. Runs inside a captured function too. Not differentiable."""
+    targets, sources = list(targets), list(sources)
+    if len(targets) != len(sources) or not targets:
+        raise ValueError(f"polyak_update: expected as many targets as sources (at least one), got {len(targets)} and {len(sources)}")
+    paired = tuple(x for target, source in zip(targets, sources) for x in (target, source))  # target, source, ...
+    apply("polyak_step", paired, floats=(number_in_range(tau, "polyak_update: tau", 0.0, 1.0),))
+
+
+def where(condition, x, y) -> Tensor:
+    """x where ``condition`` is 1, y where it is 0 (condition holds 0s and 1s, as ge and gt
+    give; x and y broadcast to its shape). A select, not arithmetic: a NaN or an infinity in the branch not
+    taken does not reach the result (``condition * x`` would make it NaN). Not differentiable:
+    it refuses inputs that require gradients on an open tape."""
+    condition = as_tensor(condition, op="where", arg="condition")
+    x, y = as_tensor(x, like=condition, op="where", arg="x"), as_tensor(y, like=condition, op="where", arg="y")
+    dtypes = [t.dtype for t in (condition, x, y)]
+    if "i32" in dtypes or len(set(dtypes)) > 1:
+        raise TypeError(f"where: condition, x and y must be float tensors of one dtype, got {', '.join(dtypes)}")
+    if TAPE.recording and any(t.requires_grad for t in (condition, x, y)):
+        raise ValueError("where: not differentiable; pass stop_gradient(...) of inputs that require gradients")
+    x = x if x.shape == condition.shape else expand(x, condition.shape)
+    y = y if y.shape == condition.shape else expand(y, condition.shape)
+    # clamp_back(g, v, lo, hi) is g where lo < v < hi and 0 elsewhere, without reading g there
+    taken = apply("clamp_back", (x, condition), floats=(0.5, math.inf))
+    other = apply("clamp_back", (y, sub(1.0, condition)), floats=(0.5, math.inf))
+    return add(taken, other)
+
+
 def scatter_cols(g, index, columns: int) -> Tensor:
     """The adjoint of get_rows: [rows, columns] with column index[j] += g[:, j]."""
     columns = _int_arg(columns, "scatter_cols", "columns")
@@ -442,12 +484,12 @@ def full(shape, value: float, dtype: str | None = None, device: str | None = Non
     """A tensor of ``shape`` (ne order) filled with ``value``, made on the device (no upload).
     For i32 and u8, ``value`` must be a whole number in the dtype's range (ValueError)."""
     shape = _shape(shape, "full")
-    dtype = dtype or _runtime.dtype()
+    dtype = dtype or runtime.dtype()
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"full: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
     value = _number(value, "full", "value")
     check_integer_values(value, dtype, "full")
-    device = _runtime.check_device(device if device is not None else _runtime.device())
+    device = runtime.check_device(device if device is not None else runtime.device())
     ints = _shape_attrs(shape) + [_DTYPE_CODE[dtype]]
     return Tensor(_native.apply(_OP_ID["full"], [], ints, [value], device))
 
@@ -464,10 +506,10 @@ def ones(shape, dtype: str | None = None, device: str | None = None) -> Tensor:
 
 def _random(op: str, shape, dtype: str | None, device: str | None) -> Tensor:
     shape = _shape(shape, op)
-    dtype = dtype or _runtime.dtype()
-    if dtype not in _runtime.FLOAT_DTYPES:
+    dtype = dtype or runtime.dtype()
+    if dtype not in runtime.FLOAT_DTYPES:
         raise ValueError(f"{op}: dtype must be a float dtype, got {dtype!r}")
-    device = _runtime.check_device(device if device is not None else _runtime.device())
+    device = runtime.check_device(device if device is not None else runtime.device())
     return Tensor(_native.apply(_OP_ID[op], [], _shape_attrs(shape) + [_DTYPE_CODE[dtype]], [], device))
 
 
@@ -491,14 +533,14 @@ def randint(high, shape, device: str | None = None) -> Tensor:
         if high.numel != 1 or high.dtype == "i32":
             raise ValueError(f"randint: high must be a number or a one-element float tensor, got {high.dtype} "
                              f"{high.shape}")
-        _runtime.check_replay_input(high, lambda values: _check_randint_high(float(values.reshape(-1)[0])))
+        runtime.check_replay_input(high, lambda values: _check_randint_high(float(values.reshape(-1)[0])))
     elif isinstance(high, bool) or not isinstance(high, numbers.Real):
         raise TypeError(f"randint: high must be a finite number or a one-element float tensor, got {high!r}")
     else:
         _check_randint_high(float(high))
     shape = _shape(shape, "randint")
-    device = _runtime.check_device(device if device is not None else (
-        high.device if isinstance(high, Tensor) else _runtime.device()))
+    device = runtime.check_device(device if device is not None else (
+        high.device if isinstance(high, Tensor) else runtime.device()))
     bound = high if isinstance(high, Tensor) else full((1, 1), float(high), dtype="f32", device=device)
     if bound.device != device:
         raise ValueError(f"randint: high is on the {bound.device}, the draws are asked for on the {device}")

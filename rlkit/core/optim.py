@@ -31,9 +31,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime, ops
+from rlkit.core import runtime, ops
 from rlkit.core.autograd import Gradients
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
 capture_hyper_size = 8  # floats of a captured update's coefficients (native/optim.hpp kHyperSize)
 
@@ -106,7 +106,7 @@ class Optimizer:
         self._base_lrs = [g["lr"] for g in self.param_groups]
         self.master: dict[int, Tensor] = {}  # f32 copies of f16 / bf16 parameters, by the parameter's id
         if master_weights:
-            self.master = {id(p): ops.cast(p, "f32") for p in self.params if p.dtype in _runtime.HALF_DTYPES}
+            self.master = {id(p): ops.cast(p, "f32") for p in self.params if p.dtype in runtime.HALF_DTYPES}
         self.state: dict[int, dict] = {}
         for p in self.params:
             target = self.master.get(id(p), p)
@@ -157,8 +157,8 @@ class Optimizer:
     def scale_loss(self, loss: Tensor) -> Tensor:
         """The loss times the loss scale: call backward on this (``step`` undoes the factor).
         For eager steps: a captured step scales the loss itself."""
-        if _runtime.active_capture() is not None and self._scaling.mode is not None:
-            raise _runtime.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
+        if runtime.active_capture() is not None and self._scaling.mode is not None:
+            raise runtime.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
                                         "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
 
@@ -173,7 +173,7 @@ class Optimizer:
 
     def _in_update_dtype(self, current: dict[int, Tensor]) -> dict[int, Tensor]:
         """The gradients, those of parameters with an f32 master in f32 (the update's dtype)."""
-        return {key: ops.cast(g, "f32") if key in self.master and g.dtype in _runtime.HALF_DTYPES else g
+        return {key: ops.cast(g, "f32") if key in self.master and g.dtype in runtime.HALF_DTYPES else g
                 for key, g in current.items()}
 
     def _unscaled(self, current: dict[int, Tensor]) -> dict[int, Tensor] | None:
@@ -195,7 +195,7 @@ class Optimizer:
         """Updates the parameters from ``grads`` (or their accumulated ``.grad``); with
         accumulation, only every ``accumulate_steps``-th call updates. Returns whether it did.
         Inside a capture, records the update into the captured program instead."""
-        capture = _runtime.active_capture()
+        capture = runtime.active_capture()
         if capture is not None:
             return self._record_step(capture, grads)
         current = self._unscaled(self._current_gradients(grads))
@@ -226,7 +226,7 @@ class Optimizer:
 
     def _check_dtypes(self, params: list[Tensor]) -> None:
         for p in params:
-            if p.dtype in _runtime.HALF_DTYPES and id(p) not in self.master:
+            if p.dtype in runtime.HALF_DTYPES and id(p) not in self.master:
                 raise TypeError(f"optimizer: the {p.dtype} parameter {p.name or tuple(p.shape)} needs master_weights=True "
                                 "(f32 copies the update is applied to)")
 
@@ -241,23 +241,23 @@ class Optimizer:
         after replays whose gradient scale was finite. With master weights the update applies to
         the f32 masters, and one more op rounds them into their f16 / bf16 parameters."""
         if self.accumulate_steps > 1:
-            raise _runtime.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
+            raise runtime.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
         if self._scaling.mode is not None and capture.grad_scale is None:
-            raise _runtime.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
+            raise runtime.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
                                         "rc.update_step, which scale the loss")
         current = self._in_update_dtype(self._current_gradients(grads))
         earlier = capture.updates_recorded.get(id(self), 0)  # a capture may hold several steps of one optimizer
         capture.updates_recorded[id(self)] = earlier + 1
         scale = capture.grad_scale
         if scale is None:
-            scale = ops.full((1, 1), 1.0, dtype="f32", device=_runtime.device())
+            scale = ops.full((1, 1), 1.0, dtype="f32", device=runtime.device())
         updated = []
         for group in self.param_groups:
             members = [p for p in group["params"] if id(p) in current]
             if not members:
                 continue
             if len({self.state[id(p)]["step"] for p in members}) > 1:
-                raise _runtime.CaptureError("capture: the parameters of a group must share their step count")
+                raise runtime.CaptureError("capture: the parameters of a group must share their step count")
             hyper = capture.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
                                        self._coefficients(group, first, earlier))
             self._check_dtypes(members)
@@ -331,7 +331,7 @@ class Optimizer:
             self.state[id(p)]["step"] = int(entry["step"])
             for slot in self.slots:
                 slot_tensor = self.state[id(p)][slot]
-                slot_tensor._impl.write(entry[slot].astype(_NUMPY_DTYPES[slot_tensor.dtype], order="F"))
+                slot_tensor._impl.write(entry[slot].astype(NUMPY_DTYPES[slot_tensor.dtype], order="F"))
             if id(p) in self.master and "master" in entry:
                 self.master[id(p)]._impl.write(np.asfortranarray(entry["master"], dtype=np.float32))
         if "loss_scale" in state:

@@ -29,12 +29,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlkit.core import _runtime, ops
+from rlkit.core import runtime, ops
 from rlkit.core.autograd import Gradients, backward
 from rlkit.core.clip import clip_grad_norm
 from rlkit.core.optim import Adam
 from rlkit.core.tape import grad_tape
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket size
 
@@ -145,7 +145,7 @@ def manual_seed(seed: int, comm: Communicator | None = None) -> None:
     """Seeds rlkit's generators with ``seed + rank``: each rank draws its own stream (shards,
     dropout, exploration), reproducibly. Weights made from it differ per rank: broadcast them."""
     comm = comm or world()
-    _runtime.manual_seed(int(seed) + comm.rank)
+    runtime.manual_seed(int(seed) + comm.rank)
 
 
 # ---- parameters, optimizer state and gradients ---------------------------------------------
@@ -213,7 +213,7 @@ def _buckets(params: Sequence[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     buckets: list[list[Tensor]] = []
     open_bucket: dict[str, tuple[list[Tensor], int]] = {}
     for p in params:
-        size = p.numel * np.dtype(_NUMPY_DTYPES[p.dtype]).itemsize
+        size = p.numel * np.dtype(NUMPY_DTYPES[p.dtype]).itemsize
         members, used = open_bucket.get(p.dtype, ([], 0))
         if members and used + size > bucket_bytes:
             buckets.append(members)

@@ -13,12 +13,12 @@ import ml_dtypes
 import numpy as np
 
 from rlkit import _native
-from rlkit.core import _runtime
-from rlkit.core._checks import check_integer_values
+from rlkit.core import runtime
+from rlkit.core.checks import check_integer_values
 from rlkit.core.tape import DeviceGradient
 
 # bf16 arrays are ml_dtypes' bfloat16 (numpy has no such dtype)
-_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32, "f64": np.float64,
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "i32": np.int32, "f64": np.float64,
                  "u8": np.uint8}
 
 
@@ -65,13 +65,35 @@ class Tensor:
         return self._impl.numel
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's values."""
+        return self._impl.nbytes
+
+    @property
+    def version(self) -> int:
+        """A counter of in-place writes to this tensor (an optimizer step, a load, a column
+        write): equal versions mean the values did not change in between. Writes by a replay of
+        a captured program do not count (the program runs without Python)."""
+        return self._impl.version
+
+    def write_columns(self, array: np.ndarray, col0: int) -> None:
+        """Overwrites columns ``col0`` .. ``col0 + k - 1`` in place from a Fortran-ordered
+        [rows, k] array of this tensor's dtype; only those bytes move to the device."""
+        self._impl.write_columns(array, col0)
+
+    def read_columns(self, col0: int, k: int) -> np.ndarray:
+        """A Fortran-ordered copy of ``k`` columns from ``col0``; only those bytes move."""
+        runtime.refuse_host_work("reads a value on the host (Tensor.read_columns())")
+        return self._impl.read_columns(col0, k)
+
+    @property
     def is_leaf(self) -> bool:
         """True when no recorded op produced this tensor."""
         return self._node is None
 
     def numpy(self) -> np.ndarray:
         """A Fortran-ordered copy of the values, shaped like ``shape``."""
-        _runtime.refuse_host_work("reads a value on the host (Tensor.numpy() or item())")
+        runtime.refuse_host_work("reads a value on the host (Tensor.numpy() or item())")
         return self._impl.numpy()
 
     def item(self) -> float | int:
@@ -104,7 +126,7 @@ class Tensor:
     def to(self, device: str) -> "Tensor":
         """A copy on ``device`` (the same tensor when it is already there). A parameter's copy is
         a parameter with the same name; the copy is not recorded on the tape."""
-        device = _runtime.check_device(device)
+        device = runtime.check_device(device)
         if device == self.device:
             return self
         impl = _native.from_numpy(self.numpy(), self.dtype, True, device)
@@ -185,20 +207,20 @@ def _to_fortran(data, dtype: str | None) -> np.ndarray:
     if arr.dtype.kind not in "fiu" and arr.dtype != ml_dtypes.bfloat16:
         raise TypeError(f"expected numeric data, got an array of dtype {arr.dtype}")
     if dtype is None:
-        dtype = "i32" if arr.dtype.kind in "iu" else "bf16" if arr.dtype == ml_dtypes.bfloat16 else _runtime.dtype()
-    if dtype not in _NUMPY_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(_NUMPY_DTYPES)}")
+        dtype = "i32" if arr.dtype.kind in "iu" else "bf16" if arr.dtype == ml_dtypes.bfloat16 else runtime.dtype()
+    if dtype not in NUMPY_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {tuple(NUMPY_DTYPES)}")
     if arr.ndim > 4:
         raise ValueError(f"rlkit tensors have at most 4 dimensions, got an array of shape {arr.shape}")
     check_integer_values(arr, dtype, "tensor")
     if arr.ndim == 0:
         arr = arr.reshape(1, 1)
-    return np.asfortranarray(arr, dtype=_NUMPY_DTYPES[dtype])
+    return np.asfortranarray(arr, dtype=NUMPY_DTYPES[dtype])
 
 
 def _resolve_device(device: str | None) -> str:
     """The device to make a tensor on: the given one or the default, checked."""
-    return _runtime.check_device(device if device is not None else _runtime.device())
+    return runtime.check_device(device if device is not None else runtime.device())
 
 
 def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
@@ -211,7 +233,7 @@ def tensor(data, dtype: str | None = None, device: str | None = None) -> Tensor:
     be whole numbers in the dtype's range (NaN, Inf, 2.5 or 300 for u8 raise ValueError).
     """
     device = _resolve_device(device)
-    _runtime.refuse_host_work("makes a tensor from host data (rc.tensor)")
+    runtime.refuse_host_work("makes a tensor from host data (rc.tensor)")
     arr = _to_fortran(data, dtype)
     return Tensor(_native.from_numpy(arr, _dtype_of(arr), False, device))
 
@@ -231,11 +253,11 @@ def param(data, name: str | None = None, dtype: str | None = None, device: str |
 
 
 def _float_dtype_of(data) -> str:
-    return data.dtype if isinstance(data, Tensor) and data.dtype != "i32" else _runtime.dtype()
+    return data.dtype if isinstance(data, Tensor) and data.dtype != "i32" else runtime.dtype()
 
 
 def _dtype_of(arr: np.ndarray) -> str:
-    for name, np_dtype in _NUMPY_DTYPES.items():
+    for name, np_dtype in NUMPY_DTYPES.items():
         if arr.dtype == np_dtype:
             return name
     raise TypeError(f"unsupported array dtype {arr.dtype}")

@@ -122,7 +122,7 @@ class _RunState:
 
     def state_dict(self) -> dict:
         t = self.trainer
-        loader_rng = t._train_loader._rng.bit_generator.state if t._train_loader is not None else None
+        loader_rng = t._train_loader.rng.bit_generator.state if t._train_loader is not None else None
         return {"epoch": t.epoch, "rng": rc.get_rng_state(), "loader_rng": loader_rng,
                 "history": {k: list(v) for k, v in t.history.items()}}
 
@@ -210,7 +210,7 @@ class Trainer:
             raise ValueError(f"fit: epochs must be a positive int, got {epochs!r}")
         self._train_loader = _loader(train, batch_size, shuffle, True, seed, self.comm)
         if self._pending_loader_rng is not None:
-            self._train_loader._rng.bit_generator.state = self._pending_loader_rng
+            self._train_loader.rng.bit_generator.state = self._pending_loader_rng
             self._pending_loader_rng = None
         val_loader = None if val is None else _loader(val, batch_size, False, False, None, self.comm)
         self.stop_training = False

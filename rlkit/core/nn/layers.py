@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from rlkit.core import _runtime, ops
-from rlkit.core._checks import positive_int
-from rlkit.core.tensor import _NUMPY_DTYPES, Tensor, param, tensor
+from rlkit.core import runtime, ops
+from rlkit.core.checks import positive_int
+from rlkit.core.tensor import NUMPY_DTYPES, Tensor, param, tensor
 
 
 class Module:
@@ -120,7 +120,7 @@ class Module:
                 raise ValueError(f"load_state_dict: {name!r} has shape {value.shape}, the module expects {target.shape}")
             checked.append((target, value))
         for target, value in checked:
-            target._impl.write(np.asfortranarray(value, dtype=_NUMPY_DTYPES[target.dtype]))
+            target._impl.write(np.asfortranarray(value, dtype=NUMPY_DTYPES[target.dtype]))
 
     def extra_repr(self) -> str:
         """The settings shown by repr."""
@@ -194,7 +194,7 @@ class Linear(Module):
         bias_values = np.zeros((self.out_features, 1))
         if isinstance(init, str) and init == "fan_in_uniform":
             bound = gain / math.sqrt(self.in_features)
-            bias_values = _runtime.host_rng().uniform(-bound, bound, size=(self.out_features, 1))
+            bias_values = runtime.host_rng().uniform(-bound, bound, size=(self.out_features, 1))
         self.b = param(bias_values) if bias else None  # [out, 1]
 
     def _initial_weight(self, init, gain: float) -> np.ndarray:
@@ -202,7 +202,7 @@ class Linear(Module):
         if isinstance(init, str):
             if init not in INITIALISERS:
                 raise ValueError(f"Linear: unknown init {init!r}; expected one of {sorted(INITIALISERS)}")
-            return INITIALISERS[init](*shape, float(gain), _runtime.host_rng())
+            return INITIALISERS[init](*shape, float(gain), runtime.host_rng())
         weight = np.asarray(init(*shape) if callable(init) else init, dtype=np.float64)
         if weight.shape != shape:
             raise ValueError(f"Linear: the initial weight has shape {weight.shape}, expected {shape}")
@@ -348,7 +348,7 @@ class Embedding(Module):
         self.vocab_size = positive_int(vocab_size, "Embedding: vocab_size")
         self.dim = positive_int(dim, "Embedding: dim")
         limit = math.sqrt(1.0 / vocab_size)
-        self.W = param(_runtime.host_rng().uniform(-limit, limit, size=(dim, vocab_size)))  # [dim, vocab]
+        self.W = param(runtime.host_rng().uniform(-limit, limit, size=(dim, vocab_size)))  # [dim, vocab]
 
     def forward(self, index) -> Tensor:
         return ops.get_rows(self.W, index)
@@ -369,7 +369,7 @@ class MultiheadAttention(Module):
         if d_model % n_heads:
             raise ValueError(f"MultiheadAttention: d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.head_dim = d_model // n_heads
-        rng = _runtime.host_rng()
+        rng = runtime.host_rng()
         for name in ("W_q", "W_k", "W_v", "W_o"):
             setattr(self, name, param(_glorot_uniform(d_model, d_model, 1.0, rng)))  # [d, d]
         self.b_o = param(np.zeros((d_model, 1))) if bias else None

@@ -9,8 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlkit.core import _runtime, ops
-from rlkit.core._checks import positive_int
+from rlkit.core import runtime, ops
+from rlkit.core.checks import positive_int
 from rlkit.core.nn.layers import LayerNorm, Module, _check_rows, _fan_in_uniform
 from rlkit.core.tensor import Tensor, param
 
@@ -24,7 +24,7 @@ class _RecurrentBlock(Module):
 
     state_type: type  # the NamedTuple of the state's tensors
 
-    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+    def state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
         """The shape of each state tensor, in state_type's field order."""
         raise NotImplementedError
 
@@ -33,7 +33,7 @@ class _RecurrentBlock(Module):
         batch_size = positive_int(batch_size, f"{type(self).__name__}.initial_state: batch_size")
         like = next(iter(self.parameters().values()))
         return self.state_type(*[ops.full(shape, 0.0, dtype=like.dtype, device=like.device)
-                                 for shape in self._state_shapes(batch_size)])
+                                 for shape in self.state_shapes(batch_size)])
 
     def _sequence_and_state(self, x, state) -> tuple[Tensor, tuple, int, int]:
         """x as [d_model, seq, batch], the state (zeros for None, else checked), seq and batch."""
@@ -50,7 +50,7 @@ class _RecurrentBlock(Module):
         if type(state) is not self.state_type:
             raise TypeError(f"{layer}: state must be a {self.state_type.__name__} (see initial_state), "
                             f"got {type(state).__name__}")
-        for name, have, want in zip(self.state_type._fields, state, self._state_shapes(batch)):
+        for name, have, want in zip(self.state_type._fields, state, self.state_shapes(batch)):
             if tuple(have.shape) + (1,) * (len(want) - len(have.shape)) != want:
                 raise ValueError(f"{layer}: state.{name} has shape {have.shape}, expected {want} for batch {batch}")
         return x, state, seq, batch
@@ -103,7 +103,7 @@ class MambaBlock(_RecurrentBlock):
             raise ValueError(f"MambaBlock: n_heads = {self.n_heads} is not a multiple of n_groups = {self.n_groups}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"MambaBlock: expected 0 < dt_min <= dt_max, got {dt_min} and {dt_max}")
-        rng = _runtime.host_rng()
+        rng = runtime.host_rng()
         d, n, bc = self.d_inner, self.n_heads, self.n_groups * self.d_state
         self.W_in = param(_fan_in_uniform(2 * d, self.d_model, 1.0, rng))  # [x; z] from the input
         self.conv_weight = param(_fan_in_uniform(self.d_conv, d, 1.0, rng) * math.sqrt(d))  # [d_conv, d_inner], fan-in d_conv
@@ -120,7 +120,7 @@ class MambaBlock(_RecurrentBlock):
 
     state_type = MambaState
 
-    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+    def state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
         return (self.d_conv - 1, self.d_inner, batch_size), (self.d_state, self.head_dim, self.n_heads, batch_size)
 
     def forward(self, x, state: MambaState | None = None) -> tuple[Tensor, MambaState]:
@@ -185,7 +185,7 @@ class RWKVBlock(_RecurrentBlock):
         if self.d_model % self.head_size:
             raise ValueError(f"RWKVBlock: d_model = {self.d_model} is not a multiple of head_size = {self.head_size}")
         self.n_heads = self.d_model // self.head_size
-        rng = _runtime.host_rng()
+        rng = runtime.host_rng()
         d = self.d_model
         self.ln_time = LayerNorm(d)
         for name in ("mu_r", "mu_w", "mu_k", "mu_v", "mu_a", "mu_g"):  # token-shift mixing per channel
@@ -205,7 +205,7 @@ class RWKVBlock(_RecurrentBlock):
 
     state_type = RWKVState
 
-    def _state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
+    def state_shapes(self, batch_size: int) -> tuple[tuple[int, ...], ...]:
         return (self.d_model, batch_size), (self.head_size * self.d_model, batch_size), (self.d_model, batch_size)
 
     def forward(self, x, state: RWKVState | None = None) -> tuple[Tensor, RWKVState]:
