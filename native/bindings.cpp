@@ -8,6 +8,7 @@
 
 #include "backend.hpp"
 #include "blas.hpp"
+#include "elementwise_chain.hpp"
 #include "ops.hpp"
 #include "optim.hpp"
 #include "program.hpp"
@@ -179,6 +180,13 @@ PYBIND11_MODULE(_native, m) {
     });
     m.def("op_id", [](const std::string& name) { return int(op_from_name(name)); });
     m.def("op_arity", [](int op) { return op_info(Op(op)).n_inputs; });
+    m.def("elementwise_ops", [] {
+        static const char* const kinds[] = {"unary", "binary", "backward"};
+        py::list entries;
+        for (const ElementwiseOp& e : elementwise_ops())
+            entries.append(py::make_tuple(op_info(e.op).name, kinds[int(e.kind)], e.code, e.n_floats));
+        return entries;
+    }, "The elementwise ops (native/elementwise.def): (name, kind, code, number of float attributes) each.");
     m.def("op_differentiable", [](int op) { return op_info(Op(op)).differentiable; },
           "Whether an op id is marked `grad` in ops.def (recorded on the tape, with a vjp rule).");
     m.def(

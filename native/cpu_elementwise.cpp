@@ -1,4 +1,4 @@
-// Elementwise ops: binary with broadcasting, unary, the fused backward helpers, and cast.
+// Elementwise ops: the shape rules and CPU kernels of the ops of native/elementwise.def, and cast.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -75,96 +75,66 @@ void require_float_attrs(const char* op, const OpAttrs& attrs, size_t n) {
                                                    ", hi=" + std::to_string(attrs.floats[1])));
 }
 
-OutSpec unary_spec(const char* op, const Inputs& in, const OpAttrs& attrs, size_t n_floats) {
-    require_float(op, *in[0], "x");
+template <ElementwiseKind kind>
+OutSpec elementwise_spec(const char* op, const Inputs& in, const OpAttrs& attrs, size_t n_floats) {
     require_float_attrs(op, attrs, n_floats);
-    return same_as(*in[0]);
+    if constexpr (kind == ElementwiseKind::unary) {
+        require_float(op, *in[0], "x");
+        return same_as(*in[0]);
+    } else if constexpr (kind == ElementwiseKind::binary) {
+        return broadcast_spec(op, in);
+    } else {  // a backward helper's (g, saved) must have one shape
+        const TensorImpl &g = *in[0], &x = *in[1];
+        require_same_float(op, g, x);
+        if (g.ne != x.ne)
+            throw std::invalid_argument(op_err(op, "shapes " + g.shape_str() + " and " + x.shape_str() + " must be equal"));
+        return same_as(x);
+    }
 }
 
-// (g, saved) pairs of the backward helpers must have identical shapes.
-OutSpec same_shape_spec(const char* op, const Inputs& in, const OpAttrs& attrs, size_t n_floats) {
-    const TensorImpl &g = *in[0], &x = *in[1];
-    require_float_attrs(op, attrs, n_floats);
-    require_same_float(op, g, x);
-    if (g.ne != x.ne)
-        throw std::invalid_argument(op_err(op, "shapes " + g.shape_str() + " and " + x.shape_str() + " must be equal"));
-    return same_as(x);
+// Runs value(x, y, p0, p1) over every element (y: 0 for unary ops); p0, p1 are the float
+// attributes, 0 where the op takes fewer.
+template <ElementwiseKind kind, typename Value>
+void run_elementwise(const Inputs& in, const OpAttrs& attrs, TensorImpl& out, Value value) {
+    dispatch_float(out.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T p0 = attrs.floats.size() > 0 ? T(attrs.floats[0]) : T(0);
+        const T p1 = attrs.floats.size() > 1 ? T(attrs.floats[1]) : T(0);
+        if constexpr (kind == ElementwiseKind::unary)
+            unary_kernel<T>(*in[0], out, [=](T x) -> T { return value(x, T(0), p0, p1); });
+        else
+            binary_kernel<T>(*in[0], *in[1], out, [=](T x, T y) -> T { return value(x, y, p0, p1); });
+    });
 }
+
+// The values of native/elementwise.def as functions of (x, y, p0, p1), for T = float or double.
+namespace values {
+using std::abs;
+using std::clamp;
+using std::exp;
+using std::isnan;
+using std::max;
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value) \
+    template <typename T>                                        \
+    T name##_value(T x, T y, T p0, T p1) {                       \
+        return value;                                            \
+    }
+#include "elementwise.def"
+#undef RK_ELEMENTWISE
+}  // namespace values
 
 }  // namespace
 
-#define RK_BINARY(name, expr)                                                                           \
-    OutSpec shape_##name(const Inputs& in, const OpAttrs&) { return broadcast_spec(#name, in); }        \
-    void cpu_##name(const Inputs& in, const OpAttrs&, TensorImpl& out) {                                \
-        dispatch_float(out.dtype, [&](auto tag) {                                                      \
-            using T = decltype(tag);                                                                   \
-            binary_kernel<T>(*in[0], *in[1], out, [](T a, T b) -> T { return expr; });                 \
-        });                                                                                            \
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                                       \
+    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                                    \
+        return elementwise_spec<ElementwiseKind::kind>(#name, in, attrs, n_floats);                   \
+    }                                                                                                 \
+    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {                        \
+        run_elementwise<ElementwiseKind::kind>(                                                       \
+            in, attrs, out, [](auto x, auto y, auto p0, auto p1) { return values::name##_value(x, y, p0, p1); }); \
     }
-
-RK_BINARY(add, a + b)
-RK_BINARY(sub, a - b)
-RK_BINARY(mul, a * b)
-RK_BINARY(div, a / b)
-RK_BINARY(minimum, (std::isnan(a) || std::isnan(b)) ? a + b : std::min(a, b))
-RK_BINARY(maximum, (std::isnan(a) || std::isnan(b)) ? a + b : std::max(a, b))
-RK_BINARY(ge, T(a >= b))
-RK_BINARY(gt, T(a > b))
-#undef RK_BINARY
-
-// 0.5 x^2 where |x| <= delta, else delta (|x| - delta / 2): quadratic near zero, linear beyond.
-template <typename T>
-T huber_of(T x, T delta) {
-    const T a = std::abs(x);
-    return a <= delta ? T(0.5) * x * x : delta * (a - T(0.5) * delta);
-}
-
-#define RK_UNARY(name, n_floats, expr)                                                    \
-    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                           \
-        return unary_spec(#name, in, attrs, n_floats);                                       \
-    }                                                                                        \
-    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {               \
-        dispatch_float(out.dtype, [&](auto tag) {                                           \
-            using T = decltype(tag);                                                        \
-            unary_kernel<T>(*in[0], out, [&](T x) -> T { return expr; });                   \
-        });                                                                                 \
-    }
-
-RK_UNARY(neg, 0, -x)
-RK_UNARY(relu, 0, relu_of(x))
-RK_UNARY(sigmoid, 0, sigmoid_of(x))
-RK_UNARY(tanh, 0, std::tanh(x))
-RK_UNARY(softplus, 0, std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x))))
-RK_UNARY(silu, 0, x * sigmoid_of(x))
-RK_UNARY(exp, 0, std::exp(x))
-RK_UNARY(log, 0, std::log(x))
-RK_UNARY(sqrt, 0, std::sqrt(x))
-RK_UNARY(square, 0, x * x)
-RK_UNARY(abs, 0, std::abs(x))
-RK_UNARY(sign, 0, T((x > T(0)) - (x < T(0))))
-RK_UNARY(scale, 1, x * T(attrs.floats[0]))
-RK_UNARY(pow, 1, std::pow(x, T(attrs.floats[0])))
-RK_UNARY(clamp, 2, std::min(std::max(x, T(attrs.floats[0])), T(attrs.floats[1])))
-RK_UNARY(huber, 1, huber_of(x, T(attrs.floats[0])))
-#undef RK_UNARY
-
-#define RK_BACK(name, n_floats, expr)                                                          \
-    OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                                \
-        return same_shape_spec(#name, in, attrs, n_floats);                                       \
-    }                                                                                             \
-    void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {                    \
-        dispatch_float(out.dtype, [&](auto tag) {                                                \
-            using T = decltype(tag);                                                             \
-            binary_kernel<T>(*in[0], *in[1], out, [&](T g, T v) -> T { return expr; });          \
-        });                                                                                      \
-    }
-
-RK_BACK(relu_back, 0, v > T(0) ? g : T(0))
-RK_BACK(sigmoid_back, 0, g * v * (T(1) - v))
-RK_BACK(tanh_back, 0, g * (T(1) - v * v))
-RK_BACK(silu_back, 0, g * sigmoid_of(v) * (T(1) + v * (T(1) - sigmoid_of(v))))
-RK_BACK(clamp_back, 2, (v > T(attrs.floats[0]) && v < T(attrs.floats[1])) ? g : T(0))
-#undef RK_BACK
+#include "elementwise.def"
+#undef RK_ELEMENTWISE
 
 OutSpec shape_cast(const Inputs& in, const OpAttrs& attrs) {
     if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::bf16))

@@ -104,7 +104,7 @@ void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                     switch (act) {
                         case Activation::none: column[i] = z; break;
                         case Activation::relu: column[i] = relu_of(z); break;
-                        case Activation::tanh: column[i] = std::tanh(z); break;
+                        case Activation::tanh: column[i] = tanh_of(z); break;
                         case Activation::sigmoid: column[i] = sigmoid_of(z); break;
                     }
                 }

@@ -1,6 +1,7 @@
 #include "elementwise_chain.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <unordered_map>
 
@@ -9,17 +10,22 @@
 namespace rk {
 namespace {
 
-// The codes of shaders/elementwise.glsl (a GPU test of every op in a chain fails on a mismatch).
-constexpr ChainOp kChainOps[] = {
-    {Op::add, 0, 0},          {Op::sub, 1, 0},           {Op::mul, 2, 0},           {Op::div, 3, 0},
-    {Op::minimum, 4, 0},      {Op::maximum, 5, 0},       {Op::ge, 6, 0},            {Op::gt, 7, 0},
-    {Op::relu_back, 8, 0},    {Op::sigmoid_back, 9, 0},  {Op::tanh_back, 10, 0},    {Op::silu_back, 11, 0},
-    {Op::clamp_back, 12, 2},  {Op::neg, 16, 0},          {Op::relu, 17, 0},         {Op::sigmoid, 18, 0},
-    {Op::tanh, 19, 0},        {Op::softplus, 20, 0},     {Op::silu, 21, 0},         {Op::exp, 22, 0},
-    {Op::log, 23, 0},         {Op::sqrt, 24, 0},         {Op::square, 25, 0},       {Op::abs, 26, 0},
-    {Op::sign, 27, 0},        {Op::scale, 28, 1},        {Op::pow, 29, 1},          {Op::clamp, 30, 2},
-    {Op::huber, 31, 1},
+constexpr ElementwiseOp kElementwiseOps[] = {
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value) {Op::name, ElementwiseKind::kind, code, n_floats},
+#include "elementwise.def"
+#undef RK_ELEMENTWISE
 };
+
+// A chain's step names its op by the code, in the shaders' switch: one op per code.
+constexpr int ops_with_code(uint32_t code) {
+    int n = 0;
+    for (const ElementwiseOp& e : kElementwiseOps) n += e.code == code;
+    return n;
+}
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value) \
+    static_assert(ops_with_code(code) == 1, "native/elementwise.def: the code of " #name " is another op's too");
+#include "elementwise.def"
+#undef RK_ELEMENTWISE
 
 constexpr size_t kShapeInts = 5;  // ne[0..3], ndim
 constexpr size_t kStepInts = 3;   // op, a, b
@@ -28,10 +34,10 @@ const char* const kOp = "elementwise_chain";
 
 bool full_size(const TensorImpl& t, const Shape& ne) { return t.ne == ne; }
 
-// A node a chain can hold: a chainable op on f32 tensors shaped like its output (or of one
+// A node a chain can hold: an elementwise op on f32 tensors shaped like its output (or of one
 // element, binary ops only), with the attributes its op takes.
 bool chainable(const Node& node) {
-    const ChainOp* info = chain_op(node.op);
+    const ElementwiseOp* info = elementwise_op(node.op);
     if (!info || node.out->dtype != DType::f32 || node.attrs.floats.size() != info->n_floats) return false;
     for (const TensorPtr& t : node.inputs) {
         if (t->dtype != DType::f32) return false;
@@ -60,7 +66,7 @@ size_t new_inputs(const Chain& chain, const Node& node, const TensorImpl* value)
 }
 
 void add_step(Chain& chain, const Node& node, const TensorImpl* value) {
-    const ChainOp& info = *chain_op(node.op);
+    const ElementwiseOp& info = *elementwise_op(node.op);
     auto operand = [&](const TensorPtr& t) -> int64_t {
         if (t.get() == value) return kChainValue;
         auto at = std::find(chain.inputs.begin(), chain.inputs.end(), t);
@@ -77,10 +83,15 @@ void add_step(Chain& chain, const Node& node, const TensorImpl* value) {
 
 }  // namespace
 
-const ChainOp* chain_op(Op op) {
-    for (const ChainOp& c : kChainOps)
-        if (c.op == op) return &c;
+const ElementwiseOp* elementwise_op(Op op) {
+    for (const ElementwiseOp& e : kElementwiseOps)
+        if (e.op == op) return &e;
     return nullptr;
+}
+
+const std::vector<ElementwiseOp>& elementwise_ops() {
+    static const std::vector<ElementwiseOp> all(std::begin(kElementwiseOps), std::end(kElementwiseOps));
+    return all;
 }
 
 std::vector<ChainStep> chain_steps(const OpAttrs& attrs) {
@@ -121,7 +132,8 @@ OutSpec shape_elementwise_chain(const Inputs& in, const OpAttrs& attrs) {
     for (size_t s = 0; s < steps.size(); ++s) {
         const ChainStep& step = steps[s];
         const std::string which = "step " + std::to_string(s);
-        const ChainOp* info = int64_t(step.op) >= 0 && int64_t(step.op) < int64_t(Op::count) ? chain_op(step.op) : nullptr;
+        const ElementwiseOp* info =
+            int64_t(step.op) >= 0 && int64_t(step.op) < int64_t(Op::count) ? elementwise_op(step.op) : nullptr;
         if (!info) throw std::invalid_argument(op_err(kOp, which + ": op " + std::to_string(int64_t(step.op)) +
                                                                " is not an elementwise op a chain can hold"));
         auto check = [&](int operand, const char* name) {
@@ -149,7 +161,7 @@ void cpu_elementwise_chain(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     TensorPtr value;
     for (size_t s = 0; s < steps.size(); ++s) {
         const ChainStep& step = steps[s];
-        const ChainOp& info = *chain_op(step.op);
+        const ElementwiseOp& info = *elementwise_op(step.op);
         auto operand = [&](int which) { return which == kChainValue ? value : in[which]; };
         Inputs args{operand(step.a)};
         if (info.binary()) args.push_back(operand(step.b));

@@ -15,17 +15,21 @@ namespace rk {
 constexpr size_t kMaxChainInputs = 8;  // chain.comp's push constants hold 8 input addresses
 constexpr size_t kMaxChainSteps = 16;
 
-// An op a chain may hold: its code in shaders/elementwise.glsl (below 16: binary), and how
-// many float attributes it takes (scale's factor, clamp's bounds, ...).
-struct ChainOp {
+// An elementwise op (native/elementwise.def): its code in the shaders (a chain's steps name their
+// ops by it), and how many float attributes it takes (scale's factor, clamp's bounds, ...). A
+// chain holds every elementwise op.
+struct ElementwiseOp {
     Op op;
+    ElementwiseKind kind;
     uint32_t code;
     size_t n_floats;
-    bool binary() const { return code < 16; }
+    bool binary() const { return kind != ElementwiseKind::unary; }
 };
 
-// The entry of `op`, or null where a chain cannot hold it.
-const ChainOp* chain_op(Op op);
+// The entry of `op`, or null where op is not elementwise.
+const ElementwiseOp* elementwise_op(Op op);
+// Every entry, in the list's order.
+const std::vector<ElementwiseOp>& elementwise_ops();
 
 // One step of a chain: op applied to operands a (and b, binary ops), each an input's index or
 // kChainValue (the value so far); p0, p1 are its float attributes (0 where it takes fewer).

@@ -1,6 +1,7 @@
 // Helpers shared by the shape rules and the CPU kernels.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -14,8 +15,9 @@ constexpr int64_t kElementGrain = 1 << 15;
 
 inline std::string op_err(const char* op, const std::string& msg) { return std::string(op) + ": " + msg; }
 
-// The activations, shared by their ops (cpu_elementwise.cpp) and the fused linear op
-// (cpu_linalg.cpp), so a fused layer gives what its unfused ops give, NaN included.
+// The functions the values of the elementwise ops call (native/elementwise.def), each defined alike
+// in shaders/common.glsl. The activations among them are the fused linear op's too (cpu_linalg.cpp),
+// so a fused layer gives what its unfused ops give, NaN included.
 template <typename T>
 T relu_of(T x) {
     return (x > T(0) || std::isnan(x)) ? x : T(0);  // NaN propagates, as in numpy
@@ -26,6 +28,43 @@ T sigmoid_of(T x) {
     if (x >= 0) return T(1) / (T(1) + std::exp(-x));
     T e = std::exp(x);
     return e / (T(1) + e);
+}
+
+template <typename T>
+T tanh_of(T x) {
+    return std::tanh(x);
+}
+
+// NaN below 0 and -inf at 0 (common.glsl spells these out)
+template <typename T>
+T log_of(T x) {
+    return std::log(x);
+}
+
+template <typename T>
+T log1p_of(T x) {
+    return std::log1p(x);
+}
+
+template <typename T>
+T sqrt_of(T x) {
+    return std::sqrt(x);
+}
+
+template <typename T>
+T pow_of(T x, T p) {
+    return std::pow(x, p);
+}
+
+// min and max that propagate NaN, as numpy's
+template <typename T>
+T nan_min(T a, T b) {
+    return (std::isnan(a) || std::isnan(b)) ? a + b : std::min(a, b);
+}
+
+template <typename T>
+T nan_max(T a, T b) {
+    return (std::isnan(a) || std::isnan(b)) ? a + b : std::max(a, b);
 }
 
 // sum_i a[i] b[i] as kLanes interleaved partial sums, added up in a fixed order at the end: the

@@ -24,6 +24,11 @@ struct OutOfMemory : std::runtime_error {
 // The n_inputs of an op taking any number of inputs (its shape rule checks them).
 constexpr int kVariadic = -1;
 
+// The kinds of elementwise op (native/elementwise.def): unary, binary (broadcasting), and the
+// fused backward helpers (upstream gradient, saved value: one shape).
+enum class ElementwiseKind { unary, binary, backward };
+constexpr int elementwise_inputs(ElementwiseKind kind) { return kind == ElementwiseKind::unary ? 1 : 2; }
+
 enum class Op : int {
 #define RK_OP(name, n_inputs, grad) name,
 #include "ops.def"

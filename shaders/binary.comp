@@ -1,5 +1,5 @@
 // Elementwise a (op) b with broadcasting: strides of 0 repeat a dimension of size 1. The op is
-// OP_CODE (elementwise.glsl): arithmetic, comparisons and the backward helpers (g, saved).
+// OP_CODE (elementwise.glsl): a binary op or a backward helper (g, saved).
 #version 450
 #include "common.glsl"
 #include "elementwise.glsl"
@@ -27,5 +27,5 @@ void main() {
     uint i3 = r / pc.ne[2];
     uint ia = i0 * pc.sa[0] + i1 * pc.sa[1] + i2 * pc.sa[2] + i3 * pc.sa[3];
     uint ib = i0 * pc.sb[0] + i1 * pc.sb[1] + i2 * pc.sb[2] + i3 * pc.sb[3];
-    pc.o.v[i] = binary_value(OP_CODE, pc.a.v[ia], pc.b.v[ib], pc.p0, pc.p1);
+    pc.o.v[i] = elementwise_value(OP_CODE, pc.a.v[ia], pc.b.v[ib], pc.p0, pc.p1);
 }

@@ -38,8 +38,7 @@ void main() {
     for (uint s = 0u; s < pc.n_steps; ++s) {
         Step step = pc.steps.step[s];
         float x = operand(step.a, value, i);
-        value = step.op < 16u ? binary_value(step.op, x, operand(step.b, value, i), step.p0, step.p1)
-                              : unary_value(step.op, x, step.p0, step.p1);
+        value = elementwise_value(step.op, x, operand(step.b, value, i), step.p0, step.p1);  // a unary op ignores y
     }
     pc.o.v[i] = value;
 }

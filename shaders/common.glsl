@@ -18,6 +18,9 @@ uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupI
 // This invocation's index in the folded grid.
 uint flat_invocation() { return flat_group() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
 
+// The functions the values of the elementwise ops call (native/elementwise.def), each defined alike
+// in native/kernel_util.hpp; the activations among them are the fused linear op's too.
+
 // NaN propagates (GLSL's max(x, 0.0) may return 0 there), as in numpy.
 float relu_of(float x) { return (x > 0.0 || isnan(x)) ? x : 0.0; }
 
@@ -27,16 +30,22 @@ float sigmoid_of(float x) {
     return e / (1.0 + e);
 }
 
-// min/max that propagate NaN (GLSL leaves them undefined there), as numpy does.
-float nan_min(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : min(a, b); }
-float nan_max(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : max(a, b); }
+float tanh_of(float x) {
+    float e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
 
 float quiet_nan() { return uintBitsToFloat(0x7fc00000u); }
 float infinity() { return uintBitsToFloat(0x7f800000u); }
 
+// C's: NaN below 0 and -inf at 0 (GLSL's log and sqrt are undefined below 0, log at 0 too).
+float log_of(float x) { return x < 0.0 ? quiet_nan() : (x == 0.0 ? -infinity() : log(x)); }
+float sqrt_of(float x) { return x < 0.0 ? quiet_nan() : sqrt(x); }
+float log1p_of(float x) { return log(1.0 + x); }  // GLSL has no log1p
+
 // x ** p as C's pow: negative bases with integer exponents, and 0 ** p, are defined there
 // (GLSL's pow is undefined for x < 0 and for x = 0, p <= 0).
-float c_pow(float x, float p) {
+float pow_of(float x, float p) {
     if (p == 0.0) return 1.0;
     if (x == 0.0) return p > 0.0 ? 0.0 : infinity();
     float r = pow(abs(x), p);
@@ -45,16 +54,15 @@ float c_pow(float x, float p) {
     return mod(p, 2.0) == 1.0 ? -r : r;
 }
 
-float safe_tanh(float x) {
-    float e = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - e) / (1.0 + e);
-}
+// min/max that propagate NaN (GLSL leaves them undefined there), as numpy does.
+float nan_min(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : min(a, b); }
+float nan_max(float a, float b) { return (isnan(a) || isnan(b)) ? a + b : max(a, b); }
 
 // The fused linear op's activation (0 none, 1 relu, 2 tanh, 3 sigmoid), through the functions
-// the unfused ops use (elementwise.glsl), so a fused layer gives what they give, NaN included.
+// the unfused ops use, so a fused layer gives what they give, NaN included.
 float linear_activation(uint activation, float z) {
     if (activation == 1u) return relu_of(z);
-    if (activation == 2u) return safe_tanh(z);
+    if (activation == 2u) return tanh_of(z);
     if (activation == 3u) return sigmoid_of(z);
     return z;
 }

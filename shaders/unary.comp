@@ -1,5 +1,5 @@
-// Elementwise f(x) for the op OP_CODE (elementwise.glsl); scale, pow and clamp read their
-// numbers from p0, p1.
+// Elementwise f(x) for the unary op OP_CODE (elementwise.glsl); its float attributes come in
+// p0, p1.
 #version 450
 #include "common.glsl"
 #include "elementwise.glsl"
@@ -15,5 +15,5 @@ layout(push_constant) uniform Push {
 void main() {
     uint i = flat_invocation();
     if (i >= pc.n) return;
-    pc.o.v[i] = unary_value(OP_CODE, pc.x.v[i], pc.p0, pc.p1);
+    pc.o.v[i] = elementwise_value(OP_CODE, pc.x.v[i], 0.0, pc.p0, pc.p1);
 }

@@ -1,12 +1,20 @@
 # Every shader variant: rk_shader(<pipeline name> <source> [DEFINE ...]). One source, variants by
 # defines; each becomes one pipeline, compiled by glslc at build time and embedded in the module.
-foreach(op ADD SUB MUL DIV MINIMUM MAXIMUM GE GT RELU_BACK SIGMOID_BACK TANH_BACK SILU_BACK CLAMP_BACK)
-  string(TOLOWER ${op} name)
-  rk_shader(binary_${name} binary.comp OP_CODE=EW_${op})
-endforeach()
-foreach(op NEG RELU SIGMOID TANH SOFTPLUS SILU EXP LOG SQRT SQUARE ABS SIGN SCALE POW CLAMP HUBER)
-  string(TOLOWER ${op} name)
-  rk_shader(unary_${name} unary.comp OP_CODE=EW_${op})
+# The elementwise ops, one variant each, from their list (RLKIT_ELEMENTWISE_LIST): unary_<name> of
+# unary.comp, binary_<name> of binary.comp for the binary ops and the backward helpers.
+file(STRINGS ${RLKIT_ELEMENTWISE_LIST} entries REGEX "^RK_ELEMENTWISE\\(")
+foreach(entry ${entries})
+  if(NOT entry MATCHES "^RK_ELEMENTWISE\\(([a-z0-9_]+), (unary|binary|backward), ([0-9]+),")
+    message(FATAL_ERROR "native/elementwise.def: cannot read '${entry}': expected "
+                        "RK_ELEMENTWISE(name, unary|binary|backward, code, ...) on one line")
+  endif()
+  set(op ${CMAKE_MATCH_1})
+  set(code ${CMAKE_MATCH_3})
+  if(CMAKE_MATCH_2 STREQUAL "unary")
+    rk_shader(unary_${op} unary.comp OP_CODE=${code}u)
+  else()
+    rk_shader(binary_${op} binary.comp OP_CODE=${code}u)
+  endif()
 endforeach()
 foreach(kind F32_TO_F16 F16_TO_F32 F32_TO_BF16 BF16_TO_F32 F32_TO_I32 I32_TO_F32 U8_TO_F32)
   string(TOLOWER ${kind} name)

@@ -13,24 +13,28 @@ from rlkit import _native
 
 OP_ID = {name: k for k, name in enumerate(_native.op_names())}
 
-# Every op a chain holds, with its float attributes and its unfused call.
-UNARY = {
-    "neg": ((), rc.neg), "relu": ((), rc.relu), "sigmoid": ((), rc.sigmoid), "tanh": ((), rc.tanh),
-    "softplus": ((), rc.softplus), "silu": ((), rc.silu), "exp": ((), rc.exp), "log": ((), rc.log),
-    "sqrt": ((), rc.sqrt), "square": ((), rc.square), "abs": ((), rc.abs), "sign": ((), rc.sign),
-    "scale": ((0.75,), lambda x: rc.scale(x, 0.75)), "pow": ((3.0,), lambda x: rc.pow(x, 3.0)),
-    "clamp": ((-0.5, 0.4), lambda x: rc.clamp(x, -0.5, 0.4)),
-    "huber": ((0.4,), lambda x: rc.ops.apply("huber", (x,), floats=(0.4,), delta=0.4)),
-}
-BINARY = {
-    "add": ((), rc.add), "sub": ((), rc.sub), "mul": ((), rc.mul), "div": ((), rc.div),
-    "minimum": ((), rc.minimum), "maximum": ((), rc.maximum), "ge": ((), rc.ge), "gt": ((), rc.gt),
-    "relu_back": ((), lambda g, x: rc.ops.apply("relu_back", (g, x))),
-    "sigmoid_back": ((), lambda g, y: rc.ops.apply("sigmoid_back", (g, y))),
-    "tanh_back": ((), lambda g, y: rc.ops.apply("tanh_back", (g, y))),
-    "silu_back": ((), lambda g, x: rc.ops.apply("silu_back", (g, x))),
-    "clamp_back": ((-0.5, 0.4), lambda g, x: rc.ops.apply("clamp_back", (g, x), floats=(-0.5, 0.4))),
-}
+# The float attributes a chain step of an op gets, where the op takes any: these, else 0.3 each.
+NUMBERS = {"scale": (0.75,), "pow": (3.0,), "clamp": (-0.5, 0.4), "huber": (0.4,), "clamp_back": (-0.5, 0.4)}
+
+
+def _unfused(name, numbers):
+    return lambda *inputs: rc.ops.apply(name, inputs, floats=numbers)
+
+
+def _ops_of(kinds):
+    """Every elementwise op of these kinds (a chain holds them all): its float attributes and its
+    unfused call."""
+    table = {}
+    for name, kind, _, n_floats in _native.elementwise_ops():
+        if kind in kinds:
+            numbers = NUMBERS.get(name, (0.3,) * n_floats)
+            table[name] = (numbers, _unfused(name, numbers))
+    return table
+
+
+UNARY = _ops_of({"unary"})
+BINARY = _ops_of({"binary", "backward"})  # the backward helpers: (g, saved) of one shape
+BACKWARD = {name for name, kind, _, _ in _native.elementwise_ops() if kind == "backward"}
 SHAPE = (37, 29)  # not a multiple of a workgroup
 
 
@@ -73,7 +77,7 @@ def test_a_binary_op_in_a_chain_equals_the_op(device, name):
     np.testing.assert_allclose(first, op(x, y).numpy(), rtol=2e-6, atol=1e-6)
     # the value so far as either operand, and an operand of one element (the backward helpers
     # take equal shapes only)
-    third = rc.tensor(np.array([[0.3]], np.float32)) if not name.endswith("_back") else rc.scale(z, -0.7)
+    third = rc.tensor(np.array([[0.3]], np.float32)) if name not in BACKWARD else rc.scale(z, -0.7)
     got = _chain([x, z, third], [("tanh", 0, -2, ()), (name, -1, 1, numbers), (name, 2, -1, numbers)]).numpy()
     expected = op(third, op(rc.tanh(x), z)).numpy()
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)

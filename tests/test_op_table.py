@@ -20,13 +20,10 @@ except ImportError:  # tests/ became a package
     from tests import test_ops
 
 # Backward helper ops are only ever called inside vjp rules: the gradient cases of their forward
-# op exercise them (a wrong helper fails that op's gradcheck).
+# op exercise them (a wrong helper fails that op's gradcheck). The elementwise list's helpers
+# (native/elementwise.def, kind backward) are <forward>_back; the others are named here.
 BACKWARD_HELPER_OF = {
-    "relu_back": "relu",
-    "sigmoid_back": "sigmoid",
-    "tanh_back": "tanh",
-    "silu_back": "silu",
-    "clamp_back": "clamp",
+    **{name: name.removesuffix("_back") for name, kind, _, _ in _native.elementwise_ops() if kind == "backward"},
     "softmax_back": "softmax",
     "log_softmax_back": "log_softmax",
     "ssm_conv_sx_back": "ssm_conv",

@@ -90,14 +90,10 @@ def _builders() -> dict:
     pair = lambda floats: lambda a, b, c, d: ([((a, b, c, d), F)] * 2, [], floats)  # noqa: E731
     unary = lambda floats: lambda a, b, c, d: ([((a, b, c, d), F)], [], floats)  # noqa: E731
     one = lambda a, b, c, d: ([((a, b), F)], [], [])  # noqa: E731
-    b = {name: binary for name in ("add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt")}
-    b.update({name: unary([]) for name in ("neg", "relu", "sigmoid", "tanh", "softplus", "silu", "exp", "log",
-                                           "sqrt", "square", "abs", "sign")})
-    b.update(scale=unary([2.0]), pow=unary([2.0]), huber=unary([1.0]), clamp=unary([0.0, 1.0]))
+    by_kind = {"unary": unary, "binary": lambda floats: binary, "backward": pair}  # the elementwise ops
+    b = {name: by_kind[kind]([0.0, 1.0][:n_floats]) for name, kind, _, n_floats in _native.elementwise_ops()}
     b["cast"] = lambda a, b_, c, d: ([((a, b_, c, d), F)], [1], [])
-    b.update({name: pair([]) for name in ("relu_back", "sigmoid_back", "tanh_back", "silu_back", "softmax_back",
-                                          "log_softmax_back", "softmax_cross_entropy")})
-    b["clamp_back"] = pair([0.0, 1.0])
+    b.update({name: pair([]) for name in ("softmax_back", "log_softmax_back", "softmax_cross_entropy")})
     b["elementwise_chain"] = _chain
     b["matmul"] = lambda m, k, n, d: ([((m, k, d), F), ((k, n), F)], [0, 0], [])
     b["linear"] = lambda m, k, n, d: ([((m, k), F), ((k, n, d), F), ((m, 1), F)], [0], [])

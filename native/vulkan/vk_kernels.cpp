@@ -155,42 +155,17 @@ void random_op(const char* shader, RandomPush p, std::vector<vk::Range> reads, c
 
 }  // namespace
 
-#define RK_VK_BINARY(name) \
-    void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) { binary(#name, in, attrs, out); }
-RK_VK_BINARY(add)
-RK_VK_BINARY(sub)
-RK_VK_BINARY(mul)
-RK_VK_BINARY(div)
-RK_VK_BINARY(minimum)
-RK_VK_BINARY(maximum)
-RK_VK_BINARY(ge)
-RK_VK_BINARY(gt)
-RK_VK_BINARY(relu_back)
-RK_VK_BINARY(sigmoid_back)
-RK_VK_BINARY(tanh_back)
-RK_VK_BINARY(silu_back)
-RK_VK_BINARY(clamp_back)
-#undef RK_VK_BINARY
-
-#define RK_VK_UNARY(name) \
-    void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) { unary(#name, in, attrs, out); }
-RK_VK_UNARY(neg)
-RK_VK_UNARY(relu)
-RK_VK_UNARY(sigmoid)
-RK_VK_UNARY(tanh)
-RK_VK_UNARY(softplus)
-RK_VK_UNARY(silu)
-RK_VK_UNARY(exp)
-RK_VK_UNARY(log)
-RK_VK_UNARY(sqrt)
-RK_VK_UNARY(square)
-RK_VK_UNARY(abs)
-RK_VK_UNARY(sign)
-RK_VK_UNARY(scale)
-RK_VK_UNARY(pow)
-RK_VK_UNARY(clamp)
-RK_VK_UNARY(huber)
-#undef RK_VK_UNARY
+// The elementwise ops (native/elementwise.def): each records its own variant of binary.comp
+// (binary ops and backward helpers) or unary.comp.
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                  \
+    void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {     \
+        if constexpr (ElementwiseKind::kind == ElementwiseKind::unary)            \
+            unary(#name, in, attrs, out);                                         \
+        else                                                                      \
+            binary(#name, in, attrs, out);                                        \
+    }
+#include "elementwise.def"
+#undef RK_ELEMENTWISE
 
 void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
 
@@ -216,7 +191,7 @@ struct ChainPush {
 void vk_elementwise_chain(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     std::vector<ChainStepRecord> records;
     for (const ChainStep& step : chain_steps(attrs))
-        records.push_back({chain_op(step.op)->code, step.a, step.b, step.p0, step.p1});
+        records.push_back({elementwise_op(step.op)->code, step.a, step.b, step.p0, step.p1});
     TensorPtr table = device_table(records);
     ChainPush p{};
     std::vector<vk::Range> reads{span(*table)};
