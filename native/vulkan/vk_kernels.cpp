@@ -10,6 +10,7 @@
 #include "vulkan/vk_context.hpp"
 #include "vulkan/vk_kernels.hpp"
 #include "vulkan/vk_record.hpp"
+#include "vulkan/vk_shaders.hpp"
 #include "elementwise_chain.hpp"
 
 namespace rk {
@@ -156,13 +157,18 @@ void random_op(const char* shader, RandomPush p, std::vector<vk::Range> reads, c
 }  // namespace
 
 // The elementwise ops (native/elementwise.def): each records its own variant of binary.comp
-// (binary ops and backward helpers) or unary.comp.
-#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                  \
-    void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {     \
-        if constexpr (ElementwiseKind::kind == ElementwiseKind::unary)            \
-            unary(#name, in, attrs, out);                                         \
-        else                                                                      \
-            binary(#name, in, attrs, out);                                        \
+// (binary ops and backward helpers) or unary.comp, which shaders/variants.cmake makes from the
+// same list (an entry it could not read fails here).
+#define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                                                   \
+    static_assert(vk::has_shader_variant(ElementwiseKind::kind == ElementwiseKind::unary ? "unary_" #name           \
+                                                                                         : "binary_" #name),        \
+                  "no shader variant of the elementwise op " #name " (shaders/variants.cmake reads "            \
+                  "native/elementwise.def: is its entry on one line, at the start of it?)");                     \
+    void vk_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {                                      \
+        if constexpr (ElementwiseKind::kind == ElementwiseKind::unary)                                             \
+            unary(#name, in, attrs, out);                                                                          \
+        else                                                                                                       \
+            binary(#name, in, attrs, out);                                                                         \
     }
 #include "elementwise.def"
 #undef RK_ELEMENTWISE

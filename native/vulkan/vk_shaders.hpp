@@ -5,8 +5,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace rk::vk {
+
+// The name of every variant (generated at configuration from shaders/variants.cmake).
+constexpr std::string_view kShaderVariants[] = {
+#include "shader_variants.inc"
+};
+
+// Whether a variant of this name is built: a kernel static_asserts it for the variant it records,
+// so a missing one fails the build, not the first run.
+constexpr bool has_shader_variant(std::string_view name) {
+    for (std::string_view variant : kShaderVariants)
+        if (variant == name) return true;
+    return false;
+}
 
 struct ShaderCode {
     const char* name;
