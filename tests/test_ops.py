@@ -108,6 +108,11 @@ CASES: list[Case] = [
     # elementwise unary
     _unary("neg", np.negative, N),
     _unary("relu", lambda x: np.maximum(x, 0.0), AWAY),
+    _unary("leaky_relu", lambda x: np.where(x > 0, x, 0.01 * x), AWAY),
+    Case("leaky_relu_slope", "leaky_relu", lambda x: rc.leaky_relu(x, negative_slope=0.3),
+         lambda x: np.where(x > 0, x, 0.3 * x), unary_sets(AWAY)),
+    Case("leaky_relu_nonfinite", "leaky_relu", lambda x: rc.leaky_relu(x, 0.2), lambda x: np.where(x > 0, x, 0.2 * x),
+         ((CONST([[np.nan, np.inf, -np.inf, 0.0, -3.0, 3.0]]),),), grad=False),
     _unary("sigmoid", np_sigmoid, lambda *s: U(-4, 4, *s)),
     Case("sigmoid_extreme", "sigmoid", rc.sigmoid, np_sigmoid, ((CONST([[-60.0, -20.0, 0.0, 20.0, 60.0]]),), (CONST([[-700.0], [700.0]]),)), grad=False),
     _unary("tanh", np.tanh, lambda *s: U(-3, 3, *s)),
@@ -497,6 +502,9 @@ def test_tie_and_kink_conventions():
     np.testing.assert_array_equal(_grads_of(rc.abs, z)[0], [[0, -1, 1]])
     c = np.array([[-1.0, -0.5, 0.0, 0.5, 1.0]])
     np.testing.assert_array_equal(_grads_of(lambda p: rc.clamp(p, -0.5, 0.5), c)[0], [[0, 0, 1, 0, 0]])
+    # PyTorch's: the negative slope at 0, and at NaN
+    leaky = np.array([[0.0, -1.0, 2.0, np.nan]])
+    np.testing.assert_array_equal(_grads_of(lambda p: rc.leaky_relu(p, 0.25), leaky)[0], [[0.25, 0.25, 1, 0.25]])
 
 
 def test_nan_propagates_and_cast_to_i32_saturates():
@@ -558,7 +566,7 @@ def test_clamp_back_formula():
 
 # ---- f16 and bf16 storage: computed in f32, rounded once -------------------------------------------
 
-F16_CASES = ["add", "mul", "div", "maximum", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "silu", "softplus",
+F16_CASES = ["add", "mul", "div", "maximum", "relu", "leaky_relu", "sigmoid", "tanh", "exp", "log", "sqrt", "silu", "softplus",
              "clamp", "matmul", "matmul_batched", "sum", "sum_dim0", "sum_to_rows", "softmax", "log_softmax", "max",
              "transpose", "concat_rows", "get_rows", "gather", "softmax_cross_entropy_loss"]
 

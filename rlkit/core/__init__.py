@@ -14,7 +14,7 @@ from rlkit.core.runtime import (
 from rlkit.core.tape import grad_tape, no_grad, tape_memory
 from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
-    abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, log,
+    abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, leaky_relu, log,
     gated_linear_attn, rwkv_wkv6,
     linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, polyak_update, pow, put_cols,
     rand, randn, relu,
@@ -34,7 +34,7 @@ __all__ = [
     "Tensor", "tensor", "param", "zeros", "ones", "full", "arange", "as_tensor", "synchronize", "gpu_stats",
     "grad_tape", "no_grad", "backward", "Gradients", "tape_memory", "gradcheck", "GradcheckError",
     "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
-    "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "sigmoid", "tanh", "softplus",
+    "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "leaky_relu", "sigmoid", "tanh", "softplus",
     "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "linear", "sum",
     "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",

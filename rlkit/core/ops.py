@@ -201,6 +201,14 @@ sign = _unary("sign")
 sign.__doc__ = "-1, 0 or 1 (not differentiable)."
 
 
+def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x (PyTorch's; NaN stays NaN, the gradient at 0 is
+    negative_slope)."""
+    negative_slope = _number(negative_slope, "leaky_relu", "negative_slope")
+    return apply("leaky_relu", (as_tensor(x, op="leaky_relu"),), floats=(negative_slope,),
+                 negative_slope=negative_slope)
+
+
 def scale(x, s) -> Tensor:
     """x * s for a number s."""
     s = _number(s, "scale", "s")

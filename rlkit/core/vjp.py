@@ -97,6 +97,7 @@ VJP = {
     "maximum": lambda g, out, a, b: (ops.mul(g, ops.ge(a, b)), ops.mul(g, ops.gt(b, a))),
     "neg": lambda g, out, x: (ops.neg(g),),
     "relu": lambda g, out, x: (ops.apply("relu_back", (g, x)),),
+    "leaky_relu": lambda g, out, x, negative_slope: (ops.apply("leaky_relu_back", (g, x), floats=(negative_slope,)),),
     "sigmoid": lambda g, out, x: (ops.apply("sigmoid_back", (g, out)),),
     "tanh": lambda g, out, x: (ops.apply("tanh_back", (g, out)),),
     "softplus": lambda g, out, x: (ops.mul(g, ops.sigmoid(x)),),
