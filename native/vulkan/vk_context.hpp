@@ -1,25 +1,28 @@
-// The Vulkan device rlkit computes on: instance and device setup, memory (large blocks
-// sub-allocated, addressed by buffer device address), shader pipelines, and the recorder that
-// puts dispatches and copies into one command buffer with barriers only between dependent
-// work, submitted when the host reads a value (or the recording grows large); captured programs'
-// command buffers (vk_program.cpp: their commands scheduled in dependency levels).
+// The Vulkan device rlkit computes on, in one Context: its bring-up and teardown (vk_device.cpp:
+// instance, device choice, limits, queues, memory pools), shader pipelines (vk_pipelines.cpp), and
+// the recorder (vk_recorder.cpp) that puts dispatches and copies into one command buffer with
+// barriers only between dependent work, submitted when the host reads a value (or the recording
+// grows large); captured programs' command buffers (vk_program.cpp: their commands scheduled in
+// dependency levels). Memory is vk_memory.hpp's: large blocks sub-allocated, addressed by buffer
+// device address.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend.hpp"
-#include "planner.hpp"
 #include "tensor.hpp"
 #include "vulkan/vk_api.hpp"
+#include "vulkan/vk_memory.hpp"
 
 namespace rk::vk {
+
+constexpr uint32_t kPushConstantBytes = 128;  // lavapipe's limit; every push block fits in it
 
 // A byte range of device memory, by device address.
 struct Range {
@@ -65,8 +68,6 @@ struct TransferStats {
     uint64_t recordings = 0;  // programs' command buffers recorded (once per program, unless re-recorded)
 };
 
-class MemoryPool;
-
 // Where a captured program's GPU time goes: a timestamp after the opening barrier and after each
 // dependency level of its command buffer, the intervals summed over runs. Programs recorded
 // while profiling is on (Context::set_profiling) carry one; the timestamps cost a little, so
@@ -77,46 +78,6 @@ struct LevelProfile {
     std::vector<std::string> labels;  // per level: its commands' labels
     std::vector<double> total_ns;     // per level: summed over runs
     uint64_t runs = 0;
-};
-
-// One sub-allocation; returns its range to the pool when destroyed.
-struct Allocation {
-    MemoryPool* pool = nullptr;
-    int block = -1;
-    uint64_t offset = 0, size = 0;
-    ~Allocation();
-};
-
-// Blocks of one memory type, each one VkBuffer over one VkDeviceMemory, sub-allocated first-fit.
-class MemoryPool {
-  public:
-    MemoryPool(const Api& api, VkDevice device, uint32_t memory_type, bool mapped, uint64_t block_size,
-               uint64_t alignment);
-    ~MemoryPool();
-    std::shared_ptr<Allocation> allocate(uint64_t size);
-    void release(int block, uint64_t offset, uint64_t size);
-    uint64_t address(const Allocation& a) const { return blocks_[a.block].address + a.offset; }
-    VkBuffer buffer(const Allocation& a) const { return blocks_[a.block].buffer; }
-    void* host(const Allocation& a) const { return static_cast<char*>(blocks_[a.block].mapped) + a.offset; }
-    uint64_t bytes_in_use() const { return in_use_; }
-    uint64_t bytes_reserved() const;
-
-  private:
-    struct Block {
-        VkDeviceMemory memory = VK_NULL_HANDLE;
-        VkBuffer buffer = VK_NULL_HANDLE;
-        uint64_t address = 0, size = 0;
-        void* mapped = nullptr;
-        FreeList free;
-    };
-    int add_block(uint64_t size);
-    const Api& api_;
-    VkDevice device_;
-    uint32_t memory_type_;
-    bool mapped_;
-    uint64_t block_size_, alignment_, in_use_ = 0;
-    std::vector<Block> blocks_;
-    std::mutex mutex_;
 };
 
 class Context {

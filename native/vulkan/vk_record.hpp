@@ -39,7 +39,7 @@ inline void shape4(const Shape& ne, uint32_t out[4], const char* what) {
 template <typename Push>
 void record(const std::string& shader, const Push& push, uint64_t n_groups, std::vector<Range> reads,
             std::vector<Range> writes, uint32_t groups_z = 1) {
-    static_assert(sizeof(Push) <= 128, "push constants are limited to 128 bytes");
+    static_assert(sizeof(Push) <= kPushConstantBytes, "push constants are limited to 128 bytes");
     ctx().dispatch(shader, &push, sizeof(Push), n_groups, reads, writes, groups_z);
 }
 
