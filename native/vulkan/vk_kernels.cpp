@@ -1,6 +1,9 @@
 // The Vulkan column of the op table: for each op, the shader variant it records and the push
 // constants it passes (each struct mirrors the push_constant block of its shader, std430).
-// The sequence ops (state-space layers, recurrences) are in vk_sequence_kernels.cpp.
+// matmul and linear (and which kernel multiplies where) are in vk_matmul_kernels.cpp, the passes
+// over a whole parameter set (optimizer and target-network updates, the sum of squares) in
+// vk_update_kernels.cpp, the sequence ops (state-space layers, recurrences) in
+// vk_sequence_kernels.cpp.
 #include <algorithm>
 #include <cstring>
 
@@ -8,7 +11,6 @@
 #include "kernel_util.hpp"
 #include "random.hpp"
 #include "vulkan/vk_context.hpp"
-#include "vulkan/vk_kernels.hpp"
 #include "vulkan/vk_record.hpp"
 #include "vulkan/vk_shaders.hpp"
 #include "elementwise_chain.hpp"
@@ -18,7 +20,6 @@ namespace rk {
 using vk::ctx;
 using vk::device_table;
 using vk::groups;
-using vk::kGroup;
 using vk::record;
 using vk::shape4;
 using vk::span;
@@ -175,6 +176,12 @@ void random_op(const char* shader, RandomPush p, std::vector<vk::Range> reads, c
 
 void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
 
+// Master weights: each f32 master rounded into its f16 / bf16 parameter.
+void vk_cast_into(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    for (size_t at = 0; at < in.size(); at += 2) cast_into(*in[at + 1], *in[at]);
+    ctx().fill(out, 0);
+}
+
 namespace {
 
 struct ChainStepRecord {  // chain.comp's Step (std430: 20 bytes)
@@ -211,177 +218,6 @@ void vk_elementwise_chain(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
     p.n = u32(out.numel(), "elementwise_chain");
     p.n_steps = uint32_t(records.size());
     record("elementwise_chain", p, groups(p.n), reads, {span(out)});
-}
-
-namespace {
-
-struct MatmulPush {
-    uint64_t a, b, c;
-    uint32_t m, n, k, lda, ldb, ta, tb, ne2, sa2, sa3, sb2, sb3, groups_m;
-};
-
-// The linear op's push constants: matmul's, then its bias and activation.
-struct LinearPush {
-    MatmulPush matmul;
-    uint64_t bias;
-    uint32_t activation;
-};
-
-// matmul_coopmat.comp's: the linear op's (bias unused by plain matmul), then which operands may be
-// read in whole 16-byte chunks.
-struct CoopmatPush {
-    LinearPush linear;
-    uint32_t chunked;
-};
-
-// The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
-// for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
-// the output has enough of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
-// outputs that make fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a
-// small batch).
-enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
-
-constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
-constexpr uint64_t kSmallTilesBelow = 32;    // a quarter of those: too few to spread k's work
-
-// A kernel's output tile: rows x columns per workgroup.
-struct Tile {
-    uint32_t rows, columns;
-};
-
-Tile tile_shape(MatmulKernel kernel) {
-    switch (kernel) {
-        case MatmulKernel::tiled_small: return {16, 16};
-        case MatmulKernel::tiled: return {64, 64};
-        case MatmulKernel::tiled_large: return {128, 128};
-        case MatmulKernel::coopmat: return {128, 256};
-    }
-    return {64, 64};
-}
-
-// Workgroups `kernel` would run for an [m, n] output with `batch` slices.
-uint64_t tile_count(MatmulKernel kernel, int64_t m, int64_t n, int64_t batch) {
-    const Tile tile = tile_shape(kernel);
-    return uint64_t((m + tile.rows - 1) / tile.rows) * uint64_t((n + tile.columns - 1) / tile.columns) * uint64_t(batch);
-}
-
-// Whether the device multiplies operands of this dtype on cooperative matrices.
-bool on_cooperative_matrices(DType dtype) {
-    const vk::Limits& limits = ctx().limits();
-    return (dtype == DType::f16 && limits.cooperative_matrix_f16) || (dtype == DType::bf16 && limits.cooperative_matrix_bf16);
-}
-
-MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
-    if (on_cooperative_matrices(dtype)) return MatmulKernel::coopmat;
-    if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
-    return tile_count(MatmulKernel::tiled, m, n, batch) >= kSmallTilesBelow ? MatmulKernel::tiled
-                                                                            : MatmulKernel::tiled_small;
-}
-
-// The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
-// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile
-// time), and a CHUNKED one of each for operands that are both read in 16-byte chunks, for f16 and
-// bf16.
-std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bool chunked, DType dtype) {
-    const std::string base = linear ? "matmul_linear" : "matmul";
-    switch (kernel) {
-        case MatmulKernel::tiled_small: return base + "_small";
-        case MatmulKernel::tiled: return base;
-        case MatmulKernel::tiled_large: return base + "_large";
-        case MatmulKernel::coopmat:
-            return base + "_coopmat" + (dtype == DType::bf16 ? "_bf16" : "") + (ta ? "_ta" : "") + (tb ? "_tb" : "") +
-                   (chunked ? "_chunked" : "");
-    }
-    return base;
-}
-
-// matmul.comp's push constants for C = op(A) @ op(B) into out, and its workgroup count.
-MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
-                       Tile tile, uint64_t& tiles) {
-    MatmulPush p{a.address(), b.address(), out.address()};
-    p.m = u32(out.ne[0], "matmul");
-    p.n = u32(out.ne[1], "matmul");
-    p.k = u32(ta ? a.ne[0] : a.ne[1], "matmul");
-    p.lda = u32(a.ne[0], "matmul");
-    p.ldb = u32(b.ne[0], "matmul");
-    p.ta = ta;
-    p.tb = tb;
-    p.ne2 = u32(out.ne[2], "matmul");
-    const int64_t a_slice = a.ne[0] * a.ne[1], b_slice = b.ne[0] * b.ne[1];
-    p.sa2 = a.ne[2] == 1 ? 0 : u32(a_slice, "matmul");
-    p.sa3 = a.ne[3] == 1 ? 0 : u32(a_slice * a.ne[2], "matmul");
-    p.sb2 = b.ne[2] == 1 ? 0 : u32(b_slice, "matmul");
-    p.sb3 = b.ne[3] == 1 ? 0 : u32(b_slice * b.ne[2], "matmul");
-    p.groups_m = (p.m + tile.rows - 1) / tile.rows;
-    tiles = uint64_t(p.groups_m) * ((p.n + tile.columns - 1) / tile.columns);
-    return p;
-}
-
-// Whether a 16-bit operand can be read in 16-byte chunks: 16-byte aligned, and its leading
-// dimension (hence every column and batch slice) a multiple of 8 halves.
-bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
-
-// Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
-// dtype, device and shape call for.
-void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
-                   uint32_t activation, TensorImpl& out, const char* op) {
-    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], out.ne[2] * out.ne[3]);
-    if (is_half(a.dtype) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
-        throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 (bf16 by bf16) "
-                               "on cooperative matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
-    uint64_t tiles = 0;
-    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
-                            activation};
-    std::vector<vk::Range> reads{span(a), span(b)};
-    if (bias) reads.push_back(span(*bias));
-    const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
-    const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
-    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
-    if (kernel == MatmulKernel::coopmat) {
-        const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
-        record(shader, p, tiles, reads, {span(out)}, batches);
-    } else if (bias) {
-        record(shader, linear, tiles, reads, {span(out)}, batches);
-    } else {
-        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
-    }
-}
-
-}  // namespace
-
-namespace vk {
-
-bool takes_half(Op op, const Inputs& in) {
-    if (op != Op::matmul && op != Op::linear) return false;
-    const DType dtype = in.front()->dtype;
-    const bool same = std::all_of(in.begin(), in.end(), [&](const TensorPtr& t) { return t->dtype == dtype; });
-    return same && on_cooperative_matrices(dtype);
-}
-
-std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
-    const MatmulKernel kernel = choose_matmul(dtype, m, n, batch);
-#if defined(RLKIT_COOPMAT_KHR)
-    const std::string extension = "VK_KHR_cooperative_matrix";
-#else
-    const std::string extension = "VK_NV_cooperative_matrix";
-#endif
-    if (kernel == MatmulKernel::coopmat)
-        return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
-               " fragments, f32 accumulation";
-    const Tile tile = tile_shape(kernel);
-    const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
-    const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
-    return "f32 SIMT, " + size + " tiles" + widened;
-}
-
-}  // namespace vk
-
-void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    record_matmul(*in[0], *in[1], attrs.ints[0] != 0, attrs.ints[1] != 0, nullptr, 0, out, "matmul");
-}
-
-void vk_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    record_matmul(*in[0], *in[1], false, false, in[2].get(), uint32_t(attrs.ints[0]), out, "linear");
 }
 
 struct SumToPush {
@@ -540,136 +376,6 @@ void vk_sample_categorical(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     RandomPush p{logits.address(), out.address(), 0, u32(out.numel(), "sample_categorical"),
                  u32(logits.ne[0], "sample_categorical")};
     random_op("random_sample_categorical", p, {span(logits)}, out);
-}
-
-// ---- optimizer updates ------------------------------------------------------------------
-//
-// One dispatch updates a whole parameter set: the host cuts each parameter's elements into
-// chunks of kUpdateChunk and writes one record per chunk (the four tensors' addresses and the
-// chunk's elements) into a table the dispatch reads by address; workgroup i updates chunk i.
-// The table is written into the command buffer (Context::write), so a recorded program carries
-// its own, made from the addresses it was recorded with (a moved tensor re-records it).
-
-namespace {
-
-constexpr int64_t kUpdateChunk = 4 * kGroup;  // elements per workgroup: 4 per invocation
-
-// Calls add(begin, count) for each kUpdateChunk-element chunk of a tensor of n elements.
-template <typename Add>
-void for_each_chunk(int64_t n, const Add& add) {
-    for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
-        add(uint32_t(begin), uint32_t(std::min(kUpdateChunk, n - begin)));
-}
-
-struct UpdateChunk {  // optim.comp's Chunk (std430: 40 bytes)
-    uint64_t w, g, m, v;
-    uint32_t begin, count;
-};
-static_assert(sizeof(UpdateChunk) == 40, "optim.comp reads records of 40 bytes");
-
-struct OptimPush {
-    uint64_t table, hyper, scale;  // hyper, scale: a captured step's buffers (else 0)
-    uint32_t n_chunks;
-    float c[7];  // an eager step's coefficients (the order of the hyper tensor)
-};
-
-// Records the update of `set` by `shader`; hyper and scale are null for an eager step.
-void update_parameters(const char* shader, const UpdateSet& set, OptimPush push, const TensorImpl* hyper,
-                       const TensorImpl* scale) {
-    std::vector<UpdateChunk> chunks;
-    std::vector<vk::Range> reads, writes;
-    for (const UpdateTensors& u : set) {
-        for_each_chunk(u32(u.w->numel(), shader), [&](uint32_t begin, uint32_t count) {
-            chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), begin, count});
-        });
-        reads.insert(reads.end(), {span(*u.w), span(*u.g), span(*u.m), span(*u.v)});
-        writes.insert(writes.end(), {span(*u.w), span(*u.m), span(*u.v)});
-    }
-    if (chunks.empty()) return;
-    if (hyper) reads.insert(reads.end(), {span(*hyper), span(*scale)});
-    TensorPtr table = device_table(chunks);
-    reads.push_back(span(*table));
-    push.table = table->address();
-    push.hyper = hyper ? hyper->address() : 0;
-    push.scale = scale ? scale->address() : 0;
-    push.n_chunks = u32(int64_t(chunks.size()), shader);
-    record(shader, push, chunks.size(), reads, writes);
-}
-
-}  // namespace
-
-namespace vk {
-
-void adam(const UpdateSet& set, const AdamCoefficients& c) {
-    OptimPush p{};
-    const double coefficients[7] = {c.beta1, c.beta2, c.eps, c.coupled_wd, c.decay, c.step, c.inv_bc2};
-    for (int k = 0; k < 7; ++k) p.c[k] = float(coefficients[k]);
-    update_parameters("optim_adam", set, p, nullptr, nullptr);
-}
-
-void sgd(const UpdateSet& set, const SgdCoefficients& c) {
-    OptimPush p{};
-    p.c[0] = float(c.momentum);
-    p.c[1] = float(c.weight_decay);
-    p.c[2] = float(c.lr);
-    update_parameters("optim_sgd", set, p, nullptr, nullptr);
-}
-
-}  // namespace vk
-
-void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    update_parameters("optim_adam_step", captured_update_set(in, true), OptimPush{}, in[0].get(), in[1].get());
-    ctx().copy(*in[1], out);
-}
-
-void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    update_parameters("optim_sgd_step", captured_update_set(in, false), OptimPush{}, in[0].get(), in[1].get());
-    ctx().copy(*in[1], out);
-}
-
-void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    OptimPush p{};
-    p.c[0] = float(attrs.floats[0]);
-    update_parameters("optim_polyak", polyak_set(in), p, nullptr, nullptr);
-    ctx().fill(out, 0);
-}
-
-void vk_cast_into(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    for (size_t at = 0; at < in.size(); at += 2) cast_into(*in[at + 1], *in[at]);
-    ctx().fill(out, 0);
-}
-
-// ---- the sum of squares of a tensor set (a gradient norm) --------------------------------------
-
-namespace {
-
-struct NormChunk {  // norm.comp's Chunk (std430: 16 bytes)
-    uint64_t x;
-    uint32_t begin, count;
-};
-static_assert(sizeof(NormChunk) == 16, "norm.comp reads records of 16 bytes");
-
-struct NormPush {
-    uint64_t table, partials, o;
-    uint32_t n_chunks;
-};
-
-}  // namespace
-
-void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    std::vector<NormChunk> chunks;
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& x : in) {
-        for_each_chunk(u32(x->numel(), "sum_squares"),
-                       [&](uint32_t begin, uint32_t count) { chunks.push_back({x->address(), begin, count}); });
-        reads.push_back(span(*x));
-    }
-    TensorPtr table = device_table(chunks);
-    TensorPtr partials = make_on(Device::gpu, {int64_t(chunks.size()), 1, 1, 1}, 2, DType::f32);  // [n_chunks, 1]
-    reads.push_back(span(*table));
-    NormPush p{table->address(), partials->address(), out.address(), u32(int64_t(chunks.size()), "sum_squares")};
-    record("norm_partials", p, chunks.size(), reads, {span(*partials)});
-    record("norm_total", p, 1, {span(*partials)}, {span(out)});
 }
 
 }  // namespace rk

@@ -1,5 +1,6 @@
-// The fused optimizer updates on the GPU, and which matmul kernel runs where (the ops' vk_<name>
-// kernels are declared in ops.hpp).
+// What the GPU kernels offer besides the ops' vk_<name> (declared in ops.hpp): the fused eager
+// optimizer updates (vk_update_kernels.cpp), which matmul kernel runs where
+// (vk_matmul_kernels.cpp) and which scan kernel (vk_sequence_kernels.cpp).
 #pragma once
 
 #include <string>

@@ -1,0 +1,190 @@
+// matmul and linear on the GPU: which kernel multiplies a product (cooperative matrices for f16 /
+// bf16 where the device has them, else f32 SIMT tiles sized to the output), its shader variant and
+// its push constants.
+#include <algorithm>
+#include <string>
+
+#include "backend.hpp"
+#include "vulkan/vk_context.hpp"
+#include "vulkan/vk_kernels.hpp"
+#include "vulkan/vk_record.hpp"
+
+namespace rk {
+
+using vk::ctx;
+using vk::record;
+using vk::span;
+using vk::u32;
+
+namespace {
+
+struct MatmulPush {
+    uint64_t a, b, c;
+    uint32_t m, n, k, lda, ldb, ta, tb, ne2, sa2, sa3, sb2, sb3, groups_m;
+};
+
+// The linear op's push constants: matmul's, then its bias and activation.
+struct LinearPush {
+    MatmulPush matmul;
+    uint64_t bias;
+    uint32_t activation;
+};
+
+// matmul_coopmat.comp's: the linear op's (bias unused by plain matmul), then which operands may be
+// read in whole 16-byte chunks.
+struct CoopmatPush {
+    LinearPush linear;
+    uint32_t chunked;
+};
+
+// The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
+// for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
+// the output has enough of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
+// outputs that make fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a
+// small batch).
+enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
+
+constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
+constexpr uint64_t kSmallTilesBelow = 32;    // a quarter of those: too few to spread k's work
+
+// A kernel's output tile: rows x columns per workgroup.
+struct Tile {
+    uint32_t rows, columns;
+};
+
+Tile tile_shape(MatmulKernel kernel) {
+    switch (kernel) {
+        case MatmulKernel::tiled_small: return {16, 16};
+        case MatmulKernel::tiled: return {64, 64};
+        case MatmulKernel::tiled_large: return {128, 128};
+        case MatmulKernel::coopmat: return {128, 256};
+    }
+    return {64, 64};
+}
+
+// Workgroups `kernel` would run for an [m, n] output with `batch` slices.
+uint64_t tile_count(MatmulKernel kernel, int64_t m, int64_t n, int64_t batch) {
+    const Tile tile = tile_shape(kernel);
+    return uint64_t((m + tile.rows - 1) / tile.rows) * uint64_t((n + tile.columns - 1) / tile.columns) * uint64_t(batch);
+}
+
+// Whether the device multiplies operands of this dtype on cooperative matrices.
+bool on_cooperative_matrices(DType dtype) {
+    const vk::Limits& limits = ctx().limits();
+    return (dtype == DType::f16 && limits.cooperative_matrix_f16) || (dtype == DType::bf16 && limits.cooperative_matrix_bf16);
+}
+
+MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    if (on_cooperative_matrices(dtype)) return MatmulKernel::coopmat;
+    if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
+    return tile_count(MatmulKernel::tiled, m, n, batch) >= kSmallTilesBelow ? MatmulKernel::tiled
+                                                                            : MatmulKernel::tiled_small;
+}
+
+// The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
+// cooperative-matrix kernel has one per transpose (its shared-memory layouts are fixed at compile
+// time), and a CHUNKED one of each for operands that are both read in 16-byte chunks, for f16 and
+// bf16.
+std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bool chunked, DType dtype) {
+    const std::string base = linear ? "matmul_linear" : "matmul";
+    switch (kernel) {
+        case MatmulKernel::tiled_small: return base + "_small";
+        case MatmulKernel::tiled: return base;
+        case MatmulKernel::tiled_large: return base + "_large";
+        case MatmulKernel::coopmat:
+            return base + "_coopmat" + (dtype == DType::bf16 ? "_bf16" : "") + (ta ? "_ta" : "") + (tb ? "_tb" : "") +
+                   (chunked ? "_chunked" : "");
+    }
+    return base;
+}
+
+// matmul.comp's push constants for C = op(A) @ op(B) into out, and its workgroup count.
+MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
+                       Tile tile, uint64_t& tiles) {
+    MatmulPush p{a.address(), b.address(), out.address()};
+    p.m = u32(out.ne[0], "matmul");
+    p.n = u32(out.ne[1], "matmul");
+    p.k = u32(ta ? a.ne[0] : a.ne[1], "matmul");
+    p.lda = u32(a.ne[0], "matmul");
+    p.ldb = u32(b.ne[0], "matmul");
+    p.ta = ta;
+    p.tb = tb;
+    p.ne2 = u32(out.ne[2], "matmul");
+    const int64_t a_slice = a.ne[0] * a.ne[1], b_slice = b.ne[0] * b.ne[1];
+    p.sa2 = a.ne[2] == 1 ? 0 : u32(a_slice, "matmul");
+    p.sa3 = a.ne[3] == 1 ? 0 : u32(a_slice * a.ne[2], "matmul");
+    p.sb2 = b.ne[2] == 1 ? 0 : u32(b_slice, "matmul");
+    p.sb3 = b.ne[3] == 1 ? 0 : u32(b_slice * b.ne[2], "matmul");
+    p.groups_m = (p.m + tile.rows - 1) / tile.rows;
+    tiles = uint64_t(p.groups_m) * ((p.n + tile.columns - 1) / tile.columns);
+    return p;
+}
+
+// Whether a 16-bit operand can be read in 16-byte chunks: 16-byte aligned, and its leading
+// dimension (hence every column and batch slice) a multiple of 8 halves.
+bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
+
+// Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
+// dtype, device and shape call for.
+void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
+                   uint32_t activation, TensorImpl& out, const char* op) {
+    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], out.ne[2] * out.ne[3]);
+    if (is_half(a.dtype) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
+        throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 (bf16 by bf16) "
+                               "on cooperative matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
+    uint64_t tiles = 0;
+    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
+                            activation};
+    std::vector<vk::Range> reads{span(a), span(b)};
+    if (bias) reads.push_back(span(*bias));
+    const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
+    const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
+    const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
+    if (kernel == MatmulKernel::coopmat) {
+        const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
+        record(shader, p, tiles, reads, {span(out)}, batches);
+    } else if (bias) {
+        record(shader, linear, tiles, reads, {span(out)}, batches);
+    } else {
+        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
+    }
+}
+
+}  // namespace
+
+namespace vk {
+
+bool takes_half(Op op, const Inputs& in) {
+    if (op != Op::matmul && op != Op::linear) return false;
+    const DType dtype = in.front()->dtype;
+    const bool same = std::all_of(in.begin(), in.end(), [&](const TensorPtr& t) { return t->dtype == dtype; });
+    return same && on_cooperative_matrices(dtype);
+}
+
+std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
+    const MatmulKernel kernel = choose_matmul(dtype, m, n, batch);
+#if defined(RLKIT_COOPMAT_KHR)
+    const std::string extension = "VK_KHR_cooperative_matrix";
+#else
+    const std::string extension = "VK_NV_cooperative_matrix";
+#endif
+    if (kernel == MatmulKernel::coopmat)
+        return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
+               " fragments, f32 accumulation";
+    const Tile tile = tile_shape(kernel);
+    const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
+    const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
+    return "f32 SIMT, " + size + " tiles" + widened;
+}
+
+}  // namespace vk
+
+void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    record_matmul(*in[0], *in[1], attrs.ints[0] != 0, attrs.ints[1] != 0, nullptr, 0, out, "matmul");
+}
+
+void vk_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    record_matmul(*in[0], *in[1], false, false, in[2].get(), uint32_t(attrs.ints[0]), out, "linear");
+}
+
+}  // namespace rk

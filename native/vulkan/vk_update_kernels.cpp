@@ -1,0 +1,146 @@
+// The passes over a whole parameter set on the GPU, one dispatch each (two for the sum of
+// squares): the optimizer updates, the target networks' polyak update and the sum of squares of a
+// gradient norm.
+#include <algorithm>
+
+#include "backend.hpp"
+#include "optim.hpp"
+#include "vulkan/vk_context.hpp"
+#include "vulkan/vk_kernels.hpp"
+#include "vulkan/vk_record.hpp"
+
+namespace rk {
+
+using vk::ctx;
+using vk::device_table;
+using vk::kGroup;
+using vk::record;
+using vk::span;
+using vk::u32;
+
+// ---- optimizer updates ------------------------------------------------------------------
+//
+// One dispatch updates a whole parameter set: the host cuts each parameter's elements into
+// chunks of kUpdateChunk and writes one record per chunk (the four tensors' addresses and the
+// chunk's elements) into a table the dispatch reads by address; workgroup i updates chunk i.
+// The table is written into the command buffer (Context::write), so a recorded program carries
+// its own, made from the addresses it was recorded with (a moved tensor re-records it).
+
+namespace {
+
+constexpr int64_t kUpdateChunk = 4 * kGroup;  // elements per workgroup: 4 per invocation
+
+// Calls add(begin, count) for each kUpdateChunk-element chunk of a tensor of n elements.
+template <typename Add>
+void for_each_chunk(int64_t n, const Add& add) {
+    for (int64_t begin = 0; begin < n; begin += kUpdateChunk)
+        add(uint32_t(begin), uint32_t(std::min(kUpdateChunk, n - begin)));
+}
+
+struct UpdateChunk {  // optim.comp's Chunk (std430: 40 bytes)
+    uint64_t w, g, m, v;
+    uint32_t begin, count;
+};
+static_assert(sizeof(UpdateChunk) == 40, "optim.comp reads records of 40 bytes");
+
+struct OptimPush {
+    uint64_t table, hyper, scale;  // hyper, scale: a captured step's buffers (else 0)
+    uint32_t n_chunks;
+    float c[7];  // an eager step's coefficients (the order of the hyper tensor)
+};
+
+// Records the update of `set` by `shader`; hyper and scale are null for an eager step.
+void update_parameters(const char* shader, const UpdateSet& set, OptimPush push, const TensorImpl* hyper,
+                       const TensorImpl* scale) {
+    std::vector<UpdateChunk> chunks;
+    std::vector<vk::Range> reads, writes;
+    for (const UpdateTensors& u : set) {
+        for_each_chunk(u32(u.w->numel(), shader), [&](uint32_t begin, uint32_t count) {
+            chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), begin, count});
+        });
+        reads.insert(reads.end(), {span(*u.w), span(*u.g), span(*u.m), span(*u.v)});
+        writes.insert(writes.end(), {span(*u.w), span(*u.m), span(*u.v)});
+    }
+    if (chunks.empty()) return;
+    if (hyper) reads.insert(reads.end(), {span(*hyper), span(*scale)});
+    TensorPtr table = device_table(chunks);
+    reads.push_back(span(*table));
+    push.table = table->address();
+    push.hyper = hyper ? hyper->address() : 0;
+    push.scale = scale ? scale->address() : 0;
+    push.n_chunks = u32(int64_t(chunks.size()), shader);
+    record(shader, push, chunks.size(), reads, writes);
+}
+
+}  // namespace
+
+namespace vk {
+
+void adam(const UpdateSet& set, const AdamCoefficients& c) {
+    OptimPush p{};
+    const double coefficients[7] = {c.beta1, c.beta2, c.eps, c.coupled_wd, c.decay, c.step, c.inv_bc2};
+    for (int k = 0; k < 7; ++k) p.c[k] = float(coefficients[k]);
+    update_parameters("optim_adam", set, p, nullptr, nullptr);
+}
+
+void sgd(const UpdateSet& set, const SgdCoefficients& c) {
+    OptimPush p{};
+    p.c[0] = float(c.momentum);
+    p.c[1] = float(c.weight_decay);
+    p.c[2] = float(c.lr);
+    update_parameters("optim_sgd", set, p, nullptr, nullptr);
+}
+
+}  // namespace vk
+
+void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    update_parameters("optim_adam_step", captured_update_set(in, true), OptimPush{}, in[0].get(), in[1].get());
+    ctx().copy(*in[1], out);
+}
+
+void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    update_parameters("optim_sgd_step", captured_update_set(in, false), OptimPush{}, in[0].get(), in[1].get());
+    ctx().copy(*in[1], out);
+}
+
+void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    OptimPush p{};
+    p.c[0] = float(attrs.floats[0]);
+    update_parameters("optim_polyak", polyak_set(in), p, nullptr, nullptr);
+    ctx().fill(out, 0);
+}
+
+// ---- the sum of squares of a tensor set (a gradient norm) --------------------------------------
+
+namespace {
+
+struct NormChunk {  // norm.comp's Chunk (std430: 16 bytes)
+    uint64_t x;
+    uint32_t begin, count;
+};
+static_assert(sizeof(NormChunk) == 16, "norm.comp reads records of 16 bytes");
+
+struct NormPush {
+    uint64_t table, partials, o;
+    uint32_t n_chunks;
+};
+
+}  // namespace
+
+void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    std::vector<NormChunk> chunks;
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& x : in) {
+        for_each_chunk(u32(x->numel(), "sum_squares"),
+                       [&](uint32_t begin, uint32_t count) { chunks.push_back({x->address(), begin, count}); });
+        reads.push_back(span(*x));
+    }
+    TensorPtr table = device_table(chunks);
+    TensorPtr partials = make_on(Device::gpu, {int64_t(chunks.size()), 1, 1, 1}, 2, DType::f32);  // [n_chunks, 1]
+    reads.push_back(span(*table));
+    NormPush p{table->address(), partials->address(), out.address(), u32(int64_t(chunks.size()), "sum_squares")};
+    record("norm_partials", p, chunks.size(), reads, {span(*partials)});
+    record("norm_total", p, 1, {span(*partials)}, {span(out)});
+}
+
+}  // namespace rk
