@@ -446,6 +446,10 @@ def polyak_update(targets, sources, tau: float) -> None:
     targets, sources = list(targets), list(sources)
     if len(targets) != len(sources) or not targets:
         raise ValueError(f"polyak_update: expected as many targets as sources (at least one), got {len(targets)} and {len(sources)}")
+    for i, (target, source) in enumerate(zip(targets, sources)):
+        if target.shape != source.shape or target.dtype != source.dtype:
+            raise ValueError(f"polyak_update: target {i} is {list(target.shape)} {target.dtype} but its source is "
+                             f"{list(source.shape)} {source.dtype}; expected the same shape and dtype")
     paired = tuple(x for target, source in zip(targets, sources) for x in (target, source))  # target, source, ...
     apply("polyak_step", paired, floats=(number_in_range(tau, "polyak_update: tau", 0.0, 1.0),))
 
