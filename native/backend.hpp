@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "ops.hpp"
-#include "optim.hpp"
 
 namespace rk {
 
@@ -50,9 +49,10 @@ class Backend {
     // transfer_stats on the GPU): whole tensors, or a few columns of a buffer.
     virtual void upload(TensorImpl& dst, size_t offset, const void* host, size_t n) = 0;
     virtual void download(const TensorImpl& src, size_t offset, void* host, size_t n) = 0;
-    // The fused optimizer updates of a parameter set, in place, in one pass over its elements.
-    virtual void adam(const UpdateSet& set, const AdamCoefficients& c) = 0;
-    virtual void sgd(const UpdateSet& set, const SgdCoefficients& c) = 0;
+    // Writes n bytes of host data (a multiple of 4, a few KiB at most) into dst as part of the work
+    // recorded so far, not as a transfer: on the GPU inside the command buffer (no staging, not
+    // counted among the uploads). The coefficients of an eager optimizer update.
+    virtual void write_inline(TensorImpl& dst, const void* host, size_t n) = 0;
     // A recorder for a program with these input and output blocks; null where the backend runs
     // ops as they come (the CPU), and a program executes its nodes at every replay instead.
     virtual std::unique_ptr<RecordedProgram> recorded_program(TensorImpl&, TensorImpl&) { return nullptr; }

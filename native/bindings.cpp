@@ -10,7 +10,6 @@
 #include "blas.hpp"
 #include "elementwise_chain.hpp"
 #include "ops.hpp"
-#include "optim.hpp"
 #include "program.hpp"
 #include "random.hpp"
 #include "thread_pool.hpp"
@@ -173,6 +172,16 @@ PYBIND11_MODULE(_native, m) {
         .def("read_columns", &read_columns, py::arg("col0"), py::arg("k"), "A copy of k columns from col0.");
 
     m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("dtype"), py::arg("copy"), py::arg("device") = "cpu");
+    m.def("inline_constant", [](py::array arr, const std::string& dtype, const std::string& device) {
+        if (device != "cpu" && device != "gpu") throw std::invalid_argument("unknown device '" + device + "'");
+        const Device d = device == "gpu" ? Device::gpu : Device::cpu;
+        const TensorPtr host = from_numpy(arr, dtype, false, "cpu");
+        TensorPtr t = make_on(d, host->ne, host->ndim, host->dtype);
+        backend(d).write_inline(*t, host->data(), host->nbytes());
+        return t;
+    }, py::arg("array"), py::arg("dtype"), py::arg("device"),
+       "A small tensor of host values (a Fortran-ordered array of 4-byte multiples) written with the recorded "
+       "work, not uploaded: on the GPU inside the command buffer, not counted as a transfer.");
     m.def("op_names", [] {
         std::vector<std::string> names;
         for (int i = 0; i < int(Op::count); ++i) names.push_back(op_info(Op(i)).name);
@@ -350,17 +359,4 @@ PYBIND11_MODULE(_native, m) {
         return py::make_tuple(s.seed, s.counter);
     });
     m.def("set_rng_state", [](uint64_t seed, uint64_t counter) { set_rng_state(RngState{seed, counter}); });
-
-    m.def(
-        "adam_update",
-        [](const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads, const std::vector<TensorPtr>& m1,
-           const std::vector<TensorPtr>& v, double lr, double beta1, double beta2, double eps, double weight_decay,
-           double bc1, double bc2, bool decoupled) {
-            adam_update(params, grads, m1, v, AdamHyper{lr, beta1, beta2, eps, weight_decay, bc1, bc2, decoupled});
-        },
-        py::arg("params"), py::arg("grads"), py::arg("m"), py::arg("v"), py::arg("lr"), py::arg("beta1"),
-        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction1"),
-        py::arg("bias_correction2"), py::arg("decoupled"));
-    m.def("sgd_update", &sgd_update, py::arg("params"), py::arg("grads"), py::arg("velocity"), py::arg("lr"),
-          py::arg("momentum"), py::arg("weight_decay"));
 }

@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "backend.hpp"
+#include "optim.hpp"
 
 namespace rk {
 namespace {
@@ -47,8 +48,7 @@ class CpuBackend final : public Backend {
     void download(const TensorImpl& src, size_t offset, void* host, size_t n) override {
         std::memcpy(host, static_cast<const char*>(src.data()) + offset, n);
     }
-    void adam(const UpdateSet& set, const AdamCoefficients& c) override { adam_cpu(set, c); }
-    void sgd(const UpdateSet& set, const SgdCoefficients& c) override { sgd_cpu(set, c); }
+    void write_inline(TensorImpl& dst, const void* host, size_t n) override { upload(dst, 0, host, n); }
 };
 
 // A copy of t in another dtype, on t's device.
@@ -153,6 +153,7 @@ TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device
                                      " is pending: run the graph that records it first");
     TensorPtr out = make_on(device, spec.ne, spec.ndim, spec.dtype, info.name);
     execute(op, inputs, attrs, *out);
+    count_eager_update(op, inputs);
     return out;
 }
 

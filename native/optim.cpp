@@ -1,6 +1,7 @@
 #include "optim.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <unordered_set>
 
@@ -46,20 +47,7 @@ void check_set(const char* op, const UpdateSet& set) {
     }
 }
 
-// The eager call's lists as one update set, checked. v is null for SGD.
-UpdateSet eager_set(const char* op, const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
-                    const std::vector<TensorPtr>& m, const std::vector<TensorPtr>* v) {
-    if (grads.size() != params.size() || m.size() != params.size() || (v && v->size() != params.size()))
-        throw std::invalid_argument(op_err(op, "every list must have one entry per parameter"));
-    UpdateSet set;
-    set.reserve(params.size());
-    for (size_t k = 0; k < params.size(); ++k)
-        set.push_back({params[k].get(), grads[k].get(), m[k].get(), v ? (*v)[k].get() : m[k].get()});
-    check_set(op, set);
-    return set;
-}
-
-// An in-place write the host can see (state dicts, re-tracing captures) bumps the versions.
+// One more version of every tensor an update writes.
 void bump_versions(const UpdateSet& set) {
     for (const UpdateTensors& u : set) {
         ++u.w->version;
@@ -84,6 +72,17 @@ void for_each_piece(const UpdateSet& set, const Piece& piece) {
         }
     });
 }
+
+// What an update reads per element: its hyper tensor's values (ops.def), in double so that f64
+// parameters keep their precision.
+struct AdamCoefficients {
+    double beta1, beta2, eps, coupled_wd, decay, step, inv_bc2;
+};
+
+// v = momentum * v + (g + wd * w); w -= lr * v   (plain SGD when momentum is 0)
+struct SgdCoefficients {
+    double momentum, weight_decay, lr;
+};
 
 // Adam on n elements; restrict-qualified so that the loop vectorises.
 template <typename T>
@@ -112,20 +111,7 @@ void sgd_kernel(T* __restrict w, const T* __restrict g, T* __restrict velocity, 
     }
 }
 
-}  // namespace
-
-AdamCoefficients adam_coefficients(const AdamHyper& h) {
-    AdamCoefficients c;
-    c.beta1 = h.beta1;
-    c.beta2 = h.beta2;
-    c.eps = h.eps;
-    c.coupled_wd = h.decoupled ? 0.0 : h.weight_decay;
-    c.decay = h.decoupled ? 1.0 - h.lr * h.weight_decay : 1.0;
-    c.step = h.lr / h.bias_correction1;
-    c.inv_bc2 = 1.0 / h.bias_correction2;
-    return c;
-}
-
+// The CPU kernels; grad_scale multiplies every gradient (a captured step's clipping factor).
 void adam_cpu(const UpdateSet& set, const AdamCoefficients& c, float grad_scale) {
     for_each_piece(set, [&](size_t k, int64_t begin, int64_t end) {
         const UpdateTensors& u = set[k];
@@ -148,23 +134,9 @@ void sgd_cpu(const UpdateSet& set, const SgdCoefficients& c, float grad_scale) {
     });
 }
 
-void adam_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
-                 const std::vector<TensorPtr>& m, const std::vector<TensorPtr>& v, const AdamHyper& h) {
-    const UpdateSet set = eager_set("adam_update", params, grads, m, &v);
-    if (set.empty()) return;
-    backend(set[0].w->device).adam(set, adam_coefficients(h));
-    bump_versions(set);
-}
+}  // namespace
 
-void sgd_update(const std::vector<TensorPtr>& params, const std::vector<TensorPtr>& grads,
-                const std::vector<TensorPtr>& velocity, double lr, double momentum, double weight_decay) {
-    const UpdateSet set = eager_set("sgd_update", params, grads, velocity, nullptr);
-    if (set.empty()) return;
-    backend(set[0].w->device).sgd(set, SgdCoefficients{momentum, weight_decay, lr});
-    bump_versions(set);
-}
-
-// ---- the captured updates (ops adam_step and sgd_step) ------------------------------------
+// ---- the updates (ops adam_step and sgd_step) ----------------------------------------------
 //
 // Inputs: hyper, scale, then per parameter (w, g, m, v) for Adam or (w, g, velocity) for SGD.
 
@@ -181,17 +153,26 @@ OutSpec update_spec(const char* op, const Inputs& in, bool adam) {
                                                    " tensors per parameter; got " + std::to_string(in.size()) +
                                                    " inputs"));
     const TensorImpl &hyper = *in[0], &scale = *in[1];
-    if (hyper.dtype != DType::f32 || hyper.numel() != kHyperSize)
-        throw std::invalid_argument(op_err(op, "hyper must be f32 with 8 values, got " + hyper.shape_str()));
+    if ((hyper.dtype != DType::f32 && hyper.dtype != DType::f64) || hyper.numel() != kHyperSize)
+        throw std::invalid_argument(op_err(op, "hyper must be f32 with 8 values (or f64, on the CPU), got " +
+                                                   hyper.shape_str() + " " + dtype_name(hyper.dtype)));
     if (scale.dtype != DType::f32 || scale.numel() != 1)
         throw std::invalid_argument(op_err(op, "scale must be an f32 [1, 1], got " + scale.shape_str()));
-    check_set(op, captured_update_set(in, adam));
+    check_set(op, update_set(in, adam));
     return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
+}
+
+// The hyper tensor's values, f32 (the GPU's, a captured step's) or f64 (an eager step's on the CPU).
+std::array<double, kHyperSize> hyper_values(const TensorImpl& hyper) {
+    std::array<double, kHyperSize> h;
+    for (int k = 0; k < kHyperSize; ++k)
+        h[k] = hyper.dtype == DType::f64 ? hyper.ptr<double>()[k] : double(hyper.ptr<float>()[k]);
+    return h;
 }
 
 }  // namespace
 
-UpdateSet captured_update_set(const Inputs& in, bool adam) {
+UpdateSet update_set(const Inputs& in, bool adam) {
     const size_t per_param = inputs_per_parameter(adam);
     UpdateSet set;
     set.reserve((in.size() - kLeadingInputs) / per_param);
@@ -202,22 +183,26 @@ UpdateSet captured_update_set(const Inputs& in, bool adam) {
 
 OutSpec shape_adam_step(const Inputs& in, const OpAttrs&) { return update_spec("adam_step", in, true); }
 
+void count_eager_update(Op op, const Inputs& in) {
+    if (op == Op::adam_step || op == Op::sgd_step) bump_versions(update_set(in, op == Op::adam_step));
+}
+
 void cpu_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const float* h = in[0]->ptr<float>();
+    const std::array<double, kHyperSize> h = hyper_values(*in[0]);
     const float scale = in[1]->ptr<float>()[0];
     out.ptr<float>()[0] = scale;
     if (!std::isfinite(scale)) return;
-    adam_cpu(captured_update_set(in, true), AdamCoefficients{h[0], h[1], h[2], h[3], h[4], h[5], h[6]}, scale);
+    adam_cpu(update_set(in, true), AdamCoefficients{h[0], h[1], h[2], h[3], h[4], h[5], h[6]}, scale);
 }
 
 OutSpec shape_sgd_step(const Inputs& in, const OpAttrs&) { return update_spec("sgd_step", in, false); }
 
 void cpu_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const float* h = in[0]->ptr<float>();
+    const std::array<double, kHyperSize> h = hyper_values(*in[0]);
     const float scale = in[1]->ptr<float>()[0];
     out.ptr<float>()[0] = scale;
     if (!std::isfinite(scale)) return;
-    sgd_cpu(captured_update_set(in, false), SgdCoefficients{h[0], h[1], h[2]}, scale);
+    sgd_cpu(update_set(in, false), SgdCoefficients{h[0], h[1], h[2]}, scale);
 }
 
 // ---- gradient norms and target networks (ops sum_squares and polyak_step) ----------------------

@@ -1,11 +1,12 @@
 // Fused optimizer updates of a whole parameter set, in place, in one dispatch. ADAM: Adam /
 // AdamW (coupled_wd adds wd * w to the gradient, decay = 1 - lr * wd scales w); SGD: momentum
 // and weight decay; POLYAK: a target network's update, w = tau g + (1 - tau) w with g the
-// source network's parameter (tau = 1 copies, even over a non-finite target). Workgroup i updates the elements of chunk i of the set: a record of the
-// table (the parameter's, gradient's and state's addresses, and which of their elements).
-// The coefficients come in push constants (an eager step) or, with FROM_BUFFERS (a captured
-// step), from a hyper buffer written before each replay, with a gradient scale: a non-finite
-// scale (a non-finite gradient norm) leaves the parameters and their state untouched.
+// source network's parameter (tau = 1 copies, even over a non-finite target). Workgroup i updates
+// the elements of chunk i of the set: a record of the table (the parameter's, gradient's and
+// state's addresses, and which of their elements). Adam and SGD read their coefficients from a
+// hyper buffer (an eager step writes it with the dispatch, a captured one before each replay) and
+// the gradients' factor from a scale buffer: a non-finite scale (a non-finite gradient norm)
+// leaves the parameters and their state untouched.
 #version 450
 #include "common.glsl"
 
@@ -22,26 +23,22 @@ layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Chu
 
 layout(push_constant) uniform Push {
     Chunks table;
-    Floats hyper;  // FROM_BUFFERS: the seven coefficients below, in order
-    Floats scale;  // FROM_BUFFERS: the gradients' factor
-    uint n_chunks;
     // Adam: beta1, beta2, eps, coupled_wd, decay, step = lr / (1 - beta1^t), inv_bc2 = 1 / (1 - beta2^t)
     // SGD: momentum, weight decay, lr
-    // Polyak: tau
-    float c[7];
+    Floats hyper;
+    Floats scale;  // the gradients' factor
+    uint n_chunks;
+    float tau;  // Polyak
 } pc;
 
 void main() {
     uint id = flat_group();
     if (id >= pc.n_chunks) return;
-#if defined(FROM_BUFFERS)
+#if defined(ADAM) || defined(SGD)
     float scale = pc.scale.v[0];
     if (isnan(scale) || isinf(scale)) return;
     float c[7] = float[7](pc.hyper.v[0], pc.hyper.v[1], pc.hyper.v[2], pc.hyper.v[3], pc.hyper.v[4], pc.hyper.v[5],
                           pc.hyper.v[6]);
-#else
-    float scale = 1.0;
-    float c[7] = pc.c;
 #endif
     Chunk k = pc.table.chunk[id];
     uint end = k.begin + k.count;
@@ -61,7 +58,7 @@ void main() {
         k.w.v[i] = w - c[2] * vel;
 #elif defined(POLYAK)
         float source = k.g.v[i];
-        k.w.v[i] = c[0] == 1.0 ? source : c[0] * source + (1.0 - c[0]) * w;
+        k.w.v[i] = pc.tau == 1.0 ? source : pc.tau * source + (1.0 - pc.tau) * w;
 #endif
     }
 }

@@ -194,6 +194,31 @@ def test_adam_bias_correction_counts_the_steps_of_each_parameter():
         np.testing.assert_allclose(c.numpy().ravel(), ref["c"], rtol=1e-12)
 
 
+@pytest.mark.parametrize("opt_cls", [optim.Adam, optim.SGD])
+def test_an_eager_step_bumps_the_versions_a_replay_does_not(opt_cls):
+    """An eager step is a write of the parameters and their state that version readers see (a
+    captured function over them re-traces, DQN refreshes its host copy); a captured step's replay
+    is the capture's own update."""
+    w = rc.param(np.ones((3, 2), np.float32))
+    opt = opt_cls([w], lr=0.1)
+    state = [t for t in opt.state[id(w)].values() if isinstance(t, rc.Tensor)]
+
+    def versions():
+        return [t._impl.version for t in (w, *state)]
+
+    before = versions()
+    with rc.grad_tape():
+        loss = rc.sum(rc.square(w))
+    opt.step(rc.backward(loss))
+    assert versions() == [v + 1 for v in before]
+    step = rc.capture_step(lambda x: rc.sum(rc.square(w - x)), [w], opt)
+    x = np.zeros((3, 2), np.float32)
+    step(x=x)
+    before = versions()
+    step(x=x)
+    assert versions() == before and step.captured.traces == 1
+
+
 def test_a_parameter_listed_twice_is_updated_once():
     p = rc.param(np.array([1.0]), dtype="f64")
     opt = optim.SGD([p, p], lr=0.25)

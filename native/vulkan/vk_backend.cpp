@@ -38,8 +38,7 @@ class VulkanBackend final : public Backend {
         ctx_.download(src, offset, host, n);
     }
 
-    void adam(const UpdateSet& set, const AdamCoefficients& c) override { vk::adam(set, c); }
-    void sgd(const UpdateSet& set, const SgdCoefficients& c) override { vk::sgd(set, c); }
+    void write_inline(TensorImpl& dst, const void* host, size_t n) override { ctx_.write(dst, host, n); }
     std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
         return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
     }

@@ -1,20 +1,14 @@
-// What the GPU kernels offer besides the ops' vk_<name> (declared in ops.hpp): the fused eager
-// optimizer updates (vk_update_kernels.cpp), which matmul kernel runs where
-// (vk_matmul_kernels.cpp) and which scan kernel (vk_sequence_kernels.cpp).
+// What the GPU kernels tell besides the ops' vk_<name> (declared in ops.hpp): which matmul kernel
+// runs where (vk_matmul_kernels.cpp) and which scan kernel (vk_sequence_kernels.cpp).
 #pragma once
 
 #include <string>
 
 #include "ops.hpp"
-#include "optim.hpp"
 #include "ssm_scan.hpp"
 #include "tensor.hpp"
 
 namespace rk::vk {
-
-// One dispatch each, over every parameter of the set.
-void adam(const UpdateSet& set, const AdamCoefficients& c);
-void sgd(const UpdateSet& set, const SgdCoefficients& c);
 
 // Whether op runs on these f16 or bf16 inputs as they are (matmul and linear on cooperative
 // matrices) rather than on f32 copies.

@@ -44,16 +44,16 @@ struct UpdateChunk {  // optim.comp's Chunk (std430: 40 bytes)
 static_assert(sizeof(UpdateChunk) == 40, "optim.comp reads records of 40 bytes");
 
 struct OptimPush {
-    uint64_t table, hyper, scale;  // hyper, scale: a captured step's buffers (else 0)
+    uint64_t table;
+    uint64_t hyper, scale;  // Adam and SGD: their coefficients' and the gradients' factor's buffers
     uint32_t n_chunks;
-    float c[7];  // an eager step's coefficients (the order of the hyper tensor)
+    float tau;  // Polyak
 };
 
-// Records the update of `set` by `shader`; hyper and scale are null for an eager step.
-void update_parameters(const char* shader, const UpdateSet& set, OptimPush push, const TensorImpl* hyper,
-                       const TensorImpl* scale) {
+// Records the update of `set` by `shader`, which reads `reads` too (an update's hyper and scale).
+void update_parameters(const char* shader, const UpdateSet& set, OptimPush push, std::vector<vk::Range> reads) {
     std::vector<UpdateChunk> chunks;
-    std::vector<vk::Range> reads, writes;
+    std::vector<vk::Range> writes;
     for (const UpdateTensors& u : set) {
         for_each_chunk(u32(u.w->numel(), shader), [&](uint32_t begin, uint32_t count) {
             chunks.push_back({u.w->address(), u.g->address(), u.m->address(), u.v->address(), begin, count});
@@ -62,51 +62,32 @@ void update_parameters(const char* shader, const UpdateSet& set, OptimPush push,
         writes.insert(writes.end(), {span(*u.w), span(*u.m), span(*u.v)});
     }
     if (chunks.empty()) return;
-    if (hyper) reads.insert(reads.end(), {span(*hyper), span(*scale)});
     TensorPtr table = device_table(chunks);
     reads.push_back(span(*table));
     push.table = table->address();
-    push.hyper = hyper ? hyper->address() : 0;
-    push.scale = scale ? scale->address() : 0;
     push.n_chunks = u32(int64_t(chunks.size()), shader);
     record(shader, push, chunks.size(), reads, writes);
 }
 
+// adam_step and sgd_step: the set's update by the coefficients of in[0] and the gradients' factor
+// in[1], which is the output.
+void update_step(const char* shader, const Inputs& in, bool adam, TensorImpl& out) {
+    const TensorImpl &hyper = *in[0], &scale = *in[1];
+    update_parameters(shader, update_set(in, adam), OptimPush{0, hyper.address(), scale.address()},
+                      {span(hyper), span(scale)});
+    ctx().copy(scale, out);
+}
+
 }  // namespace
 
-namespace vk {
+void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) { update_step("optim_adam", in, true, out); }
 
-void adam(const UpdateSet& set, const AdamCoefficients& c) {
-    OptimPush p{};
-    const double coefficients[7] = {c.beta1, c.beta2, c.eps, c.coupled_wd, c.decay, c.step, c.inv_bc2};
-    for (int k = 0; k < 7; ++k) p.c[k] = float(coefficients[k]);
-    update_parameters("optim_adam", set, p, nullptr, nullptr);
-}
-
-void sgd(const UpdateSet& set, const SgdCoefficients& c) {
-    OptimPush p{};
-    p.c[0] = float(c.momentum);
-    p.c[1] = float(c.weight_decay);
-    p.c[2] = float(c.lr);
-    update_parameters("optim_sgd", set, p, nullptr, nullptr);
-}
-
-}  // namespace vk
-
-void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    update_parameters("optim_adam_step", captured_update_set(in, true), OptimPush{}, in[0].get(), in[1].get());
-    ctx().copy(*in[1], out);
-}
-
-void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    update_parameters("optim_sgd_step", captured_update_set(in, false), OptimPush{}, in[0].get(), in[1].get());
-    ctx().copy(*in[1], out);
-}
+void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) { update_step("optim_sgd", in, false, out); }
 
 void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     OptimPush p{};
-    p.c[0] = float(attrs.floats[0]);
-    update_parameters("optim_polyak", polyak_set(in), p, nullptr, nullptr);
+    p.tau = float(attrs.floats[0]);
+    update_parameters("optim_polyak", polyak_set(in), p, {});
     ctx().fill(out, 0);
 }
 

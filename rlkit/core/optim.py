@@ -1,5 +1,6 @@
-"""Optimizers: each update rule is written once, as one fused native call per parameter set
-(one pass over all their elements: one dispatch on the GPU, eager or captured).
+"""Optimizers: each update rule is one native op over a parameter set (adam_step, sgd_step: one
+pass over all their elements, one dispatch on the GPU), applied by eager steps and recorded by
+captured ones alike, its coefficients computed once per step on the host (``_coefficients``).
 
 Hyperparameters are plain numbers passed at every step, so changing ``lr`` (a schedule) never
 rebuilds anything. Parameters may be split into groups with their own settings, PyTorch style:
@@ -35,7 +36,7 @@ from rlkit.core import runtime, ops
 from rlkit.core.autograd import Gradients
 from rlkit.core.tensor import NUMPY_DTYPES, Tensor
 
-capture_hyper_size = 8  # floats of a captured update's coefficients (native/optim.hpp kHyperSize)
+update_hyper_size = 8  # the coefficients an update op reads (native/optim.hpp kHyperSize)
 
 
 def _param_list(params, where: str) -> list[Tensor]:
@@ -69,11 +70,13 @@ class Optimizer:
     """Parameter groups, gradient lookup and accumulation, zero_grad and the state dict.
 
     Subclasses set ``defaults`` (hyperparameter name -> default), ``slots`` (per-parameter
-    state tensors) and implement ``_update(group, params, grads)``.
+    state tensors, in the order the update op takes them), ``update_op`` (the native op that
+    updates a parameter set) and implement ``_coefficients(group, t)``.
     """
 
     defaults: dict = {}
     slots: tuple[str, ...] = ()
+    update_op = ""
 
     def __init__(self, params, accumulate_steps: int = 1, average: bool = True, master_weights: bool = False,
                  loss_scale: float | str | None = None, growth_interval: int = 2000, **hyper):
@@ -159,7 +162,7 @@ class Optimizer:
         For eager steps: a captured step scales the loss itself."""
         if runtime.active_capture() is not None and self._scaling.mode is not None:
             raise runtime.CaptureError("capture: return the unscaled loss; a captured step (rc.capture_step, "
-                                        "rc.update_step) scales it by the loss scale of each replay")
+                                         "rc.update_step) scales it by the loss scale of each replay")
         return loss if self._scaling.scale == 1.0 else ops.scale(loss, self._scaling.scale)
 
     def _captured_loss_scale(self, capture) -> tuple[Tensor, Tensor] | None:
@@ -231,7 +234,25 @@ class Optimizer:
                                 "(f32 copies the update is applied to)")
 
     def _update(self, group: dict, params: list[Tensor], grads: list[Tensor]) -> None:
-        raise NotImplementedError
+        """An eager update of a group's parameters (their steps counted already): parameters
+        whose coefficients are equal (Adam's: those at the same step) share one op. The
+        coefficients go to the device with the op's work, not as a transfer; f64 on the CPU,
+        so that f64 parameters keep their precision."""
+        device = params[0].device
+        by_coefficients: dict[tuple[float, ...], list[int]] = {}
+        for k, p in enumerate(params):
+            by_coefficients.setdefault(tuple(self._coefficients(group, self.state[id(p)]["step"])), []).append(k)
+        scale = ops.full((1, 1), 1.0, dtype="f32", device=device)
+        dtype = "f64" if device == "cpu" else "f32"
+        for coefficients, members in by_coefficients.items():
+            hyper = np.asfortranarray(np.array(coefficients, NUMPY_DTYPES[dtype])[:, None])
+            self._apply_update([params[k] for k in members], [grads[k] for k in members],
+                               Tensor(_native.inline_constant(hyper, dtype, device)), scale)
+
+    def _apply_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
+        """The update op over ``params``: runs it, or records it inside a capture."""
+        tensors = [t for p, g in zip(params, grads) for t in (p, g, *(self.state[id(p)][s] for s in self.slots))]
+        ops.apply(self.update_op, (hyper, scale, *tensors))
 
     # ---- inside a capture --------------------------------------------------------------------
 
@@ -244,7 +265,7 @@ class Optimizer:
             raise runtime.CaptureError("capture: an optimizer with accumulate_steps > 1 cannot be captured")
         if self._scaling.mode is not None and capture.grad_scale is None:
             raise runtime.CaptureError("capture: an optimizer with loss scaling steps inside rc.capture_step or "
-                                        "rc.update_step, which scale the loss")
+                                         "rc.update_step, which scale the loss")
         current = self._in_update_dtype(self._current_gradients(grads))
         earlier = capture.updates_recorded.get(id(self), 0)  # a capture may hold several steps of one optimizer
         capture.updates_recorded[id(self)] = earlier + 1
@@ -258,11 +279,12 @@ class Optimizer:
                 continue
             if len({self.state[id(p)]["step"] for p in members}) > 1:
                 raise runtime.CaptureError("capture: the parameters of a group must share their step count")
-            hyper = capture.host_input((capture_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
-                                       self._coefficients(group, first, earlier))
+            hyper = capture.host_input((update_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
+                                     np.array(self._coefficients(group, self.state[id(first)]["step"] + 1 + earlier),
+                                              np.float32))  # at the step the replay takes
             self._check_dtypes(members)
-            self._record_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
-                                hyper, scale)
+            self._apply_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
+                               hyper, scale)
             updated += members
         rounded = [t for p in updated if id(p) in self.master for t in (p, self.master[id(p)])]
         if rounded:  # after the updates: the parameters are their masters rounded to f16 / bf16
@@ -279,12 +301,9 @@ class Optimizer:
         capture.extra_output(scale, count_steps)
         return True
 
-    def _coefficients(self, group: dict, p: Tensor, earlier: int) -> np.ndarray:
-        """The captured update's coefficients for ``group`` (``p`` one of its parameters), for the
-        step after ``earlier`` steps of this optimizer recorded before it in the same capture."""
-        raise NotImplementedError
-
-    def _record_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
+    def _coefficients(self, group: dict, t: int) -> list[float]:
+        """The update op's update_hyper_size coefficients for ``group``'s parameters taking their
+        t-th step (1-based)."""
         raise NotImplementedError
 
     def zero_grad(self) -> None:
@@ -379,6 +398,7 @@ class SGD(Optimizer):
 
     defaults = {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.0}
     slots = ("velocity",)
+    update_op = "sgd_step"
 
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
                  accumulate_steps: int = 1, average: bool = True, master_weights: bool = False,
@@ -396,17 +416,8 @@ class SGD(Optimizer):
         for group in self.param_groups:
             group["momentum"] = _non_negative(value, "momentum")
 
-    def _coefficients(self, group, p, earlier):
-        return np.array([group["momentum"], group["weight_decay"], group["lr"], 0, 0, 0, 0, 0], np.float32)
-
-    def _record_update(self, params, grads, hyper, scale):
-        tensors = [t for p, g in zip(params, grads) for t in (p, g, self.state[id(p)]["velocity"])]
-        ops.apply("sgd_step", (hyper, scale, *tensors))
-
-    def _update(self, group, params, grads):
-        _native.sgd_update([p._impl for p in params], [g._impl for g in grads],
-                           [self.state[id(p)]["velocity"]._impl for p in params],
-                           group["lr"], group["momentum"], group["weight_decay"])
+    def _coefficients(self, group, t):
+        return [group["momentum"], group["weight_decay"], group["lr"], 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
 class Adam(Optimizer):
@@ -415,6 +426,7 @@ class Adam(Optimizer):
 
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
     slots = ("m", "v")
+    update_op = "adam_step"
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -433,31 +445,13 @@ class Adam(Optimizer):
         for group in self.param_groups:
             group["betas"] = self._check("betas", value)
 
-    def _coefficients(self, group, p, earlier):
+    def _coefficients(self, group, t):
+        """beta1, beta2, eps, the gradient's weight decay (Adam's), the weights' decay factor
+        (AdamW's), the step lr / (1 - beta1^t) and 1 / (1 - beta2^t) (bias correction)."""
         beta1, beta2 = group["betas"]
-        t = self.state[id(p)]["step"] + 1 + earlier  # the step this update takes in the replay
         coupled = 0.0 if self.decoupled else group["weight_decay"]
         decay = 1.0 - group["lr"] * group["weight_decay"] if self.decoupled else 1.0
-        return np.array([beta1, beta2, group["eps"], coupled, decay, group["lr"] / (1.0 - beta1**t),
-                         1.0 / (1.0 - beta2**t), 0.0], np.float32)
-
-    def _record_update(self, params, grads, hyper, scale):
-        tensors = [t for p, g in zip(params, grads) for t in (p, g, self.state[id(p)]["m"], self.state[id(p)]["v"])]
-        ops.apply("adam_step", (hyper, scale, *tensors))
-
-    def _update(self, group, params, grads):
-        beta1, beta2 = group["betas"]
-        by_step: dict[int, list[int]] = {}  # parameters at the same step share one fused call
-        for k, p in enumerate(params):
-            by_step.setdefault(self.state[id(p)]["step"], []).append(k)
-        for t, members in by_step.items():
-            _native.adam_update(
-                [params[k]._impl for k in members], [grads[k]._impl for k in members],
-                [self.state[id(params[k])]["m"]._impl for k in members],
-                [self.state[id(params[k])]["v"]._impl for k in members],
-                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                bias_correction1=1.0 - beta1**t, bias_correction2=1.0 - beta2**t, decoupled=self.decoupled,
-            )
+        return [beta1, beta2, group["eps"], coupled, decay, group["lr"] / (1.0 - beta1**t), 1.0 / (1.0 - beta2**t), 0.0]
 
 
 class AdamW(Adam):
