@@ -89,6 +89,7 @@ def test_bench_gpu_check_catches_a_different_update(bench_gpu, monkeypatch):
         bench_gpu.check_dqn()
 
 
+@pytest.mark.slow
 def test_bench_recurrent_runs_both_modes(tmp_path, monkeypatch, capsys):
     """Speed rows for every agent of both pairs, and learning curves drawn with rlkit plot."""
     bench = load_script("bench_recurrent")
