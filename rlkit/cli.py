@@ -209,11 +209,14 @@ def parse_hyperparams(config_class, pairs: list[str]) -> dict:
     return overrides
 
 
-def _make_config(config_class, pairs: list[str]):
-    """The agent's config with the overrides of ``pairs``; its own checks become UsageErrors."""
-    overrides = parse_hyperparams(config_class, pairs)
+def _make_config(agent_class, env_id: str, pairs: list[str]):
+    """The agent's default config for ``env_id`` (DQN's Atari settings for an Atari id) with the
+    overrides of ``pairs``; its own checks become UsageErrors."""
+    overrides = parse_hyperparams(agent_class.config_class, pairs)
     try:
-        return config_class(**overrides)
+        return dataclasses.replace(agent_class.default_config(env_id), **overrides)
+    except ImportError as error:  # the package that registers env_id is missing
+        raise UsageError(str(error)) from None
     except (TypeError, ValueError) as error:
         raise UsageError(f"bad hyperparameters: {error}") from None
 
@@ -270,7 +273,7 @@ def _train(args: argparse.Namespace) -> int:
     agent_class = _agent_class(args.algo)
     if not args.env:
         raise UsageError("train needs --env ENV, a Gymnasium environment id such as CartPole-v1")
-    config = _make_config(agent_class.config_class, args.hyperparams)
+    config = _make_config(agent_class, args.env, args.hyperparams)
     _check_device(args.device)
     try:
         agent = agent_class(args.env, config, device=args.device, seed=args.seed, logdir=args.logdir)

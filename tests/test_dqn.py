@@ -111,8 +111,13 @@ def test_dueling_q_is_value_plus_centred_advantage(tmp_path):
     agent.save(path)
     actions = np.random.default_rng(2).standard_normal((30, 4)).astype(np.float32)
     np.testing.assert_array_equal(DQN.load(path).predict(actions), agent.predict(actions))
-    with pytest.raises(ValueError, match="dueling needs at least one hidden layer"):
-        DQN("CartPole-v1", DQNConfig(net_arch=(), dueling=True))
+    # without hidden layers the heads sit on the encoder's features (here the observation itself),
+    # as SB3's CnnPolicy puts its head on NatureCNN's features
+    bare = DQN("CartPole-v1", DQNConfig(net_arch=(), dueling=True), seed=5).q
+    assert sorted(bare.state_dict()) == ["advantage.0.W", "advantage.0.b", "value.0.W", "value.0.b"]
+    with rc.no_grad():
+        value, advantage = bare.value(obs).numpy(), bare.advantage(obs).numpy()
+        np.testing.assert_allclose(bare(obs).numpy(), value + advantage - advantage.mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
 def test_dqn_bad_input():

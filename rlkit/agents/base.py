@@ -18,6 +18,7 @@ import rlkit.core as rc
 from rlkit.agents.callbacks import StepEvent
 from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.lanes import EnvLanes, env_module
+from rlkit.agents.observations import ObservationLayout
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
@@ -91,7 +92,7 @@ class OffPolicyAgent:
     def __init__(self, env, config=None, device: str | None = None, seed: int | None = None,
                  logdir: str | None = None):
         if config is None:
-            config = self.config_class()
+            config = self.default_config(env)
         elif not isinstance(config, self.config_class):
             raise TypeError(f"{self.algo}: config must be a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
@@ -105,6 +106,8 @@ class OffPolicyAgent:
         self.device = device or rc.device()
         self.seed, self.logdir = seed, logdir
         self.n_obs = int(np.prod(self.observation_space.shape))
+        self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
+                                               config.normalize_images)
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
         self._last_obs: np.ndarray | None = None
@@ -119,6 +122,12 @@ class OffPolicyAgent:
             self._build()
 
     # ---- what a subclass supplies -------------------------------------------------------------
+
+    @classmethod
+    def default_config(cls, env=None):
+        """The config an agent made on ``env`` without one gets: the config class's defaults
+        (DQN's for an Atari id are RL Zoo's Atari settings)."""
+        return cls.config_class()
 
     def _check_spaces(self) -> None:
         """Raises ValueError where the environment's spaces are not ones the agent acts in."""
@@ -218,13 +227,14 @@ class OffPolicyAgent:
         return self._rng.uniform(-1.0, 1.0, (n, int(np.prod(self.action_space.shape)))).astype(np.float32)
 
     def _obs_batch(self, obs) -> tuple[np.ndarray, bool]:
-        """Observations as [n, n_obs] float32, and whether a single one was given."""
-        obs = np.asarray(obs, np.float32)
+        """Observations as [n, n_obs] float32 (images: [n, *shape] bytes), and whether a single
+        one was given."""
+        obs = np.asarray(obs)
         single = obs.ndim == len(self.observation_space.shape)
         if obs.size % self.n_obs or (single and obs.size != self.n_obs):
             raise ValueError(f"{self.algo}.predict: observations of shape {obs.shape} do not match the "
                              f"observation space {self.observation_space.shape}")
-        return obs.reshape(-1, self.n_obs), single
+        return self.obs_layout.batch(obs, obs.size // self.n_obs), single
 
     # ---- acting -----------------------------------------------------------------------------------
 
@@ -287,7 +297,7 @@ class OffPolicyAgent:
         obs = lanes.reset() if self._last_obs is None else self._last_obs
         check(self.num_timesteps, "observation", obs)
         while self.num_timesteps - self._learn_start < total_timesteps:
-            batch = obs.reshape(lanes.n, self.n_obs).astype(np.float32, copy=False)
+            batch = self.obs_layout.batch(obs, lanes.n)  # [n, n_obs] float32, or [n, *image shape] bytes
             if self.num_timesteps < cfg.learning_starts:
                 actions = self._random_actions(lanes.n)
             else:
@@ -299,7 +309,7 @@ class OffPolicyAgent:
             if next_obs is not true_next:  # a reset's first observation
                 check(timestep, "observation", next_obs)
             check(timestep, "reward", reward)
-            self.buffer.add(batch, actions, reward, true_next.reshape(lanes.n, self.n_obs), terminated, truncated)
+            self.buffer.add(batch, actions, reward, self.obs_layout.batch(true_next, lanes.n), terminated, truncated)
             done = terminated | truncated
             stats.step(reward, done)
             self._stepped(actions, done)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlkit.agents.observations import FEATURES_EXTRACTORS
 from rlkit.core.checks import number_in_range, positive_int
 
 
@@ -39,6 +40,16 @@ class OffPolicyConfig:
     """Environments stepped together (a vector environment made from the id when > 1)."""
     log_interval: int = 1000
     """Environment steps between TensorBoard writes."""
+    features_extractor: str = "auto"
+    """What the networks see of an observation (rlkit/agents/observations.py): "auto" a CNN
+    (NatureCNN) for an image space, as SB3's is_image_space decides (a 3-D uint8 Box in
+    [0, 255]), the flattened observation otherwise; "nature" or "impala" (ImpalaCNN) force that
+    CNN on a 3-D Box of bytes or booleans; "flatten" the flattened observation. Every network
+    (actor, each critic group) has its own encoder, as SB3's off-policy CnnPolicy by default."""
+    features_dim: int = 0
+    """The CNN's output width; 0: the encoder's own (NatureCNN 512, ImpalaCNN 256)."""
+    normalize_images: bool = True
+    """Image bytes in [0, 255] are scaled to [0, 1] on the device (SB3's normalize_images)."""
 
     def __post_init__(self):
         """The checks of the shared fields: counts, rates, the discount, tau and the network
@@ -54,6 +65,14 @@ class OffPolicyConfig:
         check_in_range(self, "tau", 0.0, 1.0, low_open=True)
         for width in self.net_arch:
             positive_int(width, f"{prefix}: each net_arch width")
+        if self.features_extractor not in FEATURES_EXTRACTORS:
+            raise ValueError(f"{prefix}: features_extractor must be one of {FEATURES_EXTRACTORS}, "
+                             f"got {self.features_extractor!r}")
+        if isinstance(self.features_dim, bool) or not isinstance(self.features_dim, int) or self.features_dim < 0:
+            raise ValueError(f"{prefix}: features_dim must be an int >= 0 (0: the encoder's own), "
+                             f"got {self.features_dim!r}")
+        if not isinstance(self.normalize_images, bool):
+            raise ValueError(f"{prefix}: normalize_images must be True or False, got {self.normalize_images!r}")
 
 
 def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import rlkit.core as rc
 from rlkit.agents.config import OffPolicyConfig, check_in_range
-from rlkit.agents.networks import mlp
+from rlkit.agents.networks import encoded_mlp, mlp
+from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.sac import SAC, initial_ent_coef
 from rlkit.core.checks import positive_int
 
@@ -45,19 +46,22 @@ class DiscreteSACConfig(OffPolicyConfig):
         check_in_range(self, "target_entropy_scale", 0.0, 1.0)
 
 class DiscreteCritics(rc.nn.Module):
-    """Two critics, each giving Q of every action: [actions, B]."""
+    """Two critics on one observation encoder, each giving Q of every action: [actions, B]."""
 
-    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
         super().__init__()
-        self.q0 = mlp((n_obs, *hidden, n_actions), final_activation=False)
-        self.q1 = mlp((n_obs, *hidden, n_actions), final_activation=False)
+        self.encoder, features = layout.features_extractor(features_dim)
+        self.q0 = mlp((features, *hidden, n_actions), final_activation=False)
+        self.q1 = mlp((features, *hidden, n_actions), final_activation=False)
 
     def forward(self, obs) -> list:
-        return [self.q0(obs), self.q1(obs)]  # 2 x [actions, B]
+        features = self.encoder(obs)  # [features, B]
+        return [self.q0(features), self.q1(features)]  # 2 x [actions, B]
 
     def min(self, obs):
         """The smaller of the two critics' values, per action: [actions, B]."""
-        return rc.minimum(self.q0(obs), self.q1(obs))
+        q0, q1 = self(obs)
+        return rc.minimum(q0, q1)
 
 
 class DiscreteSAC(SAC):
@@ -78,9 +82,9 @@ class DiscreteSAC(SAC):
         cfg = self.config
         self.n_actions = int(self.action_space.n)
         self.target_entropy = cfg.target_entropy_scale * math.log(self.n_actions)
-        self.actor = mlp((self.n_obs, *cfg.net_arch, self.n_actions), final_activation=False)  # logits
-        self.critic = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
-        self.critic_target = DiscreteCritics(self.n_obs, self.n_actions, cfg.net_arch)
+        self.actor = encoded_mlp(self.obs_layout, cfg.net_arch, self.n_actions, cfg.features_dim)  # logits
+        self.critic = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.critic_target = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: its index."""

@@ -19,10 +19,13 @@ import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent, default_device
 from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
 from rlkit.agents.exploration import EpsilonGreedy
-from rlkit.agents.networks import mlp
+from rlkit.agents.networks import encoded_mlp, mlp
+from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import DeferredPolyak, Polyak
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core.checks import positive_int
+from rlkit.envs import ATARI_DQN_DEFAULTS, is_atari_id
+from rlkit.envs.packages import register_for
 
 
 @dataclass
@@ -80,8 +83,6 @@ class DQNConfig(OffPolicyConfig):
         positive_int(self.n_steps, "DQNConfig: n_steps")
         check_in_range(self, "prioritized_alpha", 0.0, 10.0)
         check_in_range(self, "prioritized_beta", 0.0, 1.0)
-        if self.dueling and not self.net_arch:
-            raise ValueError("DQNConfig: dueling needs at least one hidden layer in net_arch")
 
 HOST_ACTING_MAX_PARAMETERS = 2**18  # act_on_host=None acts on the host up to this Q-network size
 UPDATES_PER_PROGRAM = 16
@@ -90,27 +91,33 @@ results, which costs about as much as a small network's update: 16 updates per w
 
 
 class DuelingQNetwork(rc.nn.Module):
-    """A shared trunk, then a state value V [1, B] and advantages A [actions, B] combined as
-    Q = V + A - mean(A): the mean pins V and A down (any constant could move between them)."""
+    """A shared trunk (the observation encoder, then the hidden layers), then a state value
+    V [1, B] and advantages A [actions, B] combined as Q = V + A - mean(A): the mean pins V and
+    A down (any constant could move between them)."""
 
-    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, encoder: rc.nn.Module, features: int, n_actions: int, hidden: tuple[int, ...]):
         super().__init__()
-        self.trunk = mlp((n_obs, *hidden), final_activation=True)
-        self.value = mlp((hidden[-1], 1), final_activation=False)
-        self.advantage = mlp((hidden[-1], n_actions), final_activation=False)
+        self.encoder = encoder
+        self.trunk = mlp((features, *hidden), final_activation=True) if hidden else None
+        width = hidden[-1] if hidden else features
+        self.value = mlp((width, 1), final_activation=False)
+        self.advantage = mlp((width, n_actions), final_activation=False)
 
     def forward(self, obs):
-        features = self.trunk(obs)  # [hidden, B]
+        features = self.encoder(obs)  # [features, B]
+        if self.trunk is not None:
+            features = self.trunk(features)  # [hidden, B]
         advantage = self.advantage(features)  # [actions, B]
         centred = rc.sub(advantage, rc.mean(advantage, dim=0))  # [actions, B]
         return rc.add(self.value(features), centred)  # [actions, B]
 
 
-def _q_network(n_obs: int, n_actions: int, hidden: tuple[int, ...], dueling: bool) -> rc.nn.Module:
-    """The Q-network: an MLP, or a dueling network on the same hidden layers."""
-    if dueling:
-        return DuelingQNetwork(n_obs, n_actions, hidden)
-    return mlp((n_obs, *hidden, n_actions), final_activation=False)
+def _q_network(layout: ObservationLayout, n_actions: int, cfg: DQNConfig) -> rc.nn.Module:
+    """The Q-network: the observation encoder (a CNN for images, the observation itself for
+    vectors), then an MLP, or dueling heads on the same hidden layers."""
+    if cfg.dueling:
+        return DuelingQNetwork(*layout.features_extractor(cfg.features_dim), n_actions, cfg.net_arch)
+    return encoded_mlp(layout, cfg.net_arch, n_actions, cfg.features_dim)
 
 
 class DQN(EpsilonGreedy, OffPolicyAgent):
@@ -120,14 +127,23 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
     algo = "DQN"
     config_class = DQNConfig
 
+    @classmethod
+    def default_config(cls, env=None) -> DQNConfig:
+        """RL Zoo's Atari settings (rlkit.envs.ATARI_DQN_DEFAULTS; the head right on NatureCNN's
+        features, as SB3's CnnPolicy) for an Atari id; DQNConfig's defaults otherwise."""
+        register_for(env)
+        if is_atari_id(env):
+            return DQNConfig(**ATARI_DQN_DEFAULTS, net_arch=())
+        return DQNConfig()
+
     def _check_spaces(self) -> None:
         self._require_spaces("discrete")
 
     def _build(self) -> None:
         cfg = self.config
         self.n_actions = int(self.action_space.n)
-        self.q = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
-        self.target = _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
+        self.q = _q_network(self.obs_layout, self.n_actions, cfg)
+        self.target = _q_network(self.obs_layout, self.n_actions, cfg)
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         buffer_options = dict(n_envs=self.lanes.n, device=self.device, action_dtype="i32", gamma=cfg.gamma,
@@ -161,7 +177,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         if self.device == "cpu" or not wanted:
             return None
         with default_device("cpu"):
-            return _q_network(self.n_obs, self.n_actions, cfg.net_arch, cfg.dueling)
+            return _q_network(self.obs_layout, self.n_actions, cfg)
 
     # ---- the update (traced once, then replayed) ----------------------------------------------
 

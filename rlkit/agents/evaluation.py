@@ -13,7 +13,7 @@ def evaluate(agent, env, n_episodes: int = 10, seed: int | None = None,
     (episode ``i`` reset with ``seed + i``); their lengths are appended to ``lengths`` if given."""
     if isinstance(n_episodes, bool) or not isinstance(n_episodes, int) or n_episodes < 1:
         raise ValueError(f"evaluate: n_episodes must be a positive int, got {n_episodes!r}")
-    env = make_env(env, seed)
+    env = make_env(env, seed, training=False)  # an Atari id: whole games, the game's own rewards
     recurrent = getattr(agent, "recurrent", False)
     returns = []
     for episode in range(n_episodes):

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlkit.envs import is_atari_id, make_atari
+from rlkit.envs.packages import register_for
+
 
 def env_module(env_id: str) -> str | None:
     """The module ``gym.make(env_id)`` imports before it makes the environment: ``"pkg.mod"``
@@ -13,11 +16,18 @@ def env_module(env_id: str) -> str | None:
     return env_id.split(":", 1)[0] if ":" in env_id else None
 
 
-def make_env(env_or_id, seed: int | None = None):
-    """A Gymnasium environment from an id (or the environment itself), its spaces seeded."""
+def make_env(env_or_id, seed: int | None = None, training: bool = True):
+    """A Gymnasium environment from an id (or the environment itself), its spaces seeded. The
+    package that registers the id is imported first (rlkit.envs.packages: ale_py for ALE/...);
+    an Atari id gets the standard preprocessing (rlkit.envs.make_atari; ``training=False`` its
+    evaluation form: whole games, unclipped rewards)."""
     import gymnasium as gym
 
-    env = gym.make(env_or_id) if isinstance(env_or_id, str) else env_or_id
+    if isinstance(env_or_id, str):
+        register_for(env_or_id)
+        env = make_atari(env_or_id, training=training) if is_atari_id(env_or_id) else gym.make(env_or_id)
+    else:
+        env = env_or_id
     if not hasattr(env, "step") or not hasattr(env, "reset"):
         raise TypeError(f"expected a Gymnasium environment or its id, got {type(env_or_id).__name__}")
     if seed is not None:
@@ -45,7 +55,8 @@ class EnvLanes:
         elif n_envs > 1:
             if not isinstance(env_or_id, str):
                 raise ValueError("n_envs > 1 needs an environment id (or pass a Gymnasium vector environment)")
-            self.env = gym.make_vec(env_or_id, num_envs=n_envs, vectorization_mode="sync",
+            register_for(env_or_id)
+            self.env = make_atari(env_or_id, n_envs) if is_atari_id(env_or_id) else gym.make_vec(env_or_id, num_envs=n_envs, vectorization_mode="sync",
                                     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
             self.vector = True
         else:

@@ -1,8 +1,9 @@
-"""The agents' multilayer perceptron."""
+"""The agents' multilayer perceptron, and the same behind an observation encoder."""
 
 from __future__ import annotations
 
 import rlkit.core as rc
+from rlkit.agents.observations import ObservationLayout
 
 
 def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
@@ -13,3 +14,11 @@ def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
         rc.nn.Linear(a, b, activation="relu" if final_activation or i < len(pairs) - 1 else None,
                      init="fan_in_uniform")
         for i, (a, b) in enumerate(pairs)])
+
+
+def encoded_mlp(layout: ObservationLayout, hidden: tuple[int, ...], n_out: int, features_dim: int = 0) -> rc.nn.Module:
+    """The observation encoder (a CNN for images) then an MLP through ``hidden`` to ``n_out``; for
+    vector observations the MLP alone, its parameters named as they always were ("0.W", ...)."""
+    encoder, features = layout.features_extractor(features_dim)
+    head = mlp((features, *hidden, n_out), final_activation=False)
+    return rc.nn.Sequential(encoder, head) if layout.image else head

@@ -20,6 +20,7 @@ import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.networks import mlp
+from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.td3 import Critics
 from rlkit.buffers import ReplayBuffer
@@ -73,24 +74,25 @@ def initial_ent_coef(ent_coef) -> tuple[float, bool]:
 
 
 class GaussianActor(rc.nn.Module):
-    """The policy: an MLP trunk, then the mean and log standard deviation of a Gaussian whose
+    """The policy: the observation encoder and an MLP trunk, then the mean and log standard deviation of a Gaussian whose
     samples are squashed by tanh into [-1, 1]."""
 
-    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
         super().__init__()
-        self.trunk = mlp((n_obs, *hidden), final_activation=True)
+        self.encoder, features = layout.features_extractor(features_dim)
+        self.trunk = mlp((features, *hidden), final_activation=True)
         self.mu = mlp((hidden[-1], n_actions), final_activation=False)
         self.log_std = mlp((hidden[-1], n_actions), final_activation=False)
 
     def forward(self, obs):
         """The deterministic action tanh(mean): [actions, B]."""
-        return rc.tanh(self.mu(self.trunk(obs)))
+        return rc.tanh(self.mu(self.trunk(self.encoder(obs))))
 
     def sample(self, obs):
         """(action [actions, B], its log-probability [1, B]), reparameterised: a = tanh(u),
         u = mean + std * eps. log pi(a) = log N(u) - sum log(1 - tanh(u)^2), the second term
         written as 2 (log 2 - u - softplus(-2u)), which stays finite where tanh saturates."""
-        features = self.trunk(obs)  # [hidden, B]
+        features = self.trunk(self.encoder(obs))  # [hidden, B]
         mu = self.mu(features)  # [actions, B]
         log_std = rc.clamp(self.log_std(features), LOG_STD_MIN, LOG_STD_MAX)  # [actions, B]
         eps = rc.randn(mu.shape)  # [actions, B]
@@ -123,9 +125,9 @@ class SAC(OffPolicyAgent):
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
         self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
-        self.actor = GaussianActor(self.n_obs, self.n_actions, cfg.net_arch)
-        self.critic = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
-        self.critic_target = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.actor = GaussianActor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: the [-1, 1] action vector."""

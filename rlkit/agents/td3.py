@@ -19,6 +19,7 @@ import rlkit.core as rc
 from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
+from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import Polyak
 from rlkit.buffers import ReplayBuffer
 from rlkit.core.checks import positive_int
@@ -56,38 +57,49 @@ class TD3Config(OffPolicyConfig):
             raise ValueError(f"{type(self).__name__}: net_arch needs at least one hidden layer")
 
 class Actor(rc.nn.Module):
-    """The deterministic policy: an MLP ending in tanh, actions in [-1, 1]."""
+    """The deterministic policy: the observation encoder, then an MLP ending in tanh, actions
+    in [-1, 1]."""
 
-    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
         super().__init__()
-        self.net = mlp((n_obs, *hidden, n_actions), final_activation=False)
+        self.encoder, features = layout.features_extractor(features_dim)
+        self.net = mlp((features, *hidden, n_actions), final_activation=False)
 
     def forward(self, obs):
-        return rc.tanh(self.net(obs))  # [actions, B]
+        return rc.tanh(self.net(self.encoder(obs)))  # [actions, B]
 
 
 class Critic(rc.nn.Module):
-    """Q(s, a): an MLP on the observation and the action stacked as rows."""
+    """Q(s, a): an MLP on the observation's features and the action stacked as rows."""
 
-    def __init__(self, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, features: int, n_actions: int, hidden: tuple[int, ...]):
         super().__init__()
-        self.net = mlp((n_obs + n_actions, *hidden, 1), final_activation=False)
+        self.net = mlp((features + n_actions, *hidden, 1), final_activation=False)
 
-    def forward(self, obs, action):
-        return self.net(rc.concat_rows(obs, action))  # [1, B]
+    def forward(self, features, action):
+        return self.net(rc.concat_rows(features, action))  # [1, B]
 
 
 class Critics(rc.nn.Module):
-    """``n`` independent critics, listed as ``q0``, ``q1``, ..."""
+    """``n`` independent critics, listed as ``q0``, ``q1``, ..., on one observation encoder
+    (as SB3's critic shares its features extractor between its Q-networks; the actor has its
+    own)."""
 
-    def __init__(self, n: int, n_obs: int, n_actions: int, hidden: tuple[int, ...]):
+    def __init__(self, n: int, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...],
+                 features_dim: int = 0):
         super().__init__()
         self.n = n
+        self.encoder, features = layout.features_extractor(features_dim)
         for i in range(n):
-            setattr(self, f"q{i}", Critic(n_obs, n_actions, hidden))
+            setattr(self, f"q{i}", Critic(features, n_actions, hidden))
 
     def forward(self, obs, action) -> list:
-        return [getattr(self, f"q{i}")(obs, action) for i in range(self.n)]  # n x [1, B]
+        features = self.encoder(obs)  # [features, B]
+        return [getattr(self, f"q{i}")(features, action) for i in range(self.n)]  # n x [1, B]
+
+    def first(self, obs, action):
+        """The first critic's value alone: [1, B] (TD3's actor loss)."""
+        return self.q0(self.encoder(obs), action)
 
     def squared_error(self, obs, action, target):
         """The critics' mean squared errors against ``target`` [1, B], summed: [1, 1]."""
@@ -119,11 +131,11 @@ class TD3(OffPolicyAgent):
     def _build(self) -> None:
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
-        self.actor = Actor(self.n_obs, self.n_actions, cfg.net_arch)
-        self.actor_target = Actor(self.n_obs, self.n_actions, cfg.net_arch)
+        self.actor = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.actor_target = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
         self.actor_target.load_state_dict(self.actor.state_dict())
-        self.critic = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
-        self.critic_target = Critics(cfg.n_critics, self.n_obs, self.n_actions, cfg.net_arch)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
@@ -154,7 +166,7 @@ class TD3(OffPolicyAgent):
 
     def _actor_loss(self, s):
         """-Q of the first critic at the actor's actions, averaged over the batch."""
-        return -rc.mean(self.critic.q0(s.obs, self.actor(s.obs)))
+        return -rc.mean(self.critic.first(s.obs, self.actor(s.obs)))
 
     def _update(self, stored, with_actor: bool):
         s = self.buffer.sample_on_device(self.config.batch_size, stored)

@@ -91,11 +91,13 @@ def _flatten(result) -> tuple[list[Tensor], Callable[[list], object]]:
 
 
 def _input_array(name: str, value) -> tuple[np.ndarray, str]:
-    """An input as given (bools as f32) and the dtype it is captured as: i32 for integers, the
-    default float dtype for floats."""
+    """An input as given (bools as f32) and the dtype it is captured as: u8 for bytes (images
+    travel as bytes), i32 for other integers, the default float dtype for floats."""
     arr = np.asarray(value)
     if arr.dtype.kind == "b":
         arr = arr.astype(np.float32)
+    if arr.dtype == np.uint8:
+        return arr, "u8"
     if arr.dtype.kind in "iu":
         return arr, "i32"
     if arr.dtype.kind == "f":

@@ -1,0 +1,131 @@
+"""How observations travel from the environment to the networks: as float32 vectors, or as
+images, which stay bytes on the host, in the replay buffer and on the way to the device, and
+meet a CNN there.
+
+``ObservationLayout.of(space, config)`` decides, as SB3 does: an image space (a 3-D uint8 Box
+in [0, 255], SB3's ``is_image_space``) gets a CNN; ``config.features_extractor`` can force
+one ("nature", "impala") on any 3-D Box of bytes or booleans (MinAtar's), or the flattened
+vector ("flatten"). The channel axis is the smallest one, first or last, as SB3 decides it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import rlkit.core as rc
+
+FEATURES_EXTRACTORS = ("auto", "nature", "impala", "flatten")
+"""The values of OffPolicyConfig.features_extractor."""
+
+
+def is_image_space(space) -> bool:
+    """SB3's rule: a Box of three dimensions, uint8, every bound 0 and 255."""
+    import gymnasium as gym
+
+    return (isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
+
+
+@dataclass(frozen=True)
+class ObservationLayout:
+    """An observation space's path: ``shape`` is one observation's (the space's), ``dtype`` the
+    host and buffer dtype of a batch (uint8 for images, float32 otherwise), ``extractor`` the
+    encoder ("flatten", "nature" or "impala"), ``channels_first`` where the image's channel axis
+    is, ``scale`` what the image's bytes are multiplied by on the device (1/255, or 1)."""
+
+    shape: tuple[int, ...]
+    dtype: type
+    extractor: str
+    channels_first: bool = True
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, space, features_extractor: str = "auto", normalize_images: bool = True) -> "ObservationLayout":
+        """The layout for a Box observation ``space`` under the config's choices."""
+        if features_extractor not in FEATURES_EXTRACTORS:
+            raise ValueError(f"features_extractor must be one of {FEATURES_EXTRACTORS}, got {features_extractor!r}")
+        shape = tuple(int(n) for n in space.shape)
+        image = is_image_space(space)
+        if features_extractor == "flatten" or (features_extractor == "auto" and not image):
+            return cls(shape, np.float32, "flatten")
+        if len(shape) != 3 or min(shape) < 1 or space.dtype not in (np.uint8, np.bool_):
+            raise ValueError(f"features_extractor={features_extractor!r} needs an image observation space (a 3-D Box "
+                             f"of uint8 or bool, every size >= 1), got {space}")
+        extractor = "nature" if features_extractor == "auto" else features_extractor
+        scale = 1.0 / 255.0 if image and normalize_images else 1.0
+        return cls(shape, np.uint8, extractor, channels_first=int(np.argmin(shape)) == 0, scale=scale)
+
+    @property
+    def image(self) -> bool:
+        """Whether observations are images (met by a CNN)."""
+        return self.extractor != "flatten"
+
+    @property
+    def size(self) -> int:
+        """Elements of one observation."""
+        return int(np.prod(self.shape))
+
+    @property
+    def buffer_shape(self) -> int | tuple[int, ...]:
+        """One observation's shape in the replay buffer: the image's, or the flat length."""
+        return self.shape if self.image else self.size
+
+    @property
+    def channel_first_shape(self) -> tuple[int, int, int]:
+        """The image as (C, H, W), what the CNN is built for."""
+        if self.channels_first:
+            return self.shape  # type: ignore[return-value]
+        height, width, channels = self.shape
+        return channels, height, width
+
+    def batch(self, obs, n: int) -> np.ndarray:
+        """``n`` observations as one array [n, *buffer shape] of the layout's dtype (a view where
+        they already are)."""
+        if self.image:
+            return np.asarray(obs).reshape(n, *self.shape).astype(self.dtype, copy=False)
+        return np.asarray(obs).reshape(n, self.size).astype(np.float32, copy=False)
+
+    def features_extractor(self, features_dim: int = 0) -> "tuple[rc.nn.Module, int]":
+        """A fresh encoder of a batch as the networks receive it and its output width: the
+        identity and the observation's size for vectors; for images, the reorder to
+        [W, H, C, N], the scale and NatureCNN or ImpalaCNN (``features_dim`` 0: 512 or 256)."""
+        if not self.image:
+            return Identity(), self.size
+        if self.extractor == "nature":
+            cnn = rc.nn.NatureCNN(self.channel_first_shape, features_dim or 512, normalize_images=False)
+        else:
+            cnn = rc.nn.ImpalaCNN(self.channel_first_shape, features_dim or 256, normalize_images=False)
+        return ImageEncoder(self, cnn), cnn.features_dim
+
+
+class Identity(rc.nn.Module):
+    """The observation itself: the networks' input for vector observations."""
+
+    def forward(self, x):
+        return x
+
+
+class ImageEncoder(rc.nn.Module):
+    """A CNN on a batch of images as the buffer and acting give them: a C-order numpy batch
+    (N, *shape), seen column-major as the reversed shape (channel-first (C, H, W) arrives as
+    [W, H, C, N], channel-last (H, W, C) as [C, W, H, N]). Channel-last images are reordered to
+    [W, H, C, N] on the device, after the bytes become floats scaled by the layout's scale; then the CNN."""
+
+    def __init__(self, layout: ObservationLayout, cnn: rc.nn.Module):
+        super().__init__()
+        self.layout = layout
+        self.scale = rc.nn.ScaleImages(layout.scale)
+        self.cnn = cnn
+
+    def forward(self, obs):
+        floats = self.scale(obs)  # bytes to floats first: the reorder then runs on floats, as every kernel does
+        batch = floats.shape[-1]
+        channels, height, width = self.layout.channel_first_shape
+        if self.layout.channels_first:
+            images = rc.reshape(floats, (width, height, channels, batch))  # [W, H, C, N]
+        else:
+            pixels_last = rc.reshape(floats, (channels, width * height, batch))  # [C, W H, N]
+            images = rc.reshape(rc.transpose(pixels_last), (width, height, channels, batch))  # [W, H, C, N]
+        return self.cnn(images)  # [features, N]
