@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import re
@@ -164,6 +165,11 @@ def _convert(text: str, annotation):
         return _parse_bool(text)
     if annotation in (int, float, str):
         return annotation(text)
+    if annotation is dict:  # JSON: data, never code
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(text)
+        return value
     args = typing.get_args(annotation)
     if _is_variadic_tuple(annotation):
         return tuple(_convert(item, args[0]) for item in text.split(",") if item.strip())
@@ -187,6 +193,8 @@ def _describe(annotation) -> str:
         return f"comma-separated values, each {_describe(typing.get_args(annotation)[0])} (e.g. 64,64)"
     if annotation in (int, float, str):
         return {int: "an int", float: "a float", str: "a str"}[annotation]
+    if annotation is dict:
+        return 'a JSON object (e.g. {"features_dim": 128})'
     return str(annotation)
 
 

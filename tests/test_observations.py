@@ -53,8 +53,8 @@ def test_bad_layouts():
         ObservationLayout.of(gym.spaces.Box(-1.0, 1.0, (3, 8, 8), np.float32), "impala")
     with pytest.raises(ValueError, match="DQNConfig: features_extractor must be one of"):
         DQNConfig(features_extractor="cnn")
-    with pytest.raises(ValueError, match="features_dim must be an int >= 0"):
-        DQNConfig(features_dim=-1)
+    with pytest.raises(ValueError, match="features_extractor_kwargs must be a dict"):
+        DQNConfig(features_extractor_kwargs=[("features_dim", 128)])
 
 
 @pytest.mark.parametrize("space", [ATARI_STACK, RGB_LAST, MINATAR], ids=["channel-first", "channel-last", "minatar"])

@@ -4,7 +4,7 @@ documented here once, and the checks the configs' ``__post_init__`` run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlkit.agents.observations import FEATURES_EXTRACTORS
 from rlkit.core.checks import number_in_range, positive_int
@@ -46,8 +46,11 @@ class OffPolicyConfig:
     [0, 255]), the flattened observation otherwise; "nature" or "impala" (ImpalaCNN) force that
     CNN on a 3-D Box of bytes or booleans; "flatten" the flattened observation. Every network
     (actor, each critic group) has its own encoder, as SB3's off-policy CnnPolicy by default."""
-    features_dim: int = 0
-    """The CNN's output width; 0: the encoder's own (NatureCNN 512, ImpalaCNN 256)."""
+    features_extractor_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of the CNN (SB3's name): NatureCNN's ``features_dim`` (512) and
+    ``conv_layers`` ((channels, kernel, stride) triples: ((32, 8, 4), (64, 4, 2), (64, 3, 1))),
+    ImpalaCNN's ``features_dim`` (256) and ``channels`` ((16, 32, 32)). MinAtar's 10x10
+    screens, for instance: ``dict(conv_layers=((16, 3, 1),), features_dim=128)``."""
     normalize_images: bool = True
     """Image bytes in [0, 255] are scaled to [0, 1] on the device (SB3's normalize_images)."""
 
@@ -68,9 +71,10 @@ class OffPolicyConfig:
         if self.features_extractor not in FEATURES_EXTRACTORS:
             raise ValueError(f"{prefix}: features_extractor must be one of {FEATURES_EXTRACTORS}, "
                              f"got {self.features_extractor!r}")
-        if isinstance(self.features_dim, bool) or not isinstance(self.features_dim, int) or self.features_dim < 0:
-            raise ValueError(f"{prefix}: features_dim must be an int >= 0 (0: the encoder's own), "
-                             f"got {self.features_dim!r}")
+        if not isinstance(self.features_extractor_kwargs, dict) or not all(
+                isinstance(key, str) for key in self.features_extractor_kwargs):
+            raise ValueError(f"{prefix}: features_extractor_kwargs must be a dict of keyword arguments, "
+                             f"got {self.features_extractor_kwargs!r}")
         if not isinstance(self.normalize_images, bool):
             raise ValueError(f"{prefix}: normalize_images must be True or False, got {self.normalize_images!r}")
 

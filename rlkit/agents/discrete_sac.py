@@ -48,9 +48,9 @@ class DiscreteSACConfig(OffPolicyConfig):
 class DiscreteCritics(rc.nn.Module):
     """Two critics on one observation encoder, each giving Q of every action: [actions, B]."""
 
-    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_extractor_kwargs: dict | None = None):
         super().__init__()
-        self.encoder, features = layout.features_extractor(features_dim)
+        self.encoder, features = layout.features_extractor(features_extractor_kwargs)
         self.q0 = mlp((features, *hidden, n_actions), final_activation=False)
         self.q1 = mlp((features, *hidden, n_actions), final_activation=False)
 
@@ -82,9 +82,9 @@ class DiscreteSAC(SAC):
         cfg = self.config
         self.n_actions = int(self.action_space.n)
         self.target_entropy = cfg.target_entropy_scale * math.log(self.n_actions)
-        self.actor = encoded_mlp(self.obs_layout, cfg.net_arch, self.n_actions, cfg.features_dim)  # logits
-        self.critic = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
-        self.critic_target = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.actor = encoded_mlp(self.obs_layout, cfg.net_arch, self.n_actions, cfg.features_extractor_kwargs)  # logits
+        self.critic = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.critic_target = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: its index."""

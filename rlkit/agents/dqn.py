@@ -116,8 +116,8 @@ def _q_network(layout: ObservationLayout, n_actions: int, cfg: DQNConfig) -> rc.
     """The Q-network: the observation encoder (a CNN for images, the observation itself for
     vectors), then an MLP, or dueling heads on the same hidden layers."""
     if cfg.dueling:
-        return DuelingQNetwork(*layout.features_extractor(cfg.features_dim), n_actions, cfg.net_arch)
-    return encoded_mlp(layout, cfg.net_arch, n_actions, cfg.features_dim)
+        return DuelingQNetwork(*layout.features_extractor(cfg.features_extractor_kwargs), n_actions, cfg.net_arch)
+    return encoded_mlp(layout, cfg.net_arch, n_actions, cfg.features_extractor_kwargs)
 
 
 class DQN(EpsilonGreedy, OffPolicyAgent):

@@ -16,9 +16,9 @@ def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
         for i, (a, b) in enumerate(pairs)])
 
 
-def encoded_mlp(layout: ObservationLayout, hidden: tuple[int, ...], n_out: int, features_dim: int = 0) -> rc.nn.Module:
+def encoded_mlp(layout: ObservationLayout, hidden: tuple[int, ...], n_out: int, features_extractor_kwargs: dict | None = None) -> rc.nn.Module:
     """The observation encoder (a CNN for images) then an MLP through ``hidden`` to ``n_out``; for
     vector observations the MLP alone, its parameters named as they always were ("0.W", ...)."""
-    encoder, features = layout.features_extractor(features_dim)
+    encoder, features = layout.features_extractor(features_extractor_kwargs)
     head = mlp((features, *hidden, n_out), final_activation=False)
     return rc.nn.Sequential(encoder, head) if layout.image else head

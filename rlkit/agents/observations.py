@@ -87,16 +87,20 @@ class ObservationLayout:
             return np.asarray(obs).reshape(n, *self.shape).astype(self.dtype, copy=False)
         return np.asarray(obs).reshape(n, self.size).astype(np.float32, copy=False)
 
-    def features_extractor(self, features_dim: int = 0) -> "tuple[rc.nn.Module, int]":
+    def features_extractor(self, kwargs: dict | None = None) -> "tuple[rc.nn.Module, int]":
         """A fresh encoder of a batch as the networks receive it and its output width: the
         identity and the observation's size for vectors; for images, the reorder to
-        [W, H, C, N], the scale and NatureCNN or ImpalaCNN (``features_dim`` 0: 512 or 256)."""
+        [W, H, C, N], the scale and NatureCNN or ImpalaCNN made with ``kwargs``."""
         if not self.image:
             return Identity(), self.size
-        if self.extractor == "nature":
-            cnn = rc.nn.NatureCNN(self.channel_first_shape, features_dim or 512, normalize_images=False)
-        else:
-            cnn = rc.nn.ImpalaCNN(self.channel_first_shape, features_dim or 256, normalize_images=False)
+        cnn_class = rc.nn.NatureCNN if self.extractor == "nature" else rc.nn.ImpalaCNN
+        kwargs = dict(kwargs or {})
+        if "normalize_images" in kwargs:
+            raise ValueError("features_extractor_kwargs: normalize_images is the config's own field, not the CNN's")
+        try:
+            cnn = cnn_class(self.channel_first_shape, normalize_images=False, **kwargs)
+        except TypeError as error:
+            raise ValueError(f"features_extractor_kwargs {kwargs} do not fit {cnn_class.__name__}: {error}") from None
         return ImageEncoder(self, cnn), cnn.features_dim
 
 

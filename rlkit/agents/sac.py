@@ -77,9 +77,9 @@ class GaussianActor(rc.nn.Module):
     """The policy: the observation encoder and an MLP trunk, then the mean and log standard deviation of a Gaussian whose
     samples are squashed by tanh into [-1, 1]."""
 
-    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_extractor_kwargs: dict | None = None):
         super().__init__()
-        self.encoder, features = layout.features_extractor(features_dim)
+        self.encoder, features = layout.features_extractor(features_extractor_kwargs)
         self.trunk = mlp((features, *hidden), final_activation=True)
         self.mu = mlp((hidden[-1], n_actions), final_activation=False)
         self.log_std = mlp((hidden[-1], n_actions), final_activation=False)
@@ -125,9 +125,9 @@ class SAC(OffPolicyAgent):
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
         self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
-        self.actor = GaussianActor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
-        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
-        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.actor = GaussianActor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: the [-1, 1] action vector."""

@@ -60,9 +60,9 @@ class Actor(rc.nn.Module):
     """The deterministic policy: the observation encoder, then an MLP ending in tanh, actions
     in [-1, 1]."""
 
-    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_dim: int = 0):
+    def __init__(self, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...], features_extractor_kwargs: dict | None = None):
         super().__init__()
-        self.encoder, features = layout.features_extractor(features_dim)
+        self.encoder, features = layout.features_extractor(features_extractor_kwargs)
         self.net = mlp((features, *hidden, n_actions), final_activation=False)
 
     def forward(self, obs):
@@ -86,10 +86,10 @@ class Critics(rc.nn.Module):
     own)."""
 
     def __init__(self, n: int, layout: ObservationLayout, n_actions: int, hidden: tuple[int, ...],
-                 features_dim: int = 0):
+                 features_extractor_kwargs: dict | None = None):
         super().__init__()
         self.n = n
-        self.encoder, features = layout.features_extractor(features_dim)
+        self.encoder, features = layout.features_extractor(features_extractor_kwargs)
         for i in range(n):
             setattr(self, f"q{i}", Critic(features, n_actions, hidden))
 
@@ -131,11 +131,11 @@ class TD3(OffPolicyAgent):
     def _build(self) -> None:
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
-        self.actor = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
-        self.actor_target = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.actor = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.actor_target = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
         self.actor_target.load_state_dict(self.actor.state_dict())
-        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
-        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_dim)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)

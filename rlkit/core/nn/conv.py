@@ -146,35 +146,56 @@ class ScaleImages(Module):
         return f"scale={self.scale:.6g}"
 
 
+NATURE_CONV_LAYERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+"""NatureCNN's convolutions: (output channels, kernel size, stride) each."""
+
+
 class NatureCNN(Module):
     """The DQN paper's encoder (Mnih et al., 2015), as SB3's NatureCNN: 32 filters 8x8 stride 4,
     64 4x4 stride 2, 64 3x3 stride 1, each followed by ReLU, then Linear to ``features_dim`` and
-    ReLU. Input [W, H, C, N] for a channel-first ``observation_shape`` (C, H, W); bytes in
-    [0, 255] are scaled to [0, 1] first where ``normalize_images``. Output [features_dim, N]."""
+    ReLU. ``conv_layers`` replaces the convolutions ((channels, kernel, stride) triples; e.g.
+    MinAtar's ``((16, 3, 1),)``). Input [W, H, C, N] for a channel-first ``observation_shape``
+    (C, H, W); bytes in [0, 255] are scaled to [0, 1] first where ``normalize_images``. Output
+    [features_dim, N]."""
 
-    def __init__(self, observation_shape, features_dim: int = 512, normalize_images: bool = True):
+    def __init__(self, observation_shape, features_dim: int = 512, normalize_images: bool = True,
+                 conv_layers=NATURE_CONV_LAYERS):
         super().__init__()
         channels, height, width = _image_shape("NatureCNN", observation_shape)
         self.features_dim = positive_int(features_dim, "NatureCNN: features_dim")
         self.normalize_images = bool(normalize_images)
-        convs = [Conv2d(channels, 32, 8, stride=4, activation="relu"),
-                 Conv2d(32, 64, 4, stride=2, activation="relu"),
-                 Conv2d(64, 64, 3, stride=1, activation="relu")]
-        size = (height, width)
-        for conv in convs:
-            size = conv.output_shape(*size)
-        if min(size) < 1:
-            raise ValueError(f"NatureCNN: an observation of {height} x {width} (H x W) is too small for its 8x8 "
-                             "stride-4, 4x4 stride-2 and 3x3 convolutions (it needs at least 36 x 36); use "
-                             "ImpalaCNN or a smaller encoder")
+        convs, size = [], (height, width)
+        for layer in _conv_layers(conv_layers):
+            out_channels, kernel, stride = layer
+            convs.append(Conv2d(channels, out_channels, kernel, stride=stride, activation="relu"))
+            size = convs[-1].output_shape(*size)
+            if min(size) < 1:
+                raise ValueError(f"NatureCNN: an observation of {height} x {width} (H x W) is too small for the "
+                                 f"convolutions {tuple(conv_layers)} ((channels, kernel, stride) each); pass "
+                                 "smaller conv_layers (MinAtar's: ((16, 3, 1),)) or use ImpalaCNN")
+            channels = out_channels
         self.cnn = Sequential(*([ScaleImages()] if normalize_images else []), *convs, Flatten())
-        self.linear = Linear(64 * size[0] * size[1], self.features_dim, activation="relu", init="fan_in_uniform")
+        self.linear = Linear(channels * size[0] * size[1], self.features_dim, activation="relu",
+                             init="fan_in_uniform")
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(self.cnn(x))  # [features_dim, N]
 
     def extra_repr(self) -> str:
         return f"features_dim={self.features_dim}"
+
+
+def _conv_layers(conv_layers) -> list[tuple[int, int, int]]:
+    """``conv_layers`` as (channels, kernel, stride) triples of positive ints, at least one."""
+    try:
+        layers = [tuple(layer) for layer in conv_layers]
+    except TypeError:
+        layers = []
+    if not layers or not all(len(layer) == 3 and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                                     and v >= 1 for v in layer) for layer in layers):
+        raise ValueError("NatureCNN: conv_layers must be one or more (channels, kernel, stride) triples of ints "
+                         f">= 1, got {conv_layers!r}")
+    return [tuple(int(v) for v in layer) for layer in layers]  # type: ignore[misc]
 
 
 class ResidualBlock(Module):
