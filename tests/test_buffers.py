@@ -174,3 +174,19 @@ def test_gpu_u8_gathers_need_whole_words():
     buf = DeviceBuffer(6, 3, dtype="u8", device="gpu")
     with pytest.raises(TypeError, match="rows a multiple of 4"):
         rc.get_rows(buf, [0])
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("rows, n", [(32, 6), (32, 12), (8, 32), (7 * 4, 9)])
+def test_gpu_u8_gathers_write_only_their_output(rows, n):
+    """A u8 gather moves 32-bit words: it once ran a word per byte of its output, writing 4x past
+    its end into whatever was allocated next (here the copy a reshape made of an earlier gather)."""
+    data = np.random.default_rng(0).integers(0, 256, (rows, 6)).astype(np.uint8)
+    first, second = DeviceBuffer(rows, 6, "u8", device="gpu"), DeviceBuffer(rows, 6, "u8", device="gpu")
+    first.write(data)
+    second.write(255 - data)
+    index = np.arange(n) % 6
+    kept = rc.reshape(rc.get_rows(first, index), (rows // 4, 4, n))  # the gather it copies is freed now
+    again = rc.get_rows(second, index)
+    np.testing.assert_array_equal(kept.numpy().reshape(rows, n, order="F"), data[:, index])
+    np.testing.assert_array_equal(again.numpy(), 255 - data[:, index])

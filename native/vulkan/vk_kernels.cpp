@@ -118,8 +118,10 @@ struct IndexPush {
 
 void index_op(const char* variant, const TensorImpl* x, const TensorImpl& index, TensorImpl& out, int64_t rows,
               int64_t limit) {
+    // The shader moves one 32-bit word per invocation: total counts the words of out, not its
+    // elements (a u8 gather's out has 4 elements a word; counting elements wrote 4x past its end).
     IndexPush p{x ? x->address() : 0, index.address(), out.address(), u32(rows, variant), u32(limit, variant),
-                u32(index.numel(), variant), u32(out.numel(), variant)};
+                u32(index.numel(), variant), u32(int64_t(out.nbytes() / 4), variant)};
     std::vector<vk::Range> reads{span(index)};
     if (x) reads.push_back(span(*x));
     record(std::string("index_") + variant, p, groups(p.total), reads, {span(out)});
