@@ -104,6 +104,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().add(obs, action, reward, next_obs, terminated, truncated)
         self._tree.update(np.arange(column, column + self.n_envs), self._max_priority**self.alpha)
 
+    def _stopped_sampling(self, columns: np.ndarray) -> None:
+        self._tree.update(columns, 0.0)  # frame stacks whose start frames are gone: never drawn again
+
     def sample(self, batch_size: int) -> ReplaySamples:
         """A batch drawn in proportion to priority^alpha, with importance weights [1, B]."""
         positive_int(batch_size, "PrioritizedReplayBuffer.sample: batch_size")
@@ -118,7 +121,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         weights = (weights / weights.max()).astype(np.float32)
         t, e = np.divmod(column, self.n_envs)
         samples = self._gather(t, e)
-        return samples._replace(weights=rc.tensor(weights[None, :], device=self._obs.device))
+        return samples._replace(weights=rc.tensor(weights[None, :], device=self.device))
 
     def anneal_beta(self, progress: float, beta_start: float | None = None, beta_end: float = 1.0) -> float:
         """Sets beta linearly from ``beta_start`` (the constructor's beta) to ``beta_end`` as
@@ -144,7 +147,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if not np.all(np.isfinite(priorities)):
             raise ValueError("update_priorities: priorities must be finite")
         priorities = priorities + self.eps
-        self._tree.update(index, priorities**self.alpha)  # (refuses non-integer indices before any change)
+        leaves = priorities**self.alpha
+        if index.size and index.dtype.kind in "iu":  # a column no longer sampled keeps priority 0
+            leaves = np.where(self._sampleable(index), leaves, 0.0)
+        self._tree.update(index, leaves)  # (refuses non-integer indices before any change)
         self._max_priority = max(self._max_priority, float(priorities.max(initial=0.0)))
 
 
@@ -173,6 +179,20 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
     def _device_fields(self) -> dict:
         return {**super()._device_fields(), "priority": self._priority, "max_priority": self._max}
 
+    def _all_tables(self) -> list[DeviceBuffer]:
+        return [*super()._all_tables(), self._priority, self._max, self._nonfinite]
+
+    @classmethod
+    def estimate_nbytes(cls, capacity: int, obs_shape, action_shape, n_envs: int = 1, **kwargs) -> int:
+        """ReplayBuffer.estimate_nbytes and the priority row, the largest priority and the count."""
+        columns = capacity // n_envs * n_envs
+        return super().estimate_nbytes(capacity, obs_shape, action_shape, n_envs, **kwargs) + columns * 4 + 2 * 4
+
+    def _stopped_sampling(self, columns: np.ndarray) -> None:
+        """Frame stacks whose start frames are gone get priority 0: never drawn again."""
+        index = rc.tensor(columns.astype(np.int32)[None, :], device=self.device)  # [1, k]
+        rc.put_cols(self._priority, index, rc.full(index.shape, 0.0, dtype="f32", device=self.device))
+
     def _settings(self) -> dict:
         return {**super()._settings(), "alpha": self.alpha, "eps": self.eps}
 
@@ -187,14 +207,14 @@ class DevicePrioritizedReplayBuffer(ReplayBuffer):
         steps = self._ring_steps(first, n)
         new = (steps[:, None] * self.n_envs + np.arange(self.n_envs)).astype(np.int32).reshape(1, -1)  # [1, n * n_envs]
         top = rc.expand(self._max.__rlkit_buffer__(), new.shape)  # [1, n * n_envs], on the device
-        rc.put_cols(self._priority, rc.tensor(new, device=self._obs.device), top)
+        rc.put_cols(self._priority, rc.tensor(new, device=self.device), top)
 
     def sample_on_device(self, batch_size: int, stored=None, beta=0.4) -> ReplaySamples:
         """A batch drawn in proportion to priority^alpha with importance weights
         (N P)^-beta / max, all on the device. ``stored`` and ``beta`` may be [1, 1] tensors
         (inputs of a captured function, so that they change between replays) or numbers."""
         positive_int(batch_size, "sample_on_device: batch_size")
-        device = self._obs.device
+        device = self.device
         stored = self._stored_for_device_sampling(stored, "sample_on_device")
         priority = self._priority.__rlkit_buffer__()  # [1, C]
         cdf = rc.cumsum(rc.reshape(priority, (self.capacity, 1)))  # [C, 1]

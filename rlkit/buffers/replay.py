@@ -12,12 +12,18 @@ Terminated and truncated are stored apart: bootstrapping stops only at terminati
 ``optimize_memory`` each observation is stored once (the next observation is the lane's next
 column), and the true final observation of a truncated episode is kept in a side table, so
 truncation still bootstraps from the right state (the bug Stable-Baselines3 forbids instead).
+
+u8 observations are bytes on the device, sampled in the image layout where they have more than
+one axis. With ``frame_stack`` the observations are frame stacks: each frame is stored once and
+the stacks are rebuilt by index on the device (frames.py), next observations included, so
+sampling on the device works for them as for vectors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 import os
 import re
@@ -30,6 +36,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
+from rlkit.buffers.frames import FrameStacks, default_start_frames, frame_columns, image_shape, minimum_start_frames
 from rlkit.core import runtime
 from rlkit.core.checks import check_integer_values, positive_int
 from rlkit.core.files import fsync_path, kind_of
@@ -72,6 +79,40 @@ def _shape(value, what: str) -> tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
+def _itemsize(dtype: str) -> int:
+    return np.dtype(NUMPY_DTYPES[dtype]).itemsize
+
+
+def _frame_settings(frame_stack, start_frames, obs_shape: tuple[int, ...], obs_dtype: str, optimize_memory: bool,
+                    capacity: int, n_envs: int, device: str | None) -> tuple[int | None, int | None]:
+    """(frame_stack, start_frames) checked against the other settings, start_frames defaulted
+    (both None for observations that are not frame stacks)."""
+    if frame_stack is None:
+        if start_frames is not None:
+            raise ValueError("ReplayBuffer: start_frames is a setting of frame stacks; pass frame_stack too")
+        return None, None
+    k = positive_int(frame_stack, "ReplayBuffer: frame_stack")
+    if obs_dtype != "u8":
+        raise ValueError(f"ReplayBuffer: frame_stack stores frames as bytes: pass obs_dtype='u8' (got {obs_dtype!r})")
+    if len(obs_shape) < 2 or obs_shape[0] != k:
+        raise ValueError(f"ReplayBuffer: frame_stack={k} needs observations of shape ({k}, ...), the stack axis first "
+                         f"(FrameStackObservation's layout), got obs_shape {obs_shape}")
+    if optimize_memory:
+        raise ValueError("ReplayBuffer: frame_stack already stores each frame once; leave optimize_memory False")
+    frame_bytes = int(np.prod(obs_shape[1:]))
+    where = runtime.check_device(device if device is not None else runtime.device())
+    if where == "gpu" and frame_bytes % 4:
+        raise ValueError(f"ReplayBuffer: on the GPU a frame's bytes must be a multiple of 4 (u8 gathers move whole "
+                         f"32-bit words); frames of shape {obs_shape[1:]} have {frame_bytes}")
+    least = minimum_start_frames(k, n_envs)
+    if start_frames is None:
+        return k, default_start_frames(capacity, k, n_envs)
+    if positive_int(start_frames, "ReplayBuffer: start_frames") < least:
+        raise ValueError(f"ReplayBuffer: start_frames must be at least {least} (k * k * n_envs + 1) for "
+                         f"frame_stack={k} and {n_envs} environments, got {start_frames}")
+    return k, int(start_frames)
+
+
 def _window_steps(where: str, batch_size, length, burn_in) -> int:
     """burn_in + length after checking the arguments of a sequence sampler."""
     for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
@@ -86,6 +127,28 @@ class ReplayBuffer:
     ``add(obs, action, reward, next_obs, terminated, truncated)`` takes arrays as Gymnasium's
     vector environments return them (leading dimension n_envs; next_obs is the true next
     observation, the final one at episode ends). ``sample(batch_size)`` returns ReplaySamples.
+
+    Images: with ``obs_dtype="u8"`` the observations are stored as bytes (the network scales
+    them on the device), and an observation of more than one axis is sampled as a u8 tensor in
+    rlkit's image layout, its numpy axes reversed: (C, H, W) gives [W, H, C, B], the bytes of a
+    C-order numpy (B, C, H, W) batch; (H, W, C) gives [C, W, H, B] (``frames.image_shape``).
+
+    Frame stacks: ``frame_stack=k`` declares observations of shape (k, ...) that are stacks of
+    k frames, the stack axis first, each the previous one shifted by a frame (Gymnasium's
+    ``FrameStackObservation``, e.g. (4, 84, 84) uint8 after ``AtariPreprocessing``). Each frame
+    is then stored once and the stacks are rebuilt by index on the device (rlkit/buffers/frames.py);
+    samples give exactly the stacks the environment returned, padding included (any
+    ``padding_type``), and the true final stack as next_obs at episode ends. ``add`` refuses
+    (ValueError) observations that are not uint8, a next observation that does not share k - 1
+    frames with its observation, and an observation that does not continue its lane's last next
+    observation when that step did not end the episode: every step of every lane is added, in
+    order. An episode's first observation takes up to k slots of a ring of ``start_frames``
+    (default: one per 32 transitions); should episodes be so short that the ring laps while its
+    oldest frames are still in use, the oldest steps stop being sampled early (``len`` counts
+    the transitions that can be sampled). Where SB3 users would pass
+    ``optimize_memory_usage=True``, pass ``frame_stack`` (each observation is stored once either
+    way). ``nbytes`` is the device memory the buffer holds, ``estimate_nbytes(...)`` the same
+    from the settings without allocating.
     """
 
     STAGING_BYTES = 4 << 20
@@ -93,7 +156,8 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_shape, action_shape, n_envs: int = 1, device: str | None = None,
                  seed: int | None = None, obs_dtype: str = "f32", action_dtype: str = "f32",
-                 optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99):
+                 optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99,
+                 frame_stack: int | None = None, start_frames: int | None = None):
         for name, value in (("capacity", capacity), ("n_envs", n_envs), ("n_step", n_step)):
             positive_int(value, f"ReplayBuffer: {name}")
         if not 0.0 <= gamma <= 1.0:
@@ -106,9 +170,16 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer: capacity {capacity} holds fewer than 2 steps of {n_envs} environments")
         self.capacity = self.lane_length * self.n_envs
         self.optimize_memory = bool(optimize_memory)
+        self.frame_stack, self.start_frames = _frame_settings(frame_stack, start_frames, self.obs_shape, obs_dtype,
+                                                              self.optimize_memory, self.capacity, self.n_envs, device)
+        self.obs_dtype = obs_dtype
+        # u8 observations of more than one axis are images: sampled in the image layout
+        self._sample_shape = image_shape(self.obs_shape) if obs_dtype == "u8" and len(self.obs_shape) > 1 else None
         obs_rows, action_rows = int(np.prod(self.obs_shape)), int(np.prod(self.action_shape))
-        self._obs = DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
-        self._next_obs = None if self.optimize_memory else DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
+        stacked = self.frame_stack is not None
+        self._obs = None if stacked else DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
+        self._next_obs = None if self.optimize_memory or stacked else DeviceBuffer(obs_rows, self.capacity, obs_dtype,
+                                                                                    device)
         self._action = DeviceBuffer(action_rows, self.capacity, action_dtype, device)
         # rewards and terminations on the device too, for sampling without the host
         self._reward_row = DeviceBuffer(1, self.capacity, "f32", device)
@@ -131,23 +202,49 @@ class ReplayBuffer:
         # guarantee lives where the data is read rather than in each reader, and no reader (a
         # method added later, a subclass, a user's capture) can see a table without its newest
         # steps. Fewer than lane_length steps wait, so no ring step is staged twice.
-        step_bytes = self.n_envs * (obs_rows * np.dtype(NUMPY_DTYPES[obs_dtype]).itemsize
-                                    * (1 if self.optimize_memory else 2)
+        obs_copies = 0 if stacked else 1 if self.optimize_memory else 2  # a stack stages one frame: see frames.py
+        step_bytes = self.n_envs * (obs_rows * np.dtype(NUMPY_DTYPES[obs_dtype]).itemsize * obs_copies
                                     + action_rows * np.dtype(NUMPY_DTYPES[action_dtype]).itemsize)
         staging_steps = max(1, min(self.lane_length - 1, self.STAGING_BYTES // step_bytes))
-        self._staged_obs = np.empty((staging_steps, self.n_envs, obs_rows), NUMPY_DTYPES[obs_dtype])
-        self._staged_next_obs = None if self.optimize_memory else np.empty_like(self._staged_obs)
+        self._staging_steps = staging_steps
+        self._staged_obs = None if stacked else np.empty((staging_steps, self.n_envs, obs_rows),
+                                                         NUMPY_DTYPES[obs_dtype])
+        self._staged_next_obs = None if self.optimize_memory or stacked else np.empty_like(self._staged_obs)
         self._staged_action = np.empty((staging_steps, self.n_envs, action_rows), NUMPY_DTYPES[action_dtype])
         self._n_staged = 0  # steps waiting on the host, from ring step _first_staged on
         self._first_staged = 0
+        self._stacks: FrameStacks | None = None
+        self._steps_added = 0  # every add counts, the ring's wraps too (frame stacks number steps with it)
+        self._first_sampled = 0  # frame stacks: the first step (of _steps_added) whose stacks are intact
+        self._first_column_row = None  # frame stacks: where sampling starts, [1, 1] on the device
+        if stacked:
+            self._stacks = FrameStacks(self.frame_stack, self.obs_shape, self.lane_length, self.n_envs,
+                                       self.start_frames, staging_steps, device)
+            self._first_column_row = DeviceBuffer(1, 1, "f32", device)
+            self._first_column_sent = 0.0
         for table in self._tables():
             table.before_read = self.flush
 
     # ---- adding ----------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Transitions stored."""
+        """Transitions stored (with frame stacks: those that can be sampled, see the class docstring)."""
+        if self._stacks is not None:
+            return self._sampled_steps() * self.n_envs
         return (self.lane_length if self.full else self.pos) * self.n_envs
+
+    def _sampled_steps(self) -> int:
+        """Frame stacks: the newest stored steps whose stacks are intact (all but the oldest
+        ones whose start frames the start ring has given to later episodes)."""
+        stored = self.lane_length if self.full else self.pos
+        return min(stored, self._steps_added - self._first_sampled)
+
+    def _first_sampled_column(self) -> float:
+        """Frame stacks: where device sampling starts counting columns: 0 while every stored
+        step can be sampled (a uniform draw over all of them needs no offset), else the column of
+        the oldest lane 0 step that can."""
+        stored, sampled = self.lane_length if self.full else self.pos, self._sampled_steps()
+        return 0.0 if sampled == stored else float((self.pos - sampled) % self.lane_length * self.n_envs)
 
     def _lanes(self, value, shape: tuple[int, ...], what: str, dtype=np.float32) -> np.ndarray:
         arr = np.asarray(value, dtype=dtype)
@@ -160,26 +257,36 @@ class ReplayBuffer:
     def add(self, obs, action, reward, next_obs, terminated, truncated) -> None:
         """Stores one step of every environment (column ``pos * n_envs + e`` for env e). It
         reaches the device tables at the latest when something reads them (see ``flush``). Into
-        i32 or u8 tables, values must be whole numbers in the dtype's range (ValueError)."""
-        for what, value, dtype in (("obs", obs, self._obs.dtype), ("next_obs", next_obs, self._obs.dtype),
-                                   ("action", action, self._action.dtype)):
-            check_integer_values(value, dtype, f"ReplayBuffer.add: {what}")
-        obs = self._lanes(obs, self.obs_shape, "obs")  # [n_envs, obs_rows]
-        next_obs = self._lanes(next_obs, self.obs_shape, "next_obs")
+        i32 or u8 tables, values must be whole numbers in the dtype's range (ValueError). With
+        frame stacks, obs and next_obs must be uint8 frame stacks that continue the lane's last
+        step (the class docstring says what is checked); nothing is stored when a check fails."""
+        if self._stacks is not None:
+            obs, next_obs = self._stacks.check(obs, next_obs)  # [n_envs, k, frame_bytes] u8 each
+        else:
+            for what, value in (("obs", obs), ("next_obs", next_obs)):
+                check_integer_values(value, self._obs.dtype, f"ReplayBuffer.add: {what}")
+            # integers convert exactly once checked: no float copy of a u8 image
+            obs_type = NUMPY_DTYPES[self._obs.dtype] if self._obs.dtype in ("u8", "i32") else np.float32
+            obs = self._lanes(obs, self.obs_shape, "obs", obs_type)  # [n_envs, obs_rows]
+            next_obs = self._lanes(next_obs, self.obs_shape, "next_obs", obs_type)
+        check_integer_values(action, self._action.dtype, "ReplayBuffer.add: action")
         action = self._lanes(action, self.action_shape, "action")
         rewards = self._lanes(reward, (), "reward").reshape(-1)
         terminated = self._lanes(terminated, (), "terminated", bool).reshape(-1)
         truncated = self._lanes(truncated, (), "truncated", bool).reshape(-1)
-        if self._n_staged == len(self._staged_obs):
+        if self._n_staged == self._staging_steps:
             self.flush()  # the staging area is full: memory stays bounded while nothing reads
         if self._n_staged == 0:
             self._first_staged = self.pos
         slot = self._n_staged
-        self._staged_obs[slot] = obs
         self._staged_action[slot] = action
-        if self._staged_next_obs is not None:
+        if self._stacks is not None:
+            self._stacks.add(self._steps_added, obs, next_obs, terminated | truncated)
+        elif self._staged_next_obs is not None:
+            self._staged_obs[slot] = obs
             self._staged_next_obs[slot] = next_obs
         else:
+            self._staged_obs[slot] = obs
             column = self.pos * self.n_envs
             for e in range(self.n_envs):  # the lane's next column will hold the next episode's start
                 self._final_obs.pop(column + e, None)
@@ -191,6 +298,33 @@ class ReplayBuffer:
         self._truncated[self.pos] = truncated
         self.pos = (self.pos + 1) % self.lane_length
         self.full = self.full or self.pos == 0
+        self._steps_added += 1
+        if self._stacks is not None:
+            self._stop_sampling_before(self._stacks.intact_from)
+
+    def _stop_sampling_before(self, step: int) -> None:
+        """Frame stacks: steps before ``step`` (counted as _steps_added) are no longer sampled."""
+        if step <= self._first_sampled:
+            return
+        oldest_stored = max(self._first_sampled, self._steps_added - self.lane_length)
+        steps = np.arange(oldest_stored, step) % self.lane_length
+        self._first_sampled = step
+        if steps.size:
+            columns = steps[:, None] * self.n_envs + np.arange(self.n_envs)  # [steps, n_envs]
+            self._stopped_sampling(columns.reshape(-1))
+
+    def _stopped_sampling(self, columns: np.ndarray) -> None:
+        """Called with the columns a frame-stack buffer stops sampling (a prioritized buffer
+        sets their priorities to 0)."""
+
+    def _sampleable(self, columns: np.ndarray) -> np.ndarray:
+        """Whether each column holds a transition that can be sampled (frame stacks: one of
+        the newest _sampled_steps(); otherwise any column)."""
+        if self._stacks is None:
+            return np.ones(np.shape(columns), bool)
+        sampled = self._sampled_steps()
+        age = (self.pos - 1 - np.asarray(columns) // self.n_envs) % self.lane_length  # 0: the newest step
+        return age < sampled
 
     def flush(self) -> None:
         """Sends the steps added since the last flush to the device tables: one write per table,
@@ -202,8 +336,15 @@ class ReplayBuffer:
         first = self._first_staged
         steps = self._ring_steps(first, n)
         terminated, truncated = self._terminated[steps], self._truncated[steps]
-        self._send(self._obs, first, self._staged_obs[:n])
         self._send(self._action, first, self._staged_action[:n])
+        if self._stacks is not None:
+            self._stacks.flush(self._send)
+            column = self._first_sampled_column()
+            if column != self._first_column_sent:  # changes only once steps stop being sampled early
+                self._first_column_row.write(np.array([[column]], np.float32))
+                self._first_column_sent = column
+        else:
+            self._send(self._obs, first, self._staged_obs[:n])
         if self._next_obs is not None:
             self._send(self._next_obs, first, self._staged_next_obs[:n])
         self._send(self._reward_row, first, self._reward[steps])
@@ -224,10 +365,11 @@ class ReplayBuffer:
         """Ring steps first .. first + k - 1, wrapped at the end of the ring."""
         return (first + np.arange(k)) % self.lane_length
 
-    def _send(self, table: DeviceBuffer, first: int, steps: np.ndarray) -> None:
+    def _send(self, table: DeviceBuffer, first: int, steps: np.ndarray, ring_length: int | None = None) -> None:
         """Writes ``steps`` [k, n_envs(, rows)] to ring steps first .. first + k - 1 (mod
-        lane_length): one write, or two where the run passes the end of the ring."""
-        until_end = min(len(steps), self.lane_length - first)
+        ``ring_length``, lane_length by default): one write, or two where the run passes the end
+        of the ring."""
+        until_end = min(len(steps), (ring_length or self.lane_length) - first)
         for step, part in ((first, steps[:until_end]), (0, steps[until_end:])):
             if len(part):
                 table.write(part.reshape(-1, table.rows).T, step * self.n_envs)  # column t * n_envs + e
@@ -236,13 +378,52 @@ class ReplayBuffer:
         """The device tables ``add`` fills."""
         tables = [self._obs, self._next_obs, self._action, self._reward_row, self._terminated_row, self._ended_row,
                   self._stop_row]
+        if self._stacks is not None:
+            tables += [self._stacks.frames, self._stacks.stack_index, self._first_column_row]
         return [table for table in tables if table is not None]
+
+    def _all_tables(self) -> list[DeviceBuffer]:
+        """Every device table the buffer holds (a subclass adds its own)."""
+        return self._tables()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of device memory the buffer's tables hold."""
+        return sum(table.nbytes for table in self._all_tables())
+
+    @property
+    def device(self) -> str:
+        """The device holding the buffer's tables."""
+        return self._action.device
+
+    @classmethod
+    def estimate_nbytes(cls, capacity: int, obs_shape, action_shape, n_envs: int = 1, obs_dtype: str = "f32",
+                        action_dtype: str = "f32", optimize_memory: bool = False, n_step: int = 1,
+                        frame_stack: int | None = None, start_frames: int | None = None, **_) -> int:
+        """The device bytes a buffer made with these arguments would hold (``nbytes``), computed
+        from the settings without allocating anything; other constructor arguments are ignored."""
+        obs_shape, action_shape = _shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape")
+        lane_length = positive_int(capacity, "capacity") // positive_int(n_envs, "n_envs")
+        columns = lane_length * n_envs
+        nbytes = math.prod(action_shape) * columns * _itemsize(action_dtype)
+        nbytes += (3 + (n_step > 1)) * columns * 4  # reward, terminated, ended (and stop) rows, f32
+        if frame_stack is None:
+            return nbytes + math.prod(obs_shape) * columns * _itemsize(obs_dtype) * (1 if optimize_memory else 2)
+        start_frames = default_start_frames(columns, frame_stack, n_envs) if start_frames is None else start_frames
+        frames = math.prod(obs_shape[1:]) * frame_columns(lane_length, n_envs, frame_stack, start_frames)  # u8
+        return nbytes + frames + (frame_stack + 1) * columns * 4 + 4  # + stack_index (i32) + the first column
 
     # ---- sampling --------------------------------------------------------------------------
 
     def _draw_steps(self, batch_size: int) -> np.ndarray:
         """Uniform ring steps among those that can be sampled: the stored ones, less (with
-        optimize_memory) the newest, whose next observation is not stored yet."""
+        optimize_memory) the newest, whose next observation is not stored yet; with frame stacks,
+        the newest _sampled_steps()."""
+        if self._stacks is not None:
+            sampled = self._sampled_steps()
+            if sampled <= 0:
+                raise ValueError("ReplayBuffer.sample: the buffer holds no transition that can be sampled yet")
+            return (self.pos - sampled + self._rng.integers(0, sampled, batch_size)) % self.lane_length
         stored = self.lane_length if self.full else self.pos
         newest = (self.pos - 1) % self.lane_length
         n_valid = stored - 1 if self.optimize_memory and stored > 0 else stored
@@ -264,10 +445,10 @@ class ReplayBuffer:
         ret, done, discount, last = self._n_step(t, e)
         index = (t * self.n_envs + e).astype(np.int32)
         last_index = (last * self.n_envs + e).astype(np.int32)
-        device = self._obs.device
+        device = self.device
         columns = rc.tensor(index[None, :], device=device)  # in range by construction: sent once, reused
         return ReplaySamples(
-            obs=rc.get_rows(self._obs, columns),
+            obs=self._obs_at(columns),
             action=rc.get_rows(self._action, columns),
             reward=rc.tensor(ret[None, :], device=device),
             next_obs=self._next_obs_at(last, e, last_index, columns if self.n_step == 1 else None),
@@ -311,11 +492,34 @@ class ReplayBuffer:
         if self.optimize_memory:
             raise ValueError("ReplayBuffer.sample_on_device: not with optimize_memory")
         positive_int(batch_size, "ReplayBuffer.sample_on_device: batch_size")
-        device = self._obs.device
+        device = self.device
         stored = self._stored_for_device_sampling(stored, "ReplayBuffer.sample_on_device")
         # columns fill in order (t * n_envs + e), so the stored ones are 0 .. stored - 1
         index = rc.ops.randint(stored, (1, batch_size), device=device)  # [1, B]
+        if self._stacks is not None:  # counted from the first column that can be sampled
+            index = self._columns_from_first_sampled(index)
         return self._transitions_on_device(index)
+
+    def _columns_from_first_sampled(self, offset: Tensor) -> Tensor:
+        """Frame stacks: the columns ``offset`` [1, B] i32 past the first one that can be sampled
+        (read from the device, so a captured sampler follows it), wrapped at the capacity
+        (exact in f32 below 2^24)."""
+        column = rc.add(rc.cast(offset, "f32"), self._first_column_row.__rlkit_buffer__())  # [1, B]
+        column = rc.sub(column, rc.scale(rc.ge(column, float(self.capacity)), float(self.capacity)))
+        return rc.cast(column, "i32")
+
+    def _obs_at(self, columns: Tensor) -> Tensor:
+        """The observations of the transitions at ``columns`` [1, B], on the device."""
+        if self._stacks is not None:
+            return self._stacks.stacks(columns, next_obs=False)  # [*image, B] u8
+        return self._as_images(rc.get_rows(self._obs, columns))
+
+    def _as_images(self, columns: Tensor) -> Tensor:
+        """u8 observations of more than one axis [obs_rows, B] in the image layout
+        [*image_shape, B] (the same bytes); others as they are."""
+        if self._sample_shape is None:
+            return columns
+        return rc.reshape(columns, (*self._sample_shape, columns.shape[-1]))  # [*image, B]
 
     def _transitions_on_device(self, index: Tensor, weights: Tensor | None = None) -> ReplaySamples:
         """The (n-step) transitions starting at the columns ``index`` [1, B], gathered on the device."""
@@ -325,8 +529,12 @@ class ReplayBuffer:
             discount = rc.full(index.shape, self.gamma, dtype="f32", device=index.device)
         else:
             reward, done, discount, last = self._n_step_on_device(index)
-        return ReplaySamples(obs=rc.get_rows(self._obs, index), action=rc.get_rows(self._action, index),
-                             reward=reward, next_obs=rc.get_rows(self._next_obs, last), done=done,
+        if self._stacks is not None:
+            next_obs = self._stacks.stacks(last, next_obs=True)  # [*image, B] u8
+        else:
+            next_obs = self._as_images(rc.get_rows(self._next_obs, last))
+        return ReplaySamples(obs=self._obs_at(index), action=rc.get_rows(self._action, index),
+                             reward=reward, next_obs=next_obs, done=done,
                              discount=discount, index=index, weights=weights)
 
     def n_step_returns_on_device(self, index: Tensor):
@@ -382,6 +590,7 @@ class ReplayBuffer:
         each, starting anywhere in the stored data (never wrapping past the write position);
         steps after an episode's end inside a window are masked out."""
         window = _window_steps("ReplayBuffer.sample_sequences", batch_size, length, burn_in)
+        self._refuse_sequences_of_stacks("ReplayBuffer.sample_sequences")
         stored = self.lane_length if self.full else self.pos
         if window > stored:
             raise ValueError(f"ReplayBuffer.sample_sequences: a window of {window} steps needs that many stored "
@@ -394,7 +603,7 @@ class ReplayBuffer:
         # a step is masked once an earlier step of the window ended its episode
         mask = np.concatenate([np.ones((1, batch_size), bool), np.cumsum(ended, axis=0)[:-1] == 0])
         index = (steps * self.n_envs + e).reshape(-1, order="F").astype(np.int32)  # t fastest, then b
-        device = self._obs.device
+        device = self.device
 
         def gathered(buffer: DeviceBuffer) -> Tensor:
             return rc.reshape(rc.get_rows(buffer, index), (buffer.rows, window, batch_size))
@@ -409,6 +618,10 @@ class ReplayBuffer:
             next_obs=None if self._next_obs is None else gathered(self._next_obs),
             index=rc.tensor(index[None, :], device=device),
         )
+
+    def _refuse_sequences_of_stacks(self, where: str) -> None:
+        if self._stacks is not None:
+            raise ValueError(f"{where}: not with frame_stack (sequences of stacked frames are not rebuilt)")
 
     def sequence_starts(self) -> np.ndarray:
         """[[oldest ring step], [ring steps stored per environment]]: what
@@ -425,6 +638,7 @@ class ReplayBuffer:
         function), or None for the buffer as it is now. Windows never wrap past the write
         position; the buffer must hold a whole window per environment when it runs."""
         window = _window_steps("ReplayBuffer.sample_sequences_on_device", batch_size, length, burn_in)
+        self._refuse_sequences_of_stacks("ReplayBuffer.sample_sequences_on_device")
         if self.optimize_memory:
             raise ValueError("ReplayBuffer.sample_sequences_on_device: not with optimize_memory")
         if window > self.lane_length:
@@ -435,14 +649,14 @@ class ReplayBuffer:
             if now[1, 0] < window:
                 raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps needs that "
                                  f"many stored steps per environment; {int(now[1, 0])} are stored")
-            starts = rc.tensor(now, device=self._obs.device)
+            starts = rc.tensor(now, device=self.device)
         return self._sequences_on_device(int(batch_size), window, int(burn_in), starts)
 
     def _sequences_on_device(self, batch_size: int, window: int, burn_in: int, starts: Tensor) -> SequenceSamples:
         """Windows of ``window`` steps of one lane each, in column arithmetic (exact in f32
         below 2^24): step k of a window starting at ring step s is column
         ((s + k) mod lane_length) * n_envs + lane."""
-        device = self._obs.device
+        device = self.device
         oldest, stored = rc.slice_rows(starts, 0, 1), rc.slice_rows(starts, 1, 1)  # [1, 1] each
         n_starts = rc.add(stored, float(1 - window))  # windows that fit before the write position
         first = rc.add(rc.cast(rc.ops.randint(n_starts, (1, batch_size)), "f32"), oldest)  # [1, B] ring steps
@@ -525,12 +739,13 @@ class ReplayBuffer:
             fsync_path(file)
             digests[name] = digest.hexdigest()
         columns = sorted(self._final_obs)
-        final_obs = np.zeros((len(columns), self._obs.rows), np.float32)
+        final_obs = np.zeros((len(columns), math.prod(self.obs_shape)), np.float32)
         for row, column in enumerate(columns):
             final_obs[row] = self._final_obs[column]
         host = os.path.join(folder, "host.npz")
         np.savez(host, reward=self._reward, terminated=self._terminated, truncated=self._truncated,
-                 final_columns=np.array(columns, np.int64), final_obs=final_obs, **self._extra_host_arrays())
+                 final_columns=np.array(columns, np.int64), final_obs=final_obs, **self._extra_host_arrays(),
+                 **(self._stacks.host_state() if self._stacks is not None else {}))
         fsync_path(host)
         digests["host.npz"] = _file_sha256(host)
         with open(os.path.join(folder, "meta.json"), "w") as f:
@@ -596,6 +811,9 @@ class ReplayBuffer:
             buf.pos, buf.full = state["pos"], state["full"]
             buf._rng.bit_generator.state = state["rng"]
             buf._restore_extra_host_arrays(host)
+            if buf._stacks is not None:
+                buf._steps_added, buf._first_sampled = state["steps_added"], state["first_sampled"]
+                buf._stacks.restore(host)
         except (KeyError, TypeError, ValueError) as exc:
             raise refuse(f"host state is incomplete ({type(exc).__name__}: {exc})") from None
         buf._restore_device_rows()
@@ -619,33 +837,46 @@ class ReplayBuffer:
             if len(self) > 0:
                 stop[(self.pos - 1) % self.lane_length] = 1.0  # the newest step
             self._stop_row.write(stop.reshape(1, -1))
+        if self._stacks is not None:
+            self._first_column_sent = self._first_sampled_column()
+            self._first_column_row.write(np.array([[self._first_column_sent]], np.float32))
 
     def _device_fields(self) -> dict[str, DeviceBuffer]:
+        if self._stacks is not None:
+            return {"frames": self._stacks.frames, "stack_index": self._stacks.stack_index, "action": self._action}
         fields = {"obs": self._obs, "action": self._action}
         if self._next_obs is not None:
             fields["next_obs"] = self._next_obs
         return fields
 
     def _settings(self) -> dict:
-        return {"capacity": self.capacity, "obs_shape": list(self.obs_shape), "action_shape": list(self.action_shape),
-                "n_envs": self.n_envs, "obs_dtype": self._obs.dtype, "action_dtype": self._action.dtype,
-                "optimize_memory": self.optimize_memory, "n_step": self.n_step, "gamma": self.gamma,
-                "state": {"pos": self.pos, "full": self.full, "rng": self._rng.bit_generator.state}}
+        settings = {"capacity": self.capacity, "obs_shape": list(self.obs_shape),
+                    "action_shape": list(self.action_shape), "n_envs": self.n_envs, "obs_dtype": self.obs_dtype,
+                    "action_dtype": self._action.dtype, "optimize_memory": self.optimize_memory,
+                    "n_step": self.n_step, "gamma": self.gamma,
+                    "state": {"pos": self.pos, "full": self.full, "rng": self._rng.bit_generator.state}}
+        if self._stacks is not None:  # (saves of other buffers keep the settings they always had)
+            settings.update(frame_stack=self.frame_stack, start_frames=self.start_frames)
+            settings["state"].update(steps_added=self._steps_added, first_sampled=self._first_sampled)
+        return settings
 
     def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray,
                       columns: Tensor | None = None) -> Tensor:
         """The bootstrap observations; ``columns`` is last_index already on the device."""
+        if self._stacks is not None:
+            columns = columns if columns is not None else rc.tensor(last_index[None, :], device=self.device)
+            return self._stacks.stacks(columns, next_obs=True)  # [*image, B] u8
         if self._next_obs is not None:
-            return rc.get_rows(self._next_obs, columns if columns is not None else last_index)
+            return self._as_images(rc.get_rows(self._next_obs, columns if columns is not None else last_index))
         successor = ((last + 1) % self.lane_length * self.n_envs + e).astype(np.int32)
         next_obs = rc.get_rows(self._obs, successor)
         patches = [(j, self._final_obs[int(c)]) for j, c in enumerate(last_index) if int(c) in self._final_obs]
         if not patches:
-            return next_obs
+            return self._as_images(next_obs)
         values = next_obs.numpy()  # truncated episodes: the true final observations from the side table
         for j, column in patches:
             values[:, j] = column
-        return rc.tensor(values, device=next_obs.device)
+        return self._as_images(rc.tensor(values, device=next_obs.device))
 
 
 # ---- save folders: what a save may replace, and what killed saves leave beside it ------------------
