@@ -309,3 +309,72 @@ def np_randn_like(shape, seed):
     """The noise sample_normal draws: the first randn stream after rc.manual_seed(seed)."""
     rc.manual_seed(seed)
     return rc.randn(shape, dtype="f64").numpy()
+
+
+# ---- images [W, H, C, N] (ne0 = W); the ops' pairs are PyTorch's (height, width) ------------------
+
+def PERMUTED(*shape):
+    """Values 0.5 apart in a random order, plus a little noise: no ties anywhere (max pooling's
+    windows overlap, so DISTINCT's per-column guarantee is not enough)."""
+    def make(r):
+        n = int(np.prod(shape))
+        return (r.permutation(n).reshape(shape) - n / 2) * 0.5 + r.uniform(-0.1, 0.1, size=shape)
+    return make
+
+
+def _wh(value):
+    """An int or a PyTorch (height, width) pair as (w, h)."""
+    return (value, value) if np.isscalar(value) else (value[1], value[0])
+
+
+def _as_images(x):
+    return x.reshape(x.shape + (1,) * (4 - x.ndim))  # [W, H, C, N]
+
+
+def _conv_taps(x_shape, w_shape, stride, padding, dilation):
+    """(output size (W', H'), padding (w, h), and per tap (kw, kh) the slices of the padded input
+    that it reads at every output pixel)."""
+    (sw, sh), (pw, ph), (dw, dh) = _wh(stride), _wh(padding), _wh(dilation)
+    out_w = (x_shape[0] + 2 * pw - dw * (w_shape[0] - 1) - 1) // sw + 1
+    out_h = (x_shape[1] + 2 * ph - dh * (w_shape[1] - 1) - 1) // sh + 1
+    taps = {(kw, kh): (slice(kw * dw, kw * dw + sw * (out_w - 1) + 1, sw), slice(kh * dh, kh * dh + sh * (out_h - 1) + 1, sh))
+            for kw in range(w_shape[0]) for kh in range(w_shape[1])}
+    return (out_w, out_h), (pw, ph), taps
+
+
+def np_conv2d(x, w, b=None, stride=1, padding=0, dilation=1):
+    """PyTorch's conv2d in rlkit's layout (x [W, H, C_in, N], w [KW, KH, C_in, C_out]) written as a
+    sum over the kernel's taps, each a strided slice of the zero-padded input times one [C_in,
+    C_out] matrix: [W', H', C_out, N]."""
+    x = _as_images(x)
+    (out_w, out_h), (pw, ph), taps = _conv_taps(x.shape, w.shape, stride, padding, dilation)
+    padded = np.pad(x, [(pw, pw), (ph, ph), (0, 0), (0, 0)])
+    out = np.zeros((out_w, out_h, w.shape[3], x.shape[3]))
+    for (kw, kh), (sx, sy) in taps.items():
+        out += np.einsum("whcn,co->whon", padded[sx, sy], w[kw, kh])
+    return out if b is None else out + b.reshape(1, 1, -1, 1)
+
+
+def np_conv2d_backward(x, w, g, stride=1, padding=0, dilation=1):
+    """(d x, d w) of sum(g * conv2d(x, w)): each tap's slice of the padded input gets g times its
+    matrix back, and its matrix gets the slice times g."""
+    x = _as_images(x)
+    (_, _), (pw, ph), taps = _conv_taps(x.shape, w.shape, stride, padding, dilation)
+    padded = np.pad(x, [(pw, pw), (ph, ph), (0, 0), (0, 0)])
+    d_padded, dw = np.zeros_like(padded), np.zeros_like(w)
+    for (kw, kh), (sx, sy) in taps.items():
+        d_padded[sx, sy] += np.einsum("whon,co->whcn", g, w[kw, kh])
+        dw[kw, kh] = np.einsum("whcn,whon->co", padded[sx, sy], g)
+    return d_padded[pw:pw + x.shape[0], ph:ph + x.shape[1]], dw
+
+
+def np_max_pool2d(x, kernel, stride=None, padding=0):
+    """PyTorch's max_pool2d in rlkit's layout: the maximum over the window's elements of the
+    -inf-padded input (np.max: a NaN in the window gives NaN), [W', H', C, N]."""
+    x = _as_images(x)
+    (kw, kh), (pw, ph) = _wh(kernel), _wh(padding)
+    sw, sh = _wh(kernel if stride is None else stride)
+    out_w, out_h = (x.shape[0] + 2 * pw - kw) // sw + 1, (x.shape[1] + 2 * ph - kh) // sh + 1
+    padded = np.pad(x, [(pw, pw), (ph, ph), (0, 0), (0, 0)], constant_values=-np.inf)
+    windows = [padded[i:i + sw * (out_w - 1) + 1:sw, j:j + sh * (out_h - 1) + 1:sh] for i in range(kw) for j in range(kh)]
+    return np.max(np.stack(windows), axis=0)

@@ -32,6 +32,9 @@ BACKWARD_HELPER_OF = {
     "rwkv_wkv6_back": "rwkv_wkv6",
     "gated_linear_attn_back": "gated_linear_attn",
     "rwkv_wkv7_back": "rwkv_wkv7",
+    "conv2d_input_back": "conv2d",
+    "conv2d_weight_back": "conv2d",
+    "max_pool2d_back": "max_pool2d",
 }
 
 # Native ops reached through a public function of another name.

@@ -14,9 +14,9 @@ from rlkit.core.runtime import (
 from rlkit.core.tape import grad_tape, no_grad, tape_memory
 from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
-    abs, add, arange, argmax, as_tensor, cast, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, leaky_relu, log,
+    abs, add, arange, argmax, as_tensor, cast, conv2d, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, leaky_relu, log,
     gated_linear_attn, rwkv_wkv6,
-    linear, log_softmax, matmul, max, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, polyak_update, pow, put_cols,
+    linear, log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, polyak_update, pow, put_cols,
     rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, where, zeros,
@@ -39,6 +39,7 @@ __all__ = [
     "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "rwkv_wkv6", "rwkv_wkv7", "gated_linear_attn",
+    "conv2d", "max_pool2d",
     "stop_gradient", "where", "put_cols", "polyak_update",
     "mse_loss", "huber_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
     "DataLoader", "Batch", "capture", "capture_step", "update_step", "CaptureError", "clip_grad_norm", "clip_grad_value", "check_grad_anomaly", "graph", "nn", "optim", "sched", "checks", "files", "runtime",

@@ -594,6 +594,63 @@ def ssm_conv(sx, c) -> Tensor:
     return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
 
 
+# ---- images: [W, H, C, N] (ne0 = W), as ggml's conv_2d ---------------------------------------
+
+def _hw_pair(value, op: str, arg: str) -> tuple[int, int]:
+    """An int or a pair in PyTorch's order (height, width), returned in ne order (w, h), as the
+    native ops take it. Its range is checked by the op's shape rule."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{op}: {arg} must be an int or a pair (height, width), got {tuple(value)!r}")
+        h, w = (_int_arg(v, op, arg) for v in value)
+        return w, h
+    n = _int_arg(value, op, arg)
+    return n, n
+
+
+def conv2d(x, w, b=None, stride=1, padding=0, dilation=1) -> Tensor:
+    """2-D convolution (cross-correlation, as PyTorch's ``conv2d``) of images in ggml's layout:
+    ``x`` [W, H, C_in, N] (ne0 = W), ``w`` [KW, KH, C_in, C_out], result [W', H', C_out, N] with
+    W' = (W + 2 padding_w - dilation_w (KW - 1) - 1) // stride_w + 1, and H' alike. A C-order
+    numpy batch (N, C, H, W) passed as ``rc.tensor(arr.T)``, and PyTorch's weights (C_out, C_in,
+    KH, KW) as ``w.T``, are exactly these bytes (no copy).
+
+    ``b`` is None or C_out biases, shaped [C_out] or [C_out, 1] (PyTorch's bias as is), added to
+    every pixel of its output channel. ``stride``, ``padding`` (zeros) and ``dilation`` are each
+    an int or a pair in PyTorch's order, (height, width). Differentiable in x, w and b."""
+    x = as_tensor(x, op="conv2d", arg="x")
+    w = as_tensor(w, like=x, op="conv2d", arg="w")
+    ints = _hw_pair(stride, "conv2d", "stride") + _hw_pair(padding, "conv2d", "padding") + \
+        _hw_pair(dilation, "conv2d", "dilation")  # (w, h) pairs, ne order
+    out = apply("conv2d", (x, w), ints=ints, conv=ints)  # [W', H', C_out, N]
+    if b is None:
+        return out
+    b = as_tensor(b, like=x, op="conv2d", arg="b")
+    if b.dtype != out.dtype:
+        raise TypeError(f"conv2d: b is {b.dtype} but x and w are {out.dtype} (expected the same float dtype)")
+    c_out = _ne4(w)[3]
+    if b.shape not in ((c_out,), (c_out, 1)):
+        raise ValueError(f"conv2d: b must hold C_out = {c_out} biases, shaped [{c_out}] or [{c_out}, 1] "
+                         f"(w is {list(w.shape)}), got {list(b.shape)}")
+    return add(out, reshape(b, (1, 1, c_out, 1)))  # the add's gradient sums b's over pixels and images
+
+
+def max_pool2d(x, kernel, stride=None, padding=0) -> Tensor:
+    """The maximum of each window of images ``x`` [W, H, C, N] (ne0 = W): [W', H', C, N] with
+    W' = (W + 2 padding_w - kernel_w) // stride_w + 1 (PyTorch's ``max_pool2d``, floor mode).
+    ``kernel``, ``stride`` (None: the kernel) and ``padding`` are each an int or a pair in
+    PyTorch's order, (height, width); padding counts as -inf and may be at most half the kernel.
+
+    A window holding a NaN gives NaN (as an unfused max would). The gradient of each window goes
+    to its first maximum in memory order (window rows top to bottom, each left to right), or to
+    its first NaN where it holds one; where windows overlap, their gradients add up."""
+    x = as_tensor(x, op="max_pool2d", arg="x")
+    kernel_wh = _hw_pair(kernel, "max_pool2d", "kernel")
+    stride_wh = kernel_wh if stride is None else _hw_pair(stride, "max_pool2d", "stride")
+    ints = kernel_wh + stride_wh + _hw_pair(padding, "max_pool2d", "padding")  # (w, h) pairs, ne order
+    return apply("max_pool2d", (x,), ints=ints, pool=ints)
+
+
 def _unpack_columns(packed: Tensor, layout: list[tuple[int, tuple[int, ...]]]) -> list[Tensor]:
     """Consecutive blocks of a packed tensor (column-major), each of ``size`` elements reshaped
     to ``shape``: [(size, shape), ...] in order. Differentiable layout ops only, so the tape

@@ -88,6 +88,14 @@ def _gated_linear_attn(g, out, k, v, q, gate, state, scale):
     return gk, gv, gq, ggate, gstate
 
 
+def _conv2d(g, out, x, w, conv):
+    # the input's gradient only where it is wanted: an image batch often is not (an observation)
+    input_wh, kernel_wh = ops._ne4(x)[:2], ops._ne4(w)[:2]
+    gx = ops.apply("conv2d_input_back", (g, w), ints=conv + input_wh) if x.requires_grad else None
+    gw = ops.apply("conv2d_weight_back", (g, x), ints=conv + kernel_wh) if w.requires_grad else None
+    return gx, gw
+
+
 VJP = {
     "add": lambda g, out, a, b: (g, g),
     "sub": lambda g, out, a, b: (g, ops.neg(g)),
@@ -137,4 +145,6 @@ VJP = {
     "rwkv_wkv6": _rwkv_wkv6,
     "gated_linear_attn": _gated_linear_attn,
     "rwkv_wkv7": _rwkv_wkv7,
+    "conv2d": _conv2d,
+    "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }

@@ -1,0 +1,133 @@
+// The Vulkan column of the op table for images: conv2d and its backward helpers as implicit GEMMs
+// (shaders/conv2d.comp: no patch matrix in memory), and max pooling (shaders/pool2d.comp). The
+// shape rules (native/cpu_conv.cpp) have checked every shape; the sizes are checked here to fit
+// the shaders' 32-bit indexing.
+#include <algorithm>
+
+#include "backend.hpp"
+#include "conv.hpp"
+#include "kernel_util.hpp"
+#include "vulkan/vk_kernels.hpp"
+#include "vulkan/vk_record.hpp"
+
+namespace rk {
+
+using vk::groups;
+using vk::record;
+using vk::span;
+using vk::u32;
+
+namespace {
+
+// conv2d.comp's tile: BM x BN outputs of the GEMM per workgroup.
+constexpr int64_t kTileM = 64, kTileN = 32;
+// BACK_WEIGHT's GEMM has few tiles (K x C_out) and a long reduction (every output pixel): it is
+// cut into slices of at least kMinSliceRows pixels until about kTargetGroups workgroups run.
+constexpr int64_t kMinSliceRows = 256, kTargetGroups = 512;
+
+struct ConvPush {
+    uint64_t a, b, o;
+    uint32_t in_w, in_h, c_in, n;
+    uint32_t k_w, k_h, c_out;
+    uint32_t out_w, out_h;
+    uint32_t stride_w, stride_h, pad_w, pad_h, dil_w, dil_h;
+    uint32_t m, cols, k;
+    uint32_t groups_m;
+    uint32_t split_rows;
+};
+
+// The push constants of a conv2d.comp GEMM m x cols x k over geometry g.
+ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b, uint64_t o, int64_t m, int64_t cols,
+                   int64_t k) {
+    // every index the shader forms stays below the larger tensor's element count, itself checked
+    u32(size_mul(g.in_w, g.in_h, g.c_in, g.n), op);
+    u32(size_mul(g.out_w, g.out_h, g.c_out, g.n), op);
+    u32(size_mul(g.patch(), g.c_out), op);
+    return ConvPush{a, b, o,
+                    u32(g.in_w, op), u32(g.in_h, op), u32(g.c_in, op), u32(g.n, op),
+                    u32(g.k_w, op), u32(g.k_h, op), u32(g.c_out, op),
+                    u32(g.out_w, op), u32(g.out_h, op),
+                    u32(g.p.stride_w, op), u32(g.p.stride_h, op), u32(g.p.pad_w, op), u32(g.p.pad_h, op),
+                    u32(g.p.dil_w, op), u32(g.p.dil_h, op),
+                    u32(m, op), u32(cols, op), u32(k, op),
+                    u32((m + kTileM - 1) / kTileM, op), u32(k, op)};
+}
+
+uint64_t tiles(const ConvPush& p) { return uint64_t(p.groups_m) * ((p.cols + kTileN - 1) / kTileN); }
+
+}  // namespace
+
+void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &x = *in[0], &w = *in[1];
+    const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
+    const ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
+                                 g.c_out, g.patch());
+    record("conv2d_forward", p, tiles(p), {span(x), span(w)}, {span(out)});
+}
+
+void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &dy = *in[0], &w = *in[1];
+    const ConvGeometry g = back_input_geometry(dy, w, attrs);
+    const ConvPush p = conv_push("conv2d_input_back", g, dy.address(), w.address(), out.address(),
+                                 size_mul(g.in_w, g.in_h, g.n), g.c_in, size_mul(g.k_w, g.k_h, g.c_out));
+    record("conv2d_back_input", p, tiles(p), {span(dy), span(w)}, {span(out)});
+}
+
+void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "conv2d_weight_back";
+    const TensorImpl &dy = *in[0], &x = *in[1];
+    const ConvGeometry g = back_weight_geometry(dy, x, attrs);
+    const int64_t pixels = size_mul(g.pixels(), g.n);  // the reduction
+    ConvPush p = conv_push(op, g, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
+    const int64_t wanted = std::max<int64_t>(1, kTargetGroups / int64_t(tiles(p)));
+    const int64_t splits = std::min<int64_t>({wanted, std::max<int64_t>(1, pixels / kMinSliceRows), 65535});
+    const int64_t slice = (pixels + splits - 1) / splits;
+    const int64_t used = (pixels + slice - 1) / slice;  // slices that hold pixels
+    p.split_rows = u32(slice, op);
+    if (used == 1) {
+        record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(out)});
+        return;
+    }
+    TensorPtr partials = make_on(Device::gpu, {out.numel(), used, 1, 1}, 2, DType::f32);  // [K C_out, slices]
+    p.o = partials->address();
+    record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(*partials)}, u32(used, op));
+    struct SumPush {
+        uint64_t partials, o;
+        uint32_t n, splits;
+    } sum{partials->address(), out.address(), u32(out.numel(), op), u32(used, op)};
+    record("conv2d_sum_splits", sum, groups(sum.n), {span(*partials)}, {span(out)});
+}
+
+namespace {
+
+struct PoolPush {
+    uint64_t a, g, o;
+    uint32_t in_w, in_h, out_w, out_h;
+    uint32_t k_w, k_h, stride_w, stride_h, pad_w, pad_h;
+    uint32_t n;
+};
+
+PoolPush pool_push(const char* op, const PoolGeometry& g, uint64_t a, uint64_t grad, uint64_t o, int64_t n) {
+    return PoolPush{a, grad, o, u32(g.in_w, op), u32(g.in_h, op), u32(g.out_w, op), u32(g.out_h, op),
+                    u32(g.k_w, op), u32(g.k_h, op), u32(g.stride_w, op), u32(g.stride_h, op),
+                    u32(g.pad_w, op), u32(g.pad_h, op), u32(n, op)};
+}
+
+}  // namespace
+
+void vk_max_pool2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    const PoolGeometry g = pool_geometry("max_pool2d", x, attrs);
+    u32(x.numel(), "max_pool2d");
+    const PoolPush p = pool_push("max_pool2d", g, x.address(), 0, out.address(), out.numel());
+    record("pool2d_max", p, groups(p.n), {span(x)}, {span(out)});
+}
+
+void vk_max_pool2d_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &dy = *in[0], &x = *in[1];
+    const PoolGeometry g = pool_geometry("max_pool2d_back", x, attrs);
+    const PoolPush p = pool_push("max_pool2d_back", g, x.address(), dy.address(), out.address(), out.numel());
+    record("pool2d_max_back", p, groups(p.n), {span(x), span(dy)}, {span(out)});
+}
+
+}  // namespace rk

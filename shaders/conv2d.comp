@@ -1,0 +1,167 @@
+// 2-D convolution of images [W, H, C, N] (ne order, dim 0 fastest) with kernels [KW, KH, C_in,
+// C_out], and its two backward helpers, each an implicit GEMM C[m, n] = sum_k A[m, k] B[k, n]
+// whose operands are read straight from the tensors (no patch matrix in memory):
+//   FORWARD:     m: output pixels (ow, oh, n), n: C_out, k: taps (kw, kh, ci)
+//                A = the patch of x at the pixel, B = w as [K, C_out]; C -> o [W', H', C_out, N]
+//   BACK_INPUT:  m: input pixels (ix, iy, n), n: C_in, k: (kw, kh, co)
+//                A = the g [W', H', C_out, N] that the pixel reached through tap (kw, kh), 0 where
+//                it reached none (the stride skipped it, or the tap falls outside); B = w
+//                C -> o = d x [W, H, C_in, N]
+//   BACK_WEIGHT: m: taps (kw, kh, ci), n: C_out, k: output pixels, split along z into slices of
+//                pc.split_rows pixels; A = x at the tap of each pixel, B = g
+//                C -> o = the partial d w of each slice, [K, C_out] after [K, C_out]
+// Tiles of BM x BN outputs per workgroup, k in slices of BK staged in shared memory; each of the
+// 256 invocations (16 x 16) computes TM x TN outputs, rows tx + 16 r and columns ty + 16 q. An
+// invocation stages the same row of A at every slice, so the row's pixel or tap is decoded once.
+#version 450
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Floats a;  // FORWARD, BACK_WEIGHT: x; BACK_INPUT: g
+    Floats b;  // FORWARD, BACK_INPUT: w; BACK_WEIGHT: g
+    Floats o;
+    uint in_w, in_h, c_in, n;
+    uint k_w, k_h, c_out;
+    uint out_w, out_h;
+    uint stride_w, stride_h, pad_w, pad_h, dil_w, dil_h;
+    uint m, cols, k;  // the GEMM's sizes (BACK_WEIGHT: k is every output pixel)
+    uint groups_m;    // tiles along m
+    uint split_rows;  // BACK_WEIGHT: output pixels per z slice
+} pc;
+
+const uint TM = 4, TN = 2;
+const uint BM = 16 * TM, BN = 16 * TN, BK = 16;
+const uint LOADS_A = BM * BK / 256, LOADS_B = BK * BN / 256;
+
+shared float As[BK][BM];
+shared float Bs[BK][BN + 1];  // one float of padding: the stores of a column step along k
+
+// What an invocation knows of the row of A it stages: offsets of its pixel or tap, valid false
+// past the last row.
+struct Row {
+    int x0, y0;  // FORWARD: the window's corner (ow sw - pw, oh sh - ph); BACK_INPUT: (ix + pw, iy + ph);
+                 // BACK_WEIGHT: the tap's offset (kw dw - pw, kh dh - ph)
+    uint base;   // FORWARD: x's image n; BACK_INPUT: g's image n; BACK_WEIGHT: x's channel ci
+    bool valid;
+};
+
+uint taps() { return pc.k_w * pc.k_h; }
+
+#if defined(FORWARD)
+
+Row row_of(uint r) {
+    uint pixels = pc.out_w * pc.out_h, p = r % pixels;
+    int ow = int(p % pc.out_w), oh = int(p / pc.out_w);
+    return Row(ow * int(pc.stride_w) - int(pc.pad_w), oh * int(pc.stride_h) - int(pc.pad_h),
+               (r / pixels) * pc.in_w * pc.in_h * pc.c_in, r < pc.m);
+}
+
+float load_a(Row row, uint k) {
+    uint tap = k % taps(), ci = k / taps();
+    int ix = row.x0 + int((tap % pc.k_w) * pc.dil_w), iy = row.y0 + int((tap / pc.k_w) * pc.dil_h);
+    if (ix < 0 || iy < 0 || ix >= int(pc.in_w) || iy >= int(pc.in_h)) return 0.0;
+    return pc.a.v[row.base + uint(ix) + pc.in_w * (uint(iy) + pc.in_h * ci)];
+}
+
+float load_b(uint k, uint col) { return pc.b.v[k + pc.k * col]; }
+
+void store(uint r, uint col, float v) {
+    uint pixels = pc.out_w * pc.out_h;
+    pc.o.v[r % pixels + pixels * (col + pc.c_out * (r / pixels))] = v;
+}
+
+#elif defined(BACK_INPUT)
+
+Row row_of(uint r) {
+    uint pixels = pc.in_w * pc.in_h, p = r % pixels;
+    return Row(int(p % pc.in_w + pc.pad_w), int(p / pc.in_w + pc.pad_h),
+               (r / pixels) * pc.out_w * pc.out_h * pc.c_out, r < pc.m);
+}
+
+// the g of the output pixel that read this input pixel through tap (kw, kh) of output channel co
+float load_a(Row row, uint k) {
+    uint tap = k % taps(), co = k / taps();
+    int tx = row.x0 - int((tap % pc.k_w) * pc.dil_w), ty = row.y0 - int((tap / pc.k_w) * pc.dil_h);
+    if (tx < 0 || ty < 0 || uint(tx) % pc.stride_w != 0 || uint(ty) % pc.stride_h != 0) return 0.0;
+    uint ow = uint(tx) / pc.stride_w, oh = uint(ty) / pc.stride_h;
+    if (ow >= pc.out_w || oh >= pc.out_h) return 0.0;
+    return pc.a.v[row.base + ow + pc.out_w * (oh + pc.out_h * co)];
+}
+
+float load_b(uint k, uint ci) { return pc.b.v[k % taps() + taps() * (ci + pc.c_in * (k / taps()))]; }
+
+void store(uint r, uint ci, float v) {
+    uint pixels = pc.in_w * pc.in_h;
+    pc.o.v[r % pixels + pixels * (ci + pc.c_in * (r / pixels))] = v;
+}
+
+#elif defined(BACK_WEIGHT)
+
+Row row_of(uint k) {
+    uint tap = k % taps();
+    return Row(int((tap % pc.k_w) * pc.dil_w) - int(pc.pad_w), int((tap / pc.k_w) * pc.dil_h) - int(pc.pad_h),
+               (k / taps()) * pc.in_w * pc.in_h, k < pc.m);
+}
+
+// x at this tap of output pixel r
+float load_a(Row row, uint r) {
+    uint pixels = pc.out_w * pc.out_h, p = r % pixels;
+    int ix = row.x0 + int((p % pc.out_w) * pc.stride_w), iy = row.y0 + int((p / pc.out_w) * pc.stride_h);
+    if (ix < 0 || iy < 0 || ix >= int(pc.in_w) || iy >= int(pc.in_h)) return 0.0;
+    return pc.a.v[row.base + uint(ix) + pc.in_w * (uint(iy) + pc.in_h * pc.c_in * (r / pixels))];
+}
+
+float load_b(uint r, uint co) {
+    uint pixels = pc.out_w * pc.out_h;
+    return pc.b.v[r % pixels + pixels * (co + pc.c_out * (r / pixels))];
+}
+
+void store(uint k, uint co, float v) { pc.o.v[gl_WorkGroupID.z * pc.m * pc.cols + k + pc.m * co] = v; }
+
+#endif
+
+void main() {
+    uint tile = flat_group();
+    uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
+    uint t = gl_LocalInvocationID.x, tx = t % 16, ty = t / 16;
+#if defined(BACK_WEIGHT)
+    uint k_begin = gl_WorkGroupID.z * pc.split_rows, k_end = min(pc.k, k_begin + pc.split_rows);
+#else
+    uint k_begin = 0, k_end = pc.k;
+#endif
+    // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + 4 l)
+    Row row = row_of(row0 + t % BM);
+
+    float acc[TM][TN];
+    [[unroll]] for (uint r = 0; r < TM; ++r)
+        [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] = 0.0;
+
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
+        [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
+            uint kk = t / BM + (256 / BM) * l;
+            As[kk][t % BM] = (row.valid && k0 + kk < k_end) ? load_a(row, k0 + kk) : 0.0;
+        }
+        [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
+            uint e = t + 256 * l, kk = e % BK, col = e / BK;  // consecutive invocations along k
+            Bs[kk][col] = (k0 + kk < k_end && col0 + col < pc.cols) ? load_b(k0 + kk, col0 + col) : 0.0;
+        }
+        barrier();
+        [[unroll]] for (uint p = 0; p < BK; ++p) {
+            float av[TM], bv[TN];
+            [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + 16 * r];
+            [[unroll]] for (uint q = 0; q < TN; ++q) bv[q] = Bs[p][ty + 16 * q];
+            [[unroll]] for (uint r = 0; r < TM; ++r)
+                [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] += av[r] * bv[q];
+        }
+        barrier();
+    }
+    [[unroll]] for (uint q = 0; q < TN; ++q) {
+        uint col = col0 + ty + 16 * q;
+        if (col >= pc.cols) continue;
+        [[unroll]] for (uint r = 0; r < TM; ++r) {
+            uint i = row0 + tx + 16 * r;
+            if (i < pc.m) store(i, col, acc[r][q]);
+        }
+    }
+}
