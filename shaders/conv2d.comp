@@ -3,10 +3,9 @@
 // whose operands are read straight from the tensors (no patch matrix in memory):
 //   FORWARD:     m: output pixels (ow, oh, n), n: C_out, k: taps (kw, kh, ci)
 //                A = the patch of x at the pixel, B = w as [K, C_out]; C -> o [W', H', C_out, N]
-//   BACK_INPUT:  m: input pixels (ix, iy, n), n: C_in, k: (kw, kh, co)
-//                A = the g [W', H', C_out, N] that the pixel reached through tap (kw, kh), 0 where
-//                it reached none (the stride skipped it, or the tap falls outside); B = w
-//                C -> o = d x [W, H, C_in, N]
+//   BACK_INPUT:  per stride phase (z), m: its input pixels (ix, iy, n), n: C_in, k: the taps that
+//                reach them (kw, kh, co); A = the g [W', H', C_out, N] that the pixel reached through
+//                tap (kw, kh), 0 where the tap falls outside; B = w; C -> o = d x [W, H, C_in, N]
 //   BACK_WEIGHT: m: taps (kw, kh, ci), n: C_out, k: output pixels, split along z into slices of
 //                pc.split_rows pixels; A = x at the tap of each pixel, B = g
 //                C -> o = the partial d w of each slice, [K, C_out] after [K, C_out]
@@ -73,27 +72,72 @@ void store(uint r, uint col, float v) {
 
 #elif defined(BACK_INPUT)
 
+// One stride phase per z: the input pixels whose ix + pw is qx mod sw (and iy + ph qy mod sh) are
+// reached only by the taps with kw dw = qx mod sw (kh dh = qy mod sh), so each phase is a GEMM of
+// its own over its pixels and those taps alone, sw sh times less work than masking every tap.
+struct Axis {
+    uint first, count;            // the phase's first input index and how many it holds
+    uint tap0, tap_step, taps;    // its first tap, the step between its taps, how many
+};
+Axis ax, ay;  // this workgroup's phase, set by setup()
+
+Axis axis_phase(uint q, uint stride, uint pad, uint dil, uint in_size, uint k_size) {
+    Axis a;
+    a.first = (q + stride - pad % stride) % stride;  // (first + pad) % stride == q
+    a.count = a.first < in_size ? (in_size - 1 - a.first) / stride + 1 : 0;
+    a.tap_step = stride;  // the least t with t dil = 0 mod stride
+    for (uint t = 1; t < stride; ++t)
+        if ((t * dil) % stride == 0) { a.tap_step = t; break; }
+    a.tap0 = 0;
+    a.taps = 0;
+    for (uint k = 0; k < min(k_size, a.tap_step); ++k)
+        if ((k * dil) % stride == q) { a.tap0 = k; a.taps = (k_size - 1 - k) / a.tap_step + 1; break; }
+    return a;
+}
+
+uint setup() {  // the phase's reduction length
+    uint z = gl_WorkGroupID.z;
+    ax = axis_phase(z % pc.stride_w, pc.stride_w, pc.pad_w, pc.dil_w, pc.in_w, pc.k_w);
+    ay = axis_phase(z / pc.stride_w, pc.stride_h, pc.pad_h, pc.dil_h, pc.in_h, pc.k_h);
+    return ax.taps * ay.taps * pc.c_out;
+}
+
+// the phase's row r as (ix, iy, n)
+uvec3 pixel_of(uint r) {
+    return uvec3(ax.first + (r % ax.count) * pc.stride_w, ay.first + ((r / ax.count) % ay.count) * pc.stride_h,
+                 r / (ax.count * ay.count));
+}
+
 Row row_of(uint r) {
-    uint pixels = pc.in_w * pc.in_h, p = r % pixels;
-    return Row(int(p % pc.in_w + pc.pad_w), int(p / pc.in_w + pc.pad_h),
-               (r / pixels) * pc.out_w * pc.out_h * pc.c_out, r < pc.m);
+    if (r >= ax.count * ay.count * pc.n) return Row(0, 0, 0, false);
+    uvec3 p = pixel_of(r);
+    return Row(int(p.x + pc.pad_w), int(p.y + pc.pad_h), p.z * pc.out_w * pc.out_h * pc.c_out, true);
+}
+
+// the phase's tap k as (kw, kh, co)
+uvec3 tap_of(uint k) {
+    return uvec3(ax.tap0 + (k % ax.taps) * ax.tap_step, ay.tap0 + ((k / ax.taps) % ay.taps) * ay.tap_step,
+                 k / (ax.taps * ay.taps));
 }
 
 // the g of the output pixel that read this input pixel through tap (kw, kh) of output channel co
 float load_a(Row row, uint k) {
-    uint tap = k % taps(), co = k / taps();
-    int tx = row.x0 - int((tap % pc.k_w) * pc.dil_w), ty = row.y0 - int((tap / pc.k_w) * pc.dil_h);
-    if (tx < 0 || ty < 0 || uint(tx) % pc.stride_w != 0 || uint(ty) % pc.stride_h != 0) return 0.0;
+    uvec3 t = tap_of(k);
+    int tx = row.x0 - int(t.x * pc.dil_w), ty = row.y0 - int(t.y * pc.dil_h);  // multiples of the strides
+    if (tx < 0 || ty < 0) return 0.0;
     uint ow = uint(tx) / pc.stride_w, oh = uint(ty) / pc.stride_h;
     if (ow >= pc.out_w || oh >= pc.out_h) return 0.0;
-    return pc.a.v[row.base + ow + pc.out_w * (oh + pc.out_h * co)];
+    return pc.a.v[row.base + ow + pc.out_w * (oh + pc.out_h * t.z)];
 }
 
-float load_b(uint k, uint ci) { return pc.b.v[k % taps() + taps() * (ci + pc.c_in * (k / taps()))]; }
+float load_b(uint k, uint ci) {
+    uvec3 t = tap_of(k);
+    return pc.b.v[t.x + pc.k_w * (t.y + pc.k_h * (ci + pc.c_in * t.z))];
+}
 
 void store(uint r, uint ci, float v) {
-    uint pixels = pc.in_w * pc.in_h;
-    pc.o.v[r % pixels + pixels * (ci + pc.c_in * (r / pixels))] = v;
+    uvec3 p = pixel_of(r);
+    pc.o.v[p.x + pc.in_w * (p.y + pc.in_h * (ci + pc.c_in * p.z))] = v;
 }
 
 #elif defined(BACK_WEIGHT)
@@ -127,6 +171,8 @@ void main() {
     uint t = gl_LocalInvocationID.x, tx = t % 16, ty = t / 16;
 #if defined(BACK_WEIGHT)
     uint k_begin = gl_WorkGroupID.z * pc.split_rows, k_end = min(pc.k, k_begin + pc.split_rows);
+#elif defined(BACK_INPUT)
+    uint k_begin = 0, k_end = setup();
 #else
     uint k_begin = 0, k_end = pc.k;
 #endif
@@ -161,7 +207,11 @@ void main() {
         if (col >= pc.cols) continue;
         [[unroll]] for (uint r = 0; r < TM; ++r) {
             uint i = row0 + tx + 16 * r;
+#if defined(BACK_INPUT)
+            if (i < ax.count * ay.count * pc.n) store(i, col, acc[r][q]);
+#else
             if (i < pc.m) store(i, col, acc[r][q]);
+#endif
         }
     }
 }

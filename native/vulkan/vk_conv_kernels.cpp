@@ -68,9 +68,15 @@ void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
 void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &dy = *in[0], &w = *in[1];
     const ConvGeometry g = back_input_geometry(dy, w, attrs);
-    const ConvPush p = conv_push("conv2d_input_back", g, dy.address(), w.address(), out.address(),
-                                 size_mul(g.in_w, g.in_h, g.n), g.c_in, size_mul(g.k_w, g.k_h, g.c_out));
-    record("conv2d_back_input", p, tiles(p), {span(dy), span(w)}, {span(out)});
+    // one z slice per stride phase, each with at most ceil(W / sw) ceil(H / sh) N rows
+    const int64_t phases = size_mul(g.p.stride_w, g.p.stride_h);
+    if (phases > 65535)
+        throw std::invalid_argument("conv2d_input_back: strides " + std::to_string(g.p.stride_w) + " x " +
+                                    std::to_string(g.p.stride_h) + " make more than 65535 phases for the GPU kernel");
+    const int64_t rows = size_mul((g.in_w + g.p.stride_w - 1) / g.p.stride_w, (g.in_h + g.p.stride_h - 1) / g.p.stride_h, g.n);
+    const ConvPush p = conv_push("conv2d_input_back", g, dy.address(), w.address(), out.address(), rows, g.c_in,
+                                 size_mul(g.k_w, g.k_h, g.c_out));
+    record("conv2d_back_input", p, tiles(p), {span(dy), span(w)}, {span(out)}, uint32_t(phases));
 }
 
 void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {

@@ -1,0 +1,172 @@
+"""conv2d and max_pool2d at the shapes of the image networks of RL (NatureCNN, IMPALA) on both
+backends: values and gradients against PyTorch (skipped where torch is not installed) and
+against the numpy references of tests/op_references.py (everywhere), at sizes large enough for
+the kernels' blocked and split paths; the tie and NaN rules of max pooling. The op table's cases
+(tests/test_ops.py) cover the small awkward shapes, gradchecks and bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlkit.core as rc
+
+from conftest import DEVICES
+from op_references import np_conv2d, np_conv2d_backward, np_max_pool2d
+
+# (kernel [KW, KH, C_in, C_out], stride) of NatureCNN (Mnih et al. 2015) on 84 x 84 x 4 frames
+NATURE_LAYERS = [((8, 8, 4, 32), 4), ((4, 4, 32, 64), 2), ((3, 3, 64, 64), 1)]
+# IMPALA's (Espeholt et al. 2018) stacks on 64 x 64 x 3: a 3 x 3 conv (padding 1), then a 3 x 3
+# max pool (stride 2, padding 1), channels 16, 32, 32
+IMPALA_CHANNELS = [(3, 16), (16, 32), (32, 32)]
+
+
+def _weights(rng, shapes):
+    # He-scaled weights and small biases: activations stay O(1) through the layers
+    return [(rng.normal(size=s) * np.sqrt(2.0 / np.prod(s[:3])), rng.normal(size=s[3]) * 0.1) for s in shapes]
+
+
+def _nature_rlkit(x, params):
+    for (w, b), (_, stride) in zip(params, NATURE_LAYERS):
+        x = rc.relu(rc.conv2d(x, w, b, stride=stride))
+    return x
+
+
+def _impala_rlkit(x, params):
+    for w, b in params:
+        x = rc.max_pool2d(rc.conv2d(x, w, b, padding=1), 3, stride=2, padding=1)
+    return x
+
+
+def _rlkit_run(net, x, params, g, device):
+    """(output, gradients of x and of every weight and bias) of sum(g * net(x)) in f32."""
+    px = rc.param(x.astype(np.float32), device=device)
+    pp = [(rc.param(w.astype(np.float32), device=device), rc.param(b.astype(np.float32), device=device)) for w, b in params]
+    with rc.grad_tape():
+        out = net(px, pp)
+        loss = rc.sum(rc.mul(out, rc.tensor(g.astype(np.float32), device=device)))
+    grads = rc.backward(loss)
+    return out.numpy(), [np.asarray(grads[px])] + [np.asarray(grads[p]).reshape(p.shape) for pair in pp for p in pair]
+
+
+def _torch_run(torch, net, x, params, g):
+    """The same in PyTorch's layout: x.T is its (N, C, H, W) batch, w.T its (C_out, C_in, KH, KW)
+    weights; results transposed back to rlkit's."""
+    tx = torch.tensor(x.T.astype(np.float32), requires_grad=True)
+    tp = [(torch.tensor(w.T.astype(np.float32), requires_grad=True), torch.tensor(b.astype(np.float32), requires_grad=True))
+          for w, b in params]
+    out = net(torch, tx, tp)
+    (out * torch.tensor(g.T.astype(np.float32))).sum().backward()
+    grads = [tx.grad.numpy().T] + [t.grad.numpy().T.reshape(-1, 1) if t.ndim == 1 else t.grad.numpy().T for pair in tp for t in pair]
+    return out.detach().numpy().T, grads
+
+
+def _nature_torch(torch, x, params):
+    for (w, b), (_, stride) in zip(params, NATURE_LAYERS):
+        x = torch.relu(torch.nn.functional.conv2d(x, w, b, stride=stride))
+    return x
+
+
+def _impala_torch(torch, x, params):
+    for w, b in params:
+        x = torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(x, w, b, padding=1), 3, stride=2, padding=1)
+    return x
+
+
+NETWORKS = {
+    "nature": (_nature_rlkit, _nature_torch, (84, 84, 4, 32), [s for s, _ in NATURE_LAYERS], (7, 7, 64, 32)),
+    "impala": (_impala_rlkit, _impala_torch, (64, 64, 3, 4), [(3, 3, a, b) for a, b in IMPALA_CHANNELS], (8, 8, 32, 4)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_networks_match_torch(name, device):
+    torch = pytest.importorskip("torch")
+    ours, theirs, x_shape, w_shapes, out_shape = NETWORKS[name]
+    rng = np.random.default_rng(7)
+    x, params = rng.random(x_shape), _weights(rng, w_shapes)
+    g = rng.normal(size=out_shape)
+    out, grads = _rlkit_run(ours, x, params, g, device)
+    expected_out, expected_grads = _torch_run(torch, theirs, x, params, g)
+    assert out.shape == out_shape
+    np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-4)
+    for k, (got, expected) in enumerate(zip(grads, expected_grads)):
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale, err_msg=f"gradient {k}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nature_first_layer_matches_numpy(device):
+    """NatureCNN's first layer at batch 32: several blocks of the CPU's patch matrix, and the
+    GPU's weight gradient split along its 12800 output pixels; values and both gradients."""
+    rng = np.random.default_rng(3)
+    x, w, g = rng.random((84, 84, 4, 32)), rng.normal(size=(8, 8, 4, 32)) * 0.1, rng.normal(size=(20, 20, 32, 32))
+    x, w, g = (a.astype(np.float32).astype(np.float64) for a in (x, w, g))  # what the f32 engine sees
+    px, pw = rc.param(x.astype(np.float32), device=device), rc.param(w.astype(np.float32), device=device)
+    with rc.grad_tape():
+        out = rc.conv2d(px, pw, stride=4)
+        loss = rc.sum(rc.mul(out, rc.tensor(g.astype(np.float32), device=device)))
+    grads = rc.backward(loss)
+    expected_dx, expected_dw = np_conv2d_backward(x, w, g, stride=4)
+    np.testing.assert_allclose(out.numpy(), np_conv2d(x, w, stride=4), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads[px]), expected_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads[pw]), expected_dw, rtol=1e-4, atol=1e-2)  # sums of 12800 terms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_dilated_backward_matches_numpy(device):
+    """Both backward helpers at stride (2, 3), padding (1, 2), dilation (2, 1) in f32, against the
+    numpy reference (the f64 gradchecks of test_ops are CPU-only)."""
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(29, 31, 5, 3)), rng.normal(size=(3, 4, 5, 33))
+    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
+    out_shape = np_conv2d(x, w, stride=(3, 2), padding=(2, 1), dilation=(1, 2)).shape
+    g = rng.normal(size=out_shape).astype(np.float32).astype(np.float64)
+    px, pw = rc.param(x.astype(np.float32), device=device), rc.param(w.astype(np.float32), device=device)
+    with rc.grad_tape():
+        out = rc.conv2d(px, pw, stride=(3, 2), padding=(2, 1), dilation=(1, 2))
+        loss = rc.sum(rc.mul(out, rc.tensor(g.astype(np.float32), device=device)))
+    grads = rc.backward(loss)
+    expected_dx, expected_dw = np_conv2d_backward(x, w, g, stride=(3, 2), padding=(2, 1), dilation=(1, 2))
+    np.testing.assert_allclose(np.asarray(grads[px]), expected_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads[pw]), expected_dw, rtol=1e-4, atol=1e-3)
+
+
+def _pool_gradient(x, device, **pool):
+    p = rc.param(np.asarray(x, np.float32), device=device)
+    with rc.grad_tape():
+        out = rc.max_pool2d(p, **pool)
+        loss = rc.sum(out)
+    return out.numpy(), np.asarray(rc.backward(loss)[p])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_pool2d_gradient_goes_to_the_first_maximum(device):
+    """Ties: each window's gradient goes to its first maximum in memory order (ne order: along W,
+    then H); overlapping windows that keep the same element add up."""
+    x = np.array([[3.0, 1.0, 3.0],
+                  [3.0, 3.0, 0.0],
+                  [0.0, 2.0, 3.0]])  # [W, H]: x[w, h]
+    out, grad = _pool_gradient(x, device, kernel=2, stride=1)
+    np.testing.assert_array_equal(out[:, :, 0, 0], [[3.0, 3.0], [3.0, 3.0]])
+    # windows at (w, h) = (0, 0), (1, 0), (0, 1), (1, 1) keep x[0, 0], x[1, 0], x[1, 1], x[1, 1] (window (0, 1)
+    # reads x[0, 1] = 1, x[1, 1] = 3, x[0, 2] = 3, x[1, 2] = 0 in that order)
+    np.testing.assert_array_equal(grad, [[1.0, 0.0, 0.0], [1.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
+    # padding is -inf: never kept, even where every element of x is negative
+    out, grad = _pool_gradient(-np.ones((3, 3)), device, kernel=3, stride=3, padding=1)
+    np.testing.assert_array_equal(out[:, :, 0, 0], [[-1.0]])
+    np.testing.assert_array_equal(grad, [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_pool2d_nan_propagates_and_takes_the_gradient(device):
+    """A window holding a NaN gives NaN (as np.max), and its gradient goes to its first NaN (none
+    to its larger numbers); windows without one are untouched."""
+    x = np.array([[1.0, np.nan, 5.0, 0.0],
+                  [7.0, np.nan, 2.0, 1.0]])  # [W 2, H 4]
+    out, grad = _pool_gradient(x, device, kernel=(2, 2), stride=(2, 1))  # (h, w): windows of h 0-1 and h 2-3
+    expected = np_max_pool2d(x, (2, 2), stride=(2, 1))
+    np.testing.assert_array_equal(out, expected)
+    assert np.isnan(out[0, 0, 0, 0]) and out[0, 1, 0, 0] == 5.0
+    np.testing.assert_array_equal(grad, [[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
