@@ -76,7 +76,7 @@ ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, const
     ConvGeometry g{x[0], x[1], x[2], x[3], w[0], w[1], w[3], p, 0, 0};
     g.out_w = conv_out_size(op, "width", g.in_w, g.k_w, p.stride_w, p.pad_w, p.dil_w, shapes);
     g.out_h = conv_out_size(op, "height", g.in_h, g.k_h, p.stride_h, p.pad_h, p.dil_h, shapes);
-    size_mul(g.patch(), g.pixels(), g.n);  // the implicit patch matrix's elements are indexable
+    size_mul(g.patch(), g.out_w, g.out_h, g.n);  // the implicit patch matrix's elements are indexable
     return g;
 }
 

@@ -593,7 +593,7 @@ def test_clamp_back_formula():
 
 F16_CASES = ["add", "mul", "div", "maximum", "relu", "leaky_relu", "sigmoid", "tanh", "exp", "log", "sqrt", "silu", "softplus",
              "clamp", "matmul", "matmul_batched", "sum", "sum_dim0", "sum_to_rows", "softmax", "log_softmax", "max",
-             "transpose", "concat_rows", "get_rows", "gather", "softmax_cross_entropy_loss"]
+             "transpose", "concat_rows", "get_rows", "gather", "softmax_cross_entropy_loss", "conv2d", "max_pool2d"]
 
 
 def _ordered(h: np.ndarray) -> np.ndarray:
@@ -865,6 +865,8 @@ _BAD += [
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), dilation=(0, 1)), ValueError, "dilation (w 1, h 0) must be at least 1"),
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), padding=(-1, 0)), ValueError, "padding (w 0, h -1) must be at least 0"),
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), padding=2**62), ValueError, "conv2d: ", "[5, 5, 1, 1]"),
+    _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), padding=2**40), ValueError,  # W' H' past 2^48
+         "is more than 2^48", "[3, 3, 1, 1]"),
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), stride=(1, 1, 1)), ValueError, "pair (height, width)"),
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 1, 1), _t(3, 3, 1, 1), stride=1.5), TypeError, "stride must be an int"),
     _bad("conv2d", lambda: rc.conv2d(_t(5, 5, 3, 2), _t(3, 3, 2, 4)), ValueError, "x [W, H, C, N] has C = 3",

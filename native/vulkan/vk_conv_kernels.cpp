@@ -3,6 +3,7 @@
 // shape rules (native/cpu_conv.cpp) have checked every shape; the sizes are checked here to fit
 // the shaders' 32-bit indexing.
 #include <algorithm>
+#include <cstdint>
 
 #include "backend.hpp"
 #include "conv.hpp"
@@ -39,8 +40,12 @@ struct ConvPush {
 // The push constants of a conv2d.comp GEMM m x cols x k over geometry g.
 ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b, uint64_t o, int64_t m, int64_t cols,
                    int64_t k) {
-    // every index the shader forms stays below the larger tensor's element count, itself checked
+    // every index the shader forms stays below the larger tensor's element count, itself checked;
+    // its pixel coordinates are signed 32-bit ints, from -padding to the padded input's end
     u32(size_mul(g.in_w, g.in_h, g.c_in, g.n), op);
+    for (int64_t span : {size_add(g.in_w, size_mul(2, g.p.pad_w), size_mul(g.p.dil_w, g.k_w), g.p.stride_w),
+                         size_add(g.in_h, size_mul(2, g.p.pad_h), size_mul(g.p.dil_h, g.k_h), g.p.stride_h)})
+        if (span > INT32_MAX) throw std::invalid_argument(std::string(op) + ": a size exceeds the GPU kernels' 32-bit indexing");
     u32(size_mul(g.out_w, g.out_h, g.c_out, g.n), op);
     u32(size_mul(g.patch(), g.c_out), op);
     return ConvPush{a, b, o,
@@ -94,6 +99,7 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
         record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(out)});
         return;
     }
+    u32(size_mul(out.numel(), used), op);  // the partials' indices
     TensorPtr partials = make_on(Device::gpu, {out.numel(), used, 1, 1}, 2, DType::f32);  // [K C_out, slices]
     p.o = partials->address();
     record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(*partials)}, u32(used, op));
