@@ -27,6 +27,7 @@ layout(push_constant) uniform Push {
     uint m, cols, k;  // the GEMM's sizes (BACK_WEIGHT: k is every output pixel)
     uint groups_m;    // tiles along m
     uint split_rows;  // BACK_WEIGHT: output pixels per z slice
+    uint tap_step_w, tap_step_h;  // BACK_INPUT: the least t with t dil = 0 mod stride, per axis
 } pc;
 
 const uint TM = 4, TN = 2;
@@ -81,13 +82,11 @@ struct Axis {
 };
 Axis ax, ay;  // this workgroup's phase, set by setup()
 
-Axis axis_phase(uint q, uint stride, uint pad, uint dil, uint in_size, uint k_size) {
+Axis axis_phase(uint q, uint stride, uint pad, uint dil, uint in_size, uint k_size, uint tap_step) {
     Axis a;
     a.first = (q + stride - pad % stride) % stride;  // (first + pad) % stride == q
     a.count = a.first < in_size ? (in_size - 1 - a.first) / stride + 1 : 0;
-    a.tap_step = stride;  // the least t with t dil = 0 mod stride
-    for (uint t = 1; t < stride; ++t)
-        if ((t * dil) % stride == 0) { a.tap_step = t; break; }
+    a.tap_step = tap_step;
     a.tap0 = 0;
     a.taps = 0;
     for (uint k = 0; k < min(k_size, a.tap_step); ++k)
@@ -97,8 +96,8 @@ Axis axis_phase(uint q, uint stride, uint pad, uint dil, uint in_size, uint k_si
 
 uint setup() {  // the phase's reduction length
     uint z = gl_WorkGroupID.z;
-    ax = axis_phase(z % pc.stride_w, pc.stride_w, pc.pad_w, pc.dil_w, pc.in_w, pc.k_w);
-    ay = axis_phase(z / pc.stride_w, pc.stride_h, pc.pad_h, pc.dil_h, pc.in_h, pc.k_h);
+    ax = axis_phase(z % pc.stride_w, pc.stride_w, pc.pad_w, pc.dil_w, pc.in_w, pc.k_w, pc.tap_step_w);
+    ay = axis_phase(z / pc.stride_w, pc.stride_h, pc.pad_h, pc.dil_h, pc.in_h, pc.k_h, pc.tap_step_h);
     return ax.taps * ay.taps * pc.c_out;
 }
 

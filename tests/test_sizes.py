@@ -126,6 +126,12 @@ def _builders() -> dict:
     b["rwkv_wkv6"], b["rwkv_wkv6_back"] = _recurrence(5, False, []), _recurrence(5, True, [])
     b["gated_linear_attn"], b["gated_linear_attn_back"] = _recurrence(4, False, [0.5]), _recurrence(4, True, [0.5])
     b["rwkv_wkv7"], b["rwkv_wkv7_back"] = _recurrence(6, False, []), _recurrence(6, True, [])
+    # images: x [W, H, C, N], kernels [KW, KH, C_in, C_out]; ints: stride, padding, dilation (w, h), then sizes
+    b["conv2d"] = lambda a, b_, c, d: ([((a, b_, 2, 2), F), ((3, 2, 2, 3), F)], [c, d, d, c, 1, 2], [])
+    b["conv2d_input_back"] = lambda a, b_, c, d: ([((1, 1, 3, 2), F), ((3, 2, 2, 3), F)], [a, b_, 0, 0, 1, 1, c, d], [])
+    b["conv2d_weight_back"] = lambda a, b_, c, d: ([((1, 1, 3, 1), F), ((a, b_, 2, 1), F)], [a, b_, 0, 0, 1, 1, c, d], [])
+    b["max_pool2d"] = lambda a, b_, c, d: ([((a, b_, 2, 1), F)], [c, d, c, d, 0, 1], [])
+    b["max_pool2d_back"] = lambda a, b_, c, d: ([((1, 1, 2, 1), F), ((a, b_, 2, 1), F)], [c, d, a, b_, 0, 0], [])
     return b
 
 

@@ -4,6 +4,7 @@
 // the shaders' 32-bit indexing.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backend.hpp"
 #include "conv.hpp"
@@ -24,7 +25,8 @@ namespace {
 constexpr int64_t kTileM = 64, kTileN = 32;
 // BACK_WEIGHT's GEMM has few tiles (K x C_out) and a long reduction (every output pixel): it is
 // cut into slices of at least kMinSliceRows pixels until about kTargetGroups workgroups run.
-constexpr int64_t kMinSliceRows = 256, kTargetGroups = 512;
+// A slice holds at most kMaxSliceRows pixels (its loop stays short).
+constexpr int64_t kMinSliceRows = 256, kMaxSliceRows = int64_t(1) << 18, kTargetGroups = 512;
 
 struct ConvPush {
     uint64_t a, b, o;
@@ -35,7 +37,26 @@ struct ConvPush {
     uint32_t m, cols, k;
     uint32_t groups_m;
     uint32_t split_rows;
+    uint32_t tap_step_w, tap_step_h;
 };
+
+// Refuses a dispatch whose invocations would loop more often than the device lets one run before
+// it ends its loops early (lavapipe: Limits::loop_iterations), which would give wrong numbers.
+void check_loop_budget(const char* op, double iterations) {
+    const uint64_t budget = vk::ctx().limits().loop_iterations;
+    if (budget == 0 || iterations <= double(budget)) return;
+    throw std::runtime_error(std::string(op) + ": one invocation of the GPU kernel would loop about " +
+                             std::to_string(int64_t(iterations)) + " times; " + vk::ctx().device_name() +
+                             " ends a shader's loops after " + std::to_string(budget) +
+                             " and would give wrong numbers. Run it on the CPU (rc.device('cpu'))");
+}
+
+// The least t >= 1 with t dil a multiple of stride: the step between the taps of one stride phase.
+int64_t tap_step(int64_t stride, int64_t dil) {
+    int64_t a = stride, b = dil;
+    while (b != 0) a = std::exchange(b, a % b);  // a = gcd(stride, dil)
+    return stride / a;
+}
 
 // The push constants of a conv2d.comp GEMM m x cols x k over geometry g.
 ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b, uint64_t o, int64_t m, int64_t cols,
@@ -55,7 +76,8 @@ ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b
                     u32(g.p.stride_w, op), u32(g.p.stride_h, op), u32(g.p.pad_w, op), u32(g.p.pad_h, op),
                     u32(g.p.dil_w, op), u32(g.p.dil_h, op),
                     u32(m, op), u32(cols, op), u32(k, op),
-                    u32((m + kTileM - 1) / kTileM, op), u32(k, op)};
+                    u32((m + kTileM - 1) / kTileM, op), u32(k, op),
+                    u32(tap_step(g.p.stride_w, g.p.dil_w), op), u32(tap_step(g.p.stride_h, g.p.dil_h), op)};
 }
 
 uint64_t tiles(const ConvPush& p) { return uint64_t(p.groups_m) * ((p.cols + kTileN - 1) / kTileN); }
@@ -67,6 +89,7 @@ void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
     const ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
                                  g.c_out, g.patch());
+    check_loop_budget("conv2d", double(p.k) / 16);
     record("conv2d_forward", p, tiles(p), {span(x), span(w)}, {span(out)});
 }
 
@@ -81,6 +104,7 @@ void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
     const int64_t rows = size_mul((g.in_w + g.p.stride_w - 1) / g.p.stride_w, (g.in_h + g.p.stride_h - 1) / g.p.stride_h, g.n);
     const ConvPush p = conv_push("conv2d_input_back", g, dy.address(), w.address(), out.address(), rows, g.c_in,
                                  size_mul(g.k_w, g.k_h, g.c_out));
+    check_loop_budget("conv2d_input_back", double(p.k) / 16 + double(g.k_w + g.k_h));
     record("conv2d_back_input", p, tiles(p), {span(dy), span(w)}, {span(out)}, uint32_t(phases));
 }
 
@@ -91,10 +115,12 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     const int64_t pixels = size_mul(g.pixels(), g.n);  // the reduction
     ConvPush p = conv_push(op, g, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
     const int64_t wanted = std::max<int64_t>(1, kTargetGroups / int64_t(tiles(p)));
-    const int64_t splits = std::min<int64_t>({wanted, std::max<int64_t>(1, pixels / kMinSliceRows), 65535});
+    const int64_t splits = std::min<int64_t>(65535, std::max(std::min(wanted, std::max<int64_t>(1, pixels / kMinSliceRows)),
+                                                             (pixels + kMaxSliceRows - 1) / kMaxSliceRows));
     const int64_t slice = (pixels + splits - 1) / splits;
     const int64_t used = (pixels + slice - 1) / slice;  // slices that hold pixels
     p.split_rows = u32(slice, op);
+    check_loop_budget(op, double(slice) / 16);
     if (used == 1) {
         record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(out)});
         return;
@@ -132,6 +158,7 @@ void vk_max_pool2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const PoolGeometry g = pool_geometry("max_pool2d", x, attrs);
     u32(x.numel(), "max_pool2d");
     const PoolPush p = pool_push("max_pool2d", g, x.address(), 0, out.address(), out.numel());
+    check_loop_budget("max_pool2d", double(g.k_w) * double(g.k_h));
     record("pool2d_max", p, groups(p.n), {span(x)}, {span(out)});
 }
 
@@ -139,6 +166,9 @@ void vk_max_pool2d_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     const TensorImpl &dy = *in[0], &x = *in[1];
     const PoolGeometry g = pool_geometry("max_pool2d_back", x, attrs);
     const PoolPush p = pool_push("max_pool2d_back", g, x.address(), dy.address(), out.address(), out.numel());
+    // each element visits the windows holding it, and each of those its elements
+    const double windows = double((g.k_w + g.stride_w - 1) / g.stride_w + 1) * double((g.k_h + g.stride_h - 1) / g.stride_h + 1);
+    check_loop_budget("max_pool2d_back", windows * (1.0 + double(g.k_w) * double(g.k_h)));
     record("pool2d_max_back", p, groups(p.n), {span(x), span(dy)}, {span(out)});
 }
 
