@@ -147,12 +147,12 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self.target.load_state_dict(self.q.state_dict())
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         buffer_options = dict(n_envs=self.lanes.n, device=self.device, action_dtype="i32", gamma=cfg.gamma,
-                              seed=self.seed, n_step=cfg.n_steps)
+                              seed=self.seed, n_step=cfg.n_steps, **self.obs_layout.buffer_options(self.env))
         if cfg.prioritized:
-            self.buffer = DevicePrioritizedReplayBuffer(cfg.buffer_size, self.n_obs, 1, alpha=cfg.prioritized_alpha,
+            self.buffer = DevicePrioritizedReplayBuffer(cfg.buffer_size, action_shape=1, alpha=cfg.prioritized_alpha,
                                                         **buffer_options)
         else:
-            self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, 1, **buffer_options)
+            self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._updates: dict[int, rc.capturing.CapturedFunction] = {}  # captured runs of gradient steps, by their count
         # requested every target_update_interval environment steps, applied before the next

@@ -143,7 +143,7 @@ class SAC(OffPolicyAgent):
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
         self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
         action_rows, action_dtype = self._buffer_action()
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, action_rows, n_envs=self.lanes.n,
+        self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=action_rows, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
                                    device=self.device, action_dtype=action_dtype, gamma=cfg.gamma, seed=self.seed)
         self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),

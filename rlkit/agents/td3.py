@@ -139,7 +139,7 @@ class TD3(OffPolicyAgent):
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.n_obs, self.n_actions, n_envs=self.lanes.n,
+        self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=self.n_actions, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
                                    device=self.device, gamma=cfg.gamma, seed=self.seed)
         self._update_targets = [Polyak(self.critic_target.parameters(), self.critic.parameters()),
                                 Polyak(self.actor_target.parameters(), self.actor.parameters())]

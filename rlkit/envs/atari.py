@@ -18,6 +18,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+FRAME_STACK_METADATA = "rlkit.frame_stack"
+"""The metadata key that tells an agent a vector environment's observations are frame stacks of
+that size (rlkit.agents.observations.frame_stack_of reads it)."""
+
 ATARI_DQN_DEFAULTS = dict(buffer_size=100_000, learning_rate=1e-4, batch_size=32, learning_starts=100_000,
                           target_update_interval=1000, train_freq=4, gradient_steps=1, exploration_fraction=0.1,
                           exploration_final_eps=0.01)
@@ -152,6 +156,7 @@ def make_atari(env_id: str, n_envs: int = 1, seed: int | None = None, training: 
         raise ValueError(f"make_atari: vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
     vector_class = gym.vector.SyncVectorEnv if vectorization_mode == "sync" else gym.vector.AsyncVectorEnv
     env = vector_class([make] * n_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env.metadata = {**env.metadata, FRAME_STACK_METADATA: frame_stack}  # an async env's wrappers are out of sight
     if seed is not None:
         env.action_space.seed(seed)
         env.observation_space.seed(seed)

@@ -126,7 +126,7 @@ class Flatten(Module):
     def forward(self, x: Tensor) -> Tensor:
         x = ops.as_tensor(x, op="Flatten")
         batch = x.shape[-1]
-        return ops.reshape(x, (x.numel() // batch, batch))  # [W H C, N]
+        return ops.reshape(x, (x.numel // batch, batch))  # [W H C, N]
 
 
 class ScaleImages(Module):
@@ -239,7 +239,7 @@ class ImpalaCNN(Module):
     def forward(self, x: Tensor) -> Tensor:
         features = ops.relu(self.cnn(x))  # [W', H', C', N]
         batch = features.shape[-1]
-        return self.linear(ops.reshape(features, (features.numel() // batch, batch)))  # [features_dim, N]
+        return self.linear(ops.reshape(features, (features.numel // batch, batch)))  # [features_dim, N]
 
     def extra_repr(self) -> str:
         return f"features_dim={self.features_dim}"
