@@ -244,7 +244,22 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
     Dimensions 2 and 3 are batch dimensions (broadcast when one side has 1)."""
     a, b = _pair(a, b, "matmul")
     ta, tb = bool(transpose_a), bool(transpose_b)
-    return apply("matmul", (a, b), ints=(int(ta), int(tb)), transpose_a=ta, transpose_b=tb)
+    try:
+        return apply("matmul", (a, b), ints=(int(ta), int(tb)), transpose_a=ta, transpose_b=tb)
+    except ValueError as error:
+        hint = _row_major_hint(a, b) if not (ta or tb) else ""
+        if hint:
+            raise ValueError(f"{error}; {hint}") from None
+        raise
+
+
+def _row_major_hint(a: Tensor, b: Tensor) -> str:
+    """For a @ b whose inner dimensions differ: how to fix a b that is a row-major (batch, k)
+    batch given where [k, batch] is expected, when its transpose would fit; else ""."""
+    if len(a.shape) == 2 and len(b.shape) == 2 and b.shape[1] == a.shape[1] != b.shape[0]:
+        return (f"b looks like a row-major (batch, features) array: rlkit tensors are column-major "
+                f"[features, batch], transpose it (b.T) to get [{b.shape[1]}, {b.shape[0]}]")
+    return ""
 
 
 LINEAR_ACTIVATIONS = (None, "relu", "tanh", "sigmoid")  # the fused activations, in the native op's order

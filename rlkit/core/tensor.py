@@ -102,6 +102,23 @@ class Tensor:
             raise ValueError(f"item: the tensor has {self.numel} elements, expected exactly 1")
         return self.numpy().reshape(-1)[0].item()
 
+    def _scalar(self, conversion: str) -> float | int:
+        """The value of a one-element tensor, for ``float()``, ``int()`` and ``bool()``; more
+        elements raise, as PyTorch's do (which of them would be meant is ambiguous)."""
+        if self.numel != 1:
+            raise ValueError(f"{conversion}() of a tensor needs exactly one element, this one has {self.numel} "
+                             f"(shape {self.shape}); reduce it first (rc.sum, rc.mean) or read .numpy()")
+        return self.item()
+
+    def __float__(self) -> float:
+        return float(self._scalar("float"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int"))
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar("bool"))
+
     @property
     def grad(self):
         """The accumulated gradient after backward (None before, and after zero_grad): a numpy

@@ -168,8 +168,16 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def _check_rows(layer: str, x: Tensor, n: int) -> None:
-    if x.shape[0] != n:
-        raise ValueError(f"{layer}: input has {x.shape[0]} features (rows), expected {n}; shape {x.shape}")
+    """``x`` has ``n`` features (rows). A 2-D batch of the wrong height whose width is ``n`` is
+    most likely a row-major (batch, features) array given where [features, batch] is expected:
+    the error says so and how to fix it."""
+    if x.shape[0] == n:
+        return
+    hint = ""
+    if len(x.shape) == 2 and x.shape[1] == n:
+        hint = (f"; it looks like a row-major (batch, features) array: rlkit tensors are column-major "
+                f"[features, batch], transpose it (x.T) to get [{n}, {x.shape[0]}]")
+    raise ValueError(f"{layer}: input has {x.shape[0]} features (rows), expected {n}; shape {x.shape}{hint}")
 
 
 # ---- layers ------------------------------------------------------------------------------
