@@ -19,11 +19,15 @@ from tensorboard.plugins.hparams import api_pb2, metadata as hparams_metadata, p
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 
-def run_dir(root: str, name: str) -> str:
-    """The next free folder ``<root>/<name>_<N>`` (N from 1), created."""
+def run_dir(root: str, name: str, reuse_latest: bool = False) -> str:
+    """The next free folder ``<root>/<name>_<N>`` (N from 1), created; with ``reuse_latest``
+    the latest existing one (as SB3 goes on writing a run that does not reset its timesteps),
+    or the first where none exists."""
     os.makedirs(root, exist_ok=True)
     pattern = re.compile(rf"^{re.escape(name)}_(\d+)$")
     taken = [int(m.group(1)) for entry in os.listdir(root) if (m := pattern.match(entry))]
+    if reuse_latest and taken:
+        return os.path.join(root, f"{name}_{max(taken)}")
     path = os.path.join(root, f"{name}_{max(taken, default=0) + 1}")
     os.makedirs(path)
     return path

@@ -65,12 +65,8 @@ def run_sb3(algo: str, seed: int, device: str) -> tuple[float, float]:
     start = time.perf_counter()
     model.learn(case["steps"])
     seconds = time.perf_counter() - start
-
-    class Deterministic:  # rlkit's evaluate, so both libraries meet the same episodes
-        def predict(self, obs, deterministic=True):
-            return model.predict(obs, deterministic=True)[0]
-
-    return seconds, evaluate(Deterministic(), case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
+    # rlkit's evaluate takes SB3 models as they are (SB3's predict), so both meet the same episodes
+    return seconds, evaluate(model, case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
 
 
 def run_in_fresh_process(library: str, algo: str, seed: int, device: str) -> tuple[float, float]:

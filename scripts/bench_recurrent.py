@@ -90,7 +90,7 @@ def run_speed(args) -> None:
 def learning_curve(agent_class, args) -> list[tuple[int, float, float]]:
     """(step, mean, std) of the evaluations of one training run on velocity-hidden CartPole."""
     agent = agent_class(CARTPOLE, device=args.device, seed=args.seed, logdir=args.logdir)
-    evaluations = EvalCallback(CARTPOLE, eval_freq=args.eval_every, n_episodes=10, seed=1000)
+    evaluations = EvalCallback(CARTPOLE, eval_freq=args.eval_every, n_episodes=10, seed=1000, verbose=0)
     start = time.perf_counter()
     agent.learn(args.steps, callback=evaluations)
     print(f"{agent_class.algo}: {args.steps} steps in {time.perf_counter() - start:.0f} s, "

@@ -27,7 +27,8 @@ def main() -> int:
     print(f"DQN on CartPole-v1 ({args.device}), {args.steps} steps, seed {args.seed}")
     start = time.perf_counter()
 
-    gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, reward_threshold=475, seed=args.seed + 100)
+    gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, reward_threshold=475, seed=args.seed + 100,
+                        verbose=0)
 
     def report(event):
         go_on = gate(event)

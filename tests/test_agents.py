@@ -47,7 +47,7 @@ def test_smoke_every_agent_and_option(device, name, cls, env, config, tmp_path):
     acc = EventAccumulator(agent.log_path)
     acc.Reload()
     assert {"rollout/ep_rew_mean", "time/fps", "train/learning_rate"} <= set(acc.Tags()["scalars"])
-    action = agent.predict(agent.observation_space.sample())
+    action, _ = agent.predict(agent.observation_space.sample())
     assert agent.action_space.contains(action if agent.discrete else np.asarray(action, np.float32))
 
 
@@ -206,7 +206,7 @@ def test_saved_agent_acts_identically(cls, env, config, tmp_path):
     agent.save(path)
     loaded = cls.load(path)
     obs = np.stack([agent.observation_space.sample() for _ in range(30)]).astype(np.float32)
-    np.testing.assert_array_equal(loaded.predict(obs), agent.predict(obs))
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], agent.predict(obs, deterministic=True)[0])
     assert loaded.num_timesteps == 300 and loaded.config == agent.config
     with pytest.raises(ValueError, match=f"holds a '{cls.algo}' agent, not DQN"):
         DQN.load(path)
@@ -255,7 +255,7 @@ def test_checkpoints_and_replay_buffer_resume_training(tmp_path):
     saved = SAC("Pendulum-v1", SACConfig(**SMALL))
     saved.load_replay_buffer(str(tmp_path / "sac_replay_buffer_400_steps"))
     np.testing.assert_array_equal(saved.buffer.sample_on_device(8, stored).obs.numpy(), drawn)
-    loaded.learn(100)
+    loaded.learn(100, reset_num_timesteps=False)  # SB3's way to resume: learning_starts is behind it
     assert len(loaded.buffer) == 500 and loaded._steps[True].traces == 2  # traced anew for the loaded buffer
     with pytest.raises(ValueError, match="laid out as"):
         SAC("Pendulum-v1", SACConfig(**{**SMALL, "buffer_size": 1000})).load_replay_buffer(
@@ -429,7 +429,7 @@ def test_captured_updates_count_the_updates_they_skip(cls, config):
     agent.learn(199)
     assert agent.skipped_updates == 0
     with pytest.warns(RuntimeWarning, match="non-finite reward at timestep 200"):
-        agent.learn(101, check_finite="warn")
+        agent.learn(101, check_finite="warn", reset_num_timesteps=False)
     assert 0 < agent.skipped_updates <= 101  # the critic's updates: the actor's read no reward
 
 

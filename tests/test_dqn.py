@@ -56,7 +56,7 @@ def test_saved_agent_acts_identically(tmp_path):
     agent.save(path)
     loaded = DQN.load(path)
     obs = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
-    np.testing.assert_array_equal(loaded.predict(obs), agent.predict(obs))
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], agent.predict(obs, deterministic=True)[0])
     assert loaded.num_timesteps == 800
 
 
@@ -110,7 +110,8 @@ def test_dueling_q_is_value_plus_centred_advantage(tmp_path):
     path = str(tmp_path / "dueling.safetensors")
     agent.save(path)
     actions = np.random.default_rng(2).standard_normal((30, 4)).astype(np.float32)
-    np.testing.assert_array_equal(DQN.load(path).predict(actions), agent.predict(actions))
+    np.testing.assert_array_equal(DQN.load(path).predict(actions, deterministic=True)[0],
+                                  agent.predict(actions, deterministic=True)[0])
     # without hidden layers the heads sit on the encoder's features (here the observation itself),
     # as SB3's CnnPolicy puts its head on NatureCNN's features
     bare = DQN("CartPole-v1", DQNConfig(net_arch=(), dueling=True), seed=5).q
@@ -127,7 +128,7 @@ def test_dqn_bad_input():
         DQN("CartPole-v1", FAST).learn(0)
     with pytest.raises(TypeError, match="Gymnasium environment"):
         DQN(42)
-    with pytest.raises(ValueError, match="n_episodes"):
+    with pytest.raises(ValueError, match="n_eval_episodes"):
         evaluate(DQN("CartPole-v1", FAST), "CartPole-v1", 0)
 
 
@@ -222,12 +223,12 @@ def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
             agent.learn(700)
         q = gpu_q_values()
         clear = np.abs(q[0] - q[1]) > 1e-4  # where the argmax cannot flip on rounding
-        np.testing.assert_array_equal(agent.predict(obs)[clear], np.argmax(q, axis=0)[clear])
+        np.testing.assert_array_equal(agent.predict(obs, deterministic=True)[0][clear], np.argmax(q, axis=0)[clear])
         for name, p in agent.q.parameters().items():
             np.testing.assert_array_equal(agent._host_q.parameters()[name].numpy(), p.numpy())
     zeroed = {name: np.zeros_like(value) for name, value in agent.q.state_dict().items()}
     agent.q.load_state_dict(zeroed)  # written from outside (a load, a broadcast): the copy follows
-    np.testing.assert_array_equal(agent.predict(obs), np.zeros(len(obs), np.int64))
+    np.testing.assert_array_equal(agent.predict(obs, deterministic=True)[0], np.zeros(len(obs), np.int64))
     assert all(np.all(p.numpy() == 0) for p in agent._host_q.parameters().values())
     gpu_acting = DQN("CartPole-v1", DQNConfig(**{**FAST.__dict__, "act_on_host": False}), seed=2, device="gpu")
     assert gpu_acting._host_q is None
@@ -255,11 +256,11 @@ def test_deferred_target_updates_equal_sequential_polyak_updates(device, tau):
 
     def check(event):
         agent = event.agent
-        if agent._n_calls % 3 == 0:  # a target update was due at this step
-            for name in expected:
-                expected[name] = tau * q[name] + (1.0 - tau) * expected[name]
         for name, value in agent.target.state_dict().items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        if agent._n_calls % 3 == 0:  # a target update is due after this step's callback (SB3's order)
+            for name in expected:
+                expected[name] = tau * q[name] + (1.0 - tau) * expected[name]
         seen.append(agent._n_calls)
 
     agent.learn(10, callback=check)

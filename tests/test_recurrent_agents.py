@@ -172,8 +172,8 @@ def test_a_loaded_agent_acts_identically(tmp_path):
     obs = np.random.default_rng(1).uniform(-1, 1, (10, 2)).astype(np.float32)
     state_a = state_b = None
     for t in range(10):
-        a, state_a = agent.predict(obs[t], state_a)
-        b, state_b = loaded.predict(obs[t], state_b)
+        a, state_a = agent.predict(obs[t], state_a, deterministic=True)
+        b, state_b = loaded.predict(obs[t], state_b, deterministic=True)
         np.testing.assert_array_equal(a, b)
 
 

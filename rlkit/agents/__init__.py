@@ -4,8 +4,11 @@ observed tasks (rlkit.envs), one file each; ``ALGOS`` names them for the command
 
 import rlkit.envs  # noqa: F401  (registers the partially observed tasks)
 
-from rlkit.agents.base import OffPolicyAgent
-from rlkit.agents.callbacks import CheckpointCallback, EvalCallback, StepEvent
+from rlkit.agents.base import AgentPolicy, OffPolicyAgent
+from rlkit.agents.callbacks import (
+    BaseCallback, CallbackList, CheckpointCallback, EvalCallback, EveryNTimesteps, FunctionCallback, StepEvent,
+    StopTrainingOnMaxEpisodes, StopTrainingOnNoModelImprovement, StopTrainingOnRewardThreshold,
+)
 from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.ddpg import DDPG, DDPGConfig
 from rlkit.agents.discrete_sac import DiscreteSAC, DiscreteSACConfig
@@ -20,6 +23,8 @@ ALGOS = {"dqn": DQN, "ddpg": DDPG, "td3": TD3, "sac": SAC, "discrete_sac": Discr
          "recurrent_dqn": RecurrentDQN, "recurrent_sac": RecurrentSAC}
 """The agent classes by their command-line names."""
 
-__all__ = ["ALGOS", "CheckpointCallback", "DDPG", "DDPGConfig", "DQN", "DQNConfig", "DiscreteSAC", "DiscreteSACConfig",
-           "EvalCallback", "OffPolicyAgent", "OffPolicyConfig", "RecurrentDQN", "RecurrentDQNConfig", "RecurrentSAC",
-           "RecurrentSACConfig", "SAC", "SACConfig", "StepEvent", "TD3", "TD3Config", "evaluate"]
+__all__ = ["ALGOS", "AgentPolicy", "BaseCallback", "CallbackList", "CheckpointCallback", "DDPG", "DDPGConfig", "DQN",
+           "DQNConfig", "DiscreteSAC", "DiscreteSACConfig", "EvalCallback", "EveryNTimesteps", "FunctionCallback",
+           "OffPolicyAgent", "OffPolicyConfig", "RecurrentDQN", "RecurrentDQNConfig", "RecurrentSAC",
+           "RecurrentSACConfig", "SAC", "SACConfig", "StepEvent", "StopTrainingOnMaxEpisodes",
+           "StopTrainingOnNoModelImprovement", "StopTrainingOnRewardThreshold", "TD3", "TD3Config", "evaluate"]

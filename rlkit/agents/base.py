@@ -8,6 +8,7 @@ saves (``_state_objects``); everything between the environment and those pieces 
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import asdict, fields
@@ -15,11 +16,14 @@ from dataclasses import asdict, fields
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.callbacks import StepEvent
+from rlkit.agents.callbacks import BaseCallback, StepEvent, convert_callback
 from rlkit.agents.episodes import EpisodeStats
+from rlkit.agents.keywords import DEVICE_NAMES, config_from_keywords, split_policy_and_env
 from rlkit.agents.lanes import EnvLanes, env_module
 from rlkit.agents.observations import ObservationLayout
+from rlkit.agents.recorder import Recorder
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from rlkit.core.checks import positive_int
 from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
 
@@ -73,6 +77,36 @@ class FiniteCheck:
             warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
 
 
+class AgentPolicy:
+    """``agent.policy``, as SB3's ``model.policy``: what acts. Its ``predict`` is the agent's
+    policy alone (SB3's ``model.policy.predict``: no DQN epsilon); ``name`` is the policy name
+    the agent was made with ("MlpPolicy" unless another of SB3's names was given)."""
+
+    def __init__(self, agent: OffPolicyAgent):
+        self._agent = agent
+
+    @property
+    def name(self) -> str:
+        return self._agent.policy_name
+
+    @property
+    def observation_space(self):
+        return self._agent.observation_space
+
+    @property
+    def action_space(self):
+        return self._agent.action_space
+
+    def predict(self, observation, state: tuple[np.ndarray, ...] | None = None,
+                episode_start: np.ndarray | None = None,
+                deterministic: bool = False) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """``(actions, state)`` as the agent's predict, without its exploration."""
+        return self._agent._predict(observation, state, episode_start, deterministic)
+
+    def __repr__(self) -> str:
+        return f"AgentPolicy({self.name} of {self._agent.algo})"
+
+
 class OffPolicyAgent:
     """The environment loop, logging and saving of an off-policy agent.
 
@@ -88,13 +122,33 @@ class OffPolicyAgent:
 
     algo = ""
     config_class: type = type(None)
+    _learn_start, _learn_total = 0, 0  # the current (or last) learn call's first timestep and length
 
-    def __init__(self, env, config=None, device: str | None = None, seed: int | None = None,
-                 logdir: str | None = None):
+    def __init__(self, env_or_id=None, config=None, device: str | None = None, seed: int | None = None,
+                 logdir: str | None = None, *, env=None, policy: str | None = None, **hyperparameters):
+        """An agent on ``env_or_id`` (a Gymnasium environment, its id, or a vector environment)
+        with ``config`` (default: the config class's defaults) on ``device``.
+
+        As Stable-Baselines3's constructors: ``Agent("MlpPolicy", env, learning_rate=1e-3)`` (the
+        policy name first; see keywords.POLICY_NAMES), hyperparameters as keywords (the config's
+        field names, which override ``config``'s, and SB3's: ``policy_kwargs=dict(net_arch=...)``,
+        ``tensorboard_log`` for ``logdir``, ``verbose``, ``train_freq=(n, "step")``,
+        ``gradient_steps=-1``, ``action_noise``), ``device="auto"`` or ``"cuda"``. An unknown
+        keyword raises TypeError listing the valid ones."""
+        self.policy_name, env, config = split_policy_and_env(self.algo, env_or_id, config, env, policy,
+                                                             self.config_class)
         if config is None:
-            config = self.default_config(env)
-        elif not isinstance(config, self.config_class):
+            config = self.default_config(env)  # DQN's Atari settings for an Atari id, under the keywords
+        if not isinstance(config, self.config_class):
             raise TypeError(f"{self.algo}: config must be a {self.config_class.__name__}, got {type(config).__name__}")
+        n_lanes = getattr(env, "num_envs", None) or hyperparameters.get("n_envs") or getattr(config, "n_envs", 1)
+        config, options = config_from_keywords(self.algo, self.config_class, config, hyperparameters, n_lanes)
+        if "tensorboard_log" in options:
+            if logdir is not None:
+                raise TypeError(f"{self.algo}: give the log folder once, as logdir= or as SB3's tensorboard_log=")
+            logdir = options["tensorboard_log"]
+        self.verbose = options.get("verbose", 0)
+        """SB3's verbosity, kept for callbacks to read (rlkit prints no training table)."""
         self.config = config
         self.lanes = EnvLanes(env, seed, config.n_envs)
         self.env = self.lanes.env
@@ -103,14 +157,20 @@ class OffPolicyAgent:
         import gymnasium as gym
 
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)  # asked at every step
-        self.device = device or rc.device()
+        self.device = DEVICE_NAMES.get(device, device) or rc.device()
         self.seed, self.logdir = seed, logdir
         self.n_obs = int(np.prod(self.observation_space.shape))
         self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
                                                config.normalize_images)
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
+        self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes
+        self._episode_stats: EpisodeStats | None = None  # the lanes' episodes, kept across learn calls
         self._last_obs: np.ndarray | None = None
+        self.logger = Recorder()
+        """SB3's logger surface: ``record(key, value)`` is written with the next log write."""
+        self.policy = AgentPolicy(self)
+        """What acts, as SB3's ``model.policy``: ``policy.predict(...)``."""
         self._train_scalars: dict[str, float] = {}
         self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
@@ -226,42 +286,72 @@ class OffPolicyAgent:
             return self._rng.integers(0, self.action_space.n, (n, 1)).astype(np.int32)
         return self._rng.uniform(-1.0, 1.0, (n, int(np.prod(self.action_space.shape)))).astype(np.float32)
 
-    def _obs_batch(self, obs) -> tuple[np.ndarray, bool]:
-        """Observations as [n, n_obs] float32 (images: [n, *shape] bytes), and whether a single
-        one was given."""
-        obs = np.asarray(obs)
-        single = obs.ndim == len(self.observation_space.shape)
-        if obs.size % self.n_obs or (single and obs.size != self.n_obs):
-            raise ValueError(f"{self.algo}.predict: observations of shape {obs.shape} do not match the "
-                             f"observation space {self.observation_space.shape}")
-        return self.obs_layout.batch(obs, obs.size // self.n_obs), single
-
-    # ---- acting -----------------------------------------------------------------------------------
-
-    def predict(self, obs, deterministic: bool = True):
-        """The action for one observation, or actions for a batch [n, *obs_shape], in the
-        environment's action space: an int (Discrete) or an array rescaled to [low, high] (Box).
-        An observation holding NaN or an infinity raises ValueError: its Q values or actions
-        would be NaN, and an argmax over NaN picks action 0, which would pass for a choice."""
-        batch, single = self._obs_batch(obs)
+    def _obs_batch(self, observation) -> tuple[np.ndarray, bool]:
+        """Observations as [n, n_obs] float32 (images: [n, *shape] bytes), and whether a batch was given: as SB3, an array of
+        the observation space's shape is one observation, one of shape (n, *shape) a batch (what
+        a vector environment returns). Anything else, or one holding NaN or an infinity, raises
+        ValueError (an argmax over NaN Q values picks action 0, which would pass for a choice)."""
+        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+            raise ValueError(f"{self.algo}.predict: got a tuple (observation, info), what Gymnasium's reset() "
+                             "returns; pass the observation alone: obs, info = env.reset(); agent.predict(obs)")
+        obs = np.asarray(observation)
+        shape = tuple(self.observation_space.shape)
+        if obs.shape != shape and obs.shape[1:] != shape:
+            raise ValueError(f"{self.algo}.predict: observations of shape {obs.shape} do not match the observation "
+                             f"space: expected {shape} for one, or (n_envs, {', '.join(map(str, shape))}) for a batch")
+        batch = self.obs_layout.batch(obs, obs.size // self.n_obs)  # [n, n_obs] float32, or [n, *shape] bytes
         if not np.isfinite(batch).all():
             row = int(np.flatnonzero(~np.isfinite(batch).all(axis=1))[0])
             raise ValueError(f"{self.algo}.predict: observation {row} holds NaN or an infinity")
+        return batch, obs.shape != shape
+
+    def _shaped_actions(self, actions: np.ndarray, vectorized: bool) -> np.ndarray:
+        """Environment actions [n, ...] as SB3's predict returns them: the batch, or for one
+        observation its action alone (a 0-d int64 array for Discrete, [*shape] for a Box)."""
+        return actions if vectorized else actions.squeeze(axis=0)
+
+    # ---- acting -----------------------------------------------------------------------------------
+
+    def predict(self, observation, state: tuple[np.ndarray, ...] | None = None,
+                episode_start: np.ndarray | None = None,
+                deterministic: bool = False) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """``(actions, state)`` for one observation, or a batch [n, *obs_shape] from a vector
+        environment, as Stable-Baselines3's ``predict``: actions in the environment's action
+        space (int64 indices for Discrete, rescaled to [low, high] for a Box), shaped as the
+        input (one action for one observation). ``deterministic=False`` (SB3's default) samples
+        a stochastic policy (SAC) and explores as in training where the agent's predict does
+        (DQN's epsilon); TD3 and DDPG act deterministically either way (as SB3's, whose predict
+        adds no action noise). ``state`` and ``episode_start`` matter to recurrent agents only;
+        the others return ``state`` as given."""
+        return self._predict(observation, state, episode_start, deterministic)
+
+    def _predict(self, observation, state, episode_start, deterministic: bool):
+        """The policy's predict (what ``policy.predict`` runs), without an agent's exploration."""
+        batch, vectorized = self._obs_batch(observation)
         with self.on_device():
             actions = self._to_env_action(self._policy(batch, deterministic))
-        if single:
-            return int(actions[0]) if self.discrete else actions[0]
-        return actions
+        return self._shaped_actions(actions, vectorized), state
 
     # ---- training -----------------------------------------------------------------------------------
 
-    def learn(self, total_timesteps: int, progress_bar: bool = False, callback=None, check_finite: str = "raise"):
-        """Trains for ``total_timesteps`` environment steps (summed over the lanes). Returns
-        the agent.
+    def learn(self, total_timesteps: int, callback=None, log_interval: int | None = None,
+              tb_log_name: str | None = None, reset_num_timesteps: bool = True, progress_bar: bool = False,
+              *, check_finite: str = "raise") -> OffPolicyAgent:
+        """Trains for ``total_timesteps`` environment steps (summed over the lanes), as
+        Stable-Baselines3's ``learn``; returns the agent.
 
-        ``callback``: called after every vector-environment step with a
-        :class:`~rlkit.agents.callbacks.StepEvent`; returning False stops training there
-        (None and True go on).
+        ``callback``: a :class:`~rlkit.agents.callbacks.BaseCallback`, a function
+        ``callback(event) -> bool | None`` called after every vector-environment step with a
+        :class:`~rlkit.agents.callbacks.StepEvent`, or a list of these; False from one stops
+        training there (None and True go on).
+
+        ``log_interval``: None writes TensorBoard scalars every ``config.log_interval`` steps;
+        an int, as SB3's off-policy agents, after every ``log_interval``-th finished episode.
+        ``tb_log_name``: the run folder's name, ``<logdir>/<tb_log_name>_<N>`` (default: the
+        algorithm's). ``reset_num_timesteps``: True (SB3's default) starts ``num_timesteps``,
+        the episode count and the environment anew, and opens the next run folder (the replay
+        buffer is kept); False goes on from where the last call stopped, in the latest folder.
+        ``progress_bar``: a tqdm bar.
 
         ``check_finite``: what a NaN or an infinity in an observation or a reward the environment
         returns does: ``"raise"`` (ValueError naming the timestep, the lane and the value, before
@@ -269,11 +359,20 @@ class OffPolicyAgent:
         goes on, its updates on such steps skipped and counted in ``skipped_updates``)."""
         if isinstance(total_timesteps, bool) or not isinstance(total_timesteps, int) or total_timesteps < 1:
             raise ValueError(f"learn: total_timesteps must be a positive int, got {total_timesteps!r}")
+        if log_interval is not None:
+            positive_int(log_interval, "learn: log_interval")
         check = FiniteCheck(self.algo, check_finite)
-        self.log_path = run_dir(self.logdir, self.algo) if self.logdir else None
+        callback = convert_callback(callback)
+        if reset_num_timesteps:
+            self.num_timesteps, self._episode_num = 0, 0
+            self._episode_stats, self._last_obs = None, None
+            self._restart_lanes()
+        name = self.algo if tb_log_name is None else tb_log_name
+        self.log_path = run_dir(self.logdir, name, reuse_latest=not reset_num_timesteps) if self.logdir else None
         writer = SummaryWriter(self.log_path) if self.log_path else None
         if writer is not None:
             writer.add_hparams({**asdict(self.config), "env": str(self.lanes.env_id or self.env)})
+        self.logger.writer = writer
         bar = None
         if progress_bar:
             from tqdm import tqdm
@@ -281,22 +380,39 @@ class OffPolicyAgent:
             bar = tqdm(total=total_timesteps, desc=self.algo)
         try:
             with self.on_device():
-                self._loop(total_timesteps, writer, bar, callback, check)
+                if callback is not None:
+                    callback.init_callback(self)
+                    callback.on_training_start(None, None)
+                self._loop(total_timesteps, writer, bar, callback, check, log_interval)
+                if callback is not None:
+                    callback.on_training_end()
         finally:
+            self.logger.writer = None
             if bar is not None:
                 bar.close()
             if writer is not None:
                 writer.close()
         return self
 
-    def _loop(self, total_timesteps: int, writer, bar, callback, check: FiniteCheck) -> None:
+    def _restart_lanes(self) -> None:
+        """Called when the lanes' episodes start anew (a learn call resetting, set_env): a
+        recurrent agent forgets the lanes' states."""
+
+    def _loop(self, total_timesteps: int, writer, bar, callback: BaseCallback | None, check: FiniteCheck,
+              log_every_episodes: int | None) -> None:
         cfg, lanes = self.config, self.lanes
-        stats = EpisodeStats(lanes.n)
+        if self._episode_stats is None:
+            self._episode_stats = EpisodeStats(lanes.n)
+        stats = self._episode_stats
         self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
         start_time = time.perf_counter()
         obs = lanes.reset() if self._last_obs is None else self._last_obs
         check(self.num_timesteps, "observation", obs)
+        in_rollout, logged_at = False, None  # a rollout: the train_freq steps before a round of gradient steps
         while self.num_timesteps - self._learn_start < total_timesteps:
+            if callback is not None and not in_rollout:
+                callback.on_rollout_start()
+            in_rollout = True
             batch = self.obs_layout.batch(obs, lanes.n)  # [n, n_obs] float32, or [n, *image shape] bytes
             if self.num_timesteps < cfg.learning_starts:
                 actions = self._random_actions(lanes.n)
@@ -314,33 +430,48 @@ class OffPolicyAgent:
             stats.step(reward, done)
             self._stepped(actions, done)
             obs = next_obs
-            before = self.num_timesteps
+            before, episodes_before = self.num_timesteps, self._episode_num
             self.num_timesteps += lanes.n
             self._n_calls += 1
-            if self.num_timesteps > cfg.learning_starts and self._n_calls % cfg.train_freq == 0:
-                self._train_scalars.update(self._train(cfg.gradient_steps))
+            self._episode_num += int(np.count_nonzero(done))
+            if callback is not None:  # as SB3: after the step, before the rollout's gradient steps
+                self._apply_deferred()
+                callback.update_event(StepEvent(agent=self, num_timesteps=self.num_timesteps, actions=env_actions,
+                                                rewards=reward, new_obs=next_obs, terminated=terminated,
+                                                truncated=truncated, episodes=stats, writer=writer))
+                if not callback.on_step():
+                    in_rollout = False  # stopped: the rollout does not end, as SB3's
+                    break
+            if self._n_calls % cfg.train_freq == 0:
+                if callback is not None:
+                    callback.on_rollout_end()
+                in_rollout = False
+                if self.num_timesteps > cfg.learning_starts:
+                    self._train_scalars.update(self._train(cfg.gradient_steps))
             self._after_env_step()
-            if writer is not None and self.num_timesteps // cfg.log_interval > before // cfg.log_interval:
+            if log_every_episodes is None:
+                due = self.num_timesteps // cfg.log_interval > before // cfg.log_interval
+            else:  # SB3's off-policy log_interval: every log_interval-th episode
+                due = self._episode_num // log_every_episodes > episodes_before // log_every_episodes
+            if writer is not None and due:
                 self._log(writer, stats, start_time)
+                logged_at = self.num_timesteps
             if bar is not None:
                 bar.update(lanes.n)
-            if callback is not None:
-                self._apply_deferred()
-                event = StepEvent(agent=self, num_timesteps=self.num_timesteps, actions=env_actions, rewards=reward,
-                                  new_obs=next_obs, terminated=terminated, truncated=truncated, episodes=stats,
-                                  writer=writer)
-                if callback(event) is False:
-                    break
+        if callback is not None and in_rollout:
+            callback.on_rollout_end()  # training ends within a rollout: it ends there
         self._apply_deferred()
         self._last_obs = obs
-        if writer is not None and self.num_timesteps % cfg.log_interval:
+        if writer is not None and logged_at != self.num_timesteps:
             self._log(writer, stats, start_time)  # where training ended, so a short run has its points too
 
     def _progress(self) -> float:
-        """The fraction of the current learn call done (0 to 1)."""
-        return min(1.0, (self.num_timesteps - self._learn_start) / self._learn_total)
+        """The fraction of training done (0 to 1), as SB3 counts it: ``num_timesteps`` over the
+        timesteps this learn call ends at (those of earlier calls too when it does not reset)."""
+        return min(1.0, self.num_timesteps / max(self._learn_start + self._learn_total, 1))
 
     def _log(self, writer: SummaryWriter, stats: EpisodeStats, start_time: float) -> None:
+        """Writes the scalars at ``num_timesteps``, with what callbacks recorded in ``logger``."""
         step = self.num_timesteps
         fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
         means = stats.means()
@@ -350,7 +481,74 @@ class OffPolicyAgent:
         if means is not None:
             scalars["rollout/ep_rew_mean"], scalars["rollout/ep_len_mean"] = means
         for tag, value in scalars.items():
-            writer.add_scalar(tag, value, step)  # NaN and infinities as they are: TensorBoard shows them
+            self.logger.record(tag, value)
+        self.logger._write(writer, step)
+
+    # ---- SB3's model API --------------------------------------------------------------------------
+
+    def get_env(self):
+        """The environment the agent trains on (a Gymnasium environment or vector environment;
+        SB3's get_env returns a VecEnv)."""
+        return self.env
+
+    def set_env(self, env, force_reset: bool = True) -> None:
+        """Trains on ``env`` from now on: its spaces must be the agent's and its lanes as many as
+        the replay buffer's (ValueError otherwise). ``force_reset`` (SB3's default) starts the
+        lanes' episodes anew at the next learn call; False goes on from the last observations."""
+        lanes = EnvLanes(env, self.seed, self.config.n_envs)
+        if (lanes.observation_space, lanes.action_space) != (self.observation_space, self.action_space):
+            raise ValueError(f"{self.algo}.set_env: the environment's spaces ({lanes.observation_space}, "
+                             f"{lanes.action_space}) are not the agent's ({self.observation_space}, {self.action_space})")
+        if lanes.n != self.lanes.n:
+            raise ValueError(f"{self.algo}.set_env: the environment has {lanes.n} lanes, the replay buffer is laid out "
+                             f"for {self.lanes.n}")
+        self.lanes, self.env = lanes, lanes.env
+        if force_reset:
+            self._last_obs = None
+            self._episode_stats = None
+            self._restart_lanes()
+
+    def get_parameters(self) -> dict[str, dict]:
+        """``{name: state_dict}`` of every network and optimizer (what save writes), arrays
+        copied: rlkit's names ("q", "target", "optimizer" for DQN; "actor", "critic", ... for the
+        actor-critic agents), not SB3's ("policy", "policy.optimizer")."""
+        return {name: obj.state_dict() for name, obj in self._state_objects().items()}
+
+    def set_parameters(self, load_path_or_dict, exact_match: bool = True, device: str = "auto") -> None:
+        """Loads what ``get_parameters`` returned, or the networks and optimizers of a saved
+        agent's file. ``exact_match``: every object (and, in each network, every parameter) must
+        be given; False loads a subset of the objects. All are written or none (a bad entry
+        restores what was loaded before it). ``device`` is accepted as SB3's and unused: the
+        parameters go to the agent's device."""
+        if isinstance(load_path_or_dict, (str, os.PathLike)):
+            given = read_checkpoint(os.fspath(load_path_or_dict))["states"]
+        elif isinstance(load_path_or_dict, dict):
+            given = load_path_or_dict
+        else:
+            raise TypeError(f"{self.algo}.set_parameters: expected a dict from get_parameters or a path to a saved "
+                            f"agent, got {type(load_path_or_dict).__name__}")
+        objects = self._state_objects()
+        unknown = sorted(set(given) - set(objects))
+        missing = sorted(set(objects) - set(given)) if exact_match else []
+        if unknown or missing:
+            raise ValueError(f"{self.algo}.set_parameters: the names do not match the agent's {sorted(objects)}"
+                             + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else ""))
+        before = {name: objects[name].state_dict() for name in given}
+        try:
+            for name, state in given.items():
+                self._load_state(objects[name], state, exact_match)
+        except BaseException:
+            for name, state in before.items():
+                objects[name].load_state_dict(state)
+            raise
+
+    @staticmethod
+    def _load_state(obj, state: dict, strict: bool) -> None:
+        """A network's state (strict or not) or an optimizer's (always whole)."""
+        if isinstance(obj, rc.nn.Module):
+            obj.load_state_dict(state, strict=strict)
+        else:
+            obj.load_state_dict(state)
 
     # ---- saving -----------------------------------------------------------------------------------
 
@@ -409,7 +607,8 @@ class OffPolicyAgent:
                                  f"module {module!r}; pass env= (that id or another), or allow_env_import=True to "
                                  "run that module's code")
         tuples = {f.name for f in fields(cls.config_class) if isinstance(f.default, tuple)}
-        config = cls.config_class(**{k: tuple(v) if k in tuples else v for k, v in meta["config"].items()})
+        config = cls.config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v
+                                     for k, v in meta["config"].items()})  # JSON made the tuples lists
         agent = cls(env, config, device=device)
         load_checkpoint(path, agent._state_objects())
         agent.num_timesteps = meta["num_timesteps"]

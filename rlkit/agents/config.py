@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from rlkit.agents.observations import FEATURES_EXTRACTORS
 from rlkit.core.checks import number_in_range, positive_int
@@ -35,7 +36,10 @@ class OffPolicyConfig:
     gradient_steps: int = 1
     """Gradient steps per round."""
     net_arch: tuple[int, ...] = (256, 256)
-    """Hidden layer sizes of the agent's networks (its config's docstring says which)."""
+    """Hidden layer sizes of the agent's networks (its config's docstring says which); for the
+    actor-critic agents also, as SB3's, ``dict(pi=[...], qf=[...])``: the actor's (pi) and each
+    critic's (qf), kept as a dict of tuples (the annotation names the form the command line
+    parses). Lists are kept as tuples."""
     n_envs: int = 1
     """Environments stepped together (a vector environment made from the id when > 1)."""
     log_interval: int = 1000
@@ -54,6 +58,20 @@ class OffPolicyConfig:
     normalize_images: bool = True
     """Image bytes in [0, 255] are scaled to [0, 1] on the device (SB3's normalize_images)."""
 
+    actor_critic: ClassVar[bool] = True
+    """Whether the agent has an actor and critics, which ``net_arch`` may size apart."""
+
+    @property
+    def pi_arch(self) -> tuple[int, ...]:
+        """The actor's hidden layer sizes (SB3's ``net_arch["pi"]``; the whole net_arch when it
+        is one list)."""
+        return self.net_arch["pi"] if isinstance(self.net_arch, dict) else self.net_arch
+
+    @property
+    def qf_arch(self) -> tuple[int, ...]:
+        """Each critic's hidden layer sizes (SB3's ``net_arch["qf"]``)."""
+        return self.net_arch["qf"] if isinstance(self.net_arch, dict) else self.net_arch
+
     def __post_init__(self):
         """The checks of the shared fields: counts, rates, the discount, tau and the network
         widths. A subclass's ``__post_init__`` calls it first, then checks its own fields."""
@@ -66,7 +84,8 @@ class OffPolicyConfig:
         check_positive_number(self, "learning_rate")
         check_in_range(self, "gamma", 0.0, 1.0)
         check_in_range(self, "tau", 0.0, 1.0, low_open=True)
-        for width in self.net_arch:
+        self.net_arch = normalized_net_arch(prefix, self.net_arch, self.actor_critic)
+        for width in (*self.pi_arch, *self.qf_arch):
             positive_int(width, f"{prefix}: each net_arch width")
         if self.features_extractor not in FEATURES_EXTRACTORS:
             raise ValueError(f"{prefix}: features_extractor must be one of {FEATURES_EXTRACTORS}, "
@@ -77,6 +96,23 @@ class OffPolicyConfig:
                              f"got {self.features_extractor_kwargs!r}")
         if not isinstance(self.normalize_images, bool):
             raise ValueError(f"{prefix}: normalize_images must be True or False, got {self.normalize_images!r}")
+
+
+def normalized_net_arch(prefix: str, net_arch, actor_critic: bool):
+    """``net_arch`` as a tuple of widths, or {"pi": tuple, "qf": tuple} where the agent has an
+    actor and critics to size apart (SB3's dict; both keys needed, as SB3's actor-critic agents)."""
+    if isinstance(net_arch, dict):
+        if not actor_critic:
+            raise ValueError(f"{prefix}: net_arch must be a list of widths (one network); dict(pi=..., qf=...) is "
+                             f"for the actor-critic agents, got {net_arch!r}")
+        if set(net_arch) != {"pi", "qf"}:
+            raise ValueError(f"{prefix}: a net_arch dict needs the keys 'pi' (the actor) and 'qf' (the critics), "
+                             f"got {sorted(net_arch)}")
+        return {role: normalized_net_arch(prefix, net_arch[role], False) for role in ("pi", "qf")}
+    if isinstance(net_arch, (list, tuple)):
+        return tuple(net_arch)
+    raise ValueError(f"{prefix}: net_arch must be a list of widths"
+                     f"{' or dict(pi=[...], qf=[...])' if actor_critic else ''}, got {net_arch!r}")
 
 
 def check_in_range(config, name: str, low: float, high: float, low_open: bool = False) -> None:

@@ -37,7 +37,7 @@ class DDPGConfig(OffPolicyConfig):
     def __post_init__(self):
         super().__post_init__()
         check_in_range(self, "action_noise_std", 0.0, 10.0)
-        if not self.net_arch:
+        if not (self.pi_arch and self.qf_arch):
             raise ValueError("DDPGConfig: net_arch needs at least one hidden layer")
 
 class DDPG(TD3):

@@ -82,9 +82,9 @@ class DiscreteSAC(SAC):
         cfg = self.config
         self.n_actions = int(self.action_space.n)
         self.target_entropy = cfg.target_entropy_scale * math.log(self.n_actions)
-        self.actor = encoded_mlp(self.obs_layout, cfg.net_arch, self.n_actions, cfg.features_extractor_kwargs)  # logits
-        self.critic = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
-        self.critic_target = DiscreteCritics(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.actor = encoded_mlp(self.obs_layout, cfg.pi_arch, self.n_actions, cfg.features_extractor_kwargs)  # logits
+        self.critic = DiscreteCritics(self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
+        self.critic_target = DiscreteCritics(self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: its index."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from rlkit.envs.packages import register_for
 class DQNConfig(OffPolicyConfig):
     """DQN's hyperparameters, the shared ones documented in OffPolicyConfig (the defaults are
     RL Zoo's tuned CartPole-v1 settings); ``net_arch`` sizes the Q-network."""
+
+    actor_critic: ClassVar[bool] = False  # net_arch sizes the one Q-network: a list
 
     learning_rate: float = 2.3e-3
     buffer_size: int = 100_000

@@ -21,6 +21,28 @@ class EpsilonGreedy:
             actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
         return actions
 
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
+        """As SB3's DQN.predict: ``deterministic=False`` replaces each observation's greedy action
+        by a uniform one with probability ``exploration_rate`` (0 before the first learn call,
+        so greedy; drawn from the action space's generator, seeded with the agent). SB3 draws once
+        for a whole batch; here each observation draws, with the same chance each."""
+        actions, state = super().predict(observation, state, episode_start, deterministic)
+        rate = self.exploration_rate
+        if deterministic or rate == 0.0:
+            return actions, state
+        rng = self.action_space.np_random
+        flat = np.array(actions).reshape(-1)
+        explore = rng.random(flat.size) < rate
+        flat[explore] = rng.integers(0, self.n_actions, int(np.count_nonzero(explore)))
+        if self.recurrent and self.config.previous_action:  # the state carries the action taken
+            state = (*state[:-1], self._host_action_features(flat))
+        return flat.reshape(np.shape(actions)), state
+
+    @property
+    def exploration_rate(self) -> float:
+        """SB3's: epsilon at this point of training, 0 before the first learn call."""
+        return self._epsilon() if self._learn_total else 0.0
+
     def _epsilon(self) -> float:
         """Epsilon at the current point of the learn call."""
         cfg = self.config

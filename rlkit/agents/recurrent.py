@@ -221,11 +221,15 @@ class RecurrentAgent(OffPolicyAgent):
         for part in self._lane_state:
             part[..., np.asarray(done, bool).reshape(-1)] = 0.0
 
-    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True):
+    def _restart_lanes(self) -> None:
+        self._lane_state = None  # made anew, zeros, at the next step
+
+    def _predict(self, observation, state, episode_start, deterministic: bool):
         """``(actions, state)`` for one observation or a batch [n, *obs_shape], as SB3-Contrib's
         recurrent policies: ``state`` None (or a lane with ``episode_start`` true) starts from
-        zeros; pass the returned state back with the next observations."""
-        batch, single = self._obs_batch(obs)
+        zeros; pass the returned state back with the next observations (a tuple of host arrays,
+        lanes in the last dimension: see ``initial_state``)."""
+        batch, vectorized = self._obs_batch(observation)
         n = len(batch)
         expected = self.initial_state(n)
         state = expected if state is None else tuple(np.array(s, np.float32, copy=True) for s in state)
@@ -242,7 +246,4 @@ class RecurrentAgent(OffPolicyAgent):
             actions, encoder_state = self._policy_with_state(batch, state, deterministic)
         if self.config.previous_action:
             encoder_state += (self._host_action_features(actions),)
-        actions = self._to_env_action(actions)
-        if single:
-            return (int(actions[0]) if self.discrete else actions[0]), encoder_state
-        return actions, encoder_state
+        return self._shaped_actions(self._to_env_action(actions), vectorized), encoder_state

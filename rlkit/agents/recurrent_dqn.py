@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import rlkit.core as rc
 from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
@@ -34,6 +35,8 @@ class RecurrentDQNConfig(OffPolicyConfig):
     seed 0): RL Zoo's CartPole DQN schedule (gradient steps, exploration, target copies) with
     R2D2's windows and n-step returns, which the learning rests on (with 1-step targets the same
     agent stays near 100-300)."""
+
+    actor_critic: ClassVar[bool] = False  # net_arch sizes the one Q-network: a list
 
     learning_rate: float = 1e-3
     buffer_size: int = 100_000

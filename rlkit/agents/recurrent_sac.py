@@ -66,7 +66,7 @@ class RecurrentSACConfig(OffPolicyConfig):
         super().__post_init__()
         check_encoder_fields(self)
         positive_int(self.n_critics, "RecurrentSACConfig: n_critics")
-        if not self.net_arch:
+        if not (self.pi_arch and self.qf_arch):
             raise ValueError("RecurrentSACConfig: net_arch needs at least one hidden layer")
         initial_ent_coef(self.ent_coef)
         if self.target_entropy != "auto" and (isinstance(self.target_entropy, (bool, str))
@@ -80,7 +80,7 @@ class RecurrentActor(rc.nn.Module):
     def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
         self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
-        self.head = GaussianActor(config.d_model, n_actions, config.net_arch)
+        self.head = GaussianActor(config.d_model, n_actions, config.pi_arch)
 
     def sample(self, inputs):
         """(actions [actions, T * B], log-probabilities [1, T * B]) for windows of the encoder's
@@ -95,7 +95,7 @@ class RecurrentCritics(rc.nn.Module):
     def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
         self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
-        self.heads = Critics(config.n_critics, config.d_model, n_actions, config.net_arch)
+        self.heads = Critics(config.n_critics, config.d_model, n_actions, config.qf_arch)
 
     def features(self, inputs):
         """The encoder's features of input windows [n_inputs, T, B], one column per step:

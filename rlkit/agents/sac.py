@@ -52,7 +52,7 @@ class SACConfig(OffPolicyConfig):
         super().__post_init__()
         for name in ("target_update_interval", "n_critics"):
             positive_int(getattr(self, name), f"SACConfig: {name}")
-        if not self.net_arch:
+        if not (self.pi_arch and self.qf_arch):
             raise ValueError("SACConfig: net_arch needs at least one hidden layer")
         initial_ent_coef(self.ent_coef)
         if self.target_entropy != "auto" and (isinstance(self.target_entropy, (bool, str))
@@ -125,9 +125,9 @@ class SAC(OffPolicyAgent):
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
         self.target_entropy = -float(self.n_actions) if cfg.target_entropy == "auto" else float(cfg.target_entropy)
-        self.actor = GaussianActor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
-        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
-        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.actor = GaussianActor(self.obs_layout, self.n_actions, cfg.pi_arch, cfg.features_extractor_kwargs)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
 
     def _buffer_action(self) -> tuple[int, str]:
         """Rows and dtype of a stored action: the [-1, 1] action vector."""

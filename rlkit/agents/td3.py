@@ -53,7 +53,7 @@ class TD3Config(OffPolicyConfig):
             positive_int(getattr(self, name), f"{type(self).__name__}: {name}")
         for name in ("action_noise_std", "target_policy_noise", "target_noise_clip"):
             check_in_range(self, name, 0.0, 10.0)
-        if not self.net_arch:
+        if not (self.pi_arch and self.qf_arch):
             raise ValueError(f"{type(self).__name__}: net_arch needs at least one hidden layer")
 
 class Actor(rc.nn.Module):
@@ -131,11 +131,11 @@ class TD3(OffPolicyAgent):
     def _build(self) -> None:
         cfg = self.config
         self.n_actions = int(np.prod(self.action_space.shape))
-        self.actor = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
-        self.actor_target = Actor(self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.actor = Actor(self.obs_layout, self.n_actions, cfg.pi_arch, cfg.features_extractor_kwargs)
+        self.actor_target = Actor(self.obs_layout, self.n_actions, cfg.pi_arch, cfg.features_extractor_kwargs)
         self.actor_target.load_state_dict(self.actor.state_dict())
-        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
-        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.net_arch, cfg.features_extractor_kwargs)
+        self.critic = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
+        self.critic_target = Critics(cfg.n_critics, self.obs_layout, self.n_actions, cfg.qf_arch, cfg.features_extractor_kwargs)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
