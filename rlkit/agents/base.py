@@ -162,6 +162,10 @@ class OffPolicyAgent:
         self.n_obs = int(np.prod(self.observation_space.shape))
         self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
                                                config.normalize_images)
+        if self.recurrent and self.obs_layout.image:
+            raise ValueError(f"{self.algo} reads vector observations into its sequence encoder; image observations "
+                             "need a CNN agent (DQN, SAC, ...), or features_extractor='flatten' to feed the pixels "
+                             "as a vector")
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
         self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes

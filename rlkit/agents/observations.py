@@ -90,6 +90,11 @@ class ObservationLayout:
             options["frame_stack"] = stack
         return options
 
+    @classmethod
+    def vector(cls, size: int) -> "ObservationLayout":
+        """The layout of ``size`` float features (what a recurrent encoder hands its heads)."""
+        return cls((int(size),), np.float32, "flatten")
+
     @property
     def image(self) -> bool:
         """Whether observations are images (met by a CNN)."""

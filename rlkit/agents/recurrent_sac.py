@@ -19,6 +19,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit.agents.config import OffPolicyConfig
+from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.recurrent import (
     RecurrentAgent, SequenceEncoder, burn_in_weights, check_encoder_fields, flat_steps, learning_weights,
@@ -80,7 +81,7 @@ class RecurrentActor(rc.nn.Module):
     def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
         self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
-        self.head = GaussianActor(config.d_model, n_actions, config.pi_arch)
+        self.head = GaussianActor(ObservationLayout.vector(config.d_model), n_actions, config.pi_arch)
 
     def sample(self, inputs):
         """(actions [actions, T * B], log-probabilities [1, T * B]) for windows of the encoder's
@@ -95,7 +96,7 @@ class RecurrentCritics(rc.nn.Module):
     def __init__(self, n_inputs: int, n_actions: int, config: RecurrentSACConfig):
         super().__init__()
         self.encoder = SequenceEncoder(n_inputs, config.d_model, config.d_state, config.encoder)
-        self.heads = Critics(config.n_critics, config.d_model, n_actions, config.qf_arch)
+        self.heads = Critics(config.n_critics, ObservationLayout.vector(config.d_model), n_actions, config.qf_arch)
 
     def features(self, inputs):
         """The encoder's features of input windows [n_inputs, T, B], one column per step:
