@@ -1,0 +1,293 @@
+"""rlkit against PyTorch and SB3 on pixels, in one run: DQN's NatureCNN update, the convolutions
+of NatureCNN, and sampling Atari frame stacks from a replay buffer.
+
+    python scripts/bench_pixels.py --device gpu --torch-device cuda [--markdown BENCHMARKS.md] [--out r.json]
+    python scripts/bench_pixels.py --device cpu --torch-device cpu [--quick]
+
+Rows (each rlkit's figure beside its reference measured in the same run, and rlkit's speed over
+the reference's, above 1 where rlkit is faster):
+
+- the DQN update on Atari shapes (stacks (4, 84, 84) bytes, NatureCNN, 4 actions, batch 32,
+  Huber loss, global-norm clipping at 10, Adam), as rlkit.agents.DQN captures it (its batch
+  sampled on the device from a buffer that stores each frame once and rebuilds the stacks),
+  against the same update in PyTorch (cuDNN on CUDA) sampling 32 uint8 stacks held on the device,
+  eager and as a CUDA graph; both read their loss on the host at every update, as training does;
+- conv2d forward and backward (input and weight gradients) at each NatureCNN layer, batch 32,
+  GFLOP/s (3 x 2 x the forward's multiply-adds), rlkit captured against torch.nn.functional.conv2d
+  with autograd;
+- sampling 32 stacks from 2000 stored Atari steps: rlkit's ReplayBuffer.sample (indices drawn on
+  the host, the stacks gathered on the device) against SB3's ReplayBuffer.sample
+  (optimize_memory_usage=True, the batch moved to --torch-device).
+
+Before timing, the script checks on the CPU that its PyTorch Q-network computes what rlkit's
+does (same weights and observations, Q-values within 1e-4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the timing and table helpers of bench_gpu
+from bench_gpu import Row, Timer, cuda_graphed, describe_machine, markdown, not_measured, write_section  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+
+import rlkit.core as rc  # noqa: E402
+from rlkit.agents import DQN  # noqa: E402
+from rlkit.agents.dqn import DQNConfig  # noqa: E402
+from rlkit.envs import ATARI_DQN_DEFAULTS  # noqa: E402
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = None
+
+STACK, SIDE, ACTIONS, BATCH, STEPS = 4, 84, 4, 32, 2000
+NATURE_LAYERS = ((STACK, 32, 8, 4, 84), (32, 64, 4, 2, 20), (64, 64, 3, 1, 9))  # (C_in, C_out, kernel, stride, input side)
+
+
+# ---- data -------------------------------------------------------------------------------------------
+
+def atari_steps(steps: int, episode: int = 500, seed: int = 0) -> list[tuple]:
+    """(obs, action, reward, next_obs, terminated) of ``steps`` steps whose observations are frame
+    stacks as FrameStackObservation gives them (reset padding: an episode starts with its first
+    frame four times), random frames, episodes of ``episode`` steps."""
+    rng = np.random.default_rng(seed)
+    out, stack = [], None
+    for t in range(steps):
+        if t % episode == 0:
+            stack = np.repeat(rng.integers(0, 256, (1, SIDE, SIDE), np.uint8), STACK, axis=0)
+        frame = rng.integers(0, 256, (1, SIDE, SIDE), np.uint8)
+        following = np.concatenate([stack[1:], frame])
+        out.append((stack, int(rng.integers(ACTIONS)), float(rng.standard_normal()), following,
+                    (t + 1) % episode == 0))
+        stack = following
+    return out
+
+
+class AtariFrames(gym.Env):
+    """An Atari game's spaces (84x84 frames, 4 actions), to build the agent for; its buffer is
+    then filled with atari_steps' stacks."""
+
+    observation_space = gym.spaces.Box(0, 255, (SIDE, SIDE), np.uint8)
+    action_space = gym.spaces.Discrete(ACTIONS)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros((SIDE, SIDE), np.uint8), {}
+
+    def step(self, action):
+        return np.zeros((SIDE, SIDE), np.uint8), 0.0, False, False, {}
+
+
+def dqn_agent(device: str, steps: list[tuple]) -> DQN:
+    """rlkit's DQN with RL Zoo's Atari settings on FrameStackObservation stacks (so its buffer
+    stores each frame once), the buffer filled with ``steps``."""
+    env = gym.wrappers.FrameStackObservation(AtariFrames(), STACK)
+    agent = DQN(env, DQNConfig(**ATARI_DQN_DEFAULTS, net_arch=()), seed=0, device=device, buffer_size=10_000)
+    with agent.on_device():
+        for obs, action, reward, following, done in steps:
+            agent.buffer.add(obs[None], np.array([[action]]), np.array([reward], np.float32), following[None],
+                             np.array([done]), np.array([False]))
+    return agent
+
+
+# ---- PyTorch's side ----------------------------------------------------------------------------------
+
+def torch_q_network(agent: DQN, device: str):
+    """PyTorch's NatureCNN Q-network holding the agent's weights (rlkit's [KW, KH, C_in, C_out]
+    weights are PyTorch's (C_out, C_in, KH, KW) transposed)."""
+    layers = []
+    for c_in, c_out, kernel, stride, _ in NATURE_LAYERS:
+        layers += [torch.nn.Conv2d(c_in, c_out, kernel, stride), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(3136, 512), torch.nn.ReLU(),
+                              torch.nn.Linear(512, ACTIONS))
+    ours = list(agent.q.parameters().values())
+    with torch.no_grad():
+        for p, value in zip(net.parameters(), ours, strict=True):
+            array = np.asarray(value.numpy(), np.float32)
+            array = np.ascontiguousarray(array.T) if array.ndim == 4 else array.reshape(p.shape)
+            p.copy_(torch.from_numpy(array))
+    return net.to(device)
+
+
+class TorchAtariDQN:
+    """DQN's update in PyTorch on uint8 stacks held on the device: Huber loss of Q(s, a) against
+    r + gamma (1 - done) max Q_target(s', a'), clipping, Adam."""
+
+    def __init__(self, agent: DQN, steps: list[tuple], device: str, capturable: bool):
+        self.q, self.target = torch_q_network(agent, device), torch_q_network(agent, device)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=1e-4, capturable=capturable)
+        self.obs = torch.from_numpy(np.stack([s[0] for s in steps])).to(device)  # [N, 4, 84, 84] uint8
+        self.next_obs = torch.from_numpy(np.stack([s[3] for s in steps])).to(device)
+        self.action = torch.tensor([[s[1]] for s in steps], device=device)
+        self.reward = torch.tensor([[s[2]] for s in steps], device=device)
+        self.done = torch.tensor([[float(s[4])] for s in steps], device=device)
+        self.device = device
+
+    def update(self):
+        index = torch.randint(0, len(self.obs), (BATCH,), device=self.device)
+        obs, next_obs = self.obs[index].float() / 255.0, self.next_obs[index].float() / 255.0
+        with torch.no_grad():
+            best_next = self.target(next_obs).max(dim=1, keepdim=True).values
+            td_target = self.reward[index] + 0.99 * (1.0 - self.done[index]) * best_next
+        loss = F.huber_loss(self.q(obs).gather(1, self.action[index]), td_target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.q.parameters(), 10.0)
+        self.optimizer.step()
+        return (loss,)
+
+
+def check_q_values(agent: DQN, steps: list[tuple]) -> str:
+    """rlkit's and PyTorch's Q-values of 8 stored observations, on the CPU, within 1e-4."""
+    obs = np.stack([s[0] for s in steps[:8]])  # (8, 4, 84, 84)
+    with rc.no_grad():
+        ours = agent.q(rc.tensor(obs.T, dtype="u8", device=agent.device)).numpy()  # [actions, 8]
+    net = torch_q_network(agent, "cpu")
+    theirs = net(torch.from_numpy(obs).float() / 255.0).detach().numpy().T
+    error = float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-12))
+    if error > 1e-4:
+        raise SystemExit(f"bench_pixels: rlkit's and PyTorch's Q-values differ by {error:.2e} (relative)")
+    return f"Q-values agree within {error:.1e} (relative)"
+
+
+# ---- benchmarks --------------------------------------------------------------------------------------
+
+def bench_update(args, timer: Timer, steps: list[tuple]) -> list[Row]:
+    agent = dqn_agent(args.device, steps)
+
+    def call():
+        with agent.on_device():
+            return agent._train(1)
+
+    ours = timer.rlkit(call) * 1e3
+    label = "DQN update, NatureCNN, batch 32 (4x84x84 bytes, frames stored once)"
+    eager = Row("Pixels", f"{label}: PyTorch eager", "ms per update", ours, None, "PyTorch eager", False, 1.5)
+    graph = Row("Pixels", f"{label}: PyTorch CUDA graph", "ms per update", ours, None, "PyTorch CUDA graph",
+                False, 1.0)
+    if torch is None or args.no_torch:
+        return [eager]
+    learner = TorchAtariDQN(agent, steps, args.torch_device, capturable=False)
+    eager.torch = timer.torch(lambda: learner.update()[0].item(), args.torch_device) * 1e3
+    if args.torch_device != "cuda":
+        graph.notes = not_measured("CUDA graphs need --torch-device cuda")
+        return [eager, graph]
+    replay = cuda_graphed(TorchAtariDQN(agent, steps, "cuda", capturable=True).update)
+    graph.torch = timer.torch(lambda: replay()[0].item(), "cuda") * 1e3
+    return [eager, graph]
+
+
+def bench_convs(args, timer: Timer) -> list[Row]:
+    rows = []
+    rng = np.random.default_rng(1)
+    for c_in, c_out, kernel, stride, side in NATURE_LAYERS:
+        out_side = (side - kernel) // stride + 1
+        flops = 3 * 2 * BATCH * c_out * out_side ** 2 * c_in * kernel ** 2
+        x_np = rng.random((side, side, c_in, BATCH), np.float32)
+        w_np = rng.standard_normal((kernel, kernel, c_in, c_out)).astype(np.float32) * 0.05
+        g_np = rng.standard_normal((out_side, out_side, c_out, BATCH)).astype(np.float32)
+        with _on(args.device):
+            x, w, g = rc.param(x_np), rc.param(w_np), rc.tensor(g_np)
+
+            def forward_backward(x=x, w=w, g=g, stride=stride):
+                with rc.grad_tape():
+                    loss = rc.sum(rc.conv2d(x, w, stride=stride) * g)
+                grads = rc.backward(loss)
+                return grads.tensor(x), grads.tensor(w)
+
+            captured = rc.capture(forward_backward, [x, w])
+            ours = flops / timer.rlkit(lambda: captured()) / 1e9
+        row = Row("Pixels", f"conv2d forward+backward {c_in}->{c_out} {kernel}x{kernel}/{stride} on {side}x{side}, "
+                  "batch 32", "GFLOP/s", ours, None, "cuDNN" if args.torch_device == "cuda" else "PyTorch CPU",
+                  True, 0.5 if args.torch_device == "cuda" else None)
+        if torch is not None and not args.no_torch:
+            tx = torch.from_numpy(np.ascontiguousarray(x_np.T)).to(args.torch_device).requires_grad_()
+            tw = torch.from_numpy(np.ascontiguousarray(w_np.T)).to(args.torch_device).requires_grad_()
+            tg = torch.from_numpy(np.ascontiguousarray(g_np.T)).to(args.torch_device)
+
+            def torch_call():
+                return torch.autograd.grad((F.conv2d(tx, tw, stride=stride) * tg).sum(), (tx, tw))
+
+            row.torch = flops / timer.torch(torch_call, args.torch_device) / 1e9
+        rows.append(row)
+    return rows
+
+
+class _on:
+    """Makes ``device`` the default for the block."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def __enter__(self):
+        self.previous = rc.device(self.device)
+
+    def __exit__(self, *exc):
+        rc.device(self.previous)
+
+
+def bench_sampling(args, timer: Timer, steps: list[tuple]) -> list[Row]:
+    agent = dqn_agent(args.device, steps)
+
+    def ours_call():
+        with agent.on_device():
+            return agent.buffer.sample(BATCH)
+
+    ours = timer.rlkit(ours_call) * 1e6
+    row = Row("Pixels", "sample 32 Atari stacks (4x84x84 bytes) from 2000 steps", "us per batch", ours, None,
+              f"SB3 ReplayBuffer (optimize_memory_usage), to {args.torch_device}", False, None)
+    try:
+        from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
+    except ImportError:
+        row.notes = not_measured("stable-baselines3 is not installed")
+        return [row]
+    buffer = SB3Buffer(len(steps) + 1, gym.spaces.Box(0, 255, (STACK, SIDE, SIDE), np.uint8),
+                       gym.spaces.Discrete(ACTIONS), device=args.torch_device, optimize_memory_usage=True,
+                       handle_timeout_termination=False)
+    for obs, action, reward, following, done in steps:
+        buffer.add(obs[None], following[None], np.array([action]), np.array([reward]), np.array([done]), [{}])
+    row.torch = timer.torch(lambda: buffer.sample(BATCH), args.torch_device) * 1e6
+    return [row]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--torch-device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--no-torch", action="store_true", help="rlkit's figures alone")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--round-seconds", type=float, default=0.5)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 short rounds")
+    parser.add_argument("--markdown", help="write the table into this file's bench_pixels section")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.round_seconds = 2, 0.05
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    timer = Timer(args.repeats, warmup=2, round_seconds=args.round_seconds)
+    steps = atari_steps(200 if args.quick else STEPS)
+    if torch is not None and not args.no_torch:
+        print(check_q_values(dqn_agent("cpu", steps[:64]), steps))
+    rows = bench_update(args, timer, steps) + bench_convs(args, timer) + bench_sampling(args, timer, steps)
+    table = markdown(rows, describe_machine(args), args)
+    print(table)
+    if args.markdown:
+        write_section(args.markdown, table, marker=f"bench_pixels_{args.device}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump([row.__dict__ for row in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
