@@ -15,6 +15,8 @@ the reference's, above 1 where rlkit is faster):
 - conv2d forward and backward (input and weight gradients) at each NatureCNN layer, batch 32,
   GFLOP/s (3 x 2 x the forward's multiply-adds), rlkit captured against torch.nn.functional.conv2d
   with autograd;
+- with --atari-env: environment steps per second of DQN training on that game (rlkit's make_atari
+  against SB3's make_atari_env + VecFrameStack, the same settings, --n-envs each);
 - sampling 32 stacks from 2000 stored Atari steps: rlkit's ReplayBuffer.sample (indices drawn on
   the host, the stacks gathered on the device) against SB3's ReplayBuffer.sample
   (optimize_memory_usage=True, the batch moved to --torch-device).
@@ -256,6 +258,39 @@ def bench_sampling(args, timer: Timer, steps: list[tuple]) -> list[Row]:
     return [row]
 
 
+def bench_training(args) -> list[Row]:
+    """Environment steps per second of DQN training on a real Atari game (--atari-env), rlkit
+    (make_atari, RL Zoo's settings, learning from --atari-starts) against SB3's DQN CnnPolicy on
+    SB3's make_atari_env + VecFrameStack(4) with the same settings, --n-envs environments each."""
+    import time
+
+    steps, starts, n_envs = args.atari_steps, args.atari_starts, args.n_envs
+    settings = dict(learning_starts=starts, buffer_size=max(steps, 10_000))
+    agent = DQN(args.atari_env, seed=0, device=args.device, n_envs=n_envs, **settings)
+    began = time.perf_counter()
+    agent.learn(steps)
+    ours = steps / (time.perf_counter() - began)
+    row = Row("Pixels", f"DQN training on {args.atari_env}, {n_envs} envs, {steps} steps (updates from step {starts})",
+              "env steps/s", ours, None, "SB3 DQN CnnPolicy", True, None)
+    try:
+        from stable_baselines3 import DQN as SB3DQN
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+    except ImportError:
+        row.notes = not_measured("stable-baselines3 is not installed")
+        return [row]
+    env = VecFrameStack(make_atari_env(args.atari_env, n_envs=n_envs, seed=0), 4)
+    config = DQN.default_config(args.atari_env)
+    theirs = SB3DQN("CnnPolicy", env, learning_rate=config.learning_rate, batch_size=config.batch_size,
+                    train_freq=config.train_freq, gradient_steps=config.gradient_steps,
+                    target_update_interval=config.target_update_interval, exploration_fraction=config.exploration_fraction,
+                    exploration_final_eps=config.exploration_final_eps, device=args.torch_device, seed=0, **settings)
+    began = time.perf_counter()
+    theirs.learn(steps)
+    row.torch = steps / (time.perf_counter() - began)
+    return [row]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
@@ -264,6 +299,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--round-seconds", type=float, default=0.5)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 short rounds")
+    parser.add_argument("--atari-env", help="also time DQN training on this Atari id (needs the atari extra)")
+    parser.add_argument("--atari-steps", type=int, default=20_000)
+    parser.add_argument("--atari-starts", type=int, default=5_000)
+    parser.add_argument("--n-envs", type=int, default=8)
     parser.add_argument("--markdown", help="write the table into this file's bench_pixels section")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -279,6 +318,8 @@ def main(argv=None) -> int:
     if torch is not None and not args.no_torch:
         print(check_q_values(dqn_agent("cpu", steps[:64]), steps))
     rows = bench_update(args, timer, steps) + bench_convs(args, timer) + bench_sampling(args, timer, steps)
+    if args.atari_env:
+        rows += bench_training(args)
     table = markdown(rows, describe_machine(args), args)
     print(table)
     if args.markdown:
