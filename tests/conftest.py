@@ -9,6 +9,11 @@ that compares the backends it finds. The ``device`` fixture runs a test once per
 ``on_gpu`` makes the GPU the default device with new GPU memory poisoned. With the Vulkan
 validation layer on (RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during
 the session fails it.
+
+``--gpu-tests-only`` runs only what can touch the GPU: the tests marked ``requires_gpu`` and
+every test of a file that names the GPU otherwise (``AVAILABLE_DEVICES``, ``GPU_UNAVAILABLE`` or
+the device name "gpu"). CI runs the Vulkan build so, since the whole suite runs on its CPU-only
+build (.ci/run): the rest would run the same CPU code twice.
 """
 
 import os
@@ -24,6 +29,34 @@ if GPU_UNAVAILABLE and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
     raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_UNAVAILABLE}")
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.requires_gpu)]
 AVAILABLE_DEVICES = ["cpu"] + ([] if GPU_UNAVAILABLE else ["gpu"])
+
+
+GPU_NAMES = ("AVAILABLE_DEVICES", "GPU_UNAVAILABLE", '"gpu"', "'gpu'")
+"""What a test file that compares or uses the backends without the marker contains."""
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gpu-tests-only", action="store_true",
+                     help="run only the tests that can touch the GPU (conftest.py says which)")
+
+
+def _names_the_gpu(path, seen: dict) -> bool:
+    if path not in seen:
+        with open(path) as f:
+            source = f.read()
+        seen[path] = any(name in source for name in GPU_NAMES)
+    return seen[path]
+
+
+def _keep_gpu_tests(config, items) -> None:
+    seen: dict = {}
+    kept, dropped = [], []
+    for item in items:
+        gpu = item.get_closest_marker("requires_gpu") is not None or _names_the_gpu(str(item.path), seen)
+        (kept if gpu else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_runtest_setup(item):
@@ -52,12 +85,14 @@ def device(request):
     rc.device(previous)
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """A test that uses the ``on_gpu`` fixture needs the GPU, whether or not it says so. A slow
     test may not need the GPU: CI runs the slow tests once, on its CPU-only build (.ci/run)."""
     for item in items:
         if "on_gpu" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.requires_gpu)
+    if config.getoption("--gpu-tests-only"):
+        _keep_gpu_tests(config, items)
     slow_gpu = [item.nodeid for item in items if item.get_closest_marker("slow") and item.get_closest_marker("requires_gpu")]
     if slow_gpu:
         raise pytest.UsageError(f"tests marked both slow and requires_gpu (CI would never run them): {slow_gpu}")
