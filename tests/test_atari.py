@@ -94,3 +94,19 @@ def test_bad_input():
         make_atari("ALE/Pong-v5", n_envs=2, vectorization_mode="threads")
     with pytest.raises(ValueError, match="expected FIRE"):
         FireReset(gym.make("ALE/Skiing-v5"))
+
+
+def test_the_command_line_trains_dqn_on_an_atari_id_with_rl_zoo_settings(tmp_path, capsys):
+    import json
+
+    from rlkit.checkpoint import read_checkpoint
+    from rlkit.cli import main
+
+    model = str(tmp_path / "pong.safetensors")
+    code = main(["train", "dqn", "--env", "ALE/Pong-v5", "--total-timesteps", "300", "--logdir", str(tmp_path),
+                 "--save", model, "--eval-episodes", "0", "--hyperparams", "buffer_size=1000", "learning_starts=100"])
+    assert code == 0 and "trained DQN on ALE/Pong-v5 for 300 timesteps" in capsys.readouterr().out
+    config = read_checkpoint(model)["metadata"]["config"]
+    config = json.loads(config) if isinstance(config, str) else config
+    assert config["learning_rate"] == 1e-4 and config["train_freq"] == 4 and config["net_arch"] in ([], ())
+    assert config["buffer_size"] == 1000  # the command line's overrides on top of the Atari settings
