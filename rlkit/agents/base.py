@@ -162,10 +162,10 @@ class OffPolicyAgent:
         self.n_obs = int(np.prod(self.observation_space.shape))
         self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
                                                config.normalize_images)
-        if self.recurrent and self.obs_layout.image:
-            raise ValueError(f"{self.algo} reads vector observations into its sequence encoder; image observations "
-                             "need a CNN agent (DQN, SAC, ...), or features_extractor='flatten' to feed the pixels "
-                             "as a vector")
+        if self.recurrent and self.obs_layout.extractor != "flatten":
+            raise ValueError(f"{self.algo} reads Box vector observations into its sequence encoder, got "
+                             f"{self.observation_space}: images need a CNN agent (DQN, SAC, ...), or "
+                             "features_extractor='flatten' to feed the pixels as a vector")
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
         self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes
@@ -198,7 +198,8 @@ class OffPolicyAgent:
         raise NotImplementedError
 
     def _require_spaces(self, action_kind: str) -> None:
-        """A Box observation space and a ``"discrete"`` or ``"bounded box"`` action space."""
+        """A Box, Discrete, MultiDiscrete or MultiBinary observation space and a ``"discrete"`` or
+        ``"bounded box"`` action space."""
         import gymnasium as gym
 
         space = self.action_space
@@ -209,8 +210,10 @@ class OffPolicyAgent:
         if not fits:
             wanted = "a Discrete" if action_kind == "discrete" else "a bounded Box"
             raise ValueError(f"{self.algo} needs {wanted} action space, got {space}")
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"{self.algo} needs a Box observation space, got {self.observation_space}")
+        readable = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        if not isinstance(self.observation_space, readable):
+            raise ValueError(f"{self.algo} reads Box, Discrete, MultiDiscrete and MultiBinary observation spaces, "
+                             f"got {self.observation_space}")
 
     def _build(self) -> None:
         raise NotImplementedError

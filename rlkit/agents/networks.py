@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import rlkit.core as rc
-from rlkit.agents.observations import ObservationLayout
+from rlkit.agents.observations import Identity, ObservationLayout
 
 
 def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
@@ -17,8 +17,9 @@ def mlp(sizes: tuple[int, ...], final_activation: bool) -> rc.nn.Sequential:
 
 
 def encoded_mlp(layout: ObservationLayout, hidden: tuple[int, ...], n_out: int, features_extractor_kwargs: dict | None = None) -> rc.nn.Module:
-    """The observation encoder (a CNN for images) then an MLP through ``hidden`` to ``n_out``; for
-    vector observations the MLP alone, its parameters named as they always were ("0.W", ...)."""
+    """The observation encoder (a CNN for images, one-hot rows for indices) then an MLP through
+    ``hidden`` to ``n_out``; for vector observations the MLP alone, its parameters named as they
+    always were ("0.W", ...)."""
     encoder, features = layout.features_extractor(features_extractor_kwargs)
     head = mlp((features, *hidden, n_out), final_activation=False)
-    return rc.nn.Sequential(encoder, head) if layout.image else head
+    return head if isinstance(encoder, Identity) else rc.nn.Sequential(encoder, head)

@@ -3,7 +3,8 @@ images, which stay bytes on the host, in the replay buffer and on the way to the
 meet a CNN there.
 
 ``ObservationLayout.of(space, config)`` decides, as SB3 does: an image space (a 3-D uint8 Box
-in [0, 255], SB3's ``is_image_space``) gets a CNN; ``config.features_extractor`` can force
+in [0, 255], SB3's ``is_image_space``) gets a CNN; Discrete and MultiDiscrete observations are
+stored as indices and one-hot on the device, MultiBinary ones as their 0/1 floats; ``config.features_extractor`` can force
 one ("nature", "impala") on any 3-D Box of bytes or booleans (MinAtar's), or the flattened
 vector ("flatten"). The channel axis is the smallest one, first or last, as SB3 decides it.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 
 import rlkit.core as rc
@@ -25,8 +27,6 @@ def frame_stack_of(env) -> int | None:
     """The stack size where ``env``'s observations are Gymnasium FrameStackObservation stacks:
     its outermost observation wrapper, that of a sync vector environment's first environment, or
     a vector environment's FRAME_STACK_METADATA; None where they are not (or it cannot tell)."""
-    import gymnasium as gym
-
     declared = (getattr(env, "metadata", None) or {}).get(FRAME_STACK_METADATA)
     if declared:
         return int(declared)
@@ -43,8 +43,6 @@ def frame_stack_of(env) -> int | None:
 
 def is_image_space(space) -> bool:
     """SB3's rule: a Box of three dimensions, uint8, every bound 0 and 255."""
-    import gymnasium as gym
-
     return (isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
             and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
 
@@ -61,12 +59,18 @@ class ObservationLayout:
     extractor: str
     channels_first: bool = True
     scale: float = 1.0
+    nvec: tuple[int, ...] = ()
+    """For Discrete and MultiDiscrete spaces ("onehot"): the number of values of each entry."""
+    start: tuple[int, ...] = ()
+    """... and each entry's smallest value (Gymnasium's ``start``)."""
 
     @classmethod
     def of(cls, space, features_extractor: str = "auto", normalize_images: bool = True) -> "ObservationLayout":
         """The layout for a Box observation ``space`` under the config's choices."""
         if features_extractor not in FEATURES_EXTRACTORS:
             raise ValueError(f"features_extractor must be one of {FEATURES_EXTRACTORS}, got {features_extractor!r}")
+        if not isinstance(space, gym.spaces.Box):
+            return cls._of_non_box(space, features_extractor)
         shape = tuple(int(n) for n in space.shape)
         image = is_image_space(space)
         if features_extractor == "flatten" or (features_extractor == "auto" and not image):
@@ -91,6 +95,23 @@ class ObservationLayout:
         return options
 
     @classmethod
+    def _of_non_box(cls, space, features_extractor: str) -> "ObservationLayout":
+        """Discrete and MultiDiscrete spaces as one-hot vectors (each entry's index stored, one-hot
+        on the device: SB3's preprocessing), MultiBinary as its 0/1 floats."""
+        if features_extractor in ("nature", "impala"):
+            raise ValueError(f"features_extractor={features_extractor!r} needs an image observation space (a 3-D Box "
+                             f"of uint8 or bool), got {space}")
+        if isinstance(space, gym.spaces.Discrete):
+            return cls((1,), np.float32, "onehot", nvec=(int(space.n),), start=(int(space.start),))
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            nvec = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+            start = tuple(int(n) for n in np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).reshape(-1))
+            return cls((len(nvec),), np.float32, "onehot", nvec=nvec, start=start)
+        if isinstance(space, gym.spaces.MultiBinary):
+            return cls((int(np.prod(space.shape)),), np.float32, "flatten")
+        raise ValueError(f"observation spaces the agents read: Box, Discrete, MultiDiscrete, MultiBinary; got {space}")
+
+    @classmethod
     def vector(cls, size: int) -> "ObservationLayout":
         """The layout of ``size`` float features (what a recurrent encoder hands its heads)."""
         return cls((int(size),), np.float32, "flatten")
@@ -98,7 +119,7 @@ class ObservationLayout:
     @property
     def image(self) -> bool:
         """Whether observations are images (met by a CNN)."""
-        return self.extractor != "flatten"
+        return self.extractor in ("nature", "impala")
 
     @property
     def size(self) -> int:
@@ -123,12 +144,16 @@ class ObservationLayout:
         they already are)."""
         if self.image:
             return np.asarray(obs).reshape(n, *self.shape).astype(self.dtype, copy=False)
+        if self.nvec:  # the entries' indices from 0, as floats (the buffer's observation dtype)
+            return (np.asarray(obs).reshape(n, self.size) - np.asarray(self.start)).astype(np.float32)
         return np.asarray(obs).reshape(n, self.size).astype(np.float32, copy=False)
 
     def features_extractor(self, kwargs: dict | None = None) -> "tuple[rc.nn.Module, int]":
         """A fresh encoder of a batch as the networks receive it and its output width: the
         identity and the observation's size for vectors; for images, the reorder to
         [W, H, C, N], the scale and NatureCNN or ImpalaCNN made with ``kwargs``."""
+        if self.nvec:
+            return OneHot(self.nvec), sum(self.nvec)
         if not self.image:
             return Identity(), self.size
         cnn_class = rc.nn.NatureCNN if self.extractor == "nature" else rc.nn.ImpalaCNN
@@ -147,6 +172,25 @@ class Identity(rc.nn.Module):
 
     def forward(self, x):
         return x
+
+
+class OneHot(rc.nn.Module):
+    """Indices [k, N] (as floats, from 0) to the concatenated one-hot rows of each entry:
+    [sum(nvec), N]."""
+
+    def __init__(self, nvec: tuple[int, ...]):
+        super().__init__()
+        self.nvec = tuple(nvec)
+
+    def forward(self, obs):
+        batch = obs.shape[-1]
+        index = rc.cast(obs, "i32")  # [k, N]
+        rows = None
+        for i, classes in enumerate(self.nvec):
+            entry = rc.reshape(rc.slice_rows(index, i, 1), (batch,))  # [N]
+            hot = rc.one_hot(entry, classes)  # [classes, N]
+            rows = hot if rows is None else rc.concat_rows(rows, hot)
+        return rows  # [sum(nvec), N]
 
 
 class ImageEncoder(rc.nn.Module):
