@@ -77,6 +77,19 @@ def _add_train_parser(commands) -> None:
     train.add_argument("--progress-bar", action="store_true", help="show a progress bar")
     train.add_argument("--eval-episodes", type=_non_negative_int, default=10, metavar="N",
                        help="episodes to evaluate after training; 0 skips it (default: 10)")
+    train.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
+                       help="modules to import first, which register environments (ale_py, minatar and minigrid "
+                            "are imported for their own ids without this)")
+    train.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="keyword arguments of the environment (values read as JSON where they parse, e.g. "
+                            "is_slippery=false, else as strings)")
+    train.add_argument("--n-envs", type=_positive_int, metavar="N", help="environments stepped together")
+    train.add_argument("--eval-freq", type=_non_negative_int, default=0, metavar="N",
+                       help="evaluate every N steps during training (EvalCallback; the best model and "
+                            "evaluations.npz go to the run's folder); 0: never (default)")
+    train.add_argument("--save-freq", type=_non_negative_int, default=0, metavar="N",
+                       help="save a checkpoint every N steps into the run's checkpoints/ folder "
+                            "(CheckpointCallback); 0: never (default)")
     train.set_defaults(run=_train)
 
 
@@ -266,12 +279,59 @@ def _agent_setup_errors() -> tuple:
     return gymnasium.error.Error, ValueError
 
 
-def _print_evaluation(agent, env_id: str, episodes: int, seed: int) -> None:
-    """Prints the mean and std of the agent's returns over deterministic episodes."""
+def _print_evaluation(agent, env, episodes: int, seed: int, env_id: str) -> None:
+    """Prints the mean and std of the agent's returns over deterministic episodes of ``env``
+    (an id, or an environment made from ``env_id``)."""
     from rlkit.agents import evaluate
 
-    mean, std = evaluate(agent, env_id, n_episodes=episodes, seed=seed)
+    mean, std = evaluate(agent, env, n_episodes=episodes, seed=seed)
     print(f"evaluation over {episodes} episodes of {env_id} (seed {seed}): mean return {mean:.2f} +- {std:.2f}")
+
+
+def _import_gym_packages(modules: list[str]) -> None:
+    """--gym-packages: imports each module the user named (to register its environments)."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UsageError(f"--gym-packages: cannot import {module!r}: {error}") from None
+
+
+def _parse_env_kwargs(pairs: list[str]) -> dict:
+    """--env-kwargs KEY=VALUE pairs: each value as JSON where it parses (numbers, true, false,
+    null, lists, objects), else the string itself."""
+    kwargs = {}
+    for pair in pairs:
+        key, equals, text = pair.partition("=")
+        if not equals or not key.isidentifier():
+            raise UsageError(f"--env-kwargs takes KEY=VALUE pairs with KEY a Python name, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(text)
+        except ValueError:
+            kwargs[key] = text
+    return kwargs
+
+
+def _make_training_env(env_id: str, n_envs: int, env_kwargs: dict):
+    """The environment for --env-kwargs: one, or a vector of ``n_envs`` that resets finished
+    episodes in the same step (Atari ids with make_atari's preprocessing)."""
+    import gymnasium as gym
+
+    from rlkit.envs import is_atari_id, make_atari
+    from rlkit.envs.packages import register_for
+
+    from rlkit.agents.lanes import make_env
+
+    if n_envs == 1:
+        return make_env(env_id, **env_kwargs)
+    register_for(env_id)
+    if is_atari_id(env_id):
+        return make_atari(env_id, n_envs, **env_kwargs)
+    return gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **env_kwargs)
+
 
 
 # ---- train --------------------------------------------------------------------------------------
@@ -281,12 +341,24 @@ def _train(args: argparse.Namespace) -> int:
     agent_class = _agent_class(args.algo)
     if not args.env:
         raise UsageError("train needs --env ENV, a Gymnasium environment id such as CartPole-v1")
-    config = _make_config(agent_class, args.env, args.hyperparams)
+    from rlkit.agents.callbacks import RunFolderCallbacks
+    from rlkit.agents.lanes import make_env
+
+    _import_gym_packages(args.gym_packages)
+    env_kwargs = _parse_env_kwargs(args.env_kwargs)
+    pairs = args.hyperparams + ([f"n_envs={args.n_envs}"] if args.n_envs else [])
+    config = _make_config(agent_class, args.env, pairs)
     _check_device(args.device)
     try:
-        agent = agent_class(args.env, config, device=args.device, seed=args.seed, logdir=args.logdir)
+        env = _make_training_env(args.env, config.n_envs, env_kwargs) if env_kwargs else args.env
+        agent = agent_class(env, config, device=args.device, seed=args.seed, logdir=args.logdir)
     except _agent_setup_errors() as error:
         raise UsageError(f"cannot train {agent_class.algo} on {args.env}: {error}") from None
+    callback = None
+    if args.eval_freq or args.save_freq:
+        callback = RunFolderCallbacks(lambda: make_env(args.env, training=False, **env_kwargs),
+                                      args.eval_freq, args.save_freq)
+    agent.learn(args.total_timesteps, callback=callback, progress_bar=args.progress_bar)
     agent.learn(args.total_timesteps, progress_bar=args.progress_bar)
     run = agent.log_path
     model_path = args.save or os.path.join(run, "model.safetensors")
@@ -298,7 +370,8 @@ def _train(args: argparse.Namespace) -> int:
     print(f"model: {model_path}")
     print(f"tensorboard logs: {run} (tensorboard --logdir {args.logdir})")
     if args.eval_episodes:
-        _print_evaluation(agent, args.env, args.eval_episodes, args.seed)
+        eval_env = make_env(args.env, training=False, **env_kwargs) if env_kwargs else args.env
+        _print_evaluation(agent, eval_env, args.eval_episodes, args.seed, args.env)
     return 0
 
 
@@ -350,7 +423,7 @@ def _eval(args: argparse.Namespace) -> int:
     except _agent_setup_errors() as error:
         raise UsageError(f"cannot load {args.path} on {env_id}: {error}") from None
     print(f"{agent_class.algo} from {args.path}, trained for {agent.num_timesteps} timesteps")
-    _print_evaluation(agent, env_id, args.episodes, args.seed)
+    _print_evaluation(agent, env_id, args.episodes, args.seed, env_id)
     return 0
 
 

@@ -285,3 +285,23 @@ def test_python_m_rlkit_info():
                             env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "device cpu" in result.stdout
+
+
+def test_train_takes_env_kwargs_n_envs_and_eval_and_save_frequencies(tmp_path, capsys):
+    code = main(["train", "dqn", "--env", "FrozenLake-v1", "--env-kwargs", "is_slippery=false", "map_name=4x4",
+                 "--n-envs", "2", "--total-timesteps", "600", "--logdir", str(tmp_path), "--eval-freq", "100",
+                 "--save-freq", "150", "--eval-episodes", "1", "--hyperparams", "learning_starts=100"])
+    assert code == 0
+    run = tmp_path / "DQN_1"
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == [f"rl_model_{n}_steps.safetensors" for n in (300, 600)]  # every 150 calls of 2 lanes
+    assert (run / "evaluations.npz").exists() and (run / "best_model.safetensors").exists()
+    assert "evaluation over 1 episodes of FrozenLake-v1" in capsys.readouterr().out
+
+
+def test_train_imports_gym_packages_and_refuses_bad_ones(capsys):
+    assert main(["train", "dqn", "--env", "CartPole-v1", "--total-timesteps", "10", "--gym-packages",
+                 "no_such_package_xyz"]) == 2
+    assert "--gym-packages: cannot import 'no_such_package_xyz'" in capsys.readouterr().err
+    assert main(["train", "dqn", "--env", "CartPole-v1", "--total-timesteps", "10", "--env-kwargs", "1x=2"]) == 2
+    assert "--env-kwargs takes KEY=VALUE pairs" in capsys.readouterr().err

@@ -486,3 +486,23 @@ class EvalCallback(BaseCallback):
             self.logger.record("eval/success_rate", float(np.mean(self._successes)))
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         self.logger.dump(self.num_timesteps)
+
+
+class RunFolderCallbacks(CallbackList):
+    """What the command line's --eval-freq and --save-freq make: an EvalCallback (the best model and evaluations.npz in the
+    run's folder) and a CheckpointCallback (the run's checkpoints/ folder), made when training
+    starts, once the run's folder exists."""
+
+    def __init__(self, make_eval_env, eval_freq: int, save_freq: int):
+        super().__init__([])
+        self.make_eval_env, self.eval_freq, self.save_freq = make_eval_env, eval_freq, save_freq
+
+    def _init_callback(self) -> None:
+        if not self.callbacks:
+            run = self.model.log_path
+            if self.eval_freq:
+                self.callbacks.append(EvalCallback(self.make_eval_env(), eval_freq=self.eval_freq, verbose=0,
+                                                   best_model_save_path=run, log_path=run))
+            if self.save_freq:
+                self.callbacks.append(CheckpointCallback(self.save_freq, os.path.join(run, "checkpoints")))
+        super()._init_callback()

@@ -16,16 +16,19 @@ def env_module(env_id: str) -> str | None:
     return env_id.split(":", 1)[0] if ":" in env_id else None
 
 
-def make_env(env_or_id, seed: int | None = None, training: bool = True):
+def make_env(env_or_id, seed: int | None = None, training: bool = True, **env_kwargs):
     """A Gymnasium environment from an id (or the environment itself), its spaces seeded. The
     package that registers the id is imported first (rlkit.envs.packages: ale_py for ALE/...);
     an Atari id gets the standard preprocessing (rlkit.envs.make_atari; ``training=False`` its
-    evaluation form: whole games, unclipped rewards)."""
+    evaluation form: whole games, unclipped rewards); ``env_kwargs`` go to the environment."""
     import gymnasium as gym
 
     if isinstance(env_or_id, str):
         register_for(env_or_id)
-        env = make_atari(env_or_id, training=training) if is_atari_id(env_or_id) else gym.make(env_or_id)
+        if is_atari_id(env_or_id):
+            env = make_atari(env_or_id, training=training, **env_kwargs)
+        else:
+            env = gym.make(env_or_id, **env_kwargs)
     else:
         env = env_or_id
     if not hasattr(env, "step") or not hasattr(env, "reset"):
