@@ -3,6 +3,7 @@ of NatureCNN, and sampling Atari frame stacks from a replay buffer.
 
     python scripts/bench_pixels.py --device gpu --torch-device cuda [--markdown BENCHMARKS.md] [--out r.json]
     python scripts/bench_pixels.py --device cpu --torch-device cpu [--quick]
+    python scripts/bench_pixels.py --device gpu --levels      # the update's GPU time, level by level
 
 Rows (each rlkit's figure beside its reference measured in the same run, and rlkit's speed over
 the reference's, above 1 where rlkit is faster):
@@ -35,7 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the timing and table helpers of bench_gpu
-from bench_gpu import Row, Timer, cuda_graphed, describe_machine, markdown, not_measured, write_section  # noqa: E402
+from bench_gpu import (  # noqa: E402
+    Row, Timer, cuda_graphed, describe_machine, level_table, markdown, not_measured, write_section,
+)
 
 import gymnasium as gym  # noqa: E402
 
@@ -303,6 +306,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--atari-steps", type=int, default=20_000)
     parser.add_argument("--atari-starts", type=int, default=5_000)
     parser.add_argument("--n-envs", type=int, default=8)
+    parser.add_argument("--levels", action="store_true",
+                        help="instead: where the captured NatureCNN update's GPU time goes, level by level")
     parser.add_argument("--markdown", help="write the table into this file's bench_pixels section")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -313,6 +318,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.levels:
+        print(level_table("DQN NatureCNN update", dqn_agent(args.device, atari_steps(STEPS))))
+        return 0
     timer = Timer(args.repeats, warmup=2, round_seconds=args.round_seconds)
     steps = atari_steps(200 if args.quick else STEPS)
     if torch is not None and not args.no_torch:

@@ -21,6 +21,7 @@ from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.keywords import DEVICE_NAMES, config_from_keywords, split_policy_and_env
 from rlkit.agents.lanes import EnvLanes, env_module
 from rlkit.agents.observations import ObservationLayout
+from rlkit.agents.onnx_export import export_policy
 from rlkit.agents.recorder import Recorder
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from rlkit.core.checks import positive_int
@@ -242,6 +243,20 @@ class OffPolicyAgent:
             act = self._acting[deterministic] = rc.capture(
                 lambda obs: self._act(obs, deterministic), self._policy_parameters())
         return act(obs=obs.T).T  # [n, actions]
+
+    def _onnx_policy(self) -> tuple[list, str]:
+        """(the modules the deterministic action goes through, in order; the final step: "argmax"
+        over their output, or "tanh" rescaled to the Box action space), for export_onnx."""
+        raise NotImplementedError(f"{self.algo}.export_onnx: this agent's policy has no ONNX form (a recurrent "
+                                  "policy carries a state between steps)")
+
+    def export_onnx(self, path: str, opset: int = 17) -> None:
+        """Writes the deterministic policy to ``path`` as an ONNX model (needs the onnx extra):
+        input ``obs`` (N, *observation shape), float32 (uint8 for images, int64 for Discrete and
+        MultiDiscrete), output ``actions``,
+        what ``predict(obs, deterministic=True)`` returns (rlkit/agents/onnx_export.py)."""
+        with self.on_device():
+            export_policy(self, path, opset)
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
         """Runs gradient steps; returns the scalars to log (SB3's train/ tags)."""

@@ -121,6 +121,9 @@ class DiscreteSAC(SAC):
 
     # ---- acting ----------------------------------------------------------------------------------
 
+    def _onnx_policy(self):
+        return [self.actor], "argmax"  # the most likely action: predict's deterministic choice
+
     def _act(self, obs, deterministic: bool):
         logits = self.actor(obs)  # [actions, n]
         return rc.argmax(logits) if deterministic else rc.sample_categorical(logits)  # [1, n] i32

@@ -22,6 +22,7 @@ from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_
 from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import encoded_mlp, mlp
 from rlkit.agents.observations import ObservationLayout
+from rlkit.agents.onnx_export import emit, onnx_form
 from rlkit.agents.polyak import DeferredPolyak, Polyak
 from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
 from rlkit.core.checks import positive_int
@@ -113,6 +114,17 @@ class DuelingQNetwork(rc.nn.Module):
         advantage = self.advantage(features)  # [actions, B]
         centred = rc.sub(advantage, rc.mean(advantage, dim=0))  # [actions, B]
         return rc.add(self.value(features), centred)  # [actions, B]
+
+
+@onnx_form(DuelingQNetwork)
+def _dueling_onnx(g, m: DuelingQNetwork, x: str) -> str:
+    """The dueling heads in ONNX: V + A - mean(A) over the actions (axis 1 of (N, actions))."""
+    features = emit(g, m.encoder, x)
+    if m.trunk is not None:
+        features = emit(g, m.trunk, features)
+    advantage = emit(g, m.advantage, features)
+    centred = g.node("Sub", [advantage, g.node("ReduceMean", [advantage], axes=[1], keepdims=1)])
+    return g.node("Add", [emit(g, m.value, features), centred])
 
 
 def _q_network(layout: ObservationLayout, n_actions: int, cfg: DQNConfig) -> rc.nn.Module:
@@ -262,6 +274,9 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
 
     def _policy_parameters(self) -> list:
         return list(self.q.parameters().values())
+
+    def _onnx_policy(self):
+        return [self.q], "argmax"
 
     def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
         if self._host_q is None:

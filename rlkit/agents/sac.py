@@ -213,6 +213,9 @@ class SAC(OffPolicyAgent):
     def _policy_parameters(self) -> list:
         return list(self.actor.parameters().values())
 
+    def _onnx_policy(self):
+        return [self.actor.encoder, self.actor.trunk, self.actor.mu], "tanh"  # tanh(mean): the deterministic action
+
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """A sample of the policy (its noise drawn on the device)."""
         return self._policy(obs, deterministic=False)

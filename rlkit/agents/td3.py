@@ -202,6 +202,9 @@ class TD3(OffPolicyAgent):
     def _policy_parameters(self) -> list:
         return list(self.actor.parameters().values())
 
+    def _onnx_policy(self):
+        return [self.actor.encoder, self.actor.net], "tanh"
+
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """The actor's actions plus Gaussian noise, clipped to [-1, 1]."""
         actions = self._policy(obs, deterministic=True)
