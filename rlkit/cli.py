@@ -359,7 +359,6 @@ def _train(args: argparse.Namespace) -> int:
         callback = RunFolderCallbacks(lambda: make_env(args.env, training=False, **env_kwargs),
                                       args.eval_freq, args.save_freq)
     agent.learn(args.total_timesteps, callback=callback, progress_bar=args.progress_bar)
-    agent.learn(args.total_timesteps, progress_bar=args.progress_bar)
     run = agent.log_path
     model_path = args.save or os.path.join(run, "model.safetensors")
     try:

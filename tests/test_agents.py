@@ -306,8 +306,6 @@ def test_agent_on_a_vector_environment(tmp_path):
     agent = DQN("CartPole-v1", config, seed=0, logdir=str(tmp_path))
     agent.learn(400)
     assert agent.lanes.n == 4 and agent.num_timesteps == 400 and len(agent.buffer) == 400
-    with pytest.raises(ValueError, match="SAME_STEP"):
-        DQN(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
     with pytest.raises(ValueError, match="needs an environment id"):
         DQN(gym.make("CartPole-v1"), config)
 

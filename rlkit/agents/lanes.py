@@ -40,33 +40,45 @@ def make_env(env_or_id, seed: int | None = None, training: bool = True, **env_kw
 
 
 class EnvLanes:
-    """One environment, or a Gymnasium vector environment, stepped as ``n`` lanes. ``step``
-    returns the observations to act on next and, apart, each lane's true next observation (the
-    final one where an episode ended), so the buffer never pairs steps of two episodes."""
+    """One environment, a Gymnasium vector environment (either autoreset mode) or an SB3 VecEnv,
+    stepped as ``n`` lanes. ``step`` returns the observations to act on next and, apart, each
+    lane's true next observation (the final one where an episode ended), so the buffer never
+    pairs steps of two episodes.
+
+    Gymnasium's default NEXT_STEP mode would spend the step after an episode's end on the reset
+    (the action ignored, reward 0: not a transition to store); the lanes reset such a lane at
+    once instead (``reset(options={"reset_mask": ...})``), so every step taken is a transition,
+    as in SAME_STEP mode. An SB3 VecEnv resets in its step and keeps the final observation in
+    ``infos[i]["terminal_observation"]``; ``TimeLimit.truncated`` says a truncation."""
 
     def __init__(self, env_or_id, seed: int | None, n_envs: int = 1):
         import gymnasium as gym
 
         self.seed = seed
+        self.next_step_reset = False  # a Gymnasium vector env in NEXT_STEP mode: reset done lanes at once
         if isinstance(env_or_id, gym.vector.VectorEnv):
-            if env_or_id.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
-                raise ValueError("a vector environment must reset finished episodes in the same step: make it with "
-                                 "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}")
-            if n_envs not in (1, env_or_id.num_envs):
-                raise ValueError(f"n_envs is {n_envs} but the vector environment has {env_or_id.num_envs}")
-            self.env, self.vector = env_or_id, True
+            mode = env_or_id.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+            if mode not in (gym.vector.AutoresetMode.SAME_STEP, gym.vector.AutoresetMode.NEXT_STEP):
+                raise ValueError(f"a vector environment must reset finished episodes itself (autoreset_mode "
+                                 f"NEXT_STEP, the default, or SAME_STEP), got {mode}")
+            self.next_step_reset = mode == gym.vector.AutoresetMode.NEXT_STEP
+            self.kind = "vector"
+        elif hasattr(env_or_id, "step_async") and hasattr(env_or_id, "num_envs"):
+            self.kind = "sb3"  # an SB3 VecEnv (DummyVecEnv, SubprocVecEnv, ...)
         elif n_envs > 1:
             if not isinstance(env_or_id, str):
-                raise ValueError("n_envs > 1 needs an environment id (or pass a Gymnasium vector environment)")
-            register_for(env_or_id)
-            self.env = make_atari(env_or_id, n_envs) if is_atari_id(env_or_id) else gym.make_vec(env_or_id, num_envs=n_envs, vectorization_mode="sync",
-                                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
-            self.vector = True
+                raise ValueError("n_envs > 1 needs an environment id (or pass a vector environment)")
+            env_or_id, self.kind = _vector_env(env_or_id, n_envs), "vector"
         else:
-            self.env, self.vector = make_env(env_or_id), False
+            env_or_id, self.kind = make_env(env_or_id), "single"
+        self.env, self.vector = env_or_id, self.kind != "single"
+        if self.vector and n_envs not in (1, self.env.num_envs):
+            raise ValueError(f"n_envs is {n_envs} but the vector environment has {self.env.num_envs}")
         self.n = self.env.num_envs if self.vector else 1
-        self.observation_space = self.env.single_observation_space if self.vector else self.env.observation_space
-        self.action_space = self.env.single_action_space if self.vector else self.env.action_space
+        if self.kind == "vector":
+            self.observation_space, self.action_space = self.env.single_observation_space, self.env.single_action_space
+        else:
+            self.observation_space, self.action_space = self.env.observation_space, self.env.action_space
         if seed is not None:
             self.action_space.seed(seed)
             self.observation_space.seed(seed)
@@ -74,17 +86,21 @@ class EnvLanes:
     @property
     def env_id(self) -> str | None:
         """The registered id of the environment, if it has one."""
-        spec = self.env.spec
+        spec = getattr(self.env, "spec", None)
         return spec.id if spec is not None else None
 
     def reset(self) -> np.ndarray:
         """The first observation of every lane: [n, *obs_shape]."""
+        if self.kind == "sb3":
+            if self.seed is not None:
+                self.env.seed(self.seed)
+            return np.asarray(self.env.reset())
         obs, _ = self.env.reset(seed=self.seed)
         return np.asarray(obs) if self.vector else np.asarray(obs)[None]
 
     def step(self, actions: np.ndarray):
         """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
-        if not self.vector:
+        if self.kind == "single":
             obs, reward, terminated, truncated, _ = self.env.step(actions[0])
             true_next = next_obs = np.asarray(obs)[None]  # the same array unless the episode ended
             if terminated or truncated:
@@ -92,8 +108,35 @@ class EnvLanes:
                 next_obs = np.asarray(obs)[None]
             return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
                     true_next)
+        if self.kind == "sb3":
+            return self._sb3_step(actions)
         obs, reward, terminated, truncated, info = self.env.step(actions)
+        terminated, truncated = np.asarray(terminated), np.asarray(truncated)
         true_next = np.array(obs, copy=True)
-        for lane in np.flatnonzero(info.get("_final_obs", ())):
+        for lane in np.flatnonzero(info.get("_final_obs", ())):  # SAME_STEP keeps the final ones here
             true_next[lane] = info["final_obs"][lane]
-        return np.asarray(obs), np.asarray(reward, np.float32), np.asarray(terminated), np.asarray(truncated), true_next
+        done = terminated | truncated
+        if self.next_step_reset and done.any():  # obs holds the final observations: reset those lanes now
+            obs, _ = self.env.reset(options={"reset_mask": done})
+        return np.asarray(obs), np.asarray(reward, np.float32), terminated, truncated, true_next
+
+    def _sb3_step(self, actions: np.ndarray):
+        obs, reward, dones, infos = self.env.step(actions)
+        dones = np.asarray(dones, bool)
+        truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & dones
+        true_next = np.array(obs, copy=True)
+        for lane in np.flatnonzero(dones):
+            true_next[lane] = infos[lane]["terminal_observation"]
+        return np.asarray(obs), np.asarray(reward, np.float32), dones & ~truncated, truncated, true_next
+
+
+def _vector_env(env_id: str, n_envs: int):
+    """``n_envs`` environments of ``env_id`` in one sync vector env that resets finished
+    episodes in the same step (an Atari id: make_atari's)."""
+    import gymnasium as gym
+
+    register_for(env_id)
+    if is_atari_id(env_id):
+        return make_atari(env_id, n_envs)
+    return gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})

@@ -1,0 +1,92 @@
+"""Vector environments in every form users bring (issue 26, item 5): Gymnasium's default
+NEXT_STEP autoreset, SAME_STEP, and SB3 VecEnvs (DummyVecEnv): the transitions stored are the
+environment's own, never a pair of steps of two episodes nor a reset step."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlkit.agents import DQN
+
+
+class Counter(gym.Env):
+    """Observation (episode number, step in it): episodes end after 3 to 6 steps, terminated
+    when the action is 1 at an odd step, truncated at the length otherwise. Reward is the step."""
+
+    observation_space = gym.spaces.Box(0.0, 1e6, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.episode, self.t, self.length = -1, 0, 3
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        self.length = int(self.np_random.integers(3, 7))
+        return np.array([self.episode, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = int(action) == 1 and self.t % 2 == 1
+        truncated = not terminated and self.t >= self.length
+        return np.array([self.episode, self.t], np.float32), float(self.t), terminated, truncated, {}
+
+
+def _stored_transitions(agent, steps: int) -> list[tuple]:
+    """(obs, reward, next_obs, terminated, truncated) rows of every add the agent makes."""
+    rows = []
+    add = agent.buffer.add
+
+    def recording_add(obs, action, reward, next_obs, terminated, truncated):
+        for lane in range(len(obs)):
+            rows.append((np.array(obs[lane]), float(reward[lane]), np.array(next_obs[lane]), bool(terminated[lane]),
+                         bool(truncated[lane])))
+        return add(obs, action, reward, next_obs, terminated, truncated)
+
+    agent.buffer.add = recording_add
+    agent.learn(steps)
+    return rows
+
+
+def _check(rows: list[tuple]) -> None:
+    ends = 0
+    for obs, reward, next_obs, terminated, truncated in rows:
+        assert next_obs[0] == obs[0] and next_obs[1] == obs[1] + 1, (obs, next_obs)  # one step of one episode
+        assert reward == next_obs[1]  # the step's own reward, not a reset's 0
+        ends += terminated or truncated
+    assert ends > 10  # the run crossed many episode ends
+
+
+def _vector(mode) -> gym.vector.VectorEnv:
+    return gym.vector.SyncVectorEnv([Counter] * 3, autoreset_mode=mode)
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP],
+                         ids=["next-step", "same-step"])
+def test_gymnasium_vector_envs_store_the_environments_own_transitions(mode):
+    agent = DQN(_vector(mode), seed=0, learning_starts=1000, buffer_size=1000)
+    _check(_stored_transitions(agent, 300))
+
+
+def test_the_default_vector_env_is_accepted():
+    env = gym.make_vec("CartPole-v1", num_envs=2)  # NEXT_STEP: Gymnasium's default
+    agent = DQN(env, seed=1, learning_starts=50, buffer_size=500)
+    agent.learn(200)
+    assert agent.num_timesteps == 200
+
+
+def test_sb3_vec_envs_store_the_environments_own_transitions():
+    pytest.importorskip("stable_baselines3", reason="SB3 VecEnvs are tested where SB3 is installed (the sb3 extra)")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    agent = DQN(DummyVecEnv([Counter] * 2), seed=2, learning_starts=1000, buffer_size=1000)
+    rows = _stored_transitions(agent, 300)
+    _check(rows)
+    assert any(truncated for *_, truncated in rows) and any(terminated for *_, terminated, _ in rows)
+
+
+def test_a_vector_env_that_never_resets_is_refused():
+    with pytest.raises(ValueError, match="must reset finished episodes itself"):
+        DQN(_vector(gym.vector.AutoresetMode.DISABLED))
