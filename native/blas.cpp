@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <limits>
+#include <stdexcept>
 
 #include "thread_pool.hpp"
 
@@ -28,25 +30,40 @@ void* find_symbol(void* lib, std::initializer_list<const char*> names) {
     return nullptr;
 }
 
-// The built-in kernel: columns of C in parallel, each a sum of scaled columns of op(A).
+// The built-in kernel's columns [lo, hi) of C: each a sum of scaled columns of op(A), added to the
+// column's old values where `accumulate`.
+template <typename T>
+void builtin_columns(bool ta, bool tb, int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+                     int64_t ldc, bool accumulate, int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+        T* cj = c + j * ldc;
+        if (!accumulate) std::fill(cj, cj + m, T(0));
+        for (int64_t p = 0; p < k; ++p) {
+            const T bpj = tb ? b[j + p * ldb] : b[p + j * ldb];
+            if (!ta) {
+                const T* ap = a + p * lda;
+                for (int64_t i = 0; i < m; ++i) cj[i] += ap[i] * bpj;
+            } else {
+                for (int64_t i = 0; i < m; ++i) cj[i] += a[p + i * lda] * bpj;
+            }
+        }
+    }
+}
+
+// The built-in kernel: columns of C in parallel.
 template <typename T>
 void gemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
                   T* c) {
     parallel_for(n, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, m * k)), [&](int64_t lo, int64_t hi) {
-        for (int64_t j = lo; j < hi; ++j) {
-            T* cj = c + j * m;
-            std::fill(cj, cj + m, T(0));
-            for (int64_t p = 0; p < k; ++p) {
-                const T bpj = tb ? b[j + p * ldb] : b[p + j * ldb];
-                if (!ta) {
-                    const T* ap = a + p * lda;
-                    for (int64_t i = 0; i < m; ++i) cj[i] += ap[i] * bpj;
-                } else {
-                    for (int64_t i = 0; i < m; ++i) cj[i] += a[p + i * lda] * bpj;
-                }
-            }
-        }
+        builtin_columns(ta, tb, m, k, a, lda, b, ldb, c, m, false, lo, hi);
     });
+}
+
+// A size passed to the BLAS, whose sizes are ints.
+int blas_int(int64_t v) {
+    if (v > std::numeric_limits<int>::max())
+        throw std::overflow_error("gemm: size " + std::to_string(v) + " exceeds the BLAS's int");
+    return int(v);
 }
 
 // Runs call(rows, columns, A's part, B's part, C's part) on blocks of C in parallel, each at least
@@ -121,6 +138,20 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, in
                   g_blas.dgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
                                1.0, a_part, int(lda), b_part, int(ldb), 0.0, c_part, int(m));
               });
+}
+
+void gemm_serial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    if (!g_blas.sgemm) return builtin_columns(ta, tb, m, k, a, lda, b, ldb, c, ldc, accumulate, 0, n);
+    g_blas.sgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, blas_int(m), blas_int(n), blas_int(k), 1.0f,
+                 a, blas_int(lda), b, blas_int(ldb), accumulate ? 1.0f : 0.0f, c, blas_int(ldc));
+}
+
+void gemm_serial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
+                 int64_t ldb, double* c, int64_t ldc, bool accumulate) {
+    if (!g_blas.dgemm) return builtin_columns(ta, tb, m, k, a, lda, b, ldb, c, ldc, accumulate, 0, n);
+    g_blas.dgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, blas_int(m), blas_int(n), blas_int(k), 1.0,
+                 a, blas_int(lda), b, blas_int(ldb), accumulate ? 1.0 : 0.0, c, blas_int(ldc));
 }
 
 }  // namespace rk

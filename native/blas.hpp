@@ -19,4 +19,12 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
           int64_t ldb, double* c);
 
+// C[m, n] (ldc rows stored) = op(A) @ op(B), plus C's own values where `accumulate`: one product on
+// the calling thread, for kernels that spread their own tasks over rlkit's pool (a parallel_for
+// inside a task of the pool would run inline anyway). Throws where a size exceeds the BLAS's int.
+void gemm_serial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate);
+void gemm_serial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
+                 int64_t ldb, double* c, int64_t ldc, bool accumulate);
+
 }  // namespace rk

@@ -2,11 +2,13 @@
 // fastest): images x [W, H, C, N], kernels w [KW, KH, C_in, C_out], results [W', H', C, N], so that
 // PyTorch's C-order (N, C, H, W) batches and (C_out, C_in, KH, KW) weights are the same bytes.
 //
-// The CPU convolution is a GEMM over rows of output pixels: a block of rows r = (ow, oh, n) of the
-// patch matrix [rows, K] (K = KW * KH * C_in, one column per kernel tap and input channel) is
-// gathered from x, multiplied by w seen as [K, C_out] through the BLAS, and scattered into the
-// output; the backward passes multiply the same blocks the other way round. A block holds at most
-// kPatchBudget elements, so the scratch stays small whatever the batch.
+// The CPU convolution is a GEMM per band of output rows of one image: the band's rows of the
+// patch matrix [pixels, K] (K = KW * KH * C_in, one column per kernel tap and input channel) are
+// gathered from x into a per-thread scratch and multiplied by w seen as [K, C_out] through the
+// BLAS, straight into the output, where a band of an image is a [pixels, C_out] matrix of leading
+// dimension W' H' (no reordering pass). The backward passes multiply the same bands the other way
+// round. Bands are the parallel tasks, each one BLAS call on its thread: DQN's products are small
+// (400 x 32 x 256 an image at NatureCNN's first layer), too small to split further.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -138,151 +140,227 @@ ConvGeometry back_weight_geometry(const TensorImpl& dy, const TensorImpl& x, con
 
 namespace {
 
-constexpr int64_t kPatchBudget = int64_t(1) << 21;  // elements of one block of the patch matrix (8 MiB in f32)
+// Elements of one band's patch matrix: a band of a DQN-sized image fits in a core's L2 cache with
+// its output, and the scratch stays small whatever the batch.
+constexpr int64_t kBandBudget = int64_t(1) << 17;
+// The weight gradient sums its bands in this many fixed groups (fewer where there are fewer bands),
+// each on one thread, then adds the groups up in order: enough groups to keep a few cores busy,
+// few enough that adding them up stays cheap.
+constexpr int64_t kWeightGroups = 16;
 
-// The rows [begin, begin + rows) of the patch matrix: r = ow + W' (oh + H' n).
-struct RowBlock {
-    int64_t begin, rows;
+// Output rows [oh_begin, oh_end) of image n: one task's slice of the patch matrix.
+struct Band {
+    int64_t n, oh_begin, oh_end;
 };
 
-// Calls visit(r, ow, oh, n) for every row of a block, in order, without a division per row.
-template <typename F>
-void for_each_row(const ConvGeometry& g, const RowBlock& b, F&& visit) {
-    int64_t ow = b.begin % g.out_w, oh = (b.begin / g.out_w) % g.out_h, n = b.begin / g.pixels();
-    for (int64_t r = 0; r < b.rows; ++r) {
-        visit(r, ow, oh, n);
-        if (++ow == g.out_w) {
-            ow = 0;
-            if (++oh == g.out_h) oh = 0, ++n;
-        }
-    }
+// How an image's output rows are cut into bands: the same for every image, from the shape alone.
+struct Banding {
+    int64_t rows_per_band, per_image, total;
+};
+
+Banding banding(const ConvGeometry& g) {
+    const int64_t row_elements = size_mul(g.out_w, g.patch());
+    const int64_t most_rows = std::clamp<int64_t>(kBandBudget / row_elements, 1, g.out_h);
+    const int64_t per_image = (g.out_h + most_rows - 1) / most_rows;
+    const int64_t rows_per_band = (g.out_h + per_image - 1) / per_image;  // even bands
+    const int64_t per_image_even = (g.out_h + rows_per_band - 1) / rows_per_band;
+    return {rows_per_band, per_image_even, size_mul(per_image_even, g.n)};
 }
 
-// The element of x that patch column k = (kw, kh, ci) reads at an output pixel, or -1 in the padding.
+Band band_at(const ConvGeometry& g, const Banding& b, int64_t index) {
+    const int64_t n = index / b.per_image, begin = (index % b.per_image) * b.rows_per_band;
+    return {n, begin, std::min(begin + b.rows_per_band, g.out_h)};
+}
+
+int64_t band_pixels(const ConvGeometry& g, const Band& b) { return (b.oh_end - b.oh_begin) * g.out_w; }
+
+// The band's first pixel in an output-shaped tensor [W', H', C_out, N]; its channels lie
+// W' H' apart, so a band is a [pixels, C_out] matrix of leading dimension W' H'.
+template <typename T>
+T* band_origin(const ConvGeometry& g, const Band& b, T* image) {
+    return image + g.out_w * (b.oh_begin + g.out_h * g.c_out * b.n);
+}
+
+// A reusable buffer per thread and float type: a band's patches, without an allocation (and the
+// page faults of a fresh large block) per band. It keeps its largest size for the thread's life.
+template <typename T>
+T* thread_scratch(int64_t elements) {
+    thread_local std::vector<T> buffer;
+    if (buffer.size() < size_t(elements)) buffer.resize(size_t(elements));
+    return buffer.data();
+}
+
+// The output positions [begin, end) along an axis whose reads ix = o stride + offset fall inside
+// [0, in): the rest read the zero padding.
+struct Span {
+    int64_t begin, end;
+};
+
+Span inside_span(int64_t out, int64_t in, int64_t stride, int64_t offset) {
+    auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };  // a >= 0, b > 0
+    const int64_t begin = std::min(out, offset >= 0 ? 0 : ceil_div(-offset, stride));
+    const int64_t end = offset >= in ? 0 : std::min(out, ceil_div(in - offset, stride));
+    return {begin, std::max(begin, end)};
+}
+
+// Patch column k = (kw, kh, ci) of the tap that reads x at (ow stride + kw dil - pad, ...).
 struct Tap {
     int64_t kw, kh, ci;
 };
 Tap tap_of(const ConvGeometry& g, int64_t k) { return {k % g.k_w, (k / g.k_w) % g.k_h, k / (g.k_w * g.k_h)}; }
 
-int64_t input_index(const ConvGeometry& g, const Tap& t, int64_t ow, int64_t oh, int64_t n) {
-    const int64_t ix = ow * g.p.stride_w + t.kw * g.p.dil_w - g.p.pad_w;
-    const int64_t iy = oh * g.p.stride_h + t.kh * g.p.dil_h - g.p.pad_h;
-    if (ix < 0 || ix >= g.in_w || iy < 0 || iy >= g.in_h) return -1;
-    return ix + g.in_w * (iy + g.in_h * (t.ci + g.c_in * n));
+// Calls visit(patch_row, first_read, inside) for each output row of the band and tap k: patch_row
+// is the band's W' entries of patch column k, inside the output columns whose reads fall inside x,
+// and first_read the element of x that entry inside.begin reads (entry ow reads
+// first_read[(ow - inside.begin) stride_w]), or null where the whole row reads the padding.
+template <typename T, typename P, typename F>
+void for_each_tap_row(const ConvGeometry& g, const Band& b, int64_t k, T* image, P* patches, F&& visit) {
+    const Tap t = tap_of(g, k);
+    const int64_t offset_w = t.kw * g.p.dil_w - g.p.pad_w;
+    const Span inside = inside_span(g.out_w, g.in_w, g.p.stride_w, offset_w);
+    T* plane = image + g.in_w * g.in_h * (t.ci + g.c_in * b.n);
+    P* column = patches + k * band_pixels(g, b);
+    for (int64_t oh = b.oh_begin; oh < b.oh_end; ++oh) {
+        const int64_t iy = oh * g.p.stride_h + t.kh * g.p.dil_h - g.p.pad_h;
+        const bool padding = iy < 0 || iy >= g.in_h || inside.begin == inside.end;
+        T* first_read = padding ? nullptr : plane + iy * g.in_w + inside.begin * g.p.stride_w + offset_w;
+        visit(column + (oh - b.oh_begin) * g.out_w, first_read, inside);
+    }
 }
 
-int64_t column_grain(int64_t rows) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(rows, 1)); }
+// dst[i] = src[i stride] for i < count; a stride known at compile time (kStride > 0) lets the
+// compiler unroll and vectorize the copy, which is most of the gather's time.
+template <int64_t kStride, typename T>
+void copy_strided(const T* src, int64_t stride, int64_t count, T* dst) {
+    const int64_t step = kStride > 0 ? kStride : stride;
+    for (int64_t i = 0; i < count; ++i) dst[i] = src[i * step];
+}
 
-// patches [rows, K] (column-major) = the block's rows of the implicit patch matrix of x
+// patches [band pixels, K] (column-major) = the band's rows of the implicit patch matrix of x,
+// the strides of NatureCNN and ImpalaCNN (1, 2, 4) copied with a constant stride.
+template <int64_t kStride, typename T>
+void gather_band_strided(const ConvGeometry& g, const T* x, const Band& b, T* patches) {
+    for (int64_t k = 0; k < g.patch(); ++k)
+        for_each_tap_row(g, b, k, x, patches, [&](T* row, const T* in, Span inside) {
+            if (!in) return void(std::fill_n(row, g.out_w, T(0)));
+            std::fill(row, row + inside.begin, T(0));
+            copy_strided<kStride>(in, g.p.stride_w, inside.end - inside.begin, row + inside.begin);
+            std::fill(row + inside.end, row + g.out_w, T(0));
+        });
+}
+
 template <typename T>
-void gather_patches(const ConvGeometry& g, const T* x, const RowBlock& b, T* patches) {
-    parallel_for(g.patch(), column_grain(b.rows), [&](int64_t lo, int64_t hi) {
-        for (int64_t k = lo; k < hi; ++k) {
-            const Tap t = tap_of(g, k);
-            T* column = patches + k * b.rows;
-            for_each_row(g, b, [&](int64_t r, int64_t ow, int64_t oh, int64_t n) {
-                const int64_t i = input_index(g, t, ow, oh, n);
-                column[r] = i < 0 ? T(0) : x[i];
-            });
-        }
-    });
+void gather_band(const ConvGeometry& g, const T* x, const Band& b, T* patches) {
+    switch (g.p.stride_w) {
+        case 1: return gather_band_strided<1>(g, x, b, patches);
+        case 2: return gather_band_strided<2>(g, x, b, patches);
+        case 4: return gather_band_strided<4>(g, x, b, patches);
+        default: return gather_band_strided<0>(g, x, b, patches);
+    }
 }
 
-// dx += the block's patch gradients [rows, K] put back where gather_patches read them. One task per
-// input channel: the taps of different channels never write the same element of dx.
+// dx += the band's patch gradients [band pixels, K], put back where gather_band read them
 template <typename T>
-void scatter_patches(const ConvGeometry& g, const T* patches, const RowBlock& b, T* dx) {
-    const int64_t taps = g.k_w * g.k_h;
-    parallel_for(g.c_in, column_grain(b.rows * taps), [&](int64_t lo, int64_t hi) {
-        for (int64_t ci = lo; ci < hi; ++ci)
-            for (int64_t tap = 0; tap < taps; ++tap) {
-                const int64_t k = ci * taps + tap;
-                const Tap t = tap_of(g, k);
-                const T* column = patches + k * b.rows;
-                for_each_row(g, b, [&](int64_t r, int64_t ow, int64_t oh, int64_t n) {
-                    const int64_t i = input_index(g, t, ow, oh, n);
-                    if (i >= 0) dx[i] += column[r];
-                });
-            }
-    });
+void scatter_band(const ConvGeometry& g, const T* patches, const Band& b, T* dx) {
+    const int64_t stride = g.p.stride_w;
+    for (int64_t k = 0; k < g.patch(); ++k)
+        for_each_tap_row(g, b, k, dx, patches, [&](const T* row, T* in, Span inside) {
+            if (!in) return;
+            const T* src = row + inside.begin;
+            for (int64_t i = 0; i < inside.end - inside.begin; ++i) in[i * stride] += src[i];
+        });
 }
 
-// rows [rows, C_out] <-> the block's pixels of an output-shaped tensor [W', H', C_out, N]
-template <typename T, bool kToRows>
-void move_rows(const ConvGeometry& g, const RowBlock& b, T* rows, T* image) {
-    parallel_for(g.c_out, column_grain(b.rows), [&](int64_t lo, int64_t hi) {
-        for (int64_t co = lo; co < hi; ++co)
-            for_each_row(g, b, [&](int64_t r, int64_t ow, int64_t oh, int64_t n) {
-                T& pixel = image[ow + g.out_w * (oh + g.out_h * (co + g.c_out * n))];
-                if (kToRows) rows[r + co * b.rows] = pixel;
-                else pixel = rows[r + co * b.rows];
-            });
-    });
-}
-
-// Calls f(block) for consecutive blocks of the patch matrix's rows, each within kPatchBudget.
-template <typename F>
-void for_each_block(const ConvGeometry& g, F&& f) {
-    const int64_t total = g.pixels() * g.n;
-    const int64_t per_block = std::max<int64_t>(1, kPatchBudget / g.patch());
-    for (int64_t begin = 0; begin < total; begin += per_block) f(RowBlock{begin, std::min(per_block, total - begin)});
+// Bands per task of a parallel_for over bands: about kElementGrain multiply-adds at least.
+int64_t band_grain(const ConvGeometry& g, const Banding& b) {
+    const int64_t band_work = size_mul(b.rows_per_band * g.out_w, g.patch(), g.c_out);
+    return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(band_work, 1));
 }
 
 }  // namespace
 
+// Each band: its patches times w [K, C_out], written straight into the output, whose band is a
+// [pixels, C_out] matrix of leading dimension W' H'. Bands are independent tasks.
 void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &x = *in[0], &w = *in[1];
     const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
+    const Banding bands = banding(g);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        std::vector<T> patches, rows;
-        for_each_block(g, [&](const RowBlock& b) {
-            patches.resize(size_t(b.rows * g.patch()));  // [rows, K]
-            rows.resize(size_t(b.rows * g.c_out));       // [rows, C_out]
-            gather_patches(g, x.ptr<T>(), b, patches.data());
-            gemm(false, false, b.rows, g.c_out, g.patch(), patches.data(), b.rows, w.ptr<T>(), g.patch(), rows.data());
-            move_rows<T, false>(g, b, rows.data(), out.ptr<T>());
+        parallel_for(bands.total, band_grain(g, bands), [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) {
+                const Band b = band_at(g, bands, i);
+                T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
+                gather_band(g, x.ptr<T>(), b, patches);
+                gemm_serial(false, false, band_pixels(g, b), g.c_out, g.patch(), patches, band_pixels(g, b), w.ptr<T>(),
+                            g.patch(), band_origin(g, b, out.ptr<T>()), g.pixels(), false);
+            }
         });
     });
 }
 
+// Each band's patch gradients g_band [pixels, C_out] times w^T, added back into its image. One task
+// per image: the bands of an image overlap in dx where the kernel is larger than the stride.
 void cpu_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &dy = *in[0], &w = *in[1];
     const ConvGeometry g = back_input_geometry(dy, w, attrs);
+    const Banding bands = banding(g);
+    const int64_t image_size = g.in_w * g.in_h * g.c_in;
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        std::fill_n(out.ptr<T>(), out.numel(), T(0));
-        std::vector<T> patches, rows;
-        for_each_block(g, [&](const RowBlock& b) {
-            rows.resize(size_t(b.rows * g.c_out));       // [rows, C_out]
-            patches.resize(size_t(b.rows * g.patch()));  // [rows, K]
-            move_rows<T, true>(g, b, rows.data(), dy.ptr<T>());
-            gemm(false, true, b.rows, g.patch(), g.c_out, rows.data(), b.rows, w.ptr<T>(), g.patch(), patches.data());
-            scatter_patches(g, patches.data(), b, out.ptr<T>());
+        parallel_for(g.n, std::max<int64_t>(1, band_grain(g, bands) / bands.per_image), [&](int64_t lo, int64_t hi) {
+            std::fill(out.ptr<T>() + lo * image_size, out.ptr<T>() + hi * image_size, T(0));
+            for (int64_t i = lo * bands.per_image; i < hi * bands.per_image; ++i) {
+                const Band b = band_at(g, bands, i);
+                T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
+                gemm_serial(false, true, band_pixels(g, b), g.patch(), g.c_out, band_origin(g, b, dy.ptr<T>()),
+                            g.pixels(), w.ptr<T>(), g.patch(), patches, band_pixels(g, b), false);
+                scatter_band(g, patches, b, out.ptr<T>());
+            }
         });
     });
 }
 
+// dw [K, C_out] = the sum over bands of patches^T g_band. The bands fall into fixed groups (from
+// the shape alone); each group sums its bands in order on one thread, and the groups' sums are
+// added in group order: the same rounding on every run and with any number of threads.
 void cpu_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &dy = *in[0], &x = *in[1];
     const ConvGeometry g = back_weight_geometry(dy, x, attrs);
+    const Banding bands = banding(g);
+    const int64_t groups = std::min(bands.total, kWeightGroups), dw_size = out.numel();
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        T* dw = out.ptr<T>();  // [K, C_out]
-        std::fill_n(dw, out.numel(), T(0));
-        std::vector<T> patches, rows, block_dw(size_t(out.numel()));
-        for_each_block(g, [&](const RowBlock& b) {
-            patches.resize(size_t(b.rows * g.patch()));  // [rows, K]
-            rows.resize(size_t(b.rows * g.c_out));       // [rows, C_out]
-            gather_patches(g, x.ptr<T>(), b, patches.data());
-            move_rows<T, true>(g, b, rows.data(), dy.ptr<T>());
-            gemm(true, false, g.patch(), g.c_out, b.rows, patches.data(), b.rows, rows.data(), b.rows, block_dw.data());
-            for (size_t e = 0; e < block_dw.size(); ++e) dw[e] += block_dw[e];  // blocks in order: deterministic
+        std::vector<T> sums(size_t(size_mul(groups, dw_size)));  // [K, C_out] per group
+        parallel_for(groups, 1, [&](int64_t lo, int64_t hi) {
+            for (int64_t group = lo; group < hi; ++group) {
+                const int64_t first = bands.total * group / groups, last = bands.total * (group + 1) / groups;
+                for (int64_t i = first; i < last; ++i) {
+                    const Band b = band_at(g, bands, i);
+                    T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
+                    gather_band(g, x.ptr<T>(), b, patches);
+                    gemm_serial(true, false, g.patch(), g.c_out, band_pixels(g, b), patches, band_pixels(g, b),
+                                band_origin(g, b, dy.ptr<T>()), g.pixels(), sums.data() + group * dw_size, g.patch(),
+                                i != first);
+                }
+            }
+        });
+        T* dw = out.ptr<T>();
+        parallel_for(dw_size, kElementGrain, [&](int64_t lo, int64_t hi) {
+            std::copy(sums.data() + lo, sums.data() + hi, dw + lo);
+            for (int64_t group = 1; group < groups; ++group)
+                for (int64_t e = lo; e < hi; ++e) dw[e] += sums[size_t(group * dw_size + e)];
         });
     });
 }
 
 // ---- max pooling ---------------------------------------------------------------------------
+
+namespace {
+
+int64_t column_grain(int64_t rows) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(rows, 1)); }
+
+}  // namespace
 
 PoolGeometry pool_geometry(const char* op, const TensorImpl& x, const OpAttrs& attrs) {
     require_float(op, x, "x");

@@ -133,6 +133,40 @@ def test_strided_dilated_backward_matches_numpy(device):
     np.testing.assert_allclose(np.asarray(grads[pw]), expected_dw, rtol=1e-4, atol=1e-3)
 
 
+def _conv_value_and_grads(x, w, g, device, **conv):
+    px, pw = rc.param(x.astype(np.float32), device=device), rc.param(w.astype(np.float32), device=device)
+    with rc.grad_tape():
+        out = rc.conv2d(px, pw, **conv)
+        loss = rc.sum(rc.mul(out, rc.tensor(g.astype(np.float32), device=device)))
+    grads = rc.backward(loss)
+    return out.numpy(), np.asarray(grads[px]), np.asarray(grads[pw])
+
+
+def test_banded_images_match_numpy_and_repeat_bit_for_bit():
+    """Images too large for one band of the CPU's patch matrix (each cut into several bands of
+    output rows, which overlap in the input's gradient), more bands than the weight gradient's
+    groups, a stride width of 3 (no constant-stride copy) with padding: values and both gradients
+    against the numpy reference, and the same bits again with one thread and with two."""
+    rng = np.random.default_rng(7)
+    conv = dict(stride=(2, 3), padding=(2, 1))
+    x, w = rng.normal(size=(70, 80, 8, 10)), rng.normal(size=(5, 5, 8, 6)) * 0.1  # 2 bands an image
+    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
+    g = rng.normal(size=np_conv2d(x, w, **conv).shape).astype(np.float32).astype(np.float64)
+    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu", **conv)
+    expected_dx, expected_dw = np_conv2d_backward(x, w, g, **conv)
+    np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-2)
+    threads = rc.get_num_threads()
+    try:
+        for n in (1, 2):
+            rc.set_num_threads(n)
+            for got, want in zip(_conv_value_and_grads(x, w, g, "cpu", **conv), (out, dx, dw)):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        rc.set_num_threads(threads)
+
+
 def _pool_gradient(x, device, **pool):
     p = rc.param(np.asarray(x, np.float32), device=device)
     with rc.grad_tape():
