@@ -314,25 +314,6 @@ def _parse_env_kwargs(pairs: list[str]) -> dict:
     return kwargs
 
 
-def _make_training_env(env_id: str, n_envs: int, env_kwargs: dict):
-    """The environment for --env-kwargs: one, or a vector of ``n_envs`` that resets finished
-    episodes in the same step (Atari ids with make_atari's preprocessing)."""
-    import gymnasium as gym
-
-    from rlkit.envs import is_atari_id, make_atari
-    from rlkit.envs.packages import register_for
-
-    from rlkit.agents.lanes import make_env
-
-    if n_envs == 1:
-        return make_env(env_id, **env_kwargs)
-    register_for(env_id)
-    if is_atari_id(env_id):
-        return make_atari(env_id, n_envs, **env_kwargs)
-    return gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **env_kwargs)
-
-
 
 # ---- train --------------------------------------------------------------------------------------
 
@@ -342,7 +323,7 @@ def _train(args: argparse.Namespace) -> int:
     if not args.env:
         raise UsageError("train needs --env ENV, a Gymnasium environment id such as CartPole-v1")
     from rlkit.agents.callbacks import RunFolderCallbacks
-    from rlkit.agents.lanes import make_env
+    from rlkit.agents.lanes import make_env, make_vector_env
 
     _import_gym_packages(args.gym_packages)
     env_kwargs = _parse_env_kwargs(args.env_kwargs)
@@ -350,7 +331,10 @@ def _train(args: argparse.Namespace) -> int:
     config = _make_config(agent_class, args.env, pairs)
     _check_device(args.device)
     try:
-        env = _make_training_env(args.env, config.n_envs, env_kwargs) if env_kwargs else args.env
+        env = args.env
+        if env_kwargs:  # the environment made here, with them (an agent makes its own from an id alone)
+            env = (make_vector_env(args.env, config.n_envs, **env_kwargs) if config.n_envs > 1
+                   else make_env(args.env, **env_kwargs))
         agent = agent_class(env, config, device=args.device, seed=args.seed, logdir=args.logdir)
     except _agent_setup_errors() as error:
         raise UsageError(f"cannot train {agent_class.algo} on {args.env}: {error}") from None

@@ -44,6 +44,7 @@ import gymnasium as gym  # noqa: E402
 
 import rlkit.core as rc  # noqa: E402
 from rlkit.agents import DQN  # noqa: E402
+from rlkit.agents.base import default_device  # noqa: E402
 from rlkit.agents.dqn import DQNConfig  # noqa: E402
 from rlkit.envs import ATARI_DQN_DEFAULTS  # noqa: E402
 
@@ -197,7 +198,7 @@ def bench_convs(args, timer: Timer) -> list[Row]:
         x_np = rng.random((side, side, c_in, BATCH), np.float32)
         w_np = rng.standard_normal((kernel, kernel, c_in, c_out)).astype(np.float32) * 0.05
         g_np = rng.standard_normal((out_side, out_side, c_out, BATCH)).astype(np.float32)
-        with _on(args.device):
+        with default_device(args.device):
             x, w, g = rc.param(x_np), rc.param(w_np), rc.tensor(g_np)
 
             def forward_backward(x=x, w=w, g=g, stride=stride):
@@ -222,19 +223,6 @@ def bench_convs(args, timer: Timer) -> list[Row]:
             row.torch = flops / timer.torch(torch_call, args.torch_device) / 1e9
         rows.append(row)
     return rows
-
-
-class _on:
-    """Makes ``device`` the default for the block."""
-
-    def __init__(self, device: str):
-        self.device = device
-
-    def __enter__(self):
-        self.previous = rc.device(self.device)
-
-    def __exit__(self, *exc):
-        rc.device(self.previous)
 
 
 def bench_sampling(args, timer: Timer, steps: list[tuple]) -> list[Row]:

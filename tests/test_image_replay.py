@@ -18,6 +18,8 @@ from rlkit.agents.lanes import EnvLanes
 from rlkit.buffers import DevicePrioritizedReplayBuffer, PrioritizedReplayBuffer, ReplayBuffer
 from rlkit.buffers.frames import minimum_start_frames
 
+from test_replay import _reference  # the n-step reference of the float buffer's tests (tests/ is on sys.path)
+
 FRAME = (4, 7)  # (H, W): 28 bytes, a multiple of 4 as GPU u8 gathers need; H != W, so swapped axes show
 K = 4
 TIME_LIMIT = 9  # steps: longer episodes are truncated
@@ -165,22 +167,6 @@ def test_a_captured_sampler_rebuilds_the_stacks_of_steps_added_after_it_was_trac
 
 # ---- n-step returns ----------------------------------------------------------------------------
 
-def _n_step_reference(history, step: int, lane: int, n: int, gamma: float):
-    """Return, done, discount and the stack to bootstrap from for one step, from the history:
-    up to n rewards, stopping after an episode's end or at the newest step."""
-    ret, discount = 0.0, 1.0
-    for k in range(n):
-        if step + k >= len(history):
-            break
-        _, _, reward, true_next, terminated, truncated = history[step + k]
-        ret += discount * float(reward[lane])
-        discount *= gamma
-        last_next = true_next[lane]
-        if terminated[lane] or truncated[lane]:
-            return ret, float(terminated[lane]), discount, last_next
-    return ret, 0.0, discount, last_next
-
-
 def test_n_step_returns_on_stacks_match_a_host_computation(device):
     gamma, n = 0.9, 3
     buf = _image_buffer(n_step=n, gamma=gamma)
@@ -192,7 +178,7 @@ def test_n_step_returns_on_stacks_match_a_host_computation(device):
         next_obs, ends = _images(samples.next_obs), 0
         for j, column in enumerate(index):
             step, lane = _step_of(column, buf, history)
-            ret, d, disc, boot = _n_step_reference(history, step, lane, n, gamma)
+            ret, d, disc, boot = _reference(history, step, lane, n, gamma)
             assert reward[j] == pytest.approx(ret, rel=1e-5, abs=1e-6)
             assert done[j] == d and discount[j] == pytest.approx(disc, rel=1e-6)
             np.testing.assert_array_equal(next_obs[j], boot)

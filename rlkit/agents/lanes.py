@@ -1,6 +1,6 @@
 """Environment lanes: one Gymnasium environment, or a vector environment, stepped as ``n``
 lanes, each lane's true next observation kept apart from the observation to act on next; and
-``make_env``, an environment from an id (``env_module``: what module an id would import)."""
+``make_env`` and ``make_vector_env``, environments from an id (``env_module``: what module an id would import)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class EnvLanes:
         elif n_envs > 1:
             if not isinstance(env_or_id, str):
                 raise ValueError("n_envs > 1 needs an environment id (or pass a vector environment)")
-            env_or_id, self.kind = _vector_env(env_or_id, n_envs), "vector"
+            env_or_id, self.kind = make_vector_env(env_or_id, n_envs), "vector"
         else:
             env_or_id, self.kind = make_env(env_or_id), "single"
         self.env, self.vector = env_or_id, self.kind != "single"
@@ -130,13 +130,13 @@ class EnvLanes:
         return np.asarray(obs), np.asarray(reward, np.float32), dones & ~truncated, truncated, true_next
 
 
-def _vector_env(env_id: str, n_envs: int):
-    """``n_envs`` environments of ``env_id`` in one sync vector env that resets finished
-    episodes in the same step (an Atari id: make_atari's)."""
+def make_vector_env(env_id: str, n_envs: int, **env_kwargs):
+    """``n_envs`` environments of ``env_id`` (made with ``env_kwargs``) in one sync vector env
+    that resets finished episodes in the same step (an Atari id: make_atari's)."""
     import gymnasium as gym
 
     register_for(env_id)
     if is_atari_id(env_id):
-        return make_atari(env_id, n_envs)
+        return make_atari(env_id, n_envs, **env_kwargs)
     return gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **env_kwargs)

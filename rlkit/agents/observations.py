@@ -49,13 +49,12 @@ def is_image_space(space) -> bool:
 
 @dataclass(frozen=True)
 class ObservationLayout:
-    """An observation space's path: ``shape`` is one observation's (the space's), ``dtype`` the
-    host and buffer dtype of a batch (uint8 for images, float32 otherwise), ``extractor`` the
-    encoder ("flatten", "nature" or "impala"), ``channels_first`` where the image's channel axis
-    is, ``scale`` what the image's bytes are multiplied by on the device (1/255, or 1)."""
+    """An observation space's path: ``shape`` is one observation's (the space's), ``extractor``
+    the encoder ("flatten", "onehot", "nature" or "impala"), ``channels_first`` where the image's
+    channel axis is, ``scale`` what the image's bytes are multiplied by on the device (1/255,
+    or 1)."""
 
     shape: tuple[int, ...]
-    dtype: type
     extractor: str
     channels_first: bool = True
     scale: float = 1.0
@@ -74,21 +73,21 @@ class ObservationLayout:
         shape = tuple(int(n) for n in space.shape)
         image = is_image_space(space)
         if features_extractor == "flatten" or (features_extractor == "auto" and not image):
-            return cls(shape, np.float32, "flatten")
+            return cls(shape, "flatten")
         if len(shape) != 3 or min(shape) < 1 or space.dtype not in (np.uint8, np.bool_):
             raise ValueError(f"features_extractor={features_extractor!r} needs an image observation space (a 3-D Box "
                              f"of uint8 or bool, every size >= 1), got {space}")
         extractor = "nature" if features_extractor == "auto" else features_extractor
         scale = 1.0 / 255.0 if image and normalize_images else 1.0
-        return cls(shape, np.uint8, extractor, channels_first=int(np.argmin(shape)) == 0, scale=scale)
+        return cls(shape, extractor, channels_first=int(np.argmin(shape)) == 0, scale=scale)
 
     def buffer_options(self, env) -> dict:
         """The ReplayBuffer arguments after its capacity: the observation's shape, and for images
         the u8 dtype and, where ``env`` gives FrameStackObservation stacks along the first axis,
         ``frame_stack`` (each frame stored once: 1M Atari transitions in 7.3 GB)."""
         if not self.image:
-            return {"obs_shape": self.size}
-        options = {"obs_shape": self.shape, "obs_dtype": "u8"}
+            return {"obs_shape": self.buffer_shape}
+        options = {"obs_shape": self.buffer_shape, "obs_dtype": "u8"}
         stack = frame_stack_of(env)
         if stack is not None and self.channels_first and self.shape[0] == stack:
             options["frame_stack"] = stack
@@ -102,24 +101,29 @@ class ObservationLayout:
             raise ValueError(f"features_extractor={features_extractor!r} needs an image observation space (a 3-D Box "
                              f"of uint8 or bool), got {space}")
         if isinstance(space, gym.spaces.Discrete):
-            return cls((1,), np.float32, "onehot", nvec=(int(space.n),), start=(int(space.start),))
+            return cls((1,), "onehot", nvec=(int(space.n),), start=(int(space.start),))
         if isinstance(space, gym.spaces.MultiDiscrete):
             nvec = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
             start = tuple(int(n) for n in np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).reshape(-1))
-            return cls((len(nvec),), np.float32, "onehot", nvec=nvec, start=start)
+            return cls((len(nvec),), "onehot", nvec=nvec, start=start)
         if isinstance(space, gym.spaces.MultiBinary):
-            return cls((int(np.prod(space.shape)),), np.float32, "flatten")
+            return cls((int(np.prod(space.shape)),), "flatten")
         raise ValueError(f"observation spaces the agents read: Box, Discrete, MultiDiscrete, MultiBinary; got {space}")
 
     @classmethod
     def vector(cls, size: int) -> "ObservationLayout":
         """The layout of ``size`` float features (what a recurrent encoder hands its heads)."""
-        return cls((int(size),), np.float32, "flatten")
+        return cls((int(size),), "flatten")
 
     @property
     def image(self) -> bool:
         """Whether observations are images (met by a CNN)."""
         return self.extractor in ("nature", "impala")
+
+    @property
+    def dtype(self) -> type:
+        """The host and buffer dtype of a batch: uint8 for images, float32 otherwise."""
+        return np.uint8 if self.image else np.float32
 
     @property
     def size(self) -> int:
@@ -143,7 +147,7 @@ class ObservationLayout:
         """``n`` observations as one array [n, *buffer shape] of the layout's dtype (a view where
         they already are)."""
         if self.image:
-            return np.asarray(obs).reshape(n, *self.shape).astype(self.dtype, copy=False)
+            return np.asarray(obs).reshape(n, *self.shape).astype(np.uint8, copy=False)
         if self.nvec:  # the entries' indices from 0, as floats (the buffer's observation dtype)
             return (np.asarray(obs).reshape(n, self.size) - np.asarray(self.start)).astype(np.float32)
         return np.asarray(obs).reshape(n, self.size).astype(np.float32, copy=False)

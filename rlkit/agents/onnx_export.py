@@ -133,7 +133,7 @@ def _image_encoder(g: OnnxGraph, m, x: str) -> str:
 
 @onnx_form(rc.nn.ImpalaCNN)
 def _impala(g: OnnxGraph, m, x: str) -> str:
-    return emit(g, m.linear, g.node("Flatten", [g.node("Relu", [emit(g, m.cnn, x)])], axis=1))
+    return emit(g, m.linear, emit(g, m.flatten, g.node("Relu", [emit(g, m.cnn, x)])))
 
 
 @onnx_form(rc.nn.ResidualBlock)
@@ -172,7 +172,7 @@ def export_policy(agent, path: str, opset: int = 17) -> None:
         x = g.node("Reshape", [x, g.const(np.array([-1, agent.obs_layout.size], np.int64), "shape")])
     for module in modules:
         x = emit(g, module, x)
-    actions, action_type, action_shape = _final(g, agent, final, x)
+    actions, action_type, action_shape = _final(g, agent, final, x, onnx.TensorProto)
     g.nodes.append(helper.make_node("Identity", [actions], ["actions"]))
     graph = helper.make_graph(g.nodes, f"{agent.algo}_policy",
                               [helper.make_tensor_value_info("obs", obs_type, obs_shape)],
@@ -189,12 +189,11 @@ def _from_start(g: OnnxGraph, start: tuple[int, ...]) -> str:
     return g.node("Sub", [floats, g.const(np.array(start, np.float32), "start")])
 
 
-def _final(g: OnnxGraph, agent, final: str, x: str):
-    """(the actions' name, ONNX type, shape) from the last module's output ``x``."""
-    import onnx
-
+def _final(g: OnnxGraph, agent, final: str, x: str, types):
+    """(the actions' name, ONNX type from ``types`` (onnx.TensorProto), shape) from the last
+    module's output ``x``."""
     if final == "argmax":
-        return g.node("ArgMax", [x], axis=1, keepdims=0), onnx.TensorProto.INT64, ["N"]
+        return g.node("ArgMax", [x], axis=1, keepdims=0), types.INT64, ["N"]
     if final != "tanh":
         raise ValueError(f"export_onnx: unknown final step {final!r}")
     space = agent.action_space  # a bounded Box: tanh's [-1, 1] rescaled to [low, high]
@@ -204,4 +203,4 @@ def _final(g: OnnxGraph, agent, final: str, x: str):
     scaled = g.node("Add", [g.node("Mul", [g.node("Add", [unit, g.const(np.ones_like(low), "one")]),
                                             g.const(half_range, "half_range")]), g.const(low, "low")])
     shape = g.const(np.array([-1, *space.shape], np.int64), "action_shape")
-    return g.node("Reshape", [scaled, shape]), onnx.TensorProto.FLOAT, ["N", *space.shape]
+    return g.node("Reshape", [scaled, shape]), types.FLOAT, ["N", *space.shape]

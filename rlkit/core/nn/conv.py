@@ -233,13 +233,13 @@ class ImpalaCNN(Module):
             size = pool.output_shape(*size)
             in_channels = out_channels
         self.cnn = Sequential(*layers)
+        self.flatten = Flatten()
         self.linear = Linear(in_channels * size[0] * size[1], self.features_dim, activation="relu",
                              init="fan_in_uniform")
 
     def forward(self, x: Tensor) -> Tensor:
         features = ops.relu(self.cnn(x))  # [W', H', C', N]
-        batch = features.shape[-1]
-        return self.linear(ops.reshape(features, (features.numel // batch, batch)))  # [features_dim, N]
+        return self.linear(self.flatten(features))  # [features_dim, N]
 
     def extra_repr(self) -> str:
         return f"features_dim={self.features_dim}"
