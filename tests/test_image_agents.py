@@ -76,6 +76,24 @@ def test_dqn_on_frame_stacks_stores_each_frame_once(options, device, tmp_path):
         assert agent._host_q is None or sum(p.numel for p in agent.q.parameters().values()) <= 2**18
 
 
+def test_dqn_on_frame_stacks_resumes_with_its_buffer_and_learns_again_from_a_reset(tmp_path):
+    """A second learn that resets the environments, and a run resumed from a save and its
+    buffer, begin new episodes in the frame table: the episodes stored end where they stood."""
+    agent = DQN(_stacked(), seed=0, **SMALL_CNN, **QUICK)
+    agent.learn(90)
+    agent.learn(50)  # reset_num_timesteps=True: the lanes start new episodes mid-episode
+    assert agent.num_timesteps == 50
+    agent.save(str(tmp_path / "agent.safetensors"))
+    agent.save_replay_buffer(str(tmp_path / "replay"))
+    resumed = DQN.load(str(tmp_path / "agent.safetensors"), env=_stacked())
+    resumed.load_replay_buffer(str(tmp_path / "replay"))
+    resumed.learn(70, reset_num_timesteps=False)
+    assert resumed.num_timesteps == 120 and len(resumed.buffer) == 210
+    stored = resumed.buffer
+    newest_of_each_run = [(89 % stored.lane_length), (139 % stored.lane_length)]
+    assert all(stored._truncated[step, 0] for step in newest_of_each_run)  # both cut-off episodes: truncated
+
+
 def test_dqn_on_channel_last_rgb_with_impala(device, tmp_path):
     make = lambda: Frames(channel_last=True)  # noqa: E731
     agent = DQN(make(), seed=2, device=device, features_extractor="impala",

@@ -186,6 +186,34 @@ def test_n_step_returns_on_stacks_match_a_host_computation(device):
         assert 0 < ends < len(index)
 
 
+def test_truncate_episodes_lets_lanes_begin_new_episodes_and_ends_the_stored_ones_there(device):
+    """Environments reset mid-episode (a resumed run): after truncate_episodes the lanes' next
+    steps begin episodes, and the steps before keep their stacks, next stacks and n-step sums
+    (stopped at the cut, as at a truncation)."""
+    gamma, n = 0.9, 3
+    buf, untold = _image_buffer(n_step=n, gamma=gamma), _image_buffer()
+    history, _ = _rollout([buf, untold], _lanes(3, end_probability=0.02), steps=14)
+    running = ~(history[-1][4] | history[-1][5])
+    assert running.any()
+    with pytest.raises(ValueError, match="is not the next_obs of that lane's previous step"):
+        _rollout([untold], _lanes(3), steps=1, seed=5)  # new environments' first stacks
+    buf.truncate_episodes()
+    history[-1] = (*history[-1][:5], history[-1][5] | running)
+    more, _ = _rollout([buf], _lanes(3), steps=17, seed=5)  # the ring of 20 steps wraps
+    history += more
+    rc.manual_seed(6)
+    for samples in (buf.sample(300), buf.sample_on_device(300)):
+        index = np.asarray(samples.index.numpy()[0] if hasattr(samples.index, "numpy") else samples.index)
+        reward, discount = samples.reward.numpy()[0], samples.discount.numpy()[0]
+        obs, next_obs = _images(samples.obs), _images(samples.next_obs)
+        for j, column in enumerate(index):
+            step, lane = _step_of(column, buf, history)
+            np.testing.assert_array_equal(obs[j], history[step][0][lane])
+            ret, _, disc, boot = _reference(history, step, lane, n, gamma)
+            assert reward[j] == pytest.approx(ret, rel=1e-5, abs=1e-6) and discount[j] == pytest.approx(disc)
+            np.testing.assert_array_equal(next_obs[j], boot)
+
+
 # ---- prioritized replay ------------------------------------------------------------------------
 
 def test_host_prioritized_sampling_on_stacks(device):

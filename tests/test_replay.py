@@ -118,6 +118,32 @@ def test_shared_next_observations_keep_truncated_final_observations(device, n_st
         assert not np.any(shared.sample(16).index // 2 == newest)  # its successor is not stored yet
 
 
+@pytest.mark.parametrize("optimize_memory", [False, True])
+def test_truncate_episodes_ends_the_running_episodes_where_they_stand(device, optimize_memory):
+    """After truncate_episodes the lanes' newest steps count as truncated: n-step sums stop
+    there and bootstrap from their true next observations, not from the next episode's first."""
+    n, gamma = 3, 0.9
+    buf = ReplayBuffer(60, 3, 2, n_envs=2, seed=3, n_step=n, gamma=gamma, optimize_memory=optimize_memory,
+                       device=device)
+    history = _rollout([buf], 12, 2, seed=1)
+    running = ~(history[-1][4] | history[-1][5])
+    buf.truncate_episodes()
+    history[-1] = (*history[-1][:5], history[-1][5] | running)
+    history += _rollout([buf], 10, 2, seed=2)  # new episodes' first observations
+    assert running.any() and len(history) < buf.lane_length  # no wrap: ring step t is history step t
+    t, e = np.meshgrid(np.arange(len(history) - n), np.arange(2), indexing="ij")
+    t, e = t.ravel(), e.ravel()
+    got = buf._gather(t, e)
+    reward, done, discount = (getattr(got, f).numpy()[0] for f in ("reward", "done", "discount"))
+    next_obs = got.next_obs.numpy()
+    for j in range(len(t)):
+        ret, d, disc, boot = _reference(history, t[j], e[j], n, gamma)
+        assert reward[j] == pytest.approx(ret, rel=1e-5, abs=1e-6) and done[j] == d
+        assert discount[j] == pytest.approx(disc, rel=1e-6)
+        if not d:  # the bootstrap observation matters (a shared table holds the next episode's there)
+            np.testing.assert_array_equal(next_obs[:, j], boot)
+
+
 def test_bad_input():
     buf = ReplayBuffer(10, (2, 2), 1, n_envs=2)
     good = dict(obs=np.zeros((2, 2, 2)), action=np.zeros((2, 1)), reward=np.zeros(2), next_obs=np.zeros((2, 2, 2)),

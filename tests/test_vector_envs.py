@@ -70,6 +70,61 @@ def test_gymnasium_vector_envs_store_the_environments_own_transitions(mode):
     _check(_stored_transitions(agent, 300))
 
 
+def _async_vector(mode) -> gym.vector.VectorEnv:
+    return gym.vector.AsyncVectorEnv([Counter] * 3, autoreset_mode=mode, context="fork")
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP],
+                         ids=["next-step", "same-step"])
+def test_async_vector_envs_store_the_environments_own_transitions(mode):
+    env = _async_vector(mode)
+    try:
+        agent = DQN(env, seed=0, learning_starts=60, buffer_size=1000, train_freq=2, gradient_steps=1)
+        _check(_stored_transitions(agent, 300))
+    finally:
+        env.close()
+
+
+def _train_rounds(agent, steps: int) -> tuple[list[str], list[int]]:
+    """The order of the lanes' step calls and gradient rounds, and num_timesteps at each round."""
+    events, rounds = [], []
+    lanes, train = agent.lanes, agent._train
+    for name in ("step", "step_async", "step_wait"):
+        def recorded(*args, _call=getattr(lanes, name), _name=name):
+            events.append(_name)
+            return _call(*args)
+        setattr(lanes, name, recorded)
+
+    def recording_train(gradient_steps):
+        events.append("train")
+        rounds.append(agent.num_timesteps)
+        return train(gradient_steps)
+
+    agent._train = recording_train
+    agent.learn(steps)
+    return events, rounds
+
+
+def test_async_vector_envs_step_while_the_gradient_steps_run():
+    """With environments in other processes, each round of gradient steps runs between the
+    step's start and its end: as many rounds as a sync run, from the same step on (the round
+    of step k counts step k's timesteps as a sync run does; it samples before they are added)."""
+    settings = dict(seed=0, learning_starts=30, buffer_size=1000, train_freq=4, gradient_steps=1)
+    env = _async_vector(gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        events, rounds = _train_rounds(DQN(env, **settings), 300)
+    finally:
+        env.close()
+    sync_events, sync_rounds = _train_rounds(DQN(_vector(gym.vector.AutoresetMode.SAME_STEP), **settings), 300)
+    assert events.count("step") + events.count("step_async") == 100 == sync_events.count("step")
+    for i, event in enumerate(events):
+        if event == "train":
+            assert events[i - 1] == "step_async" and events[i + 1] == "step_wait"
+    lanes = 3
+    assert [timesteps + lanes for timesteps in rounds] == sync_rounds  # a sync round runs after the count rises
+    assert len(rounds) == len([n for n in range(4, 101, 4) if 3 * n > 30])
+
+
 def test_the_default_vector_env_is_accepted():
     env = gym.make_vec("CartPole-v1", num_envs=2)  # NEXT_STEP: Gymnasium's default
     agent = DQN(env, seed=1, learning_starts=50, buffer_size=500)
@@ -85,6 +140,19 @@ def test_sb3_vec_envs_store_the_environments_own_transitions():
     rows = _stored_transitions(agent, 300)
     _check(rows)
     assert any(truncated for *_, truncated in rows) and any(terminated for *_, terminated, _ in rows)
+
+
+def test_sb3_subproc_vec_envs_step_while_the_gradient_steps_run():
+    pytest.importorskip("stable_baselines3", reason="SB3 VecEnvs are tested where SB3 is installed (the sb3 extra)")
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    env = SubprocVecEnv([Counter] * 2, start_method="fork")
+    try:
+        agent = DQN(env, seed=2, learning_starts=40, buffer_size=1000, train_freq=2, gradient_steps=1)
+        assert agent.lanes.steps_in_background
+        _check(_stored_transitions(agent, 300))
+    finally:
+        env.close()
 
 
 def test_a_vector_env_that_never_resets_is_refused():

@@ -428,7 +428,11 @@ class OffPolicyAgent:
         stats = self._episode_stats
         self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
         start_time = time.perf_counter()
-        obs = lanes.reset() if self._last_obs is None else self._last_obs
+        if self._last_obs is None:
+            self.buffer.truncate_episodes()  # the lanes begin new episodes: those stored end where they stand
+            obs = lanes.reset()
+        else:
+            obs = self._last_obs
         check(self.num_timesteps, "observation", obs)
         in_rollout, logged_at = False, None  # a rollout: the train_freq steps before a round of gradient steps
         while self.num_timesteps - self._learn_start < total_timesteps:
@@ -441,7 +445,15 @@ class OffPolicyAgent:
             else:
                 actions = self._explore(batch)
             env_actions = self._to_env_action(actions)
-            next_obs, reward, terminated, truncated, true_next = lanes.step(env_actions)
+            # Environments in other processes step while this step's round of gradient steps runs
+            # (it then samples without this step's n transitions, and callbacks see the step after it).
+            overlapped = lanes.steps_in_background and self._round_due(self._n_calls + 1)
+            if overlapped:
+                lanes.step_async(env_actions)
+                in_rollout = self._train_round(callback, lanes.n)
+                next_obs, reward, terminated, truncated, true_next = lanes.step_wait()
+            else:
+                next_obs, reward, terminated, truncated, true_next = lanes.step(env_actions)
             timestep = self.num_timesteps + lanes.n
             check(timestep, "observation", true_next)
             if next_obs is not true_next:  # a reset's first observation
@@ -464,12 +476,8 @@ class OffPolicyAgent:
                 if not callback.on_step():
                     in_rollout = False  # stopped: the rollout does not end, as SB3's
                     break
-            if self._n_calls % cfg.train_freq == 0:
-                if callback is not None:
-                    callback.on_rollout_end()
-                in_rollout = False
-                if self.num_timesteps > cfg.learning_starts:
-                    self._train_scalars.update(self._train(cfg.gradient_steps))
+            if not overlapped and self._round_due(self._n_calls):
+                in_rollout = self._train_round(callback, 0)
             self._after_env_step()
             if log_every_episodes is None:
                 due = self.num_timesteps // cfg.log_interval > before // cfg.log_interval
@@ -486,6 +494,19 @@ class OffPolicyAgent:
         self._last_obs = obs
         if writer is not None and logged_at != self.num_timesteps:
             self._log(writer, stats, start_time)  # where training ended, so a short run has its points too
+
+    def _round_due(self, n_calls: int) -> bool:
+        """Whether the ``n_calls``-th vector step ends a rollout (every ``train_freq``-th)."""
+        return n_calls % self.config.train_freq == 0
+
+    def _train_round(self, callback: BaseCallback | None, steps_to_come: int) -> bool:
+        """Ends the rollout and runs its gradient steps once past ``learning_starts`` (counting
+        the ``steps_to_come`` of a step still running); False (the loop is no longer in a rollout)."""
+        if callback is not None:
+            callback.on_rollout_end()
+        if self.num_timesteps + steps_to_come > self.config.learning_starts:
+            self._train_scalars.update(self._train(self.config.gradient_steps))
+        return False
 
     def _progress(self) -> float:
         """The fraction of training done (0 to 1), as SB3 counts it: ``num_timesteps`` over the

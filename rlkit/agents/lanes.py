@@ -55,6 +55,7 @@ class EnvLanes:
         import gymnasium as gym
 
         self.seed = seed
+        self._pending = None  # a single environment's actions between step_async and step_wait
         self.next_step_reset = False  # a Gymnasium vector env in NEXT_STEP mode: reset done lanes at once
         if isinstance(env_or_id, gym.vector.VectorEnv):
             mode = env_or_id.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
@@ -98,6 +99,33 @@ class EnvLanes:
         obs, _ = self.env.reset(seed=self.seed)
         return np.asarray(obs) if self.vector else np.asarray(obs)[None]
 
+    @property
+    def steps_in_background(self) -> bool:
+        """Whether the environments step in other processes (Gymnasium's AsyncVectorEnv, SB3's
+        SubprocVecEnv), so that ``step_async`` returns at once and the caller can work (run its
+        gradient steps) while they step."""
+        import gymnasium as gym
+
+        if self.kind == "vector":
+            return isinstance(self.env, gym.vector.AsyncVectorEnv)
+        return self.kind == "sb3" and type(self.env).__name__ == "SubprocVecEnv"
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Starts a step of every lane with ``actions``; ``step_wait`` finishes it."""
+        if self.kind == "single":
+            self._pending = actions
+        else:
+            self.env.step_async(actions)
+
+    def step_wait(self):
+        """The started step's ``(next_obs, reward, terminated, truncated, true_next_obs)``."""
+        if self.kind == "single":
+            actions, self._pending = self._pending, None
+            return self.step(actions)
+        if self.kind == "sb3":
+            return self._sb3_result(*self.env.step_wait())
+        return self._vector_result(*self.env.step_wait())
+
     def step(self, actions: np.ndarray):
         """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
         if self.kind == "single":
@@ -109,8 +137,10 @@ class EnvLanes:
             return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
                     true_next)
         if self.kind == "sb3":
-            return self._sb3_step(actions)
-        obs, reward, terminated, truncated, info = self.env.step(actions)
+            return self._sb3_result(*self.env.step(actions))
+        return self._vector_result(*self.env.step(actions))
+
+    def _vector_result(self, obs, reward, terminated, truncated, info):
         terminated, truncated = np.asarray(terminated), np.asarray(truncated)
         true_next = np.array(obs, copy=True)
         for lane in np.flatnonzero(info.get("_final_obs", ())):  # SAME_STEP keeps the final ones here
@@ -120,8 +150,7 @@ class EnvLanes:
             obs, _ = self.env.reset(options={"reset_mask": done})
         return np.asarray(obs), np.asarray(reward, np.float32), terminated, truncated, true_next
 
-    def _sb3_step(self, actions: np.ndarray):
-        obs, reward, dones, infos = self.env.step(actions)
+    def _sb3_result(self, obs, reward, dones, infos):
         dones = np.asarray(dones, bool)
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & dones
         true_next = np.array(obs, copy=True)

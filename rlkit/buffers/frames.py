@@ -199,6 +199,10 @@ class FrameStacks:
         frames = rc.get_rows(self.frames, flat)  # [frame_bytes, k * B] u8
         return rc.reshape(frames, (*self.sample_shape, batch))  # [*sample_shape, B]
 
+    def start_episodes(self, lanes: np.ndarray) -> None:
+        """The next step of each lane where ``lanes`` [n_envs] is True begins an episode."""
+        self._starting |= lanes
+
     # ---- saving ------------------------------------------------------------------------------
 
     def host_state(self) -> dict[str, np.ndarray]:

@@ -193,6 +193,9 @@ class ReplayBuffer:
         self._terminated = np.zeros((self.lane_length, self.n_envs), bool)
         self._truncated = np.zeros((self.lane_length, self.n_envs), bool)
         self._final_obs: dict[int, np.ndarray] = {}  # optimize_memory: true next obs at truncations
+        # optimize_memory: each lane's newest next observation, which no table holds until the
+        # lane's next step (truncate_episodes keeps it where that step begins a new episode)
+        self._newest_next = np.zeros((self.n_envs, math.prod(self.obs_shape)), np.float32)
         self._rng = np.random.default_rng(seed)
         self.pos = 0          # the next ring step to write
         self.full = False
@@ -287,6 +290,7 @@ class ReplayBuffer:
             self._staged_next_obs[slot] = next_obs
         else:
             self._staged_obs[slot] = obs
+            self._newest_next[:] = next_obs
             column = self.pos * self.n_envs
             for e in range(self.n_envs):  # the lane's next column will hold the next episode's start
                 self._final_obs.pop(column + e, None)
@@ -301,6 +305,27 @@ class ReplayBuffer:
         self._steps_added += 1
         if self._stacks is not None:
             self._stop_sampling_before(self._stacks.intact_from)
+
+    def truncate_episodes(self) -> None:
+        """Ends every lane's running episode where it stands, as a truncation: the environments
+        were reset without those episodes' ends being added (a resumed run, a learn call that
+        resets, set_env). Each lane's newest step that did not end its episode is marked
+        truncated, its true next observation kept, so that no n-step return, frame stack or next
+        observation reaches into the episode that the lane's next add begins."""
+        if len(self) == 0:
+            return
+        newest = (self.pos - 1) % self.lane_length
+        running = ~(self._terminated[newest] | self._truncated[newest])  # [n_envs]
+        if not running.any():
+            return
+        self.flush()
+        self._truncated[newest] |= running
+        for lane in np.flatnonzero(running):
+            if self._stacks is None and self._next_obs is None:  # the lane's next column is the next episode's
+                self._final_obs[newest * self.n_envs + int(lane)] = self._newest_next[lane].copy()
+        if self._stacks is not None:
+            self._stacks.start_episodes(running)
+        self._restore_device_rows()
 
     def _stop_sampling_before(self, step: int) -> None:
         """Frame stacks: steps before ``step`` (counted as _steps_added) are no longer sampled."""
@@ -744,7 +769,8 @@ class ReplayBuffer:
             final_obs[row] = self._final_obs[column]
         host = os.path.join(folder, "host.npz")
         np.savez(host, reward=self._reward, terminated=self._terminated, truncated=self._truncated,
-                 final_columns=np.array(columns, np.int64), final_obs=final_obs, **self._extra_host_arrays(),
+                 final_columns=np.array(columns, np.int64), final_obs=final_obs, newest_next=self._newest_next,
+                 **self._extra_host_arrays(),
                  **(self._stacks.host_state() if self._stacks is not None else {}))
         fsync_path(host)
         digests["host.npz"] = _file_sha256(host)
@@ -808,6 +834,8 @@ class ReplayBuffer:
         try:
             buf._reward, buf._terminated, buf._truncated = host["reward"], host["terminated"], host["truncated"]
             buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
+            if "newest_next" in host:  # (saves before it have none)
+                np.copyto(buf._newest_next, host["newest_next"])
             buf.pos, buf.full = state["pos"], state["full"]
             buf._rng.bit_generator.state = state["rng"]
             buf._restore_extra_host_arrays(host)
