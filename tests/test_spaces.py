@@ -35,9 +35,11 @@ def test_one_hot_layouts_match_numpy():
 def test_spaces_that_are_not_read_are_refused_clearly():
     with pytest.raises(ValueError, match="needs an image observation space"):
         ObservationLayout.of(gym.spaces.Discrete(4), "nature")
-    dict_space = gym.spaces.Dict({"a": gym.spaces.Discrete(2)})
     with pytest.raises(ValueError, match="observation spaces the agents read"):
-        ObservationLayout.of(dict_space)
+        ObservationLayout.of(gym.spaces.Tuple((gym.spaces.Discrete(2),)))
+    nested = gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Discrete(2)})})
+    with pytest.raises(ValueError, match="key 'a'"):  # Dict spaces: tests/test_dict_spaces.py
+        ObservationLayout.of(nested)
 
 
 def test_dqn_solves_deterministic_frozen_lake(device):

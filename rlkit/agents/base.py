@@ -20,6 +20,7 @@ from rlkit.agents.callbacks import BaseCallback, StepEvent, convert_callback
 from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.keywords import DEVICE_NAMES, config_from_keywords, split_policy_and_env
 from rlkit.agents.lanes import EnvLanes, env_module
+from rlkit.agents.dict_observations import check_dict_space
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.onnx_export import export_policy
 from rlkit.agents.recorder import Recorder
@@ -59,9 +60,13 @@ class FiniteCheck:
             raise ValueError(f"{algo}.learn: check_finite must be one of {self.MODES}, got {mode!r}")
         self.algo, self.mode, self.warned = algo, mode, False
 
-    def __call__(self, timestep: int, what: str, values: np.ndarray) -> None:
+    def __call__(self, timestep: int, what: str, values) -> None:
         """Checks ``values`` [n_lanes, ...], the ``what`` (observation or reward) of each lane at
-        ``timestep``: one isfinite pass over the array where all is well."""
+        ``timestep`` (a dict of them: each key's): one isfinite pass over the array where all is well."""
+        if isinstance(values, dict):
+            for key, value in values.items():
+                self(timestep, f"{what}[{key!r}]", value)
+            return
         if values.dtype.kind != "f" or np.isfinite(values).all():
             return
         flat = values.reshape(values.shape[0], -1)
@@ -76,6 +81,22 @@ class FiniteCheck:
         if not self.warned:
             self.warned = True
             warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
+
+
+def policy_inputs(batch: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch of observations (rows [n, ...], or a dict of them) as the named inputs of a
+    captured policy: ``obs`` [..., n], or for a dict an input per key (named ``obs.<key>``)."""
+    if isinstance(batch, dict):
+        return {f"obs.{key}": values.T for key, values in batch.items()}
+    return {"obs": batch.T}
+
+
+def policy_input(inputs: dict) -> Tensor | dict[str, Tensor]:
+    """The observations ``policy_inputs`` named, as a captured policy's function receives them:
+    the tensor, or the dict of each key's."""
+    if "obs" in inputs:
+        return inputs["obs"]
+    return {name[len("obs."):]: tensor for name, tensor in inputs.items()}
 
 
 class AgentPolicy:
@@ -160,7 +181,7 @@ class OffPolicyAgent:
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)  # asked at every step
         self.device = DEVICE_NAMES.get(device, device) or rc.device()
         self.seed, self.logdir = seed, logdir
-        self.n_obs = int(np.prod(self.observation_space.shape))
+        self.n_obs = int(np.prod(self.observation_space.shape or ()))  # (a Dict space has no shape)
         self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
                                                config.normalize_images)
         if self.recurrent and self.obs_layout.extractor != "flatten":
@@ -211,10 +232,16 @@ class OffPolicyAgent:
         if not fits:
             wanted = "a Discrete" if action_kind == "discrete" else "a bounded Box"
             raise ValueError(f"{self.algo} needs {wanted} action space, got {space}")
-        readable = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        readable = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary,
+                    gym.spaces.Dict)
         if not isinstance(self.observation_space, readable):
-            raise ValueError(f"{self.algo} reads Box, Discrete, MultiDiscrete and MultiBinary observation spaces, "
-                             f"got {self.observation_space}")
+            raise ValueError(f"{self.algo} reads Box, Discrete, MultiDiscrete, MultiBinary and Dict observation "
+                             f"spaces, got {self.observation_space}")
+        if isinstance(self.observation_space, gym.spaces.Dict):
+            try:
+                check_dict_space(self.observation_space)
+            except ValueError as error:
+                raise ValueError(f"{self.algo}: {error}") from None
 
     def _build(self) -> None:
         raise NotImplementedError
@@ -235,14 +262,15 @@ class OffPolicyAgent:
     """Whether acting advances a per-lane state (a recurrent policy runs at every step, even
     where the action taken is a random one)."""
 
-    def _policy(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """Actions (in the buffer's space) for observations [n, n_obs]: one replay of the
-        captured forward (one upload and one download on the GPU), no Python per op."""
+    def _policy(self, obs: np.ndarray | dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
+        """Actions (in the buffer's space) for observations [n, n_obs] (a dict of each key's
+        batch for Dict observations): one replay of the captured forward (one upload and one
+        download on the GPU), no Python per op."""
         act = self._acting.get(deterministic)
         if act is None:
             act = self._acting[deterministic] = rc.capture(
-                lambda obs: self._act(obs, deterministic), self._policy_parameters())
-        return act(obs=obs.T).T  # [n, actions]
+                lambda **inputs: self._act(policy_input(inputs), deterministic), self._policy_parameters())
+        return act(**policy_inputs(obs)).T  # [n, actions]
 
     def _onnx_policy(self) -> tuple[list, str]:
         """(the modules the deterministic action goes through, in order; the final step: "argmax"
@@ -308,24 +336,27 @@ class OffPolicyAgent:
             return self._rng.integers(0, self.action_space.n, (n, 1)).astype(np.int32)
         return self._rng.uniform(-1.0, 1.0, (n, int(np.prod(self.action_space.shape)))).astype(np.float32)
 
-    def _obs_batch(self, observation) -> tuple[np.ndarray, bool]:
-        """Observations as [n, n_obs] float32 (images: [n, *shape] bytes), and whether a batch was given: as SB3, an array of
-        the observation space's shape is one observation, one of shape (n, *shape) a batch (what
-        a vector environment returns). Anything else, or one holding NaN or an infinity, raises
-        ValueError (an argmax over NaN Q values picks action 0, which would pass for a choice)."""
+    def _obs_batch(self, observation) -> tuple[np.ndarray | dict[str, np.ndarray], bool]:
+        """Observations as [n, n_obs] float32 (images: [n, *shape] bytes; a Dict space's: a dict
+        of each key's), and whether a batch was given: as SB3, an array of the observation
+        space's shape is one observation, one of shape (n, *shape) a batch (what a vector
+        environment returns), and a dict of such arrays one or a batch of a Dict space's.
+        Anything else, or one holding NaN or an infinity, raises ValueError (an argmax over NaN
+        Q values picks action 0, which would pass for a choice)."""
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
             raise ValueError(f"{self.algo}.predict: got a tuple (observation, info), what Gymnasium's reset() "
                              "returns; pass the observation alone: obs, info = env.reset(); agent.predict(obs)")
-        obs = np.asarray(observation)
-        shape = tuple(self.observation_space.shape)
-        if obs.shape != shape and obs.shape[1:] != shape:
-            raise ValueError(f"{self.algo}.predict: observations of shape {obs.shape} do not match the observation "
-                             f"space: expected {shape} for one, or (n_envs, {', '.join(map(str, shape))}) for a batch")
-        batch = self.obs_layout.batch(obs, obs.size // self.n_obs)  # [n, n_obs] float32, or [n, *shape] bytes
-        if not np.isfinite(batch).all():
-            row = int(np.flatnonzero(~np.isfinite(batch).all(axis=1))[0])
-            raise ValueError(f"{self.algo}.predict: observation {row} holds NaN or an infinity")
-        return batch, obs.shape != shape
+        try:
+            batch, vectorized = self.obs_layout.batch_of(observation, self.observation_space.shape)
+        except ValueError as error:
+            raise ValueError(f"{self.algo}.predict: {error}") from None
+        for key, values in (batch.items() if isinstance(batch, dict) else [(None, batch)]):
+            rows = values.reshape(len(values), -1)
+            if not np.isfinite(rows).all():
+                row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                where = "" if key is None else f"[{key!r}]"
+                raise ValueError(f"{self.algo}.predict: observation {row}{where} holds NaN or an infinity")
+        return batch, vectorized
 
     def _shaped_actions(self, actions: np.ndarray, vectorized: bool) -> np.ndarray:
         """Environment actions [n, ...] as SB3's predict returns them: the batch, or for one

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.base import OffPolicyAgent, default_device
+from rlkit.agents.base import OffPolicyAgent, default_device, policy_input, policy_inputs
 from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
 from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import encoded_mlp, mlp
@@ -286,10 +286,10 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             self._host_q.load_state_dict(self.q.state_dict())
             self._host_q_versions = versions
         if self._host_acting is None:
-            self._host_acting = rc.capture(lambda obs: rc.argmax(self._host_q(obs)),
+            self._host_acting = rc.capture(lambda **inputs: rc.argmax(self._host_q(policy_input(inputs))),
                                            list(self._host_q.parameters().values()))
         with self._on_host:  # the captured forward runs where the copy is
-            return self._host_acting(obs=obs.T).T  # [n, 1]
+            return self._host_acting(**policy_inputs(obs)).T  # [n, 1]
 
     def _state_objects(self) -> dict:
         self._target_updates.apply()  # a save reads the target; a load writes self.q

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlkit.agents.lanes import make_env
+from rlkit.agents.lanes import lane_rows, make_env
 from rlkit.core.checks import positive_int
 
 
@@ -42,10 +42,10 @@ class EvaluationLanes:
         if self.kind == "sb3 vector":
             if self.seed is not None:
                 self.env.seed(self.seed)
-            return np.asarray(self.env.reset())
+            return lane_rows(self.env.reset())
         if self.kind == "gymnasium vector":
-            return np.asarray(self.env.reset(seed=self.seed)[0])
-        return np.asarray(self._reset_single())[None]
+            return lane_rows(self.env.reset(seed=self.seed)[0])
+        return lane_rows(self._reset_single(), single=True)
 
     def _reset_single(self):
         seed = None if self.seed is None else self.seed + self.episodes_begun
@@ -58,17 +58,17 @@ class EvaluationLanes:
         counted = ~self._resetting
         if self.kind == "sb3 vector":
             obs, rewards, dones, infos = self.env.step(actions)
-            return np.asarray(obs), np.asarray(rewards, np.float64), np.asarray(dones, bool), list(infos), counted
+            return lane_rows(obs), np.asarray(rewards, np.float64), np.asarray(dones, bool), list(infos), counted
         if self.kind == "gymnasium vector":
             obs, rewards, terminated, truncated, info = self.env.step(actions)
             dones = (np.asarray(terminated) | np.asarray(truncated)) & counted
             self._resetting = dones & self.next_step_reset
-            return np.asarray(obs), np.asarray(rewards, np.float64), dones, self._lane_infos(info), counted
+            return lane_rows(obs), np.asarray(rewards, np.float64), dones, self._lane_infos(info), counted
         obs, reward, terminated, truncated, info = self.env.step(actions[0])
         done = bool(terminated or truncated)
         if done:
             obs = self._reset_single()
-        return np.asarray(obs)[None], np.array([float(reward)]), np.array([done]), [info], counted
+        return lane_rows(obs, single=True), np.array([float(reward)]), np.array([done]), [info], counted
 
     def _lane_infos(self, info: dict) -> list[dict]:
         """A Gymnasium vector info (arrays by key, ``_key`` masks saying which lanes have the

@@ -11,11 +11,12 @@ class EpsilonGreedy:
     ``exploration_initial_eps`` to ``exploration_final_eps`` over ``exploration_fraction`` of
     training, and is logged as rollout/exploration_rate."""
 
-    def _explore(self, obs: np.ndarray) -> np.ndarray:
-        explore = self._rng.random(len(obs)) < self._epsilon()
+    def _explore(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        n = self.lanes.n  # the rows of obs (each key's, for a Dict space): one per lane
+        explore = self._rng.random(n) < self._epsilon()
         n_explore = int(np.count_nonzero(explore))
-        if n_explore == len(obs) and not self.recurrent:  # as SB3: no forward for random actions only
-            return self._rng.integers(0, self.n_actions, (len(obs), 1)).astype(np.int32)
+        if n_explore == n and not self.recurrent:  # as SB3: no forward for random actions only
+            return self._rng.integers(0, self.n_actions, (n, 1)).astype(np.int32)
         actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
         if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
             actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)

@@ -10,6 +10,30 @@ from rlkit.envs import is_atari_id, make_atari
 from rlkit.envs.packages import register_for
 
 
+def lane_rows(obs, single: bool = False):
+    """Observations as arrays with a row per lane (a dict of them, by key, for a Dict space's);
+    ``single``: one environment's observation, given a lane axis of one."""
+    if isinstance(obs, dict):
+        return {key: lane_rows(value, single) for key, value in obs.items()}
+    return np.asarray(obs)[None] if single else np.asarray(obs)
+
+
+def copy_rows(obs):
+    """A copy of lane rows (each key's, for a dict)."""
+    if isinstance(obs, dict):
+        return {key: np.array(value, copy=True) for key, value in obs.items()}
+    return np.array(obs, copy=True)
+
+
+def set_row(rows, lane: int, value) -> None:
+    """Writes one lane's observation ``value`` (a dict for a Dict space) into lane rows."""
+    if isinstance(rows, dict):
+        for key in rows:
+            rows[key][lane] = value[key]
+    else:
+        rows[lane] = value
+
+
 def env_module(env_id: str) -> str | None:
     """The module ``gym.make(env_id)`` imports before it makes the environment: ``"pkg.mod"``
     for ``"pkg.mod:Env-v0"``, None for an id without a module prefix."""
@@ -95,9 +119,9 @@ class EnvLanes:
         if self.kind == "sb3":
             if self.seed is not None:
                 self.env.seed(self.seed)
-            return np.asarray(self.env.reset())
+            return lane_rows(self.env.reset())
         obs, _ = self.env.reset(seed=self.seed)
-        return np.asarray(obs) if self.vector else np.asarray(obs)[None]
+        return lane_rows(obs, single=not self.vector)
 
     @property
     def steps_in_background(self) -> bool:
@@ -130,10 +154,10 @@ class EnvLanes:
         """``(next_obs, reward, terminated, truncated, true_next_obs)``, one row per lane."""
         if self.kind == "single":
             obs, reward, terminated, truncated, _ = self.env.step(actions[0])
-            true_next = next_obs = np.asarray(obs)[None]  # the same array unless the episode ended
+            true_next = next_obs = lane_rows(obs, single=True)  # the same array unless the episode ended
             if terminated or truncated:
                 obs, _ = self.env.reset()
-                next_obs = np.asarray(obs)[None]
+                next_obs = lane_rows(obs, single=True)
             return (next_obs, np.array([reward], np.float32), np.array([terminated]), np.array([truncated]),
                     true_next)
         if self.kind == "sb3":
@@ -142,21 +166,21 @@ class EnvLanes:
 
     def _vector_result(self, obs, reward, terminated, truncated, info):
         terminated, truncated = np.asarray(terminated), np.asarray(truncated)
-        true_next = np.array(obs, copy=True)
+        true_next = copy_rows(obs)
         for lane in np.flatnonzero(info.get("_final_obs", ())):  # SAME_STEP keeps the final ones here
-            true_next[lane] = info["final_obs"][lane]
+            set_row(true_next, lane, info["final_obs"][lane])
         done = terminated | truncated
         if self.next_step_reset and done.any():  # obs holds the final observations: reset those lanes now
             obs, _ = self.env.reset(options={"reset_mask": done})
-        return np.asarray(obs), np.asarray(reward, np.float32), terminated, truncated, true_next
+        return lane_rows(obs), np.asarray(reward, np.float32), terminated, truncated, true_next
 
     def _sb3_result(self, obs, reward, dones, infos):
         dones = np.asarray(dones, bool)
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & dones
-        true_next = np.array(obs, copy=True)
+        true_next = copy_rows(lane_rows(obs))
         for lane in np.flatnonzero(dones):
-            true_next[lane] = infos[lane]["terminal_observation"]
-        return np.asarray(obs), np.asarray(reward, np.float32), dones & ~truncated, truncated, true_next
+            set_row(true_next, lane, infos[lane]["terminal_observation"])
+        return lane_rows(obs), np.asarray(reward, np.float32), dones & ~truncated, truncated, true_next
 
 
 def make_vector_env(env_id: str, n_envs: int, **env_kwargs):

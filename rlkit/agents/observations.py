@@ -7,6 +7,7 @@ in [0, 255], SB3's ``is_image_space``) gets a CNN; Discrete and MultiDiscrete ob
 stored as indices and one-hot on the device, MultiBinary ones as their 0/1 floats; ``config.features_extractor`` can force
 one ("nature", "impala") on any 3-D Box of bytes or booleans (MinAtar's), or the flattened
 vector ("flatten"). The channel axis is the smallest one, first or last, as SB3 decides it.
+A Dict space gets a DictObservationLayout (dict_observations.py): a path per key.
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ class ObservationLayout:
     """... and each entry's smallest value (Gymnasium's ``start``)."""
 
     @classmethod
-    def of(cls, space, features_extractor: str = "auto", normalize_images: bool = True) -> "ObservationLayout":
-        """The layout for a Box observation ``space`` under the config's choices."""
+    def of(cls, space, features_extractor: str = "auto", normalize_images: bool = True):
+        """The layout for an observation ``space`` under the config's choices (a
+        DictObservationLayout for a Dict space)."""
         if features_extractor not in FEATURES_EXTRACTORS:
             raise ValueError(f"features_extractor must be one of {FEATURES_EXTRACTORS}, got {features_extractor!r}")
+        if isinstance(space, gym.spaces.Dict):
+            from rlkit.agents.dict_observations import DictObservationLayout  # (it builds on this module)
+
+            return DictObservationLayout.of(space, features_extractor, normalize_images)
         if not isinstance(space, gym.spaces.Box):
             return cls._of_non_box(space, features_extractor)
         shape = tuple(int(n) for n in space.shape)
@@ -108,7 +114,8 @@ class ObservationLayout:
             return cls((len(nvec),), "onehot", nvec=nvec, start=start)
         if isinstance(space, gym.spaces.MultiBinary):
             return cls((int(np.prod(space.shape)),), "flatten")
-        raise ValueError(f"observation spaces the agents read: Box, Discrete, MultiDiscrete, MultiBinary; got {space}")
+        raise ValueError(f"observation spaces the agents read: Box, Discrete, MultiDiscrete, MultiBinary and Dict "
+                         f"of these; got {space}")
 
     @classmethod
     def vector(cls, size: int) -> "ObservationLayout":
@@ -151,6 +158,16 @@ class ObservationLayout:
         if self.nvec:  # the entries' indices from 0, as floats (the buffer's observation dtype)
             return (np.asarray(obs).reshape(n, self.size) - np.asarray(self.start)).astype(np.float32)
         return np.asarray(obs).reshape(n, self.size).astype(np.float32, copy=False)
+
+    def batch_of(self, observation, space_shape: tuple[int, ...]) -> tuple[np.ndarray, bool]:
+        """(the batch, whether a batch was given) for predict: as SB3, an array of the space's
+        shape ``space_shape`` is one observation, one of shape (n, *space_shape) a batch (what a
+        vector environment returns); ValueError for any other shape."""
+        obs, shape = np.asarray(observation), tuple(space_shape)
+        if obs.shape != shape and obs.shape[1:] != shape:
+            raise ValueError(f"observations of shape {obs.shape} do not match the observation space: expected "
+                             f"{shape} for one, or (n_envs, {', '.join(map(str, shape))}) for a batch")
+        return self.batch(obs, obs.size // self.size), obs.shape != shape
 
     def features_extractor(self, kwargs: dict | None = None) -> "tuple[rc.nn.Module, int]":
         """A fresh encoder of a batch as the networks receive it and its output width: the

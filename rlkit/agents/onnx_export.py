@@ -154,7 +154,11 @@ EMITTERS.update({
 
 
 def export_policy(agent, path: str, opset: int = 17) -> None:
-    """Writes ``agent``'s deterministic policy to ``path`` (the module docstring)."""
+    """Writes ``agent``'s deterministic policy to ``path`` (the module docstring); a Dict
+    observation space is refused (ValueError)."""
+    if agent.obs_layout.extractor == "dict":
+        raise ValueError(f"{agent.algo}.export_onnx: Dict observations are not exported yet (the model has one "
+                         f"input, obs; this agent reads the keys {list(agent.obs_layout.keys)})")
     try:
         import onnx
         from onnx import helper, numpy_helper

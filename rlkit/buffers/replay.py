@@ -30,6 +30,7 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.frames import FrameStacks, default_start_frames, frame_columns, image_shape, minimum_start_frames
+from rlkit.buffers.keyed import KeyedObservations, keyed_row_bytes, keyed_specs
 from rlkit.core import runtime
 from rlkit.core.checks import check_integer_values, positive_int
 from rlkit.core.files import fsync_path, kind_of
@@ -60,12 +62,13 @@ class SequenceSamples(NamedTuple):
 
 
 class ReplaySamples(NamedTuple):
-    """A sampled batch, every field a device tensor in [features, batch] layout."""
+    """A sampled batch, every field a device tensor in [features, batch] layout (obs and
+    next_obs dicts of them, ``{key: [*shape, B]}``, for dict observations)."""
 
-    obs: Tensor
+    obs: Tensor | dict[str, Tensor]
     action: Tensor
     reward: Tensor    # [1, B]: the (n-step) discounted return
-    next_obs: Tensor  # the observation to bootstrap from (after the last summed step)
+    next_obs: Tensor | dict[str, Tensor]  # the observation to bootstrap from (after the last summed step)
     done: Tensor      # [1, B]: 1 when an episode terminated within the summed steps
     discount: Tensor  # [1, B]: gamma ** k for the k steps summed
     index: np.ndarray | Tensor  # the sampled columns (a device tensor from sample_on_device)
@@ -149,20 +152,31 @@ class ReplayBuffer:
     ``optimize_memory_usage=True``, pass ``frame_stack`` (each observation is stored once either
     way). ``nbytes`` is the device memory the buffer holds, ``estimate_nbytes(...)`` the same
     from the settings without allocating.
+
+    Dict observations (Gymnasium Dict spaces): ``obs_shape`` a dict ``{key: shape}`` and
+    ``obs_dtype`` one dtype or a dict ``{key: dtype}`` give each key its own tables
+    (rlkit/buffers/keyed.py); ``add`` takes obs and next_obs as dicts of [n_envs, *shape]
+    arrays, and samples' obs and next_obs are dicts ``{key: [*shape, B]}`` gathered with the
+    same indices. Not with frame_stack, optimize_memory or sequence sampling.
     """
 
     STAGING_BYTES = 4 << 20
     """At most this much of new observations and actions waits on the host for the device."""
 
     def __init__(self, capacity: int, obs_shape, action_shape, n_envs: int = 1, device: str | None = None,
-                 seed: int | None = None, obs_dtype: str = "f32", action_dtype: str = "f32",
+                 seed: int | None = None, obs_dtype: str | dict = "f32", action_dtype: str = "f32",
                  optimize_memory: bool = False, n_step: int = 1, gamma: float = 0.99,
                  frame_stack: int | None = None, start_frames: int | None = None):
         for name, value in (("capacity", capacity), ("n_envs", n_envs), ("n_step", n_step)):
             positive_int(value, f"ReplayBuffer: {name}")
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"ReplayBuffer: gamma must lie in [0, 1], got {gamma!r}")
-        self.obs_shape = _shape(obs_shape, "obs_shape")
+        keyed = isinstance(obs_shape, Mapping)
+        if keyed and (frame_stack is not None or optimize_memory):
+            raise ValueError("ReplayBuffer: dict observations (obs_shape a dict) are stored key by key; not with "
+                             "frame_stack or optimize_memory")
+        specs = keyed_specs(obs_shape, obs_dtype, _shape) if keyed else None
+        self.obs_shape = {key: shape for key, (shape, _) in specs.items()} if keyed else _shape(obs_shape, "obs_shape")
         self.action_shape = _shape(action_shape, "action_shape")
         self.n_envs, self.n_step, self.gamma = int(n_envs), int(n_step), float(gamma)
         self.lane_length = int(capacity) // self.n_envs  # ring steps per environment
@@ -170,16 +184,21 @@ class ReplayBuffer:
             raise ValueError(f"ReplayBuffer: capacity {capacity} holds fewer than 2 steps of {n_envs} environments")
         self.capacity = self.lane_length * self.n_envs
         self.optimize_memory = bool(optimize_memory)
-        self.frame_stack, self.start_frames = _frame_settings(frame_stack, start_frames, self.obs_shape, obs_dtype,
-                                                              self.optimize_memory, self.capacity, self.n_envs, device)
-        self.obs_dtype = obs_dtype
+        self.frame_stack, self.start_frames = (None, None) if keyed else _frame_settings(
+            frame_stack, start_frames, self.obs_shape, obs_dtype, self.optimize_memory, self.capacity, self.n_envs, device)
+        self.obs_dtype = {key: dtype for key, (_, dtype) in specs.items()} if keyed else obs_dtype
         # u8 observations of more than one axis are images: sampled in the image layout
-        self._sample_shape = image_shape(self.obs_shape) if obs_dtype == "u8" and len(self.obs_shape) > 1 else None
-        obs_rows, action_rows = int(np.prod(self.obs_shape)), int(np.prod(self.action_shape))
+        self._sample_shape = (image_shape(self.obs_shape) if not keyed and obs_dtype == "u8" and len(self.obs_shape) > 1
+                              else None)
+        action_rows = int(np.prod(self.action_shape))
         stacked = self.frame_stack is not None
-        self._obs = None if stacked else DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
-        self._next_obs = None if self.optimize_memory or stacked else DeviceBuffer(obs_rows, self.capacity, obs_dtype,
-                                                                                    device)
+        # one observation table (and one of next observations), or none: frame stacks and
+        # dict observations keep theirs in their own component (self._stacks, self._keyed)
+        single = not (stacked or keyed)
+        obs_rows = int(np.prod(self.obs_shape)) if single else 0
+        self._obs = DeviceBuffer(obs_rows, self.capacity, obs_dtype, device) if single else None
+        self._next_obs = (DeviceBuffer(obs_rows, self.capacity, obs_dtype, device)
+                          if single and not self.optimize_memory else None)
         self._action = DeviceBuffer(action_rows, self.capacity, action_dtype, device)
         # rewards and terminations on the device too, for sampling without the host
         self._reward_row = DeviceBuffer(1, self.capacity, "f32", device)
@@ -206,13 +225,13 @@ class ReplayBuffer:
         # method added later, a subclass, a user's capture) can see a table without its newest
         # steps. Fewer than lane_length steps wait, so no ring step is staged twice.
         obs_copies = 0 if stacked else 1 if self.optimize_memory else 2  # a stack stages one frame: see frames.py
-        step_bytes = self.n_envs * (obs_rows * np.dtype(NUMPY_DTYPES[obs_dtype]).itemsize * obs_copies
-                                    + action_rows * np.dtype(NUMPY_DTYPES[action_dtype]).itemsize)
+        obs_bytes = keyed_row_bytes(specs) if keyed else obs_rows * np.dtype(NUMPY_DTYPES[obs_dtype]).itemsize
+        step_bytes = self.n_envs * (obs_bytes * obs_copies + action_rows * np.dtype(NUMPY_DTYPES[action_dtype]).itemsize)
         staging_steps = max(1, min(self.lane_length - 1, self.STAGING_BYTES // step_bytes))
         self._staging_steps = staging_steps
-        self._staged_obs = None if stacked else np.empty((staging_steps, self.n_envs, obs_rows),
-                                                         NUMPY_DTYPES[obs_dtype])
-        self._staged_next_obs = None if self.optimize_memory or stacked else np.empty_like(self._staged_obs)
+        self._staged_obs = np.empty((staging_steps, self.n_envs, obs_rows), NUMPY_DTYPES[obs_dtype]) if single else None
+        self._staged_next_obs = np.empty_like(self._staged_obs) if single and not self.optimize_memory else None
+        self._keyed = KeyedObservations(specs, self.capacity, self.n_envs, staging_steps, device) if keyed else None
         self._staged_action = np.empty((staging_steps, self.n_envs, action_rows), NUMPY_DTYPES[action_dtype])
         self._n_staged = 0  # steps waiting on the host, from ring step _first_staged on
         self._first_staged = 0
@@ -265,6 +284,8 @@ class ReplayBuffer:
         step (the class docstring says what is checked); nothing is stored when a check fails."""
         if self._stacks is not None:
             obs, next_obs = self._stacks.check(obs, next_obs)  # [n_envs, k, frame_bytes] u8 each
+        elif self._keyed is not None:
+            obs, next_obs = self._keyed.check(obs, next_obs)  # {key: [n_envs, rows]} each
         else:
             for what, value in (("obs", obs), ("next_obs", next_obs)):
                 check_integer_values(value, self._obs.dtype, f"ReplayBuffer.add: {what}")
@@ -285,6 +306,8 @@ class ReplayBuffer:
         self._staged_action[slot] = action
         if self._stacks is not None:
             self._stacks.add(self._steps_added, obs, next_obs, terminated | truncated)
+        elif self._keyed is not None:
+            self._keyed.stage(slot, obs, next_obs)
         elif self._staged_next_obs is not None:
             self._staged_obs[slot] = obs
             self._staged_next_obs[slot] = next_obs
@@ -368,6 +391,8 @@ class ReplayBuffer:
             if column != self._first_column_sent:  # changes only once steps stop being sampled early
                 self._first_column_row.write(np.array([[column]], np.float32))
                 self._first_column_sent = column
+        elif self._keyed is not None:
+            self._keyed.flush(first, n, self._send)
         else:
             self._send(self._obs, first, self._staged_obs[:n])
         if self._next_obs is not None:
@@ -405,6 +430,8 @@ class ReplayBuffer:
                   self._stop_row]
         if self._stacks is not None:
             tables += [self._stacks.frames, self._stacks.stack_index, self._first_column_row]
+        if self._keyed is not None:
+            tables += self._keyed.tables()
         return [table for table in tables if table is not None]
 
     def _all_tables(self) -> list[DeviceBuffer]:
@@ -422,16 +449,19 @@ class ReplayBuffer:
         return self._action.device
 
     @classmethod
-    def estimate_nbytes(cls, capacity: int, obs_shape, action_shape, n_envs: int = 1, obs_dtype: str = "f32",
+    def estimate_nbytes(cls, capacity: int, obs_shape, action_shape, n_envs: int = 1, obs_dtype: str | dict = "f32",
                         action_dtype: str = "f32", optimize_memory: bool = False, n_step: int = 1,
                         frame_stack: int | None = None, start_frames: int | None = None, **_) -> int:
         """The device bytes a buffer made with these arguments would hold (``nbytes``), computed
         from the settings without allocating anything; other constructor arguments are ignored."""
-        obs_shape, action_shape = _shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape")
+        action_shape = _shape(action_shape, "action_shape")
         lane_length = positive_int(capacity, "capacity") // positive_int(n_envs, "n_envs")
         columns = lane_length * n_envs
         nbytes = math.prod(action_shape) * columns * _itemsize(action_dtype)
         nbytes += (3 + (n_step > 1)) * columns * 4  # reward, terminated, ended (and stop) rows, f32
+        if isinstance(obs_shape, Mapping):  # a table of observations and one of next observations per key
+            return nbytes + keyed_row_bytes(keyed_specs(obs_shape, obs_dtype, _shape)) * columns * 2
+        obs_shape = _shape(obs_shape, "obs_shape")
         if frame_stack is None:
             return nbytes + math.prod(obs_shape) * columns * _itemsize(obs_dtype) * (1 if optimize_memory else 2)
         start_frames = default_start_frames(columns, frame_stack, n_envs) if start_frames is None else start_frames
@@ -537,6 +567,8 @@ class ReplayBuffer:
         """The observations of the transitions at ``columns`` [1, B], on the device."""
         if self._stacks is not None:
             return self._stacks.stacks(columns, next_obs=False)  # [*image, B] u8
+        if self._keyed is not None:
+            return self._keyed.gather(columns)  # {key: [*shape, B]}
         return self._as_images(rc.get_rows(self._obs, columns))
 
     def _as_images(self, columns: Tensor) -> Tensor:
@@ -556,6 +588,8 @@ class ReplayBuffer:
             reward, done, discount, last = self._n_step_on_device(index)
         if self._stacks is not None:
             next_obs = self._stacks.stacks(last, next_obs=True)  # [*image, B] u8
+        elif self._keyed is not None:
+            next_obs = self._keyed.gather(last, next_obs=True)  # {key: [*shape, B]}
         else:
             next_obs = self._as_images(rc.get_rows(self._next_obs, last))
         return ReplaySamples(obs=self._obs_at(index), action=rc.get_rows(self._action, index),
@@ -647,6 +681,8 @@ class ReplayBuffer:
     def _refuse_sequences_of_stacks(self, where: str) -> None:
         if self._stacks is not None:
             raise ValueError(f"{where}: not with frame_stack (sequences of stacked frames are not rebuilt)")
+        if self._keyed is not None:
+            raise ValueError(f"{where}: not with dict observations (sequences are sampled from one observation table)")
 
     def sequence_starts(self) -> np.ndarray:
         """[[oldest ring step], [ring steps stored per environment]]: what
@@ -764,7 +800,7 @@ class ReplayBuffer:
             fsync_path(file)
             digests[name] = digest.hexdigest()
         columns = sorted(self._final_obs)
-        final_obs = np.zeros((len(columns), math.prod(self.obs_shape)), np.float32)
+        final_obs = np.zeros((len(columns), 0 if self._keyed is not None else math.prod(self.obs_shape)), np.float32)
         for row, column in enumerate(columns):
             final_obs[row] = self._final_obs[column]
         host = os.path.join(folder, "host.npz")
@@ -872,13 +908,17 @@ class ReplayBuffer:
     def _device_fields(self) -> dict[str, DeviceBuffer]:
         if self._stacks is not None:
             return {"frames": self._stacks.frames, "stack_index": self._stacks.stack_index, "action": self._action}
+        if self._keyed is not None:
+            return {**self._keyed.fields(), "action": self._action}
         fields = {"obs": self._obs, "action": self._action}
         if self._next_obs is not None:
             fields["next_obs"] = self._next_obs
         return fields
 
     def _settings(self) -> dict:
-        settings = {"capacity": self.capacity, "obs_shape": list(self.obs_shape),
+        obs_shape = ({key: list(shape) for key, shape in self.obs_shape.items()} if self._keyed is not None
+                     else list(self.obs_shape))
+        settings = {"capacity": self.capacity, "obs_shape": obs_shape,
                     "action_shape": list(self.action_shape), "n_envs": self.n_envs, "obs_dtype": self.obs_dtype,
                     "action_dtype": self._action.dtype, "optimize_memory": self.optimize_memory,
                     "n_step": self.n_step, "gamma": self.gamma,
@@ -894,6 +934,9 @@ class ReplayBuffer:
         if self._stacks is not None:
             columns = columns if columns is not None else rc.tensor(last_index[None, :], device=self.device)
             return self._stacks.stacks(columns, next_obs=True)  # [*image, B] u8
+        if self._keyed is not None:
+            return self._keyed.gather(columns if columns is not None else rc.tensor(last_index[None, :], device=self.device),
+                                      next_obs=True)  # {key: [*shape, B]}
         if self._next_obs is not None:
             return self._as_images(rc.get_rows(self._next_obs, columns if columns is not None else last_index))
         successor = ((last + 1) % self.lane_length * self.n_envs + e).astype(np.int32)
