@@ -47,6 +47,9 @@ def learn_distributed(make_agent: Callable[[int, int], OffPolicyAgent], total_ti
         agent = make_agent(n_actors * lanes_per_actor, seed)  # one buffer lane per actor environment
     else:
         agent = make_agent(lanes_per_actor, seed + comm.rank)
+    if agent.obs_layout.extractor == "dict":  # every rank's agent reads the same space: all refuse
+        raise ValueError("learn_distributed: Dict observations are not sent between ranks yet; train with "
+                         "agent.learn (a vector environment of several lanes) instead")
     agent._learn_start, agent._learn_total = agent.num_timesteps, total_timesteps
     parallel.broadcast_parameters(agent._policy_parameters(), comm)
     writer = SummaryWriter(run_dir(agent.logdir, agent.algo)) if comm.is_root and agent.logdir else None
