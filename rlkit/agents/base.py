@@ -24,6 +24,8 @@ from rlkit.agents.dict_observations import check_dict_space
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.onnx_export import export_policy
 from rlkit.agents.recorder import Recorder
+from rlkit.buffers import HerReplayBuffer, ReplayBuffer
+from rlkit.buffers.her import env_compute_reward
 from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from rlkit.core.checks import positive_int
 from rlkit.core.tensor import Tensor
@@ -184,6 +186,8 @@ class OffPolicyAgent:
         self.n_obs = int(np.prod(self.observation_space.shape or ()))  # (a Dict space has no shape)
         self.obs_layout = ObservationLayout.of(self.observation_space, config.features_extractor,
                                                config.normalize_images)
+        if self.recurrent and config.replay_buffer_class is not None:
+            raise ValueError(f"{self.algo} samples sequences from its own buffer: replay_buffer_class must be None")
         if self.recurrent and self.obs_layout.extractor != "flatten":
             raise ValueError(f"{self.algo} reads Box vector observations into its sequence encoder, got "
                              f"{self.observation_space}: images need a CNN agent (DQN, SAC, ...), or "
@@ -245,6 +249,16 @@ class OffPolicyAgent:
 
     def _build(self) -> None:
         raise NotImplementedError
+
+    def _replay_buffer(self, **options) -> ReplayBuffer:
+        """A replay buffer of ``config.buffer_size`` made with ``options``: a ReplayBuffer, or the
+        HerReplayBuffer that ``config.replay_buffer_class`` names, with the config's
+        replay_buffer_kwargs and the environment's compute_reward."""
+        cfg = self.config
+        if cfg.replay_buffer_class is None:
+            return ReplayBuffer(cfg.buffer_size, **options)
+        return HerReplayBuffer(cfg.buffer_size, compute_reward=env_compute_reward(self.env), batch_size=cfg.batch_size,
+                               **cfg.replay_buffer_kwargs, **options)
 
     def _explore(self, obs: np.ndarray) -> np.ndarray:
         """Actions (in the buffer's space) for a batch of observations [n, n_obs] while training."""
@@ -640,6 +654,8 @@ class OffPolicyAgent:
         if mine != theirs:
             raise ValueError(f"{self.algo}.load_replay_buffer: {path!r} holds a buffer laid out as {theirs}, "
                              f"this agent's is {mine}")
+        if isinstance(loaded, HerReplayBuffer):  # the one thing a save cannot hold
+            loaded.compute_reward = self.buffer.compute_reward
         self.buffer = loaded
         for captured in self._captured_programs():
             captured.reset()

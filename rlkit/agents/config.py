@@ -10,6 +10,9 @@ from typing import ClassVar
 from rlkit.agents.observations import FEATURES_EXTRACTORS
 from rlkit.core.checks import number_in_range, positive_int
 
+REPLAY_BUFFER_CLASSES = (None, "HerReplayBuffer")
+"""The values of OffPolicyConfig.replay_buffer_class."""
+
 
 @dataclass
 class OffPolicyConfig:
@@ -57,6 +60,15 @@ class OffPolicyConfig:
     screens, for instance: ``dict(conv_layers=((16, 3, 1),), features_dim=128)``."""
     normalize_images: bool = True
     """Image bytes in [0, 255] are scaled to [0, 1] on the device (SB3's normalize_images)."""
+    replay_buffer_class: str | None = None
+    """SB3's replay_buffer_class: None (the agent's own buffer) or "HerReplayBuffer" (the class
+    rlkit.buffers.HerReplayBuffer itself is taken too): hindsight relabelling of goal-environment
+    Dict observations (rlkit/buffers/her.py)."""
+    replay_buffer_kwargs: dict = field(default_factory=dict)
+    """SB3's replay_buffer_kwargs, HerReplayBuffer's: ``n_sampled_goal`` (4),
+    ``goal_selection_strategy`` ("future", "final", "episode"), ``reward_function`` (None: the
+    environment's compute_reward, on the host; "sparse_distance" with ``distance_threshold``, or
+    "bit_equal": on the device, the update one device program)."""
 
     actor_critic: ClassVar[bool] = True
     """Whether the agent has an actor and critics, which ``net_arch`` may size apart."""
@@ -96,6 +108,17 @@ class OffPolicyConfig:
                              f"got {self.features_extractor_kwargs!r}")
         if not isinstance(self.normalize_images, bool):
             raise ValueError(f"{prefix}: normalize_images must be True or False, got {self.normalize_images!r}")
+        self.replay_buffer_class = getattr(self.replay_buffer_class, "__name__", self.replay_buffer_class)
+        if self.replay_buffer_class not in REPLAY_BUFFER_CLASSES:
+            raise ValueError(f"{prefix}: replay_buffer_class must be one of {REPLAY_BUFFER_CLASSES}, "
+                             f"got {self.replay_buffer_class!r}")
+        if not isinstance(self.replay_buffer_kwargs, dict) or not all(
+                isinstance(key, str) for key in self.replay_buffer_kwargs):
+            raise ValueError(f"{prefix}: replay_buffer_kwargs must be a dict of keyword arguments, "
+                             f"got {self.replay_buffer_kwargs!r}")
+        if self.replay_buffer_kwargs and self.replay_buffer_class is None:
+            raise ValueError(f"{prefix}: replay_buffer_kwargs are HerReplayBuffer's: pass "
+                             "replay_buffer_class='HerReplayBuffer' too")
 
 
 def normalized_net_arch(prefix: str, net_arch, actor_critic: bool):

@@ -24,7 +24,7 @@ from rlkit.agents.networks import encoded_mlp, mlp
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.onnx_export import emit, onnx_form
 from rlkit.agents.polyak import DeferredPolyak, Polyak
-from rlkit.buffers import DevicePrioritizedReplayBuffer, ReplayBuffer
+from rlkit.buffers import DevicePrioritizedReplayBuffer
 from rlkit.core.checks import positive_int
 from rlkit.envs import ATARI_DQN_DEFAULTS, is_atari_id
 from rlkit.envs.packages import register_for
@@ -163,11 +163,14 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
         self.optimizer = rc.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         buffer_options = dict(n_envs=self.lanes.n, device=self.device, action_dtype="i32", gamma=cfg.gamma,
                               seed=self.seed, n_step=cfg.n_steps, **self.obs_layout.buffer_options(self.env))
+        if cfg.prioritized and cfg.replay_buffer_class is not None:
+            raise ValueError(f"DQN: prioritized replay and replay_buffer_class={cfg.replay_buffer_class!r} do not "
+                             "combine; choose one")
         if cfg.prioritized:
             self.buffer = DevicePrioritizedReplayBuffer(cfg.buffer_size, action_shape=1, alpha=cfg.prioritized_alpha,
                                                         **buffer_options)
         else:
-            self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=1, **buffer_options)
+            self.buffer = self._replay_buffer(action_shape=1, **buffer_options)
         self._update_target = Polyak(self.target.parameters(), self.q.parameters())
         self._updates: dict[int, rc.capturing.CapturedFunction] = {}  # captured runs of gradient steps, by their count
         # requested every target_update_interval environment steps, applied before the next

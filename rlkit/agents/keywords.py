@@ -13,7 +13,7 @@ POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy")
 """SB3's policy names, accepted as the first argument. The networks follow the observation
 space whichever is named (rlkit has one network family per agent)."""
 
-SB3_UNUSED = {"optimize_memory_usage": False, "replay_buffer_class": None, "replay_buffer_kwargs": None,
+SB3_UNUSED = {"optimize_memory_usage": False,
               "stats_window_size": 100, "use_sde": False, "sde_sample_freq": -1, "use_sde_at_warmup": False,
               "_init_setup_model": True}
 """SB3 options rlkit does not have, accepted at the value with which SB3 does not use them

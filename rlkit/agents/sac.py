@@ -23,7 +23,6 @@ from rlkit.agents.networks import mlp
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import Polyak
 from rlkit.agents.td3 import Critics
-from rlkit.buffers import ReplayBuffer
 from rlkit.core.checks import positive_int
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the policy's log standard deviation is clamped here
@@ -143,7 +142,7 @@ class SAC(OffPolicyAgent):
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
         self.ent_coef_optimizer = rc.optim.Adam(self.ent_coef.parameters(), lr=cfg.learning_rate)
         action_rows, action_dtype = self._buffer_action()
-        self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=action_rows, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
+        self.buffer = self._replay_buffer(action_shape=action_rows, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
                                    device=self.device, action_dtype=action_dtype, gamma=cfg.gamma, seed=self.seed)
         self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),

@@ -21,7 +21,6 @@ from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.polyak import Polyak
-from rlkit.buffers import ReplayBuffer
 from rlkit.core.checks import positive_int
 
 
@@ -139,7 +138,7 @@ class TD3(OffPolicyAgent):
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.actor_optimizer = rc.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
         self.critic_optimizer = rc.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
-        self.buffer = ReplayBuffer(cfg.buffer_size, action_shape=self.n_actions, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
+        self.buffer = self._replay_buffer(action_shape=self.n_actions, **self.obs_layout.buffer_options(self.env), n_envs=self.lanes.n,
                                    device=self.device, gamma=cfg.gamma, seed=self.seed)
         self._update_targets = [Polyak(self.critic_target.parameters(), self.critic.parameters()),
                                 Polyak(self.actor_target.parameters(), self.actor.parameters())]

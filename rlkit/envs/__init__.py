@@ -1,12 +1,14 @@
 """Environments and wrappers on top of Gymnasium: the partially observed classic-control tasks
 (``partial_observation``: HideVelocity, registered as ``rlkit/CartPoleNoVel-v1`` and
 ``rlkit/PendulumNoVel-v1`` on import) and Atari with the standard preprocessing (``atari``:
-``make_atari``; needs the ``atari`` extra, ale-py, only when called)."""
+``make_atari``; needs the ``atari`` extra, ale-py, only when called) and the bit-flipping
+goal task of the HER paper (``BitFlippingEnv``)."""
 
 from rlkit.envs.partial_observation import HIDDEN_VELOCITY_IDS, POSITIONS_KEPT, HideVelocity, register
 from rlkit.envs.atari import ATARI_DQN_DEFAULTS, EpisodicLife, FireReset, is_atari_id, make_atari, needs_fire_reset
+from rlkit.envs.bit_flipping import BitFlippingEnv
 
 register()
 
 __all__ = ["HideVelocity", "HIDDEN_VELOCITY_IDS", "POSITIONS_KEPT", "register", "make_atari", "is_atari_id",
-           "EpisodicLife", "FireReset", "needs_fire_reset", "ATARI_DQN_DEFAULTS"]
+           "EpisodicLife", "FireReset", "needs_fire_reset", "ATARI_DQN_DEFAULTS", "BitFlippingEnv"]
