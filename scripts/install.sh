@@ -51,6 +51,13 @@ pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
 say "checking build tools"
 pip_install "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja
 
+# The test extra holds Stable-Baselines3 (the compatibility tests' reference), which needs PyTorch:
+# where none is installed, the CPU build of torch 2.13.0 first (a CUDA build would come by
+# default from PyPI, a few GB, for tests that run on the CPU).
+case ",$extras," in *,test,*)
+  python3 -c 'import torch' 2>/dev/null || { say "installing PyTorch (CPU) for the test extra's SB3"; pip_install "torch==2.13.0"; } ;;
+esac
+
 say "building and installing rlkit and its dependencies (native module in build/, RLKIT_VULKAN=$vulkan)"
 target="$root"
 if [ -n "$extras" ]; then target="$root[$extras]"; fi

@@ -305,3 +305,34 @@ def test_train_imports_gym_packages_and_refuses_bad_ones(capsys):
     assert "--gym-packages: cannot import 'no_such_package_xyz'" in capsys.readouterr().err
     assert main(["train", "dqn", "--env", "CartPole-v1", "--total-timesteps", "10", "--env-kwargs", "1x=2"]) == 2
     assert "--env-kwargs takes KEY=VALUE pairs" in capsys.readouterr().err
+
+
+QUICK = ["learning_starts=64", "batch_size=16", "buffer_size=500", "train_freq=8", "gradient_steps=1"]
+HER = ["replay_buffer_class=HerReplayBuffer", 'replay_buffer_kwargs={"n_sampled_goal": 4}']
+
+
+@pytest.mark.parametrize("algo, env, env_kwargs, hyperparams", [
+    ("dqn", "rlkit/BitFlipping-v0", ["n_bits=6"], HER),                      # Dict goal space, HER
+    ("sac", "rlkit/BitFlipping-v0", ["n_bits=4", "continuous=true"], HER),  # Box actions on a goal space
+    ("td3", "rlkit/BitFlipping-v0", ["n_bits=4", "continuous=true"], HER),
+    ("ddpg", "Pendulum-v1", [], ["net_arch=16,16"]),
+    ("discrete_sac", "Taxi-v4", [], []),                                     # Discrete observations
+    ("dqn", "FrozenLake-v1", ["map_name=4x4"], ["dueling=true", "n_steps=3", "prioritized=true"]),
+    ("dqn", "MinAtar/Breakout-v1", [], ["features_extractor=nature",       # images (MinAtar's booleans)
+                                        'features_extractor_kwargs={"conv_layers": [[4, 3, 1]], "features_dim": 16}']),
+    ("recurrent_dqn", "rlkit/CartPoleNoVel-v1", [], ["learning_starts=64"]),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_every_algorithm_and_space_trains_from_the_command_line(tmp_path, capsys, algo, env, env_kwargs, hyperparams):
+    if env.startswith("MinAtar"):
+        pytest.importorskip("minatar", reason="MinAtar's games come with the minatar extra")
+    argv = ["train", algo, "--env", env, "--total-timesteps", "160", "--logdir", str(tmp_path), "--eval-episodes", "1"]
+    if env_kwargs:
+        argv += ["--env-kwargs", *env_kwargs]
+    quick = [] if algo.startswith("recurrent") else QUICK
+    assert main([*argv, "--hyperparams", *quick, *hyperparams]) == 0
+    out = capsys.readouterr().out
+    assert f"evaluation over 1 episodes of {env}" in out
+    model = re.search(r"^model: (.+)$", out, re.MULTILINE).group(1)
+    assert os.path.exists(model)
+    if not env_kwargs:  # (eval makes the saved id with its default kwargs)
+        assert main(["eval", model, "--episodes", "1"]) == 0

@@ -108,6 +108,34 @@ def test_relabelled_goals_are_of_the_same_episode_and_the_strategys_steps(strate
     assert sum(map(len, chosen)) > 0.5 * possible  # the draws spread over the strategy's choices
 
 
+@pytest.mark.parametrize("strategy", ["future", "final"])
+def test_episodes_cut_by_truncate_episodes_end_where_they_stood(strategy):
+    """Lanes reset mid-episode (a resumed run): the cut episodes' goals come from their own
+    steps, never from the episodes the lanes begin next."""
+    buffer, added = _filled_buffer(strategy, "sparse_distance")
+    n_envs = len(added)
+    assert not all(steps[-1][2] for steps in added)  # some lanes are mid-episode
+    buffer.truncate_episodes()
+    episode = np.array([steps[-1][0] + 1 for steps in added])
+    for k in range(3):  # the next episodes' first steps
+        goal = np.stack([np.arange(n_envs), episode, np.full(n_envs, k)], axis=1).astype(np.float32)
+        previous = goal - np.array([0, 0, 1], np.float32)
+        desired = np.full((n_envs, 3), -1.0, np.float32)
+        buffer.add({"observation": goal, "achieved_goal": previous, "desired_goal": desired}, np.zeros((n_envs, 1)),
+                   -np.ones(n_envs), {"observation": goal, "achieved_goal": goal, "desired_goal": desired},
+                   np.zeros(n_envs, bool), np.zeros(n_envs, bool))
+        for lane in range(n_envs):
+            added[lane].append((int(episode[lane]), k, False))
+    allowed = [_allowed_steps(lane_steps, buffer.lane_length, strategy) for lane_steps in added]
+    n_virtual = buffer.n_virtual(64)
+    for _ in range(20):
+        s = buffer.sample_on_device(64)
+        own = s.obs["observation"].numpy().T.astype(int)
+        goals = s.obs["desired_goal"].numpy().T.astype(int)
+        for (lane, ep, k), goal in zip(own[:n_virtual], goals[:n_virtual]):
+            assert goal[0] == lane and goal[1] == ep and goal[2] in allowed[lane][(ep, k)], (lane, ep, k, goal)
+
+
 def test_relabelled_rewards_are_compute_rewards(device):
     env = BitFlippingEnv(6)
     agent = DQN(env, seed=0, learning_starts=10_000, batch_size=64, replay_buffer_class=HerReplayBuffer,

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from rlkit.agents import DQN, SAC
+from rlkit.agents import DQN, SAC, RecurrentDQN
 from rlkit.agents.evaluation import evaluate
 from rlkit.agents.observations import ObservationLayout, OneHot
+from rlkit.envs import BitFlippingEnv
 
 
 def test_one_hot_layouts_match_numpy():
@@ -90,3 +91,13 @@ def test_sac_reads_multibinary_and_multidiscrete(multi_discrete):
     agent.learn(200)
     actions, _ = agent.predict(np.array([[1, 0, 1, 1], [0, 0, 0, 0]]), deterministic=True)
     assert actions.shape == (2, 1) and np.all(np.abs(actions) <= 1)
+
+
+@pytest.mark.parametrize("env", ["FrozenLake-v1", BitFlippingEnv(4)], ids=["discrete", "dict"])
+def test_recurrent_agents_refuse_what_they_cannot_read_and_say_what_would(env):
+    with pytest.raises(ValueError, match="feed-forward agent.*FlattenObservation"):
+        RecurrentDQN(env)
+    flat = gym.wrappers.FlattenObservation(gym.make(env) if isinstance(env, str) else BitFlippingEnv(4))
+    agent = RecurrentDQN(flat, learning_starts=40, buffer_size=300, batch_size=4)
+    agent.learn(60)  # one-hot and concatenated by the wrapper: a Box the encoder reads
+    assert agent.num_timesteps == 60

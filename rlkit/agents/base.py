@@ -189,9 +189,12 @@ class OffPolicyAgent:
         if self.recurrent and config.replay_buffer_class is not None:
             raise ValueError(f"{self.algo} samples sequences from its own buffer: replay_buffer_class must be None")
         if self.recurrent and self.obs_layout.extractor != "flatten":
+            hint = ("images need a CNN agent (DQN, SAC, ...), or features_extractor='flatten' to feed the pixels "
+                    "as a vector" if self.obs_layout.image else "Discrete, MultiDiscrete and Dict observations need "
+                    "a feed-forward agent (DQN, SAC, ...), or a wrapper that flattens them to a Box "
+                    "(gymnasium.wrappers.FlattenObservation)")
             raise ValueError(f"{self.algo} reads Box vector observations into its sequence encoder, got "
-                             f"{self.observation_space}: images need a CNN agent (DQN, SAC, ...), or "
-                             "features_extractor='flatten' to feed the pixels as a vector")
+                             f"{self.observation_space}: {hint}")
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
         self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes

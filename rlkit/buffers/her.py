@@ -144,14 +144,33 @@ class HerReplayBuffer(ReplayBuffer):
         before = first_step - self._episode_first  # [n_envs]
         self._from_start[step] = before
         self._to_end[step] = -1.0
+        written = self._end_episodes(step, first_step, before, np.flatnonzero(ended))
+        self._dirty = min(self.lane_length, max(self._dirty + 1, written))
+
+    def _end_episodes(self, step: int, step_number: int, before: np.ndarray, lanes: np.ndarray) -> int:
+        """Writes the counts of the stored steps of ``lanes``' episodes, which end at ring step
+        ``step`` (step number ``step_number``, ``before`` [n_envs] steps after each one's first);
+        the most steps written in a lane."""
         written = 1
-        for lane in np.flatnonzero(ended):
+        for lane in lanes:
             stored = int(min(before[lane] + 1, self.lane_length))  # an episode longer than the ring lost its start
             back = np.arange(stored)
             self._to_end[(step - back) % self.lane_length, lane] = back
-            self._episode_first[lane] = first_step + 1
+            self._episode_first[lane] = step_number + 1
             written = max(written, stored)
-        self._dirty = min(self.lane_length, max(self._dirty + 1, written))
+        return written
+
+    def truncate_episodes(self) -> None:
+        """ReplayBuffer.truncate_episodes, and the cut episodes' counts written as at their end."""
+        if len(self) == 0:
+            return
+        newest, step_number = (self.pos - 1) % self.lane_length, self._steps_added - 1
+        running = ~(self._terminated[newest] | self._truncated[newest])  # [n_envs]
+        super().truncate_episodes()
+        if running.any():
+            self._end_episodes(newest, step_number, step_number - self._episode_first, np.flatnonzero(running))
+            self._dirty = self.lane_length
+            self.flush()
 
     def flush(self) -> None:
         """ReplayBuffer.flush, and the episode rows of the steps changed since the last one,

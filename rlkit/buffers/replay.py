@@ -214,7 +214,7 @@ class ReplayBuffer:
         self._final_obs: dict[int, np.ndarray] = {}  # optimize_memory: true next obs at truncations
         # optimize_memory: each lane's newest next observation, which no table holds until the
         # lane's next step (truncate_episodes keeps it where that step begins a new episode)
-        self._newest_next = np.zeros((self.n_envs, math.prod(self.obs_shape)), np.float32)
+        self._newest_next = np.zeros((self.n_envs, obs_rows), np.float32)
         self._rng = np.random.default_rng(seed)
         self.pos = 0          # the next ring step to write
         self.full = False
@@ -344,7 +344,7 @@ class ReplayBuffer:
         self.flush()
         self._truncated[newest] |= running
         for lane in np.flatnonzero(running):
-            if self._stacks is None and self._next_obs is None:  # the lane's next column is the next episode's
+            if self._obs is not None and self._next_obs is None:  # the lane's next column is the next episode's
                 self._final_obs[newest * self.n_envs + int(lane)] = self._newest_next[lane].copy()
         if self._stacks is not None:
             self._stacks.start_episodes(running)

@@ -59,3 +59,13 @@ class BitFlippingEnv(gym.Env):
         a batch (the goals' last axis holds the bits), as HER relabelling calls it."""
         differ = np.any(np.asarray(achieved_goal) != np.asarray(desired_goal), axis=-1)
         return np.where(differ, np.float32(-1.0), np.float32(0.0))
+
+
+BIT_FLIPPING_ID = "rlkit/BitFlipping-v0"
+"""BitFlippingEnv's Gymnasium id (``gym.make(BIT_FLIPPING_ID, n_bits=15)``), for the command line."""
+
+
+def register() -> None:
+    """Registers BitFlippingEnv with Gymnasium as BIT_FLIPPING_ID (again only if missing)."""
+    if BIT_FLIPPING_ID not in gym.registry:
+        gym.register(id=BIT_FLIPPING_ID, entry_point=BitFlippingEnv)
