@@ -43,7 +43,8 @@ RLKIT_REQUIRE_GPU=1 python3 -m pytest -q -ra -p no:cacheprovider \
   tests/test_vulkan.py tests/test_vulkan_matmul.py tests/test_capture.py tests/test_elementwise_chain.py \
   tests/test_bf16.py tests/test_mixed_precision.py tests/test_random_ops.py tests/test_optim_fused.py \
   tests/test_ssm.py tests/test_rwkv.py tests/test_rwkv7.py tests/test_conv.py tests/test_nn_conv.py \
-  tests/test_buffers.py tests/test_image_replay.py tests/test_image_agents.py 2>&1 | tee "$out/tests.log" | tail -25
+  tests/test_buffers.py tests/test_image_replay.py tests/test_image_agents.py tests/test_dict_spaces.py \
+  tests/test_her.py 2>&1 | tee "$out/tests.log" | tail -25
 
 say "the Mamba demo at its default sizes (log: $out/mamba_demo.txt)"
 python3 scripts/mamba_train_demo.py 2>&1 | tee "$out/mamba_demo.txt" | tail -12

@@ -1,8 +1,9 @@
-"""The main job: DQN learns CartPole-v1 on the CPU, then its evaluation return is printed with
-where the TensorBoard logs are. Training evaluates every 5k steps and stops once the mean
-evaluation return reaches 475 (the learning gate), or after --steps.
+"""The main job: DQN learns CartPole-v1 on the CPU for --steps steps, evaluating every 5k, then
+prints the final evaluation of the full run (the final weights, 20 episodes) with where the
+TensorBoard logs are. --early-stop stops training at the first evaluation of at least 475
+instead (the output says so).
 
-    python scripts/train_dqn.py [--steps 50000] [--seed 0] [--logdir runs] [--device cpu]
+    python scripts/train_dqn.py [--steps 50000] [--seed 0] [--logdir runs] [--device cpu] [--early-stop]
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 
 from rlkit.agents import DQN, EvalCallback, evaluate
 
+THRESHOLD = 475  # CartPole-v1's reward threshold
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -21,14 +24,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logdir", default="runs")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--early-stop", action="store_true",
+                        help=f"stop at the first evaluation of at least {THRESHOLD}")
     args = parser.parse_args()
 
     agent = DQN("CartPole-v1", seed=args.seed, logdir=args.logdir, device=args.device)
-    print(f"DQN on CartPole-v1 ({args.device}), {args.steps} steps, seed {args.seed}")
+    stop = f"early stop at an evaluation of {THRESHOLD}" if args.early_stop else "no early stop"
+    print(f"DQN on CartPole-v1 ({args.device}), {args.steps} steps, seed {args.seed}, {stop}")
     start = time.perf_counter()
 
-    gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, reward_threshold=475, seed=args.seed + 100,
-                        verbose=0)
+    gate = EvalCallback("CartPole-v1", eval_freq=5000, n_episodes=10, seed=args.seed + 100, verbose=0,
+                        reward_threshold=THRESHOLD if args.early_stop else None)
 
     def report(event):
         go_on = gate(event)
@@ -42,9 +48,9 @@ def main() -> int:
 
     agent.learn(args.steps, callback=report)
     if agent.num_timesteps < args.steps:
-        print(f"the evaluation return reached 475 after {agent.num_timesteps} steps: training stops there")
-    mean, std = evaluate(agent, "CartPole-v1", 10, seed=args.seed + 100)
-    print(f"evaluation return over 10 episodes: {mean:.1f} +- {std:.1f}")
+        print(f"early stop: the evaluation return reached {THRESHOLD} after {agent.num_timesteps} steps")
+    mean, std = evaluate(agent, "CartPole-v1", 20, seed=args.seed + 1000)
+    print(f"final evaluation after {agent.num_timesteps} steps, 20 episodes: {mean:.1f} +- {std:.1f}")
     print(f"TensorBoard logs: {os.path.abspath(agent.log_path)}  "
           f"(tensorboard --logdir {args.logdir})")
     return 0
