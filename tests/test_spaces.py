@@ -93,11 +93,53 @@ def test_sac_reads_multibinary_and_multidiscrete(multi_discrete):
     assert actions.shape == (2, 1) and np.all(np.abs(actions) <= 1)
 
 
-@pytest.mark.parametrize("env", ["FrozenLake-v1", BitFlippingEnv(4)], ids=["discrete", "dict"])
-def test_recurrent_agents_refuse_what_they_cannot_read_and_say_what_would(env):
-    with pytest.raises(ValueError, match="feed-forward agent.*FlattenObservation"):
-        RecurrentDQN(env)
-    flat = gym.wrappers.FlattenObservation(gym.make(env) if isinstance(env, str) else BitFlippingEnv(4))
-    agent = RecurrentDQN(flat, learning_starts=40, buffer_size=300, batch_size=4)
-    agent.learn(60)  # one-hot and concatenated by the wrapper: a Box the encoder reads
-    assert agent.num_timesteps == 60
+class DiscreteDict(gym.Env):
+    """Dict observations {"cell": Discrete(5), "flags": MultiBinary(3), "level": Box(2)}: a
+    random cell, flags and level each step, 6 steps an episode."""
+
+    observation_space = gym.spaces.Dict({"cell": gym.spaces.Discrete(5), "flags": gym.spaces.MultiBinary(3),
+                                         "level": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action), False, self.t >= 6, {}
+
+
+def test_recurrent_agents_read_discrete_and_dict_observations_flattened_as_gymnasium_flattens():
+    from rlkit.agents.flat_observations import FlatObservationLayout
+
+    env = DiscreteDict()
+    env.observation_space.seed(0)
+    agent = RecurrentDQN(env, learning_starts=40, buffer_size=300, batch_size=4)
+    assert isinstance(agent.obs_layout, FlatObservationLayout) and agent.n_obs == 5 + 3 + 2
+    samples = [env.observation_space.sample() for _ in range(6)]
+    batch = {key: np.stack([s[key] for s in samples]) for key in samples[0]}
+    expected = np.stack([gym.spaces.flatten(env.observation_space, s) for s in samples]).astype(np.float32)
+    np.testing.assert_array_equal(agent.obs_layout.batch(batch, 6), expected)  # Gymnasium's flattening
+    one, vectorized = agent.obs_layout.batch_of(samples[0], None)
+    assert not vectorized
+    np.testing.assert_array_equal(one, expected[:1])
+    agent.learn(80)
+    action, state = agent.predict(samples[0], deterministic=True)
+    assert action.shape == () and state is not None
+    taxi = RecurrentDQN("Taxi-v4", learning_starts=40, buffer_size=300, batch_size=4)
+    assert taxi.n_obs == 500
+    taxi.learn(60)
+    assert taxi.predict(np.int64(3))[0].shape == ()
+
+
+def test_recurrent_agents_refuse_images_and_say_what_would_read_them():
+    image_key = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (3, 8, 8), np.uint8),
+                                 "v": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+    class ImageDict(DiscreteDict):
+        observation_space = image_key
+
+    with pytest.raises(ValueError, match=r"image observations \(key 'pixels'\): images need a CNN agent"):
+        RecurrentDQN(ImageDict())

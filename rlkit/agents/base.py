@@ -13,6 +13,7 @@ import time
 import warnings
 from dataclasses import asdict, fields
 
+import gymnasium as gym
 import numpy as np
 
 import rlkit.core as rc
@@ -21,6 +22,7 @@ from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.keywords import DEVICE_NAMES, config_from_keywords, split_policy_and_env
 from rlkit.agents.lanes import EnvLanes, env_module
 from rlkit.agents.dict_observations import check_dict_space
+from rlkit.agents.flat_observations import FlatObservationLayout
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.onnx_export import export_policy
 from rlkit.agents.recorder import Recorder
@@ -178,8 +180,6 @@ class OffPolicyAgent:
         self.env = self.lanes.env
         self.observation_space, self.action_space = self.lanes.observation_space, self.lanes.action_space
         self._check_spaces()
-        import gymnasium as gym
-
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)  # asked at every step
         self.device = DEVICE_NAMES.get(device, device) or rc.device()
         self.seed, self.logdir = seed, logdir
@@ -188,13 +188,11 @@ class OffPolicyAgent:
                                                config.normalize_images)
         if self.recurrent and config.replay_buffer_class is not None:
             raise ValueError(f"{self.algo} samples sequences from its own buffer: replay_buffer_class must be None")
-        if self.recurrent and self.obs_layout.extractor != "flatten":
-            hint = ("images need a CNN agent (DQN, SAC, ...), or features_extractor='flatten' to feed the pixels "
-                    "as a vector" if self.obs_layout.image else "Discrete, MultiDiscrete and Dict observations need "
-                    "a feed-forward agent (DQN, SAC, ...), or a wrapper that flattens them to a Box "
-                    "(gymnasium.wrappers.FlattenObservation)")
-            raise ValueError(f"{self.algo} reads Box vector observations into its sequence encoder, got "
-                             f"{self.observation_space}: {hint}")
+        if self.recurrent and not (self.obs_layout.extractor == "flatten" and isinstance(self.observation_space,
+                                                                                      gym.spaces.Box)):
+            # the sequence encoder reads vectors: one-hot and Dict observations flattened on the host
+            self.obs_layout = FlatObservationLayout.of(self.obs_layout, self.algo)
+            self.n_obs = self.obs_layout.size
         self.num_timesteps = 0
         self._n_calls = 0  # vector-environment steps taken
         self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes
@@ -229,8 +227,6 @@ class OffPolicyAgent:
     def _require_spaces(self, action_kind: str) -> None:
         """A Box, Discrete, MultiDiscrete or MultiBinary observation space and a ``"discrete"`` or
         ``"bounded box"`` action space."""
-        import gymnasium as gym
-
         space = self.action_space
         if action_kind == "discrete":
             fits = isinstance(space, gym.spaces.Discrete)
