@@ -268,8 +268,8 @@ PYBIND11_MODULE(_native, m) {
             py::list levels;
             for (const LevelTime& t : p.level_times()) levels.append(py::make_tuple(t.mean_us, t.label));
             return levels;
-        }, "[(mean microseconds, what runs)] per dependency level, where the program was recorded with GPU "
-           "profiling on; else [].");
+        }, "[(mean microseconds, what runs)] per dependency level (GPU, recorded with set_gpu_profiling on) "
+           "or per node (CPU, created with set_cpu_profiling on), once it has run; else [].");
 
     m.def("build_info", [] {
         py::dict d;
@@ -331,6 +331,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
     m.def("set_gpu_profiling", &set_gpu_profiling, py::arg("on"),
           "Programs recorded from now on time each dependency level; False where the GPU cannot time.");
+    m.def("set_cpu_profiling", &set_cpu_profiling, py::arg("on"),
+          "CPU programs created from now on time each node at every replay (Program.level_times).");
     m.def("relocate", [](TensorImpl& t) {
         if (t.pending()) throw std::runtime_error("relocate: the tensor is pending");
         TensorPtr fresh = make_on(t.device, t.ne, t.ndim, t.dtype);
@@ -351,6 +353,17 @@ PYBIND11_MODULE(_native, m) {
     }, py::arg("device"));
     m.def("set_num_threads", &set_num_threads);
     m.def("num_threads", &num_threads);
+    m.def("nested_parallel_count", [](int64_t outer, int64_t inner) {
+        std::vector<int64_t> counts(size_t(std::max<int64_t>(outer, 0)), 0);
+        py::gil_scoped_release release;
+        parallel_for(outer, 1, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i)
+                parallel_for(inner, 1, [&](int64_t a, int64_t b) { counts[size_t(i)] += b - a; });
+        });
+        return counts;
+    }, py::arg("outer"), py::arg("inner"),
+       "Tests: a parallel_for over `outer` items whose every item runs a parallel_for over `inner` "
+       "(inline, on the thread running the item); the items each inner loop counted.");
     m.def("load_blas", &load_blas, py::arg("path"));
     m.def("blas_name", &blas_name);
     m.def("manual_seed", &manual_seed, py::arg("seed"));

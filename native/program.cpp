@@ -1,5 +1,6 @@
 #include "program.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,6 +25,8 @@ size_t pack(const Inputs& tensors, std::vector<size_t>& offsets) {
 
 constexpr size_t kStreamBytes = sizeof(uint64_t);
 constexpr size_t kGpuReuseDelay = 32;  // nodes; 32 took the SAC update from 230 barriers to 88 (16: 97, no reuse: 84)
+
+bool cpu_profiling = false;
 
 void place(const TensorPtr& t, const TensorPtr& block, size_t offset) {
     t->storage = block->storage;
@@ -120,6 +123,20 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
         nodes_[k].out->offset = offset[k];
     }
     recorded_ = be.recorded_program(*input_block_, *output_block_);
+    if (!recorded_ && cpu_profiling) node_seconds_.assign(nodes_.size(), 0.0);
+}
+
+void set_cpu_profiling(bool on) { cpu_profiling = on; }
+
+std::vector<LevelTime> Program::level_times() const {
+    if (recorded_) return recorded_->level_times();
+    std::vector<LevelTime> times;
+    if (!timed_runs_) return times;
+    for (size_t k = 0; k < nodes_.size(); ++k)
+        if (live_[k])
+            times.push_back({node_seconds_[k] * 1e6 / double(timed_runs_),
+                             std::string(op_info(nodes_[k].op).name) + " " + nodes_[k].out->shape_str()});
+    return times;
 }
 
 size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
@@ -145,8 +162,15 @@ void Program::replay(const std::vector<const void*>& host_inputs, const std::vec
 }
 
 void Program::execute_nodes() {
-    for (size_t k = 0; k < nodes_.size(); ++k)
-        if (live_[k]) execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
+    using clock = std::chrono::steady_clock;
+    const bool timed = !node_seconds_.empty();
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        if (!live_[k]) continue;
+        const clock::time_point start = timed ? clock::now() : clock::time_point{};
+        execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
+        if (timed) node_seconds_[k] += std::chrono::duration<double>(clock::now() - start).count();
+    }
+    timed_runs_ += timed;
 }
 
 bool Program::recording_is_current() const {

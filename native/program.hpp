@@ -36,9 +36,11 @@ class Program {
     size_t n_live() const;
     size_t arena_bytes() const { return arena_bytes_; }
     Device device() const { return device_; }
-    // The mean GPU time of each dependency level and what it runs, where the program was
-    // recorded with profiling on (set_gpu_profiling) and has run; else empty.
-    std::vector<LevelTime> level_times() const { return recorded_ ? recorded_->level_times() : std::vector<LevelTime>{}; }
+    // On the GPU: the mean GPU time of each dependency level and what it runs, where the program
+    // was recorded with profiling on (set_gpu_profiling) and has run. On the CPU: the mean time of
+    // each live node ("op [output shape]"), where it was created with set_cpu_profiling on and has
+    // run. Else empty.
+    std::vector<LevelTime> level_times() const;
 
   private:
     void execute_nodes();
@@ -59,6 +61,12 @@ class Program {
     bool recorded_ok_ = false;                   // recorded_ holds a finished recording
     // Tensors the program reads or writes but does not own, and their addresses when recorded.
     std::vector<std::pair<TensorPtr, uint64_t>> external_addresses_;
+    // CPU profiling: each node's summed seconds over `timed_runs_` replays (empty when off).
+    std::vector<double> node_seconds_;
+    size_t timed_runs_ = 0;
 };
+
+// CPU programs created from now on time each node at every replay (Program::level_times).
+void set_cpu_profiling(bool on);
 
 }  // namespace rk

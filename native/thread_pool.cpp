@@ -19,6 +19,11 @@ namespace {
 // scheduler slice, and the caller then does the chunks itself instead of waiting for it (a
 // 2-thread update went from 0.65 ms to 64 ms under two busy processes when it waited). A worker
 // that wakes late holds its own reference to the job it woke for and finds no chunk left.
+// Set on a thread while it runs chunks of a job: the caller for the job's length, a worker for
+// its whole life. A parallel_for on such a thread runs inline: a nested job would wait on the
+// job lock its own caller holds.
+thread_local bool in_parallel_region = false;
+
 struct Job {
     const std::function<void(int64_t, int64_t)>* fn = nullptr;  // alive while chunks remain
     int64_t n = 0, grain = 1, n_chunks = 0;
@@ -81,6 +86,7 @@ class ThreadPool {
     }
 
     void worker_loop(uint64_t seen) {
+        in_parallel_region = true;
         for (;;) {
             std::shared_ptr<Job> job;
             {
@@ -121,8 +127,6 @@ ThreadPool& pool() {
     static ThreadPool p(default_threads());
     return p;
 }
-
-thread_local bool in_parallel_region = false;
 
 }  // namespace
 

@@ -658,9 +658,11 @@ def write_section(path: str, text: str, marker: str = "bench_gpu_torch") -> None
 # ---- where an update's GPU time goes ---------------------------------------------------------------
 
 def level_table(name: str, agent, updates: int = 300) -> str:
-    """The agent's captured update recorded with GPU timestamps after every dependency level,
-    run ``updates`` times: each level's mean microseconds and its kernels (shader[workgroups])."""
-    if not _native.set_gpu_profiling(True):
+    """The agent's captured update recorded with GPU timestamps after every dependency level (on
+    the CPU: timed node by node), run ``updates`` times: each level's mean microseconds and its
+    kernels (shader[workgroups]; on the CPU, the op and its output's shape)."""
+    set_profiling = _native.set_cpu_profiling if agent.device == "cpu" else _native.set_gpu_profiling
+    if set_profiling(True) is False:
         return f"{name}: this GPU cannot time its queue"
     try:
         for captured in agent._captured_programs():
@@ -669,7 +671,7 @@ def level_table(name: str, agent, updates: int = 300) -> str:
             for _ in range(updates):
                 agent._train(1)
     finally:
-        _native.set_gpu_profiling(False)
+        set_profiling(False)
     lines = [f"### {name}", "", "| level | us | kernels |", "|---|---|---|"]
     total = 0.0
     for captured in agent._captured_programs():

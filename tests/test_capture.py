@@ -195,6 +195,24 @@ def test_a_gpu_replay_is_one_upload_one_submission_one_download():
         rc.device(previous)
 
 
+def test_cpu_programs_made_with_profiling_on_time_each_node():
+    x = rc.param(np.ones((3, 4), np.float32))
+    _native.set_cpu_profiling(True)
+    try:
+        timed = rc.capture(lambda: rc.relu(x * 2.0), [x])
+        timed()
+        timed()
+    finally:
+        _native.set_cpu_profiling(False)
+    plain = rc.capture(lambda: rc.relu(x * 2.0), [x])
+    plain()
+    (timed_program,), (plain_program,) = timed._programs.values(), plain._programs.values()
+    times = timed_program.native.level_times()
+    assert [label for _, label in times] == ["scale [3, 4]", "relu [3, 4]"]
+    assert all(us >= 0 for us, _ in times)
+    assert plain_program.native.level_times() == []
+
+
 def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
     w = rc.param(np.ones((2, 2)))
     optimizer = rc.optim.SGD([w], lr=0.1)

@@ -172,6 +172,31 @@ def test_changing_the_thread_count_between_ops_never_hangs():
     assert result.stdout.strip() == "ok"
 
 
+def test_a_parallel_for_inside_a_parallel_for_runs_inline():
+    # A worker that started a job of its own waited for the job lock its caller held: a hang
+    # (in a subprocess with a timeout, so a hang is a failure).
+    script = textwrap.dedent(
+        """
+        from rlkit import _native
+        for threads in (2, 3, 5):
+            _native.set_num_threads(threads)
+            for _ in range(20):
+                assert _native.nested_parallel_count(5000, 9) == [9] * 5000
+        print("ok")
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(rlkit.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a nested parallel_for hung")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_set_num_threads_rejects_bad_values():
     before = rc.get_num_threads()
     with pytest.raises(ValueError, match="must lie in"):
