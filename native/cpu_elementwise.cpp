@@ -201,6 +201,9 @@ void cpu_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     if (from == DType::f16 && to == DType::f32) return convert_all<uint16_t, float>(x, out, half_to_float);
     if (from == DType::f32 && to == DType::bf16) return convert_all<float, uint16_t>(x, out, float_to_bf16);
     if (from == DType::bf16 && to == DType::f32) return convert_all<uint16_t, float>(x, out, bf16_to_float);
+    // images: bytes to floats, exact (a DQN batch of Atari stacks is 900k of them)
+    if (from == DType::u8 && to == DType::f32) return convert_all<uint8_t, float>(x, out, [](uint8_t v) { return float(v); });
+    if (from == DType::u8 && to == DType::f64) return convert_all<uint8_t, double>(x, out, [](uint8_t v) { return double(v); });
     parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) store(out, i, load(x, i));
     });

@@ -225,14 +225,45 @@ OutSpec shape_sum_squares(const Inputs& in, const OpAttrs&) {
     return OutSpec{{1, 1, 1, 1}, 2, in[0]->dtype};
 }
 
+namespace {
+
+// sum v[i]^2 in double over kLanes interleaved partial sums added up in a fixed order: the loop
+// vectorises (a single running sum is a chain of dependent adds, 1 ms over NatureCNN's 1.7M
+// gradients).
+template <typename T>
+double squares_of(const T* v, int64_t n) {
+    constexpr int64_t kLanes = 8;
+    double part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) part[l] += double(v[i + l]) * double(v[i + l]);
+    double total = 0.0;
+    for (; i < n; ++i) total += double(v[i]) * double(v[i]);
+    for (double p : part) total += p;
+    return total;
+}
+
+}  // namespace
+
+// In double, over the tensors' elements one after another cut into chunks of kElementGrain (from
+// the sizes alone), whose sums are added in chunk order: the same result with any number of threads.
 void cpu_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    std::vector<int64_t> start(in.size() + 1, 0);
+    for (size_t k = 0; k < in.size(); ++k) start[k + 1] = size_add(start[k], in[k]->numel());
+    std::vector<double> chunk_sums(size_t(chunk_count(start.back(), kElementGrain)), 0.0);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        double total = 0.0;  // in double, so the order of the terms hardly matters
-        for (const TensorPtr& x : in) {
-            const T* v = x->ptr<T>();
-            for (int64_t i = 0, n = x->numel(); i < n; ++i) total += double(v[i]) * double(v[i]);
-        }
+        parallel_for(start.back(), kElementGrain, [&](int64_t lo, int64_t hi) {
+            double& sum = chunk_sums[size_t(lo / kElementGrain)];
+            size_t k = size_t(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+            for (; lo < hi; ++k) {
+                const int64_t end = std::min(hi, start[k + 1]);
+                if (end > lo) sum += squares_of(in[k]->ptr<T>() + (lo - start[k]), end - lo);
+                lo = end;
+            }
+        });
+        double total = 0.0;
+        for (double s : chunk_sums) total += s;
         out.ptr<T>()[0] = T(total);
     });
 }
