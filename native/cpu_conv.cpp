@@ -2,15 +2,16 @@
 // fastest): images x [W, H, C, N], kernels w [KW, KH, C_in, C_out], results [W', H', C, N], so that
 // PyTorch's C-order (N, C, H, W) batches and (C_out, C_in, KH, KW) weights are the same bytes.
 //
-// The CPU convolution is a GEMM per band of output rows of one image: the band's rows of the
-// patch matrix [pixels, K] (K = KW * KH * C_in, one column per kernel tap and input channel) are
-// gathered from x into a per-thread scratch and multiplied by w seen as [K, C_out] through the
-// BLAS, straight into the output, where a band of an image is a [pixels, C_out] matrix of leading
-// dimension W' H' (no reordering pass). The backward passes multiply the same bands the other way
-// round. Bands are the parallel tasks, each one BLAS call on its thread: DQN's products are small
+// The CPU convolution is a GEMM per band of output rows of one image: the band's patches
+// [K, pixels] (K = KW * KH * C_in, a pixel's taps contiguous in w's (kw, kh, ci) order, so each
+// kernel row's KW taps are one short contiguous copy from x) are gathered into a per-thread
+// scratch and multiplied, transposed, by w seen as [K, C_out] through the BLAS, straight into the
+// output, where a band of an image is a [pixels, C_out] matrix of leading dimension W' H' (no
+// reordering pass). The backward passes multiply the same bands the other way round. Bands are the parallel tasks, each one BLAS call on its thread: DQN's products are small
 // (400 x 32 x 256 an image at NatureCNN's first layer), too small to split further.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -195,85 +196,81 @@ T* thread_scratch(int64_t elements) {
     return buffer.data();
 }
 
-// The output positions [begin, end) along an axis whose reads ix = o stride + offset fall inside
-// [0, in): the rest read the zero padding.
-struct Span {
-    int64_t begin, end;
-};
-
-Span inside_span(int64_t out, int64_t in, int64_t stride, int64_t offset) {
-    auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };  // a >= 0, b > 0
-    const int64_t begin = std::min(out, offset >= 0 ? 0 : ceil_div(-offset, stride));
-    const int64_t end = offset >= in ? 0 : std::min(out, ceil_div(in - offset, stride));
-    return {begin, std::max(begin, end)};
+// Calls visit(taps, row, x0, inside) for each output pixel of the band (in pixel order) and each
+// (ci, kh) of the kernel: taps is the pixel's KW patch entries of that input channel and kernel
+// row (entry kw reads row[x0 + kw dil_w]), row the input row they read (null where it is the
+// padding), inside whether every tap of the pixel reads inside the row (dilation 1). A pixel's K
+// patch entries are contiguous, (kw, kh, ci) in w's order, so the taps of one kernel row are KW
+// neighbours in both x and the patches: short contiguous copies, not strided gathers (kKW > 0:
+// the kernel width known at compile time).
+template <int64_t kKW, typename T, typename P, typename F>
+void for_each_pixel_row(const ConvGeometry& g, const Band& b, T* x, P* patches, F&& visit) {
+    const int64_t k_w = kKW > 0 ? kKW : g.k_w, span = (k_w - 1) * g.p.dil_w + 1;
+    T* image = x + g.in_w * g.in_h * g.c_in * b.n;
+    P* taps = patches;
+    for (int64_t oh = b.oh_begin; oh < b.oh_end; ++oh)
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+            const int64_t x0 = ow * g.p.stride_w - g.p.pad_w;
+            const bool inside = g.p.dil_w == 1 && x0 >= 0 && x0 + span <= g.in_w;
+            for (int64_t ci = 0; ci < g.c_in; ++ci)
+                for (int64_t kh = 0; kh < g.k_h; ++kh, taps += k_w) {
+                    const int64_t iy = oh * g.p.stride_h + kh * g.p.dil_h - g.p.pad_h;
+                    visit(taps, iy < 0 || iy >= g.in_h ? nullptr : image + g.in_w * (iy + g.in_h * ci), x0, inside);
+                }
+        }
 }
 
-// Patch column k = (kw, kh, ci) of the tap that reads x at (ow stride + kw dil - pad, ...).
-struct Tap {
-    int64_t kw, kh, ci;
-};
-Tap tap_of(const ConvGeometry& g, int64_t k) { return {k % g.k_w, (k / g.k_w) % g.k_h, k / (g.k_w * g.k_h)}; }
-
-// Calls visit(patch_row, first_read, inside) for each output row of the band and tap k: patch_row
-// is the band's W' entries of patch column k, inside the output columns whose reads fall inside x,
-// and first_read the element of x that entry inside.begin reads (entry ow reads
-// first_read[(ow - inside.begin) stride_w]), or null where the whole row reads the padding.
-template <typename T, typename P, typename F>
-void for_each_tap_row(const ConvGeometry& g, const Band& b, int64_t k, T* image, P* patches, F&& visit) {
-    const Tap t = tap_of(g, k);
-    const int64_t offset_w = t.kw * g.p.dil_w - g.p.pad_w;
-    const Span inside = inside_span(g.out_w, g.in_w, g.p.stride_w, offset_w);
-    T* plane = image + g.in_w * g.in_h * (t.ci + g.c_in * b.n);
-    P* column = patches + k * band_pixels(g, b);
-    for (int64_t oh = b.oh_begin; oh < b.oh_end; ++oh) {
-        const int64_t iy = oh * g.p.stride_h + t.kh * g.p.dil_h - g.p.pad_h;
-        const bool padding = iy < 0 || iy >= g.in_h || inside.begin == inside.end;
-        T* first_read = padding ? nullptr : plane + iy * g.in_w + inside.begin * g.p.stride_w + offset_w;
-        visit(column + (oh - b.oh_begin) * g.out_w, first_read, inside);
-    }
+// patches [K, band pixels] (column-major: a pixel's K entries contiguous) = the band's patches of x
+template <int64_t kKW, typename T>
+void gather_band_kw(const ConvGeometry& g, const T* x, const Band& b, T* patches) {
+    const int64_t k_w = kKW > 0 ? kKW : g.k_w;
+    for_each_pixel_row<kKW>(g, b, x, patches, [&](T* taps, const T* row, int64_t x0, bool inside) {
+        if (!row) return void(std::fill_n(taps, k_w, T(0)));
+        if (inside) return void(std::memcpy(taps, row + x0, size_t(k_w) * sizeof(T)));  // kKW > 0: a few vector moves
+        for (int64_t kw = 0; kw < k_w; ++kw) {
+            const int64_t ix = x0 + kw * g.p.dil_w;
+            taps[kw] = ix >= 0 && ix < g.in_w ? row[ix] : T(0);
+        }
+    });
 }
 
-// dst[i] = src[i stride] for i < count; a stride known at compile time (kStride > 0) lets the
-// compiler unroll and vectorize the copy, which is most of the gather's time.
-template <int64_t kStride, typename T>
-void copy_strided(const T* src, int64_t stride, int64_t count, T* dst) {
-    const int64_t step = kStride > 0 ? kStride : stride;
-    for (int64_t i = 0; i < count; ++i) dst[i] = src[i * step];
+// dx += the band's patch gradients [K, band pixels], put back where gather_band read them
+// (pixel by pixel, in pixel order)
+template <int64_t kKW, typename T>
+void scatter_band_kw(const ConvGeometry& g, const T* patches, const Band& b, T* dx) {
+    const int64_t k_w = kKW > 0 ? kKW : g.k_w;
+    for_each_pixel_row<kKW>(g, b, dx, patches, [&](const T* taps, T* row, int64_t x0, bool inside) {
+        if (!row) return;
+        if (inside) {
+            for (int64_t kw = 0; kw < k_w; ++kw) row[x0 + kw] += taps[kw];
+            return;
+        }
+        for (int64_t kw = 0; kw < k_w; ++kw) {
+            const int64_t ix = x0 + kw * g.p.dil_w;
+            if (ix >= 0 && ix < g.in_w) row[ix] += taps[kw];
+        }
+    });
 }
 
-// patches [band pixels, K] (column-major) = the band's rows of the implicit patch matrix of x,
-// the strides of NatureCNN and ImpalaCNN (1, 2, 4) copied with a constant stride.
-template <int64_t kStride, typename T>
-void gather_band_strided(const ConvGeometry& g, const T* x, const Band& b, T* patches) {
-    for (int64_t k = 0; k < g.patch(); ++k)
-        for_each_tap_row(g, b, k, x, patches, [&](T* row, const T* in, Span inside) {
-            if (!in) return void(std::fill_n(row, g.out_w, T(0)));
-            std::fill(row, row + inside.begin, T(0));
-            copy_strided<kStride>(in, g.p.stride_w, inside.end - inside.begin, row + inside.begin);
-            std::fill(row + inside.end, row + g.out_w, T(0));
-        });
-}
-
+// The kernel widths of NatureCNN and ImpalaCNN (3, 4, 8) with their copies unrolled.
 template <typename T>
 void gather_band(const ConvGeometry& g, const T* x, const Band& b, T* patches) {
-    switch (g.p.stride_w) {
-        case 1: return gather_band_strided<1>(g, x, b, patches);
-        case 2: return gather_band_strided<2>(g, x, b, patches);
-        case 4: return gather_band_strided<4>(g, x, b, patches);
-        default: return gather_band_strided<0>(g, x, b, patches);
+    switch (g.k_w) {
+        case 3: return gather_band_kw<3>(g, x, b, patches);
+        case 4: return gather_band_kw<4>(g, x, b, patches);
+        case 8: return gather_band_kw<8>(g, x, b, patches);
+        default: return gather_band_kw<0>(g, x, b, patches);
     }
 }
 
-// dx += the band's patch gradients [band pixels, K], put back where gather_band read them
 template <typename T>
 void scatter_band(const ConvGeometry& g, const T* patches, const Band& b, T* dx) {
-    const int64_t stride = g.p.stride_w;
-    for (int64_t k = 0; k < g.patch(); ++k)
-        for_each_tap_row(g, b, k, dx, patches, [&](const T* row, T* in, Span inside) {
-            if (!in) return;
-            const T* src = row + inside.begin;
-            for (int64_t i = 0; i < inside.end - inside.begin; ++i) in[i * stride] += src[i];
-        });
+    switch (g.k_w) {
+        case 3: return scatter_band_kw<3>(g, patches, b, dx);
+        case 4: return scatter_band_kw<4>(g, patches, b, dx);
+        case 8: return scatter_band_kw<8>(g, patches, b, dx);
+        default: return scatter_band_kw<0>(g, patches, b, dx);
+    }
 }
 
 // Bands per task of a parallel_for over bands: about kElementGrain multiply-adds at least.
@@ -297,8 +294,8 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                 const Band b = band_at(g, bands, i);
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
                 gather_band(g, x.ptr<T>(), b, patches);
-                gemm_serial(false, false, band_pixels(g, b), g.c_out, g.patch(), patches, band_pixels(g, b), w.ptr<T>(),
-                            g.patch(), band_origin(g, b, out.ptr<T>()), g.pixels(), false);
+                gemm_serial(true, false, band_pixels(g, b), g.c_out, g.patch(), patches, g.patch(), w.ptr<T>(), g.patch(),
+                            band_origin(g, b, out.ptr<T>()), g.pixels(), false);
             }
         });
     });
@@ -318,8 +315,8 @@ void cpu_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
             for (int64_t i = lo * bands.per_image; i < hi * bands.per_image; ++i) {
                 const Band b = band_at(g, bands, i);
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
-                gemm_serial(false, true, band_pixels(g, b), g.patch(), g.c_out, band_origin(g, b, dy.ptr<T>()),
-                            g.pixels(), w.ptr<T>(), g.patch(), patches, band_pixels(g, b), false);
+                gemm_serial(false, true, g.patch(), band_pixels(g, b), g.c_out, w.ptr<T>(), g.patch(),
+                            band_origin(g, b, dy.ptr<T>()), g.pixels(), patches, g.patch(), false);
                 scatter_band(g, patches, b, out.ptr<T>());
             }
         });
@@ -344,7 +341,7 @@ void cpu_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& 
                     const Band b = band_at(g, bands, i);
                     T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
                     gather_band(g, x.ptr<T>(), b, patches);
-                    gemm_serial(true, false, g.patch(), g.c_out, band_pixels(g, b), patches, band_pixels(g, b),
+                    gemm_serial(false, false, g.patch(), g.c_out, band_pixels(g, b), patches, g.patch(),
                                 band_origin(g, b, dy.ptr<T>()), g.pixels(), sums + group * dw_size, g.patch(),
                                 i != first);
                 }
