@@ -12,6 +12,7 @@
 #include "ops.hpp"
 #include "program.hpp"
 #include "random.hpp"
+#include "strided_product.hpp"
 #include "thread_pool.hpp"
 
 namespace py = pybind11;
@@ -353,6 +354,9 @@ PYBIND11_MODULE(_native, m) {
     }, py::arg("device"));
     m.def("set_num_threads", &set_num_threads);
     m.def("num_threads", &num_threads);
+    m.def("set_strided_products", &set_strided_products, py::arg("on"),
+          "Tests: the CPU convolution's AVX-512 products on (where the CPU has them) or off (the BLAS); "
+          "returns the previous setting.");
     m.def("nested_parallel_count", [](int64_t outer, int64_t inner) {
         std::vector<int64_t> counts(size_t(std::max<int64_t>(outer, 0)), 0);
         py::gil_scoped_release release;

@@ -13,11 +13,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "blas.hpp"
 #include "conv.hpp"
 #include "kernel_util.hpp"
+#include "strided_product.hpp"
 
 namespace rk {
 
@@ -273,6 +275,41 @@ void scatter_band(const ConvGeometry& g, const T* patches, const Band& b, T* dx)
     }
 }
 
+// The three products of a band: f32 through the AVX-512 strided products where the CPU has them
+// (read in place, the forward's result written transposed), else through the BLAS.
+bool use_strided(float) { return strided_products_available(); }
+bool use_strided(double) { return false; }
+
+// out band [pixels, C_out] (leading dimension W' H') = patches^T w; w_t: w as [C_out, K], for the
+// strided product alone
+template <typename T>
+void forward_product(const ConvGeometry& g, const T* patches, int64_t pixels, const T* w, const T* w_t, T* out_band) {
+    if constexpr (std::is_same_v<T, float>)
+        if (use_strided(T{}))
+            return strided_product({g.c_out, pixels, g.patch(), w_t, g.c_out, patches, 1, g.patch(), out_band, g.pixels(), 1, false});
+    gemm_serial(true, false, pixels, g.c_out, g.patch(), patches, g.patch(), w, g.patch(), out_band, g.pixels(), false);
+}
+
+// patch gradients [K, pixels] = w g_band^T
+template <typename T>
+void input_back_product(const ConvGeometry& g, const T* w, const T* dy_band, int64_t pixels, T* patches) {
+    if constexpr (std::is_same_v<T, float>)
+        if (use_strided(T{}))
+            return strided_product({g.patch(), pixels, g.c_out, w, g.patch(), dy_band, g.pixels(), 1, patches, 1, g.patch(), false});
+    gemm_serial(false, true, g.patch(), pixels, g.c_out, w, g.patch(), dy_band, g.pixels(), patches, g.patch(), false);
+}
+
+// dw [K, C_out] (+)= patches g_band
+template <typename T>
+void weight_back_product(const ConvGeometry& g, const T* patches, const T* dy_band, int64_t pixels, T* dw, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>)
+        if (use_strided(T{}))
+            return strided_product({g.patch(), g.c_out, pixels, patches, g.patch(), dy_band, 1, g.pixels(), dw, 1, g.patch(), accumulate});
+    gemm_serial(false, false, g.patch(), g.c_out, pixels, patches, g.patch(), dy_band, g.pixels(), dw, g.patch(), accumulate);
+}
+
+struct TransposedWeightScratch {};
+
 // Bands per task of a parallel_for over bands: about kElementGrain multiply-adds at least.
 int64_t band_grain(const ConvGeometry& g, const Banding& b) {
     const int64_t band_work = size_mul(b.rows_per_band * g.out_w, g.patch(), g.c_out);
@@ -289,13 +326,19 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const Banding bands = banding(g);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
+        T* w_t = nullptr;  // w as [C_out, K], on this thread's scratch, read by every task
+        if (use_strided(T{})) {
+            w_t = thread_scratch<T, TransposedWeightScratch>(w.numel());
+            const T* pw = w.ptr<T>();
+            for (int64_t c = 0; c < g.c_out; ++c)
+                for (int64_t k = 0; k < g.patch(); ++k) w_t[c + g.c_out * k] = pw[k + g.patch() * c];
+        }
         parallel_for(bands.total, band_grain(g, bands), [&](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i) {
                 const Band b = band_at(g, bands, i);
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
                 gather_band(g, x.ptr<T>(), b, patches);
-                gemm_serial(true, false, band_pixels(g, b), g.c_out, g.patch(), patches, g.patch(), w.ptr<T>(), g.patch(),
-                            band_origin(g, b, out.ptr<T>()), g.pixels(), false);
+                forward_product(g, patches, band_pixels(g, b), w.ptr<T>(), w_t, band_origin(g, b, out.ptr<T>()));
             }
         });
     });
@@ -315,8 +358,7 @@ void cpu_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
             for (int64_t i = lo * bands.per_image; i < hi * bands.per_image; ++i) {
                 const Band b = band_at(g, bands, i);
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
-                gemm_serial(false, true, g.patch(), band_pixels(g, b), g.c_out, w.ptr<T>(), g.patch(),
-                            band_origin(g, b, dy.ptr<T>()), g.pixels(), patches, g.patch(), false);
+                input_back_product(g, w.ptr<T>(), band_origin(g, b, dy.ptr<T>()), band_pixels(g, b), patches);
                 scatter_band(g, patches, b, out.ptr<T>());
             }
         });
@@ -341,9 +383,8 @@ void cpu_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& 
                     const Band b = band_at(g, bands, i);
                     T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
                     gather_band(g, x.ptr<T>(), b, patches);
-                    gemm_serial(false, false, g.patch(), g.c_out, band_pixels(g, b), patches, g.patch(),
-                                band_origin(g, b, dy.ptr<T>()), g.pixels(), sums + group * dw_size, g.patch(),
-                                i != first);
+                    weight_back_product(g, patches, band_origin(g, b, dy.ptr<T>()), band_pixels(g, b),
+                                        sums + group * dw_size, i != first);
                 }
             }
         });

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
+from rlkit import _native
 
 from conftest import DEVICES
 from op_references import np_conv2d, np_conv2d_backward, np_max_pool2d
@@ -165,6 +166,51 @@ def test_banded_images_match_numpy_and_repeat_bit_for_bit():
                 np.testing.assert_array_equal(got, want)
     finally:
         rc.set_num_threads(threads)
+
+
+@pytest.fixture(params=["avx512", "blas"])
+def cpu_products(request):
+    """The CPU convolution with its AVX-512 products (where the CPU has them) and with the BLAS."""
+    previous = _native.set_strided_products(request.param == "avx512")
+    yield request.param
+    _native.set_strided_products(previous)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, conv",
+    [
+        ((84, 84, 4, 3), (8, 8, 4, 32), dict(stride=4)),  # NatureCNN: 400 pixels, 8 columns a tile
+        ((20, 20, 32, 2), (4, 4, 32, 64), dict(stride=2)),
+        ((9, 9, 64, 2), (3, 3, 64, 64), dict(stride=1)),
+        ((13, 11, 3, 2), (3, 2, 3, 37), dict(stride=(1, 2), padding=(1, 1), dilation=(2, 1))),  # tile edges
+        ((7, 6, 2, 1), (5, 1, 2, 3), dict(stride=1, padding=(2, 0))),  # no constant kernel width
+    ],
+)
+def test_cpu_products_match_numpy(cpu_products, x_shape, w_shape, conv):
+    rng = np.random.default_rng(11)
+    x, w = rng.normal(size=x_shape), rng.normal(size=w_shape) * 0.1
+    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
+    g = rng.normal(size=np_conv2d(x, w, **conv).shape).astype(np.float32).astype(np.float64)
+    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu", **conv)
+    expected_dx, expected_dw = np_conv2d_backward(x, w, g, **conv)
+    np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-3)
+
+
+def test_cpu_products_propagate_nan(cpu_products):
+    rng = np.random.default_rng(12)
+    x, w = rng.normal(size=(9, 9, 3, 2)), rng.normal(size=(3, 3, 3, 5))
+    x[4, 4, 1, 0] = np.nan
+    g = rng.normal(size=(7, 7, 5, 2))
+    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu")
+    reads_nan = np.zeros((7, 7), bool)
+    reads_nan[2:5, 2:5] = True  # the outputs whose windows hold x[4, 4]
+    assert np.isnan(out[:, :, :, 0][reads_nan]).all() and not np.isnan(out[:, :, :, 0][~reads_nan]).any()
+    assert not np.isnan(out[:, :, :, 1]).any()
+    assert np.isnan(dw[:, :, 1]).all()  # every tap of channel 1 meets the NaN at some output
+    assert not np.isnan(dw[:, :, [0, 2]]).any()
+    assert not np.isnan(dx).any()  # dx reads g and w alone
 
 
 def _pool_gradient(x, device, **pool):

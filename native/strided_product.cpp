@@ -1,0 +1,93 @@
+#include "strided_product.hpp"
+
+#include <algorithm>
+#include <atomic>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define RK_HAVE_AVX512_PRODUCTS 1
+#endif
+
+namespace rk {
+
+#ifdef RK_HAVE_AVX512_PRODUCTS
+namespace {
+
+constexpr int64_t kRows = 32;  // a tile's rows: two 16-float registers
+
+// Rows [i0, i0 + 32) and columns [j0, j0 + NR) of C, in 2 NR accumulator registers held over the
+// whole depth. Rows past m are loaded as zeros and never stored.
+template <int NR>
+__attribute__((target("avx512f"))) void tile(const StridedProduct& p, int64_t i0, int64_t j0) {
+    const int64_t rows = std::min(kRows, p.m - i0);
+    const __mmask16 lo = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    const __mmask16 hi = rows >= 32 ? __mmask16(0xFFFF) : rows <= 16 ? __mmask16(0) : __mmask16((1u << (rows - 16)) - 1);
+    __m512 acc[NR][2];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    const float* a = p.a + i0;
+    const float* b = p.b + j0 * p.b_n;
+    for (int64_t r = 0; r < p.depth; ++r, a += p.lda, b += p.b_r) {
+        const __m512 a0 = _mm512_maskz_loadu_ps(lo, a), a1 = _mm512_maskz_loadu_ps(hi, a + 16);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+            const __m512 bj = _mm512_set1_ps(b[j * p.b_n]);
+            acc[j][0] = _mm512_fmadd_ps(a0, bj, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(a1, bj, acc[j][1]);
+        }
+    }
+    if (p.c_m == 1) {  // a column of the tile is contiguous in C
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+            float* c = p.c + i0 + (j0 + j) * p.c_n;
+            if (p.accumulate) {
+                acc[j][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(lo, c), acc[j][0]);
+                acc[j][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(hi, c + 16), acc[j][1]);
+            }
+            _mm512_mask_storeu_ps(c, lo, acc[j][0]);
+            _mm512_mask_storeu_ps(c + 16, hi, acc[j][1]);
+        }
+        return;
+    }
+    alignas(64) float tile_values[NR][kRows];  // C transposed (the forward pass): element by element
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+        _mm512_store_ps(tile_values[j], acc[j][0]);
+        _mm512_store_ps(tile_values[j] + 16, acc[j][1]);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+        float* c = p.c + (i0 + i) * p.c_m + j0 * p.c_n;
+        for (int j = 0; j < NR; ++j) c[j * p.c_n] = (p.accumulate ? c[j * p.c_n] : 0.0f) + tile_values[j][i];
+    }
+}
+
+using TileFn = void (*)(const StridedProduct&, int64_t, int64_t);
+constexpr int kCols = 8;  // a tile's columns: 16 accumulators, 2 A loads and 8 broadcasts per step
+constexpr TileFn kTiles[kCols + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+
+bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
+std::atomic<bool> enabled{cpu_has_avx512()};
+
+}  // namespace
+
+bool strided_products_available() { return enabled.load(std::memory_order_relaxed); }
+
+bool set_strided_products(bool on) { return enabled.exchange(on && cpu_has_avx512()); }
+
+// Column tiles outside, row tiles inside: a tile's B columns stay in L1 while A streams.
+void strided_product(const StridedProduct& p) {
+    for (int64_t j0 = 0; j0 < p.n; j0 += kCols) {
+        const TileFn tile_fn = kTiles[std::min<int64_t>(kCols, p.n - j0)];
+        for (int64_t i0 = 0; i0 < p.m; i0 += kRows) tile_fn(p, i0, j0);
+    }
+}
+
+#else
+
+bool strided_products_available() { return false; }
+bool set_strided_products(bool) { return false; }
+void strided_product(const StridedProduct&) {}
+
+#endif
+
+}  // namespace rk
