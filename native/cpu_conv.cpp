@@ -198,6 +198,12 @@ T* thread_scratch(int64_t elements) {
     return buffer.data();
 }
 
+// Patch entry k = (kw, kh, ci): the tap that reads x at (ow stride + kw dil - pad, ...).
+struct Tap {
+    int64_t kw, kh, ci;
+};
+Tap tap_of(const ConvGeometry& g, int64_t k) { return {k % g.k_w, (k / g.k_w) % g.k_h, k / (g.k_w * g.k_h)}; }
+
 // Calls visit(taps, row, x0, inside) for each output pixel of the band (in pixel order) and each
 // (ci, kh) of the kernel: taps is the pixel's KW patch entries of that input channel and kernel
 // row (entry kw reads row[x0 + kw dil_w]), row the input row they read (null where it is the
@@ -333,12 +339,35 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
             for (int64_t c = 0; c < g.c_out; ++c)
                 for (int64_t k = 0; k < g.patch(); ++k) w_t[c + g.c_out * k] = pw[k + g.patch() * c];
         }
+        // Without padding every window lies inside the image: the strided product reads its patches
+        // straight from x, tap k of pixel p at taps[k] + windows[p] (no gathered copy).
+        const bool in_place = w_t && g.p.pad_w == 0 && g.p.pad_h == 0;
+        std::vector<int64_t> taps, windows;
+        if (in_place) {
+            taps.resize(size_t(g.patch()));
+            for (int64_t k = 0; k < g.patch(); ++k) {
+                const Tap t = tap_of(g, k);
+                taps[size_t(k)] = t.kw * g.p.dil_w + g.in_w * (t.kh * g.p.dil_h + g.in_h * t.ci);
+            }
+            windows.resize(size_t(g.pixels()));
+            for (int64_t oh = 0; oh < g.out_h; ++oh)
+                for (int64_t ow = 0; ow < g.out_w; ++ow)
+                    windows[size_t(ow + g.out_w * oh)] = ow * g.p.stride_w + g.in_w * oh * g.p.stride_h;
+        }
         parallel_for(bands.total, band_grain(g, bands), [&](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i) {
                 const Band b = band_at(g, bands, i);
+                T* out_band = band_origin(g, b, out.ptr<T>());
+                if constexpr (std::is_same_v<T, float>)
+                    if (in_place) {
+                        const float* image = x.ptr<float>() + g.in_w * g.in_h * g.c_in * b.n;
+                        strided_product({g.c_out, band_pixels(g, b), g.patch(), w_t, g.c_out, image, 0, 0, out_band,
+                                         g.pixels(), 1, false, taps.data(), windows.data() + g.out_w * b.oh_begin});
+                        continue;
+                    }
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
                 gather_band(g, x.ptr<T>(), b, patches);
-                forward_product(g, patches, band_pixels(g, b), w.ptr<T>(), w_t, band_origin(g, b, out.ptr<T>()));
+                forward_product(g, patches, band_pixels(g, b), w.ptr<T>(), w_t, out_band);
             }
         });
     });

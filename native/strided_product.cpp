@@ -17,7 +17,7 @@ constexpr int64_t kRows = 32;  // a tile's rows: two 16-float registers
 
 // Rows [i0, i0 + 32) and columns [j0, j0 + NR) of C, in 2 NR accumulator registers held over the
 // whole depth. Rows past m are loaded as zeros and never stored.
-template <int NR>
+template <int NR, bool kTables>
 __attribute__((target("avx512f"))) void tile(const StridedProduct& p, int64_t i0, int64_t j0) {
     const int64_t rows = std::min(kRows, p.m - i0);
     const __mmask16 lo = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
@@ -26,12 +26,15 @@ __attribute__((target("avx512f"))) void tile(const StridedProduct& p, int64_t i0
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     const float* a = p.a + i0;
-    const float* b = p.b + j0 * p.b_n;
-    for (int64_t r = 0; r < p.depth; ++r, a += p.lda, b += p.b_r) {
+    const float* column[NR];  // B's column j0 + j, at row 0 (tables: before the row's offset)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) column[j] = p.b + (kTables ? p.b_cols[j0 + j] : (j0 + j) * p.b_n);
+    for (int64_t r = 0; r < p.depth; ++r, a += p.lda) {
         const __m512 a0 = _mm512_maskz_loadu_ps(lo, a), a1 = _mm512_maskz_loadu_ps(hi, a + 16);
+        const int64_t row = kTables ? p.b_rows[r] : r * p.b_r;
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-            const __m512 bj = _mm512_set1_ps(b[j * p.b_n]);
+            const __m512 bj = _mm512_set1_ps(column[j][row]);
             acc[j][0] = _mm512_fmadd_ps(a0, bj, acc[j][0]);
             acc[j][1] = _mm512_fmadd_ps(a1, bj, acc[j][1]);
         }
@@ -63,7 +66,11 @@ __attribute__((target("avx512f"))) void tile(const StridedProduct& p, int64_t i0
 
 using TileFn = void (*)(const StridedProduct&, int64_t, int64_t);
 constexpr int kCols = 8;  // a tile's columns: 16 accumulators, 2 A loads and 8 broadcasts per step
-constexpr TileFn kTiles[kCols + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+constexpr TileFn kTiles[2][kCols + 1] = {
+    {nullptr, tile<1, false>, tile<2, false>, tile<3, false>, tile<4, false>, tile<5, false>, tile<6, false>,
+     tile<7, false>, tile<8, false>},
+    {nullptr, tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>, tile<5, true>, tile<6, true>, tile<7, true>,
+     tile<8, true>}};
 
 bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
 std::atomic<bool> enabled{cpu_has_avx512()};
@@ -77,7 +84,7 @@ bool set_strided_products(bool on) { return enabled.exchange(on && cpu_has_avx51
 // Column tiles outside, row tiles inside: a tile's B columns stay in L1 while A streams.
 void strided_product(const StridedProduct& p) {
     for (int64_t j0 = 0; j0 < p.n; j0 += kCols) {
-        const TileFn tile_fn = kTiles[std::min<int64_t>(kCols, p.n - j0)];
+        const TileFn tile_fn = kTiles[p.b_rows != nullptr][std::min<int64_t>(kCols, p.n - j0)];
         for (int64_t i0 = 0; i0 < p.m; i0 += kRows) tile_fn(p, i0, j0);
     }
 }

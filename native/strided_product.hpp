@@ -12,7 +12,9 @@ namespace rk {
 
 // C[i c_m + j c_n] = (accumulate ? C[...] : 0) + sum_{r < depth} A[i + r lda] B[r b_r + j b_n]
 // for i < m, j < n: each element summed in order of r by fused multiply-adds (the same rounding
-// with any number of threads; NaN and infinities propagate).
+// with any number of threads; NaN and infinities propagate). Where b_rows and b_cols are given,
+// B's element (r, j) is B[b_rows[r] + b_cols[j]] instead: a convolution's patches read straight
+// from the image (b_rows: each tap's offset in a window, b_cols: each pixel's window).
 struct StridedProduct {
     int64_t m, n, depth;
     const float* a;
@@ -22,6 +24,8 @@ struct StridedProduct {
     float* c;
     int64_t c_m, c_n;
     bool accumulate;
+    const int64_t* b_rows = nullptr;  // depth offsets
+    const int64_t* b_cols = nullptr;  // n offsets
 };
 
 // Whether strided_product runs here: the CPU has AVX-512F and tests have not turned it off.
