@@ -81,10 +81,17 @@ bool strided_products_available() { return enabled.load(std::memory_order_relaxe
 
 bool set_strided_products(bool on) { return enabled.exchange(on && cpu_has_avx512()); }
 
-// Column tiles outside, row tiles inside: a tile's B columns stay in L1 while A streams.
+// The wider operand's tiles outside: its panel of a tile (32 rows or 8 columns by the depth) stays
+// in cache while the other operand's tiles stream past it, and is read from memory once.
 void strided_product(const StridedProduct& p) {
+    const auto& tiles = kTiles[p.b_rows != nullptr];
+    if (p.m > p.n) {
+        for (int64_t i0 = 0; i0 < p.m; i0 += kRows)
+            for (int64_t j0 = 0; j0 < p.n; j0 += kCols) tiles[std::min<int64_t>(kCols, p.n - j0)](p, i0, j0);
+        return;
+    }
     for (int64_t j0 = 0; j0 < p.n; j0 += kCols) {
-        const TileFn tile_fn = kTiles[p.b_rows != nullptr][std::min<int64_t>(kCols, p.n - j0)];
+        const TileFn tile_fn = tiles[std::min<int64_t>(kCols, p.n - j0)];
         for (int64_t i0 = 0; i0 < p.m; i0 += kRows) tile_fn(p, i0, j0);
     }
 }
