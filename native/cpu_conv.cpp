@@ -315,6 +315,51 @@ void weight_back_product(const ConvGeometry& g, const T* patches, const T* dy_ba
 }
 
 struct TransposedWeightScratch {};
+struct TransposedGradScratch {};
+
+// Without padding every window lies inside the image, and the strided products read patches
+// straight from x (no gathered copy): tap k of output pixel p of image n at
+// n W H C_in + windows[p] + taps[k].
+bool reads_in_place(const ConvGeometry& g) { return g.p.pad_w == 0 && g.p.pad_h == 0; }
+
+struct PatchOffsets {
+    std::vector<int64_t> taps, windows;
+};
+
+PatchOffsets patch_offsets(const ConvGeometry& g) {
+    PatchOffsets o{std::vector<int64_t>(size_t(g.patch())), std::vector<int64_t>(size_t(g.pixels()))};
+    for (int64_t k = 0; k < g.patch(); ++k) {
+        const Tap t = tap_of(g, k);
+        o.taps[size_t(k)] = t.kw * g.p.dil_w + g.in_w * (t.kh * g.p.dil_h + g.in_h * t.ci);
+    }
+    for (int64_t oh = 0; oh < g.out_h; ++oh)
+        for (int64_t ow = 0; ow < g.out_w; ++ow)
+            o.windows[size_t(ow + g.out_w * oh)] = ow * g.p.stride_w + g.in_w * oh * g.p.stride_h;
+    return o;
+}
+
+// A group's share of dw, in place: dw^T [C_out, K] = g^T [C_out, pixels] patches^T over every pixel
+// of bands [first, last) in order (one product of that depth), g transposed into a scratch and the
+// patches read from x through offset tables; written transposed into sums [K, C_out].
+void weight_back_in_place(const ConvGeometry& g, const Banding& bands, const PatchOffsets& offsets, const float* x,
+                          const float* dy, int64_t first, int64_t last, float* sums) {
+    int64_t pixels = 0;
+    for (int64_t i = first; i < last; ++i) pixels += band_pixels(g, band_at(g, bands, i));
+    float* g_t = thread_scratch<float, TransposedGradScratch>(size_mul(pixels, g.c_out));  // [C_out, pixels]
+    int64_t* windows = thread_scratch<int64_t, TransposedGradScratch>(pixels);           // each pixel's window in x
+    int64_t r = 0;
+    for (int64_t i = first; i < last; ++i) {
+        const Band b = band_at(g, bands, i);
+        const float* dy_band = band_origin(g, b, dy);
+        const int64_t image = g.in_w * g.in_h * g.c_in * b.n, start = g.out_w * b.oh_begin;
+        for (int64_t p = 0; p < band_pixels(g, b); ++p, ++r) {
+            windows[r] = image + offsets.windows[size_t(start + p)];
+            for (int64_t c = 0; c < g.c_out; ++c) g_t[c + g.c_out * r] = dy_band[p + g.pixels() * c];
+        }
+    }
+    strided_product({g.c_out, g.patch(), pixels, g_t, g.c_out, x, 0, 0, sums, g.patch(), 1, false, windows,
+                     offsets.taps.data()});
+}
 
 // Bands per task of a parallel_for over bands: about kElementGrain multiply-adds at least.
 int64_t band_grain(const ConvGeometry& g, const Banding& b) {
@@ -339,21 +384,8 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
             for (int64_t c = 0; c < g.c_out; ++c)
                 for (int64_t k = 0; k < g.patch(); ++k) w_t[c + g.c_out * k] = pw[k + g.patch() * c];
         }
-        // Without padding every window lies inside the image: the strided product reads its patches
-        // straight from x, tap k of pixel p at taps[k] + windows[p] (no gathered copy).
-        const bool in_place = w_t && g.p.pad_w == 0 && g.p.pad_h == 0;
-        std::vector<int64_t> taps, windows;
-        if (in_place) {
-            taps.resize(size_t(g.patch()));
-            for (int64_t k = 0; k < g.patch(); ++k) {
-                const Tap t = tap_of(g, k);
-                taps[size_t(k)] = t.kw * g.p.dil_w + g.in_w * (t.kh * g.p.dil_h + g.in_h * t.ci);
-            }
-            windows.resize(size_t(g.pixels()));
-            for (int64_t oh = 0; oh < g.out_h; ++oh)
-                for (int64_t ow = 0; ow < g.out_w; ++ow)
-                    windows[size_t(ow + g.out_w * oh)] = ow * g.p.stride_w + g.in_w * oh * g.p.stride_h;
-        }
+        const bool in_place = w_t && reads_in_place(g);
+        const PatchOffsets offsets = in_place ? patch_offsets(g) : PatchOffsets{};
         parallel_for(bands.total, band_grain(g, bands), [&](int64_t lo, int64_t hi) {
             for (int64_t i = lo; i < hi; ++i) {
                 const Band b = band_at(g, bands, i);
@@ -362,7 +394,8 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                     if (in_place) {
                         const float* image = x.ptr<float>() + g.in_w * g.in_h * g.c_in * b.n;
                         strided_product({g.c_out, band_pixels(g, b), g.patch(), w_t, g.c_out, image, 0, 0, out_band,
-                                         g.pixels(), 1, false, taps.data(), windows.data() + g.out_w * b.oh_begin});
+                                         g.pixels(), 1, false, offsets.taps.data(),
+                                         offsets.windows.data() + g.out_w * b.oh_begin});
                         continue;
                     }
                 T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
@@ -405,9 +438,17 @@ void cpu_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& 
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
         T* sums = thread_scratch<T, GroupSumScratch>(size_mul(groups, dw_size));  // [K, C_out] per group, all written
+        const bool in_place = use_strided(T{}) && reads_in_place(g);
+        const PatchOffsets offsets = in_place ? patch_offsets(g) : PatchOffsets{};
         parallel_for(groups, 1, [&](int64_t lo, int64_t hi) {
             for (int64_t group = lo; group < hi; ++group) {
                 const int64_t first = bands.total * group / groups, last = bands.total * (group + 1) / groups;
+                if constexpr (std::is_same_v<T, float>)
+                    if (in_place) {
+                        weight_back_in_place(g, bands, offsets, x.ptr<float>(), dy.ptr<float>(), first, last,
+                                             sums + group * dw_size);
+                        continue;
+                    }
                 for (int64_t i = first; i < last; ++i) {
                     const Band b = band_at(g, bands, i);
                     T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
