@@ -196,6 +196,14 @@ def test_cpu_products_match_numpy(cpu_products, x_shape, w_shape, conv):
     np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-3)
+    threads = rc.get_num_threads()
+    try:
+        for n in (1, 3):
+            rc.set_num_threads(n)
+            for got, want in zip(_conv_value_and_grads(x, w, g, "cpu", **conv), (out, dx, dw)):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        rc.set_num_threads(threads)
 
 
 def test_cpu_products_propagate_nan(cpu_products):
