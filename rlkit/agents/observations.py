@@ -230,8 +230,9 @@ class ImageEncoder(rc.nn.Module):
         floats = self.scale(obs)  # bytes to floats first: the reorder then runs on floats, as every kernel does
         batch = floats.shape[-1]
         channels, height, width = self.layout.channel_first_shape
-        if self.layout.channels_first:
-            images = rc.reshape(floats, (width, height, channels, batch))  # [W, H, C, N]
+        if self.layout.channels_first:  # a batch already [W, H, C, N] (the buffer's) needs no reshape, a copy
+            shape = (width, height, channels, batch)
+            images = floats if tuple(floats.shape) == shape else rc.reshape(floats, shape)  # [W, H, C, N]
         else:
             pixels_last = rc.reshape(floats, (channels, width * height, batch))  # [C, W H, N]
             images = rc.reshape(rc.transpose(pixels_last), (width, height, channels, batch))  # [W, H, C, N]
