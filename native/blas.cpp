@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "thread_pool.hpp"
 
@@ -83,6 +84,24 @@ constexpr int64_t kGemmMinLines = 128;
 constexpr int64_t kStridedMaxDepth = 512;
 constexpr int64_t kStridedMaxWork = int64_t(1) << 27;  // multiply-adds
 
+// C = A^T B with few columns (a layer's input gradient, batch columns): computed as C^T = B^T A,
+// B^T packed (n x k, small) so that a batch is a vector, A's columns read whole in order, C written
+// transposed. Blocks of C's rows in parallel, each element one sum in order of the depth.
+constexpr int64_t kStridedMaxColumns = 64;
+
+void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float* c) {
+    thread_local std::vector<float> packed;
+    packed.resize(size_t(n * k));
+    float* b_t = packed.data();  // [n, k]: op(B)^T
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t r = 0; r < k; ++r) b_t[j + n * r] = b[r + ldb * j];
+    const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, 2 * n * k));
+    parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
+        strided_product({n, hi - lo, k, b_t, n, a + lo * lda, 1, lda, c + lo, m, 1, false});
+    });
+}
+
 template <typename T, typename Call>
 void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
                T* c, const Call& call) {
@@ -137,6 +156,9 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
                              strided_product({rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb, c_part, 1, m,
                                               false});
                          });
+    if (ta && !tb && n <= kStridedMaxColumns && k <= kStridedMaxDepth &&
+        double(m) * double(n) * double(k) <= double(kStridedMaxWork) && strided_products_available())
+        return gemm_transposed_a(m, n, k, a, lda, b, ldb, c);
     if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
     by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
               [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
