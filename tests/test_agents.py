@@ -342,6 +342,10 @@ def test_bad_input():
         DiscreteSACConfig(target_entropy_scale=1.5)
     with pytest.raises(ValueError, match="n_steps must be a positive int"):
         DQNConfig(n_steps=0)
+    with pytest.raises(ValueError, match="DQNConfig: features_extractor_kwargs must be a dict of keyword arguments"):
+        DQNConfig(features_extractor_kwargs=[("features_dim", 8)])
+    with pytest.raises(ValueError, match="SACConfig: replay_buffer_kwargs must be a dict of keyword arguments"):
+        SACConfig(replay_buffer_class="HerReplayBuffer", replay_buffer_kwargs={1: 2})
     with pytest.raises(ValueError, match="do not match the observation space"):
         SAC("Pendulum-v1", SACConfig(net_arch=(8,))).predict(np.zeros(5))
     assert sorted(ALGOS) == ["ddpg", "discrete_sac", "dqn", "recurrent_dqn", "recurrent_sac", "sac", "td3"]

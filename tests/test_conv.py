@@ -134,6 +134,26 @@ def test_strided_dilated_backward_matches_numpy(device):
     np.testing.assert_allclose(np.asarray(grads[pw]), expected_dw, rtol=1e-4, atol=1e-3)
 
 
+def _check_cpu_conv(rng, x, w, conv: dict, thread_counts: tuple[int, ...], dw_atol: float) -> None:
+    """The CPU conv2d of f32-exact x and w, its output and both gradients, against the numpy
+    reference, and the same bits again with each of ``thread_counts`` threads."""
+    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
+    g = rng.normal(size=np_conv2d(x, w, **conv).shape).astype(np.float32).astype(np.float64)
+    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu", **conv)
+    expected_dx, expected_dw = np_conv2d_backward(x, w, g, **conv)
+    np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=dw_atol)
+    threads = rc.get_num_threads()
+    try:
+        for n in thread_counts:
+            rc.set_num_threads(n)
+            for got, want in zip(_conv_value_and_grads(x, w, g, "cpu", **conv), (out, dx, dw)):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        rc.set_num_threads(threads)
+
+
 def _conv_value_and_grads(x, w, g, device, **conv):
     px, pw = rc.param(x.astype(np.float32), device=device), rc.param(w.astype(np.float32), device=device)
     with rc.grad_tape():
@@ -151,21 +171,7 @@ def test_banded_images_match_numpy_and_repeat_bit_for_bit():
     rng = np.random.default_rng(7)
     conv = dict(stride=(2, 3), padding=(2, 1))
     x, w = rng.normal(size=(70, 80, 8, 10)), rng.normal(size=(5, 5, 8, 6)) * 0.1  # 2 bands an image
-    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
-    g = rng.normal(size=np_conv2d(x, w, **conv).shape).astype(np.float32).astype(np.float64)
-    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu", **conv)
-    expected_dx, expected_dw = np_conv2d_backward(x, w, g, **conv)
-    np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-2)
-    threads = rc.get_num_threads()
-    try:
-        for n in (1, 2):
-            rc.set_num_threads(n)
-            for got, want in zip(_conv_value_and_grads(x, w, g, "cpu", **conv), (out, dx, dw)):
-                np.testing.assert_array_equal(got, want)
-    finally:
-        rc.set_num_threads(threads)
+    _check_cpu_conv(rng, x, w, conv, thread_counts=(1, 2), dw_atol=1e-2)
 
 
 @pytest.fixture(params=["avx512", "blas"])
@@ -189,21 +195,7 @@ def cpu_products(request):
 def test_cpu_products_match_numpy(cpu_products, x_shape, w_shape, conv):
     rng = np.random.default_rng(11)
     x, w = rng.normal(size=x_shape), rng.normal(size=w_shape) * 0.1
-    x, w = (a.astype(np.float32).astype(np.float64) for a in (x, w))
-    g = rng.normal(size=np_conv2d(x, w, **conv).shape).astype(np.float32).astype(np.float64)
-    out, dx, dw = _conv_value_and_grads(x, w, g, "cpu", **conv)
-    expected_dx, expected_dw = np_conv2d_backward(x, w, g, **conv)
-    np.testing.assert_allclose(out, np_conv2d(x, w, **conv), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-3)
-    threads = rc.get_num_threads()
-    try:
-        for n in (1, 3):
-            rc.set_num_threads(n)
-            for got, want in zip(_conv_value_and_grads(x, w, g, "cpu", **conv), (out, dx, dw)):
-                np.testing.assert_array_equal(got, want)
-    finally:
-        rc.set_num_threads(threads)
+    _check_cpu_conv(rng, x, w, conv, thread_counts=(1, 3), dw_atol=1e-3)
 
 
 def test_cpu_products_propagate_nan(cpu_products):

@@ -131,6 +131,20 @@ def test_mlp_forward_and_backward_agree_across_thread_counts():
     assert loss1 == pytest.approx(np.mean((out - target) ** 2), rel=1e-4)
 
 
+def _run_prints_ok(script: str, hang: str) -> None:
+    """Runs ``script`` in a fresh interpreter importing the rlkit under test: it must print ok
+    within 30 s (a hang fails the test with ``hang``)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(rlkit.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        result = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                                timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hang)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_random_numbers_do_not_depend_on_the_thread_count():
     def draw():
         rc.manual_seed(11)
@@ -160,16 +174,7 @@ def test_changing_the_thread_count_between_ops_never_hangs():
         print("ok")
         """
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(rlkit.__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=30
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("an op hung after set_num_threads")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    _run_prints_ok(script, "an op hung after set_num_threads")
 
 
 def test_a_parallel_for_inside_a_parallel_for_runs_inline():
@@ -185,16 +190,7 @@ def test_a_parallel_for_inside_a_parallel_for_runs_inline():
         print("ok")
         """
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(rlkit.__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=30
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("a nested parallel_for hung")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    _run_prints_ok(script, "a nested parallel_for hung")
 
 
 def test_set_num_threads_rejects_bad_values():

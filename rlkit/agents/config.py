@@ -102,23 +102,24 @@ class OffPolicyConfig:
         if self.features_extractor not in FEATURES_EXTRACTORS:
             raise ValueError(f"{prefix}: features_extractor must be one of {FEATURES_EXTRACTORS}, "
                              f"got {self.features_extractor!r}")
-        if not isinstance(self.features_extractor_kwargs, dict) or not all(
-                isinstance(key, str) for key in self.features_extractor_kwargs):
-            raise ValueError(f"{prefix}: features_extractor_kwargs must be a dict of keyword arguments, "
-                             f"got {self.features_extractor_kwargs!r}")
+        check_keyword_dict(self, "features_extractor_kwargs")
         if not isinstance(self.normalize_images, bool):
             raise ValueError(f"{prefix}: normalize_images must be True or False, got {self.normalize_images!r}")
         self.replay_buffer_class = getattr(self.replay_buffer_class, "__name__", self.replay_buffer_class)
         if self.replay_buffer_class not in REPLAY_BUFFER_CLASSES:
             raise ValueError(f"{prefix}: replay_buffer_class must be one of {REPLAY_BUFFER_CLASSES}, "
                              f"got {self.replay_buffer_class!r}")
-        if not isinstance(self.replay_buffer_kwargs, dict) or not all(
-                isinstance(key, str) for key in self.replay_buffer_kwargs):
-            raise ValueError(f"{prefix}: replay_buffer_kwargs must be a dict of keyword arguments, "
-                             f"got {self.replay_buffer_kwargs!r}")
+        check_keyword_dict(self, "replay_buffer_kwargs")
         if self.replay_buffer_kwargs and self.replay_buffer_class is None:
             raise ValueError(f"{prefix}: replay_buffer_kwargs are HerReplayBuffer's: pass "
                              "replay_buffer_class='HerReplayBuffer' too")
+
+
+def check_keyword_dict(config, name: str) -> None:
+    """ValueError unless the config's field ``name`` is a dict of keyword arguments (str keys)."""
+    value = getattr(config, name)
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{type(config).__name__}: {name} must be a dict of keyword arguments, got {value!r}")
 
 
 def normalized_net_arch(prefix: str, net_arch, actor_critic: bool):
