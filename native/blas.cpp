@@ -149,15 +149,15 @@ std::string blas_name() { return g_blas.name; }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           float* c) {
-    if (!ta && k <= kStridedMaxDepth && double(m) * double(n) * double(k) <= double(kStridedMaxWork) &&
-        strided_products_available())
+    const bool strided = k <= kStridedMaxDepth && double(m) * double(n) * double(k) <= double(kStridedMaxWork) &&
+                         strided_products_available();  // small and shallow: no cache blocking needed
+    if (strided && !ta)
         return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
                          [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
                              strided_product({rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb, c_part, 1, m,
                                               false});
                          });
-    if (ta && !tb && n <= kStridedMaxColumns && k <= kStridedMaxDepth &&
-        double(m) * double(n) * double(k) <= double(kStridedMaxWork) && strided_products_available())
+    if (strided && ta && !tb && n <= kStridedMaxColumns)
         return gemm_transposed_a(m, n, k, a, lda, b, ldb, c);
     if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
     by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,

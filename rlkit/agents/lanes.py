@@ -79,7 +79,6 @@ class EnvLanes:
         import gymnasium as gym
 
         self.seed = seed
-        self._pending = None  # a single environment's actions between step_async and step_wait
         self.next_step_reset = False  # a Gymnasium vector env in NEXT_STEP mode: reset done lanes at once
         if isinstance(env_or_id, gym.vector.VectorEnv):
             mode = env_or_id.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
@@ -135,17 +134,12 @@ class EnvLanes:
         return self.kind == "sb3" and type(self.env).__name__ == "SubprocVecEnv"
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Starts a step of every lane with ``actions``; ``step_wait`` finishes it."""
-        if self.kind == "single":
-            self._pending = actions
-        else:
-            self.env.step_async(actions)
+        """Starts a step of every lane with ``actions`` where ``steps_in_background``;
+        ``step_wait`` finishes it."""
+        self.env.step_async(actions)
 
     def step_wait(self):
         """The started step's ``(next_obs, reward, terminated, truncated, true_next_obs)``."""
-        if self.kind == "single":
-            actions, self._pending = self._pending, None
-            return self.step(actions)
         if self.kind == "sb3":
             return self._sb3_result(*self.env.step_wait())
         return self._vector_result(*self.env.step_wait())

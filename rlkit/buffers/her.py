@@ -166,11 +166,8 @@ class HerReplayBuffer(ReplayBuffer):
             return
         newest, step_number = (self.pos - 1) % self.lane_length, self._steps_added - 1
         running = ~(self._terminated[newest] | self._truncated[newest])  # [n_envs]
-        super().truncate_episodes()
-        if running.any():
-            self._end_episodes(newest, step_number, step_number - self._episode_first, np.flatnonzero(running))
-            self._dirty = self.lane_length
-            self.flush()
+        self._end_episodes(newest, step_number, step_number - self._episode_first, np.flatnonzero(running))
+        super().truncate_episodes()  # which rewrites every device row, these episodes' counts included
 
     def flush(self) -> None:
         """ReplayBuffer.flush, and the episode rows of the steps changed since the last one,

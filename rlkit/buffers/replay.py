@@ -340,8 +340,8 @@ class ReplayBuffer:
             return
         self.flush()
         self._truncated[newest] |= running
-        for lane in np.flatnonzero(running):
-            if self._obs is not None and self._next_obs is None:  # the lane's next column is the next episode's
+        if self._obs is not None and self._next_obs is None:  # optimize_memory: a lane's next column is the next episode's
+            for lane in np.flatnonzero(running):
                 self._final_obs[newest * self.n_envs + int(lane)] = self._newest_next[lane].copy()
         if self._stacks is not None:
             self._stacks.start_episodes(running)
@@ -743,15 +743,10 @@ class ReplayBuffer:
     def save(self, path: str) -> None:
         """Writes the buffer to the folder ``path``: one .npy per field, copied in chunks of at
         most 64 MiB (memory stays bounded), with a SHA-256 of every field's data and of the
-        host arrays in meta.json.
-
-        ``path`` must be absent or an earlier buffer save (a folder holding only a save's files;
-        a symlink to one is followed): anything else raises FileExistsError and is left as it
-        is. The save is written to ``.<name>.replay-tmp-XXXXXXXX`` beside it and swapped in (the
-        earlier save renamed to ``.<name>.replay-old-XXXXXXXX``, the new one into place, then
-        the old one removed), every file and the folders fsynced, so a process killed at any
-        moment leaves the earlier save or this one loadable. What a killed save left beside
-        ``path`` is removed by the next save; the folder keeps the mode of the one it replaces."""
+        host arrays in meta.json. ``path`` must be absent or an earlier buffer save (anything
+        else raises FileExistsError and is left as it is); the save is written beside it and
+        swapped in (save_folders.save_folder), so a process killed at any moment leaves the
+        earlier save or this one loadable."""
         save_folder(path, self._write_files)
 
     def _write_files(self, folder: str) -> None:
@@ -902,12 +897,11 @@ class ReplayBuffer:
     def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray,
                       columns: Tensor | None = None) -> Tensor:
         """The bootstrap observations; ``columns`` is last_index already on the device."""
-        if self._stacks is not None:
+        if self._stacks is not None or self._keyed is not None:
             columns = columns if columns is not None else rc.tensor(last_index[None, :], device=self.device)
-            return self._stacks.stacks(columns, next_obs=True)  # [*image, B] u8
-        if self._keyed is not None:
-            return self._keyed.gather(columns if columns is not None else rc.tensor(last_index[None, :], device=self.device),
-                                      next_obs=True)  # {key: [*shape, B]}
+            if self._stacks is not None:
+                return self._stacks.stacks(columns, next_obs=True)  # [*image, B] u8
+            return self._keyed.gather(columns, next_obs=True)  # {key: [*shape, B]}
         if self._next_obs is not None:
             return self._as_images(rc.get_rows(self._next_obs, columns if columns is not None else last_index))
         successor = ((last + 1) % self.lane_length * self.n_envs + e).astype(np.int32)
