@@ -26,7 +26,7 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 # The slow tests (a learning run, the kill harness's 12 saves) repeat what the quick ones already
 # take through the sanitizers, at several times the cost under them; both plain suites run them.
 python3 -m pytest -q -p no:cacheprovider -m "not slow" \
-  tests/test_ops.py tests/test_op_table.py tests/test_tensor.py tests/test_autograd.py tests/test_optim.py \
+  tests/test_ops.py tests/test_ops_bad_input.py tests/test_op_table.py tests/test_tensor.py tests/test_autograd.py tests/test_optim.py \
   tests/test_random_ops.py tests/test_buffers.py tests/test_replay.py tests/test_replay_kills.py tests/test_capture.py tests/test_graph.py \
   tests/test_graph_api.py tests/test_ssm.py tests/test_rwkv.py tests/test_rwkv7.py tests/test_recurrent_blocks.py \
   tests/test_vulkan.py tests/test_runtime.py tests/test_checkpoint.py tests/test_conv.py tests/test_image_replay.py \
