@@ -155,6 +155,37 @@ def test_bad_dict_spaces_are_refused_naming_the_key():
         DQN(env)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(obs_shape={}), "obs_shape is an empty dict"),
+    (dict(obs_shape={"": 2}), "keys of a dict obs_shape must be non-empty strings, got ''"),
+    (dict(obs_shape={"a": 2, "b": 3}, obs_dtype={"b": "f32", "a": "f32"}), r"obs_dtype's keys \['b', 'a'\] are not"),
+    (dict(obs_shape={"a": 2}, frame_stack=4), "stored key by key; not with frame_stack or optimize_memory"),
+    (dict(obs_shape={"a": 2}, optimize_memory=True), "not with frame_stack or optimize_memory"),
+    (dict(obs_shape={"a": 0}), r"obs_shape\['a'\]"),
+])
+def test_dict_replay_settings_that_do_not_fit_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayBuffer(20, action_shape=1, n_envs=2, **kwargs)
+
+
+def test_dict_replay_adds_that_do_not_fit_are_refused_and_nothing_is_stored():
+    buf = ReplayBuffer(20, {"pos": 2, "cell": 1}, 1, n_envs=2, obs_dtype={"pos": "f32", "cell": "i32"})
+    good = {"pos": np.zeros((2, 2), np.float32), "cell": np.zeros((2, 1), np.int32)}
+    step = dict(action=np.zeros((2, 1)), reward=np.zeros(2), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool))
+    bad = [
+        ({"pos": good["pos"]}, r"obs must be a dict with the keys \['pos', 'cell'\], got \['pos'\]"),
+        (good["pos"], "obs must be a dict with the keys .*got ndarray"),
+        ({**good, "pos": np.zeros((3, 2))}, r"obs\['pos'\] has shape \(3, 2\), expected \(2, 2\)"),
+        ({**good, "cell": np.full((2, 1), 0.5)}, r"obs\['cell'\]"),  # not a whole number for the i32 table
+    ]
+    for obs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            buf.add(obs, next_obs=good, **step)
+    assert len(buf) == 0
+    buf.add(good, next_obs=good, **step)
+    assert len(buf) == 2
+
+
 def test_predict_takes_one_dict_observation_or_a_batch():
     agent = DQN(CountingDictEnv(), seed=0, net_arch=(8,), features_extractor_kwargs=TINY_CNN)
     env = CountingDictEnv()

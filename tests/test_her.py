@@ -188,6 +188,12 @@ def test_her_buffer_keeps_its_episodes_through_save_and_load(tmp_path):
     np.testing.assert_array_equal(own[:2, :51], goal[:2, :51])  # relabelled within each lane's episode
 
 
+@pytest.mark.parametrize("n_bits", [0, -3, True, 2.0])
+def test_bit_flipping_refuses_a_bit_count_that_is_not_a_positive_int(n_bits):
+    with pytest.raises(ValueError, match=f"BitFlippingEnv: n_bits must be a positive int, got {n_bits!r}"):
+        BitFlippingEnv(n_bits)
+
+
 def test_her_settings_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="achieved_goal"):
         DQN("CartPole-v1", replay_buffer_class=HerReplayBuffer)
