@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "backend.hpp"
 #include "blas.hpp"
@@ -300,19 +301,19 @@ PYBIND11_MODULE(_native, m) {
     });
     m.def(
         "gpu_matmul_kernel",
-        [](const std::string& dtype, int64_t m, int64_t n, int64_t batch) -> py::object {
+        [](const std::string& dtype, int64_t m, int64_t n, int64_t batch, std::optional<int64_t> k) -> py::object {
             const DType d = dtype_from_name(dtype);
             if (d != DType::f32 && !is_half(d))
                 throw TypeError("gpu_matmul_kernel: dtype must be 'f32', 'f16' or 'bf16', got '" + dtype + "'");
-            if (m < 1 || n < 1 || batch < 1)
-                throw std::invalid_argument("gpu_matmul_kernel: m, n and batch must be >= 1");
-            const std::string kernel = gpu_matmul_kernel(d, m, n, batch);
+            if (m < 1 || n < 1 || batch < 1 || (k && *k < 1))
+                throw std::invalid_argument("gpu_matmul_kernel: m, n, batch and k must be >= 1");
+            const std::string kernel = gpu_matmul_kernel(d, m, n, k.value_or(m), batch);
             if (kernel.empty()) return py::none();
             return py::str(kernel);
         },
-        py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("batch") = 1,
-        "The kernel GPU matmul uses for this dtype and an [m, n] output with `batch` slices, in words; "
-        "None without a GPU.");
+        py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("batch") = 1, py::arg("k") = py::none(),
+        "The kernel GPU matmul uses for this dtype and an [m, n] output with `batch` slices over a reduction "
+        "of k (None: m, a square product), in words; None without a GPU.");
     m.def(
         "gpu_scan_kernel",
         [](bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) -> py::object {

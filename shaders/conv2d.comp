@@ -6,12 +6,15 @@
 //   BACK_INPUT:  per stride phase (z), m: its input pixels (ix, iy, n), n: C_in, k: the taps that
 //                reach them (kw, kh, co); A = the g [W', H', C_out, N] that the pixel reached through
 //                tap (kw, kh), 0 where the tap falls outside; B = w; C -> o = d x [W, H, C_in, N]
-//   BACK_WEIGHT: m: taps (kw, kh, ci), n: C_out, k: output pixels, split along z into slices of
-//                pc.split_rows pixels; A = x at the tap of each pixel, B = g
-//                C -> o = the partial d w of each slice, [K, C_out] after [K, C_out]
+//   BACK_WEIGHT: m: taps (kw, kh, ci), n: C_out, k: output pixels; A = x at the tap of each
+//                pixel, B = g; C -> o = d w [K, C_out]
 // Tiles of BM x BN outputs per workgroup, k in slices of BK staged in shared memory; each of the
 // 256 invocations (16 x 16) computes TM x TN outputs, rows tx + 16 r and columns ty + 16 q. An
-// invocation stages the same row of A at every slice, so the row's pixel or tap is decoded once.
+// invocation stages the same row of A at every slice, so the row's pixel or tap is decoded once,
+// and reads the next slice into registers while the current one is summed.
+// Split k: where the output has too few tiles to keep the GPU busy, the reduction is cut into z
+// slices of pc.split_k (BACK_INPUT: each stride phase's reduction alike), each writing its partial
+// sum as a whole output, one after the other from pc.o; sum_splits.comp adds them in order.
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -26,7 +29,7 @@ layout(push_constant) uniform Push {
     uint stride_w, stride_h, pad_w, pad_h, dil_w, dil_h;
     uint m, cols, k;  // the GEMM's sizes (BACK_WEIGHT: k is every output pixel)
     uint groups_m;    // tiles along m
-    uint split_rows;  // BACK_WEIGHT: output pixels per z slice
+    uint split_k;     // the reduction's length per z slice (k, or more, where it is not split)
     uint tap_step_w, tap_step_h;  // BACK_INPUT: the least t with t dil = 0 mod stride, per axis
 } pc;
 
@@ -66,9 +69,11 @@ float load_a(Row row, uint k) {
 
 float load_b(uint k, uint col) { return pc.b.v[k + pc.k * col]; }
 
+uint split() { return gl_WorkGroupID.z; }
+
 void store(uint r, uint col, float v) {
     uint pixels = pc.out_w * pc.out_h;
-    pc.o.v[r % pixels + pixels * (col + pc.c_out * (r / pixels))] = v;
+    pc.o.v[split() * pixels * pc.c_out * pc.n + r % pixels + pixels * (col + pc.c_out * (r / pixels))] = v;
 }
 
 #elif defined(BACK_INPUT)
@@ -94,8 +99,10 @@ Axis axis_phase(uint q, uint stride, uint pad, uint dil, uint in_size, uint k_si
     return a;
 }
 
+uint phases() { return pc.stride_w * pc.stride_h; }
+
 uint setup() {  // the phase's reduction length
-    uint z = gl_WorkGroupID.z;
+    uint z = gl_WorkGroupID.z % phases();
     ax = axis_phase(z % pc.stride_w, pc.stride_w, pc.pad_w, pc.dil_w, pc.in_w, pc.k_w, pc.tap_step_w);
     ay = axis_phase(z / pc.stride_w, pc.stride_h, pc.pad_h, pc.dil_h, pc.in_h, pc.k_h, pc.tap_step_h);
     return ax.taps * ay.taps * pc.c_out;
@@ -134,9 +141,11 @@ float load_b(uint k, uint ci) {
     return pc.b.v[t.x + pc.k_w * (t.y + pc.k_h * (ci + pc.c_in * t.z))];
 }
 
+uint split() { return gl_WorkGroupID.z / phases(); }
+
 void store(uint r, uint ci, float v) {
     uvec3 p = pixel_of(r);
-    pc.o.v[p.x + pc.in_w * (p.y + pc.in_h * (ci + pc.c_in * p.z))] = v;
+    pc.o.v[split() * pc.in_w * pc.in_h * pc.c_in * pc.n + p.x + pc.in_w * (p.y + pc.in_h * (ci + pc.c_in * p.z))] = v;
 }
 
 #elif defined(BACK_WEIGHT)
@@ -160,21 +169,36 @@ float load_b(uint r, uint co) {
     return pc.b.v[r % pixels + pixels * (co + pc.c_out * (r / pixels))];
 }
 
-void store(uint k, uint co, float v) { pc.o.v[gl_WorkGroupID.z * pc.m * pc.cols + k + pc.m * co] = v; }
+uint split() { return gl_WorkGroupID.z; }
+
+void store(uint k, uint co, float v) { pc.o.v[split() * pc.m * pc.cols + k + pc.m * co] = v; }
 
 #endif
+
+// This invocation's share of a slice of A and B (rows of A by row_of, elements of B consecutive
+// along k), zero past the reduction's end or the output's.
+void load_slice(Row row, uint col0, uint k0, uint k_end, inout float a[LOADS_A], inout float b[LOADS_B]) {
+    uint t = gl_LocalInvocationID.x;
+    [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
+        uint kk = t / BM + (256 / BM) * l;
+        a[l] = (row.valid && k0 + kk < k_end) ? load_a(row, k0 + kk) : 0.0;
+    }
+    [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
+        uint e = t + 256 * l, kk = e % BK, col = e / BK;
+        b[l] = (k0 + kk < k_end && col0 + col < pc.cols) ? load_b(k0 + kk, col0 + col) : 0.0;
+    }
+}
 
 void main() {
     uint tile = flat_group();
     uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
     uint t = gl_LocalInvocationID.x, tx = t % 16, ty = t / 16;
-#if defined(BACK_WEIGHT)
-    uint k_begin = gl_WorkGroupID.z * pc.split_rows, k_end = min(pc.k, k_begin + pc.split_rows);
-#elif defined(BACK_INPUT)
-    uint k_begin = 0, k_end = setup();
+#if defined(BACK_INPUT)
+    uint k_total = setup();
 #else
-    uint k_begin = 0, k_end = pc.k;
+    uint k_total = pc.k;
 #endif
+    uint k_begin = min(split() * pc.split_k, k_total), k_end = min(k_total, k_begin + pc.split_k);
     // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + 4 l)
     Row row = row_of(row0 + t % BM);
 
@@ -182,16 +206,16 @@ void main() {
     [[unroll]] for (uint r = 0; r < TM; ++r)
         [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] = 0.0;
 
+    float next_a[LOADS_A], next_b[LOADS_B];
+    load_slice(row, col0, k_begin, k_end, next_a, next_b);
     for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-        [[unroll]] for (uint l = 0; l < LOADS_A; ++l) {
-            uint kk = t / BM + (256 / BM) * l;
-            As[kk][t % BM] = (row.valid && k0 + kk < k_end) ? load_a(row, k0 + kk) : 0.0;
-        }
+        [[unroll]] for (uint l = 0; l < LOADS_A; ++l) As[t / BM + (256 / BM) * l][t % BM] = next_a[l];
         [[unroll]] for (uint l = 0; l < LOADS_B; ++l) {
-            uint e = t + 256 * l, kk = e % BK, col = e / BK;  // consecutive invocations along k
-            Bs[kk][col] = (k0 + kk < k_end && col0 + col < pc.cols) ? load_b(k0 + kk, col0 + col) : 0.0;
+            uint e = t + 256 * l;
+            Bs[e % BK][e / BK] = next_b[l];
         }
         barrier();
+        if (k0 + BK < k_end) load_slice(row, col0, k0 + BK, k_end, next_a, next_b);  // in flight while summing
         [[unroll]] for (uint p = 0; p < BK; ++p) {
             float av[TM], bv[TN];
             [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + 16 * r];

@@ -10,6 +10,7 @@ layout(push_constant) uniform Push {
     uint ne2;              // output batch size along dim 2
     uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
     uint groups_m;         // tiles along m
+    uint split_k;          // matmul_small.comp: the reduction's length per z slice (a multiple of its BK)
 #if defined(LINEAR)
     Floats bias;
     uint activation;       // 0 none, 1 relu, 2 tanh, 3 sigmoid

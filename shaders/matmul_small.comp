@@ -5,6 +5,10 @@
 // Such a kernel waits on device reads, not arithmetic: k goes in slices of 64 (four reads in
 // flight per invocation and operand), and the next slice is read into registers while the
 // current one is summed. LINEAR as in matmul.comp.
+// Where even 16 x 16 tiles are few and k is long (a 3136-input layer at batch 32), k is cut into
+// z slices of pc.split_k (a multiple of BK): z = batch slice + batch slices x k slice, each
+// writing its partial product from pc.c on; sum_splits.comp adds them in order (and applies
+// LINEAR's epilogue, so the split kernel is the plain one).
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -27,27 +31,29 @@ void main() {
     uint tile = flat_group();
     uint row0 = (tile % pc.groups_m) * TILE, col0 = (tile / pc.groups_m) * TILE;
     uint z = gl_WorkGroupID.z;
-    uint i2 = z % pc.ne2, i3 = z / pc.ne2;
+    uint splits = (pc.k + pc.split_k - 1) / pc.split_k, batches = gl_NumWorkGroups.z / max(splits, 1u);
+    uint batch = z % batches, k_begin = (z / batches) * pc.split_k, k_end = min(pc.k, k_begin + pc.split_k);
+    uint i2 = batch % pc.ne2, i3 = batch / pc.ne2;
     uint base_a = i2 * pc.sa2 + i3 * pc.sa3, base_b = i2 * pc.sb2 + i3 * pc.sb3;
-    uint base_c = z * pc.m * pc.n;
+    uint base_c = z * pc.m * pc.n;  // the batch slice's output, after those of the earlier k slices
     uint t = gl_LocalInvocationID.x;
     uint tx = t % TILE, ty = t / TILE;  // this invocation's output: row row0 + tx, column col0 + ty
 
     float next_a[LOADS], next_b[LOADS];
     [[unroll]] for (uint l = 0; l < LOADS; ++l) {
         uvec2 sa = a_slot(t + 256 * l), sb = b_slot(t + 256 * l);
-        next_a[l] = load_a(base_a, row0 + sa.x, sa.y);
-        next_b[l] = load_b(base_b, sb.y, col0 + sb.x);
+        next_a[l] = load_a(base_a, row0 + sa.x, k_begin + sa.y);
+        next_b[l] = load_b(base_b, k_begin + sb.y, col0 + sb.x);
     }
     float acc = 0.0;
-    for (uint p0 = 0; p0 < pc.k; p0 += BK) {
+    for (uint p0 = k_begin; p0 < k_end; p0 += BK) {
         [[unroll]] for (uint l = 0; l < LOADS; ++l) {
             uvec2 sa = a_slot(t + 256 * l), sb = b_slot(t + 256 * l);
             As[sa.y][sa.x] = next_a[l];
             Bs[sb.y][sb.x] = next_b[l];
         }
         barrier();
-        if (p0 + BK < pc.k) {
+        if (p0 + BK < k_end) {
             [[unroll]] for (uint l = 0; l < LOADS; ++l) {
                 uvec2 sa = a_slot(t + 256 * l), sb = b_slot(t + 256 * l);
                 next_a[l] = load_a(base_a, row0 + sa.x, p0 + BK + sa.y);

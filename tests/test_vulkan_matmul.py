@@ -1,7 +1,8 @@
 """GPU matmul and linear kernels against the CPU backend at sizes that are not multiples of any
 tile (edges, k remainders), with transposes, batch broadcasting and the LINEAR epilogue; each
-kernel variant (16 x 16, 64 x 64 and 128 x 128 f32 SIMT tiles, and f16 and bf16 cooperative
-matrices where the device has them) is reached, and the choice reported by rlkit.
+kernel variant (16 x 16, 64 x 64 and 128 x 128 f32 SIMT tiles, the 16 x 16 tiles with their
+reduction split into slices summed afterwards, and f16 and bf16 cooperative matrices where the
+device has them) is reached, and the choice reported by rlkit.
 
 Lavapipe (CI) has no cooperative matrices: there f16 and bf16 operands are widened to the f32
 kernels, and the cooperative-matrix kernel is exercised on a GPU that lists them (the H200; bf16
@@ -130,6 +131,42 @@ def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poi
         _assert_half_close(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+# (m, n, k, batch) whose 16 x 16 tiles are few over a long k: the reduction is cut into slices
+# (NatureCNN's 3136 x 512 layer at batch 32; a 4-action head over 1100 features; a batched
+# product with a last, shorter slice)
+SPLIT_SHAPES = [(512, 32, 3136, ()), (4, 32, 1100, ()), (37, 19, 1201, (3,))]
+
+
+@pytest.mark.parametrize("m, n, k, batch", SPLIT_SHAPES)
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+def test_split_reductions_match_cpu(m, n, k, batch, ta, tb, poisoned_gpu_memory):
+    assert "k split in" in _native.gpu_matmul_kernel("f32", m, n, batch=int(np.prod(batch)), k=k)
+    a, b = _operands(m, n, k, ta, tb, np.float32, seed=k, batch_a=batch, batch_b=batch)
+    expected = _matmul_on("cpu", a, b, ta, tb, "f32")
+    np.testing.assert_allclose(_matmul_on("gpu", a, b, ta, tb, "f32"), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "tanh"])
+def test_split_linear_applies_its_epilogue_after_the_sum(activation, poisoned_gpu_memory):
+    # each slice's partial output holds no bias and no activation: only their sum does
+    rng = np.random.default_rng(11)
+    w, x = rng.standard_normal((512, 3136)).astype(np.float32), rng.random((3136, 32)).astype(np.float32)
+    bias = rng.standard_normal((512, 1)).astype(np.float32) * 5
+    x[:, 3] = np.nan  # a NaN input gives NaN outputs through the split sum and the activation
+    expected, got = _linear_on("cpu", w, x, bias, activation, "f32"), _linear_on("gpu", w, x, bias, activation, "f32")
+    assert np.isnan(got[:, 3]).all() and np.isnan(expected[:, 3]).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_few_tiles_over_a_long_reduction_take_the_small_tiles():
+    # 49 tiles of 64 x 64, each over k = 512: 392 tiles of 16 x 16 instead (not split: enough of them)
+    kernel = _native.gpu_matmul_kernel("f32", 3136, 32, k=512)
+    assert "16x16" in kernel and "split" not in kernel
+    assert "64x64" in _native.gpu_matmul_kernel("f32", 3136, 32, k=256)  # a short reduction keeps them
+    with pytest.raises(ValueError, match="must be >= 1"):
+        _native.gpu_matmul_kernel("f32", 4, 4, k=0)
 
 
 def test_the_kernel_choice_is_reported():

@@ -88,9 +88,9 @@ bool gpu_info(GpuInfo* info) {
     return true;
 }
 
-std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
+std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch) {
     std::string why;
-    return vk::Context::get(&why) ? vk::matmul_kernel(dtype, m, n, batch) : std::string();
+    return vk::Context::get(&why) ? vk::matmul_kernel(dtype, m, n, k, batch) : std::string();
 }
 
 std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) {

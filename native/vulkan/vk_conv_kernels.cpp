@@ -21,13 +21,14 @@ using vk::u32;
 
 namespace {
 
-// conv2d.comp's tile: BM x BN outputs of the GEMM per workgroup.
-constexpr int64_t kTileM = 64, kTileN = 32;
-// BACK_WEIGHT's GEMM has few tiles (K x C_out) and a long reduction (every output pixel): it is
-// cut into slices of at least kMinSliceRows pixels until about kTargetGroups workgroups run.
-// A slice holds at most kMaxSliceRows pixels (its loop stays short).
-constexpr int64_t kMinSliceRows = 256, kMaxSliceRows = int64_t(1) << 18, kTargetGroups = 512;
-
+// conv2d.comp's tile: BM x BN outputs of the GEMM per workgroup, k in slices of kSliceK.
+constexpr int64_t kTileM = 64, kTileN = 32, kSliceK = 16;
+// A GEMM whose output has few tiles (NatureCNN's later layers at batch 32: 50 to 82 workgroups
+// on the H200's 132 multiprocessors, each walking a reduction of 512 or more) waits on device
+// reads: its reduction is cut into z slices of at least kMinSplitK until about kTargetGroups
+// workgroups run, and their partial sums are added in order by sum_splits.comp. A slice holds
+// at most kMaxSplitK (its loop stays short).
+constexpr int64_t kMinSplitK = 64, kMaxSplitK = int64_t(1) << 18, kTargetGroups = 512;
 struct ConvPush {
     uint64_t a, b, o;
     uint32_t in_w, in_h, c_in, n;
@@ -36,7 +37,7 @@ struct ConvPush {
     uint32_t stride_w, stride_h, pad_w, pad_h, dil_w, dil_h;
     uint32_t m, cols, k;
     uint32_t groups_m;
-    uint32_t split_rows;
+    uint32_t split_k;
     uint32_t tap_step_w, tap_step_h;
 };
 
@@ -82,30 +83,65 @@ ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b
 
 uint64_t tiles(const ConvPush& p) { return uint64_t(p.groups_m) * ((p.cols + kTileN - 1) / kTileN); }
 
+// The reduction's length per z slice for `groups` workgroups (tiles times the z the GEMM already
+// has) over a reduction of `k`: k itself where the tiles alone keep the GPU busy.
+int64_t split_length(uint64_t groups, int64_t k) {
+    const int64_t wanted = std::max<int64_t>(1, kTargetGroups / int64_t(std::max<uint64_t>(groups, 1)));
+    const int64_t splits = std::max(std::min(wanted, std::max<int64_t>(1, k / kMinSplitK)), (k + kMaxSplitK - 1) / kMaxSplitK);
+    const int64_t length = (k + splits - 1) / splits;
+    return std::max<int64_t>(kSliceK, (length + kSliceK - 1) / kSliceK * kSliceK);  // whole slices of k
+}
+
+// Records `shader` with its reduction cut into slices of p.split_k (z = phase + phases * slice):
+// straight into `out` where there is one slice, else into partial outputs, then summed in order.
+void record_split(const char* op, const std::string& shader, ConvPush p, int64_t k, uint32_t phases,
+                  std::vector<vk::Range> reads, TensorImpl& out) {
+    const int64_t splits = (k + p.split_k - 1) / p.split_k;
+    if (splits <= 1) {
+        record(shader, p, tiles(p), reads, {span(out)}, phases);
+        return;
+    }
+    const uint32_t z = u32(size_mul(splits, phases), op);
+    if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the reduction for the GPU kernel");
+    u32(size_mul(out.numel(), splits), op);  // the partials' indices
+    TensorPtr partials = make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);  // [numel, slices]
+    p.o = partials->address();
+    record(shader, p, tiles(p), reads, {span(*partials)}, z);
+    struct SumPush {
+        uint64_t partials, o;
+        uint32_t n, splits;
+    } sum{partials->address(), out.address(), u32(out.numel(), op), u32(splits, op)};
+    record("sum_splits", sum, groups(sum.n), {span(*partials)}, {span(out)});
+}
+
 }  // namespace
 
 void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &x = *in[0], &w = *in[1];
     const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
-    const ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
-                                 g.c_out, g.patch());
-    check_loop_budget("conv2d", double(p.k) / 16);
-    record("conv2d_forward", p, tiles(p), {span(x), span(w)}, {span(out)});
+    ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
+                           g.c_out, g.patch());
+    p.split_k = u32(split_length(tiles(p), p.k), "conv2d");
+    check_loop_budget("conv2d", double(p.split_k) / kSliceK);
+    record_split("conv2d", "conv2d_forward", p, p.k, 1, {span(x), span(w)}, out);
 }
 
 void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "conv2d_input_back";
     const TensorImpl &dy = *in[0], &w = *in[1];
     const ConvGeometry g = back_input_geometry(dy, w, attrs);
     // one z slice per stride phase, each with at most ceil(W / sw) ceil(H / sh) N rows
     const int64_t phases = size_mul(g.p.stride_w, g.p.stride_h);
     if (phases > 65535)
-        throw std::invalid_argument("conv2d_input_back: strides " + std::to_string(g.p.stride_w) + " x " +
+        throw std::invalid_argument(std::string(op) + ": strides " + std::to_string(g.p.stride_w) + " x " +
                                     std::to_string(g.p.stride_h) + " make more than 65535 phases for the GPU kernel");
     const int64_t rows = size_mul((g.in_w + g.p.stride_w - 1) / g.p.stride_w, (g.in_h + g.p.stride_h - 1) / g.p.stride_h, g.n);
-    const ConvPush p = conv_push("conv2d_input_back", g, dy.address(), w.address(), out.address(), rows, g.c_in,
-                                 size_mul(g.k_w, g.k_h, g.c_out));
-    check_loop_budget("conv2d_input_back", double(p.k) / 16 + double(g.k_w + g.k_h));
-    record("conv2d_back_input", p, tiles(p), {span(dy), span(w)}, {span(out)}, uint32_t(phases));
+    ConvPush p = conv_push(op, g, dy.address(), w.address(), out.address(), rows, g.c_in, size_mul(g.k_w, g.k_h, g.c_out));
+    // the longest phase's reduction: its taps along each axis, times C_out
+    const int64_t phase_k = size_mul((g.k_w + p.tap_step_w - 1) / p.tap_step_w, (g.k_h + p.tap_step_h - 1) / p.tap_step_h, g.c_out);
+    p.split_k = u32(split_length(tiles(p) * uint64_t(phases), phase_k), op);
+    check_loop_budget(op, double(p.split_k) / kSliceK + double(g.k_w + g.k_h));
+    record_split(op, "conv2d_back_input", p, phase_k, uint32_t(phases), {span(dy), span(w)}, out);
 }
 
 void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -114,26 +150,9 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     const ConvGeometry g = back_weight_geometry(dy, x, attrs);
     const int64_t pixels = size_mul(g.pixels(), g.n);  // the reduction
     ConvPush p = conv_push(op, g, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
-    const int64_t wanted = std::max<int64_t>(1, kTargetGroups / int64_t(tiles(p)));
-    const int64_t splits = std::min<int64_t>(65535, std::max(std::min(wanted, std::max<int64_t>(1, pixels / kMinSliceRows)),
-                                                             (pixels + kMaxSliceRows - 1) / kMaxSliceRows));
-    const int64_t slice = (pixels + splits - 1) / splits;
-    const int64_t used = (pixels + slice - 1) / slice;  // slices that hold pixels
-    p.split_rows = u32(slice, op);
-    check_loop_budget(op, double(slice) / 16);
-    if (used == 1) {
-        record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(out)});
-        return;
-    }
-    u32(size_mul(out.numel(), used), op);  // the partials' indices
-    TensorPtr partials = make_on(Device::gpu, {out.numel(), used, 1, 1}, 2, DType::f32);  // [K C_out, slices]
-    p.o = partials->address();
-    record("conv2d_back_weight", p, tiles(p), {span(x), span(dy)}, {span(*partials)}, u32(used, op));
-    struct SumPush {
-        uint64_t partials, o;
-        uint32_t n, splits;
-    } sum{partials->address(), out.address(), u32(out.numel(), op), u32(used, op)};
-    record("conv2d_sum_splits", sum, groups(sum.n), {span(*partials)}, {span(out)});
+    p.split_k = u32(split_length(tiles(p), pixels), op);
+    check_loop_budget(op, double(p.split_k) / kSliceK);
+    record_split(op, "conv2d_back_weight", p, pixels, 1, {span(x), span(dy)}, out);
 }
 
 namespace {

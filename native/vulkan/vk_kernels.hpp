@@ -15,7 +15,7 @@ namespace rk::vk {
 bool takes_half(Op op, const Inputs& inputs);
 // The kernel matmul uses here for operands of this dtype and an [m, n] output with `batch`
 // slices, in words.
-std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch);
+std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch);
 // The shader ssm_scan (or, with backward, ssm_scan_back) runs for these sizes.
 std::string scan_kernel(const ScanDims& d, bool backward);
 

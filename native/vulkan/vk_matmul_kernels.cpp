@@ -21,6 +21,7 @@ namespace {
 struct MatmulPush {
     uint64_t a, b, c;
     uint32_t m, n, k, lda, ldb, ta, tb, ne2, sa2, sa3, sb2, sb3, groups_m;
+    uint32_t split_k;  // matmul_small.comp's reduction per z slice (k where it is not split)
 };
 
 // The linear op's push constants: matmul's, then its bias and activation.
@@ -41,11 +42,18 @@ struct CoopmatPush {
 // for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
 // the output has enough of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
 // outputs that make fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a
-// small batch).
+// small batch), or fewer than kLargeTilesWanted over a reduction of at least kLongReduction (each
+// of a few 64 x 64 tiles would walk all of it alone: NatureCNN's 3136 x 512 layer's input
+// gradient at batch 32 is 49 of them over k = 512).
 enum class MatmulKernel { tiled_small, tiled, tiled_large, coopmat };
 
 constexpr uint64_t kLargeTilesWanted = 128;  // about one per multiprocessor of a large GPU (the H200 has 132)
 constexpr uint64_t kSmallTilesBelow = 32;    // a quarter of those: too few to spread k's work
+constexpr int64_t kLongReduction = 512;
+// 16 x 16 tiles still fewer than kLargeTilesWanted cut a reduction of at least 2 kMinSplitK into
+// slices of at least kMinSplitK (multiples of matmul_small.comp's BK = kSmallSliceK) until about
+// kTargetGroups workgroups run; sum_splits.comp adds the slices' partial outputs in order.
+constexpr int64_t kSmallSliceK = 64, kMinSplitK = 256, kTargetGroups = 512;
 
 // A kernel's output tile: rows x columns per workgroup.
 struct Tile {
@@ -74,11 +82,22 @@ bool on_cooperative_matrices(DType dtype) {
     return (dtype == DType::f16 && limits.cooperative_matrix_f16) || (dtype == DType::bf16 && limits.cooperative_matrix_bf16);
 }
 
-MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t batch) {
+MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch) {
     if (on_cooperative_matrices(dtype)) return MatmulKernel::coopmat;
     if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
-    return tile_count(MatmulKernel::tiled, m, n, batch) >= kSmallTilesBelow ? MatmulKernel::tiled
-                                                                            : MatmulKernel::tiled_small;
+    const uint64_t tiles = tile_count(MatmulKernel::tiled, m, n, batch);
+    const bool few_over_long_k = tiles < kLargeTilesWanted && k >= kLongReduction;
+    return tiles >= kSmallTilesBelow && !few_over_long_k ? MatmulKernel::tiled : MatmulKernel::tiled_small;
+}
+
+// matmul_small.comp's reduction per z slice for a product over k: k itself (one slice) unless its
+// 16 x 16 tiles are few and k is long.
+int64_t small_split_k(int64_t m, int64_t n, int64_t k, int64_t batch) {
+    const uint64_t tiles = tile_count(MatmulKernel::tiled_small, m, n, batch);
+    const int64_t splits = std::min<int64_t>(k / kMinSplitK, (kTargetGroups + int64_t(tiles) - 1) / int64_t(tiles));
+    if (tiles >= kLargeTilesWanted || splits < 2) return std::max<int64_t>(k, 1);
+    const int64_t length = (k + splits - 1) / splits;
+    return (length + kSmallSliceK - 1) / kSmallSliceK * kSmallSliceK;
 }
 
 // The shader variant of a kernel: matmul.comp's or matmul_coopmat.comp's, plain or LINEAR; the
@@ -105,6 +124,7 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
     p.m = u32(out.ne[0], "matmul");
     p.n = u32(out.ne[1], "matmul");
     p.k = u32(ta ? a.ne[0] : a.ne[1], "matmul");
+    p.split_k = std::max<uint32_t>(p.k, 1);
     p.lda = u32(a.ne[0], "matmul");
     p.ldb = u32(b.ne[0], "matmul");
     p.ta = ta;
@@ -126,18 +146,56 @@ bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne
 
 // Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
 // dtype, device and shape call for.
+// Records the 16 x 16 kernel with its reduction cut into slices of p.split_k: the plain kernel
+// writes each slice's partial output, then sum_splits(_linear) adds them in order (and applies the
+// linear op's bias and activation).
+void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t activation, uint32_t batches,
+                        std::vector<vk::Range> reads, TensorImpl& out, const char* op) {
+    const int64_t splits = (int64_t(p.k) + p.split_k - 1) / p.split_k;
+    const uint32_t z = u32(size_mul(batches, splits), op);
+    if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the product for the GPU kernel");
+    const uint32_t numel = u32(out.numel(), op);
+    u32(size_mul(out.numel(), splits), op);  // the partials' indices
+    TensorPtr partials = make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);  // [numel, slices]
+    MatmulPush sliced = p;
+    sliced.c = partials->address();
+    record("matmul_small", sliced, uint64_t(p.groups_m) * ((p.n + 15) / 16), reads, {span(*partials)}, z);
+    struct SumPush {
+        uint64_t partials, o;
+        uint32_t n, splits;
+    } sum{partials->address(), out.address(), numel, uint32_t(splits)};
+    if (!bias) {
+        record("sum_splits", sum, vk::groups(numel), {span(*partials)}, {span(out)});
+        return;
+    }
+    struct LinearSumPush {
+        SumPush sum;
+        uint64_t bias;
+        uint32_t rows, activation;
+    } linear{sum, bias->address(), p.m, activation};
+    record("sum_splits_linear", linear, vk::groups(numel), {span(*partials), span(*bias)}, {span(out)});
+}
+
 void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
                    uint32_t activation, TensorImpl& out, const char* op) {
-    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], out.ne[2] * out.ne[3]);
+    const int64_t k = ta ? a.ne[0] : a.ne[1];
+    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], k, out.ne[2] * out.ne[3]);
     if (is_half(a.dtype) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
         throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 (bf16 by bf16) "
                                "on cooperative matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
     uint64_t tiles = 0;
-    const LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
-                            activation};
+    LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
+                      activation};
     std::vector<vk::Range> reads{span(a), span(b)};
-    if (bias) reads.push_back(span(*bias));
     const uint32_t batches = u32(out.ne[2] * out.ne[3], op);
+    if (kernel == MatmulKernel::tiled_small) {
+        linear.matmul.split_k = u32(small_split_k(out.ne[0], out.ne[1], k, batches), op);
+        if (linear.matmul.split_k < linear.matmul.k) {
+            record_split_small(linear.matmul, bias, activation, batches, reads, out, op);
+            return;
+        }
+    }
+    if (bias) reads.push_back(span(*bias));
     const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
     const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
     if (kernel == MatmulKernel::coopmat) {
@@ -161,8 +219,8 @@ bool takes_half(Op op, const Inputs& in) {
     return same && on_cooperative_matrices(dtype);
 }
 
-std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
-    const MatmulKernel kernel = choose_matmul(dtype, m, n, batch);
+std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch) {
+    const MatmulKernel kernel = choose_matmul(dtype, m, n, k, batch);
 #if defined(RLKIT_COOPMAT_KHR)
     const std::string extension = "VK_KHR_cooperative_matrix";
 #else
@@ -174,7 +232,12 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t batch) {
     const Tile tile = tile_shape(kernel);
     const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
     const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
-    return "f32 SIMT, " + size + " tiles" + widened;
+    std::string split;
+    if (kernel == MatmulKernel::tiled_small) {
+        const int64_t slice = small_split_k(m, n, k, batch);
+        if (slice < k) split = ", k split in " + std::to_string((k + slice - 1) / slice) + " slices of " + std::to_string(slice);
+    }
+    return "f32 SIMT, " + size + " tiles" + split + widened;
 }
 
 }  // namespace vk
