@@ -2,6 +2,7 @@
 // shape rules, the CPU kernels and the Vulkan kernels. Every pair is (w, h): ne order, dim 0 first.
 #pragma once
 
+#include "kernel_util.hpp"
 #include "ops.hpp"
 
 namespace rk {
@@ -26,6 +27,15 @@ ConvParams conv_params(const char* op, const OpAttrs& attrs, size_t extra = 0);
 // The geometry of x (ne) convolved with w (ne), checked: matching channels, a kernel that fits the
 // padded input, sizes that do not overflow. Errors name `op` and both shapes.
 ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, const ConvParams& p);
+// conv2d's geometry from its inputs (x, w, and an optional bias b) and ints (the conv's, then an
+// optional activation), checked.
+ConvGeometry conv2d_geometry(const Inputs& in, const OpAttrs& attrs);
+// conv2d's epilogue: the bias (null where there is none) and the activation applied after it.
+struct ConvEpilogue {
+    const TensorImpl* bias;
+    Activation act;
+};
+ConvEpilogue conv2d_epilogue(const Inputs& in, const OpAttrs& attrs, const ConvGeometry& g);
 // The forward geometry of the backward helpers (ints: the conv's, then the input's or the
 // kernel's (w, h)), checked against the upstream gradient g.
 ConvGeometry back_input_geometry(const TensorImpl& g, const TensorImpl& w, const OpAttrs& attrs);

@@ -61,7 +61,8 @@ void require_float_pair(const char* op, const TensorImpl& a, const char* a_name,
 ConvParams conv_params(const char* op, const OpAttrs& attrs, size_t extra) {
     if (attrs.ints.size() != 6 + extra)
         throw std::invalid_argument(op_err(op, "expected ints stride, padding, dilation as (w, h) pairs" +
-                                               std::string(extra ? " then 2 sizes" : "") + "; got " +
+                                               std::string(extra == 2 ? " then 2 sizes" : extra == 1 ? " then the activation" : "") +
+                                               "; got " +
                                                std::to_string(attrs.ints.size()) + " ints"));
     const auto& i = attrs.ints;
     ConvParams p{i[0], i[1], i[2], i[3], i[4], i[5]};
@@ -85,11 +86,35 @@ ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, const
     return g;
 }
 
-OutSpec shape_conv2d(const Inputs& in, const OpAttrs& attrs) {
+ConvEpilogue conv2d_epilogue(const Inputs& in, const OpAttrs& attrs, const ConvGeometry& g) {
+    const TensorImpl* bias = in.size() == 3 ? in[2].get() : nullptr;
+    if (bias) {
+        require_float_pair("conv2d", *in[0], "x", *bias, "b");
+        if (bias->numel() != g.c_out || bias->ne[0] != g.c_out)
+            throw std::invalid_argument(op_err("conv2d", "b must hold C_out = " + std::to_string(g.c_out) +
+                                                         " biases, shaped [" + std::to_string(g.c_out) + "] or [" +
+                                                         std::to_string(g.c_out) + ", 1]; got " + bias->shape_str()));
+    }
+    const int64_t act = attrs.ints.size() == 7 ? attrs.ints[6] : 0;
+    if (act < 0 || act > 3)
+        throw std::invalid_argument(op_err("conv2d", "the activation is " + std::to_string(act) +
+                                                     "; expected 0 none, 1 relu, 2 tanh or 3 sigmoid"));
+    return {bias, Activation(act)};
+}
+
+ConvGeometry conv2d_geometry(const Inputs& in, const OpAttrs& attrs) {
+    if (in.size() != 2 && in.size() != 3)
+        throw std::invalid_argument(op_err("conv2d", "expected 2 inputs (x, w) or 3 (x, w, b), got " + std::to_string(in.size())));
     const TensorImpl &x = *in[0], &w = *in[1];
     require_float_pair("conv2d", x, "x", w, "w");
-    const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
-    return OutSpec{{g.out_w, g.out_h, g.c_out, g.n}, 4, x.dtype};
+    const size_t extra = attrs.ints.size() == 7 ? 1 : 0;  // the activation
+    return conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs, extra));
+}
+
+OutSpec shape_conv2d(const Inputs& in, const OpAttrs& attrs) {
+    const ConvGeometry g = conv2d_geometry(in, attrs);
+    conv2d_epilogue(in, attrs, g);
+    return OutSpec{{g.out_w, g.out_h, g.c_out, g.n}, 4, in[0]->dtype};
 }
 
 // (g [W', H', C_out, N], w) -> dx [W, H, C_in, N]; ints: the conv's, then W, H
@@ -369,11 +394,25 @@ int64_t band_grain(const ConvGeometry& g, const Banding& b) {
 
 }  // namespace
 
+// A band's bias and activation, in place: `pixels` outputs of each channel, channels W' H' apart.
+template <typename T>
+void apply_epilogue(const ConvGeometry& g, const ConvEpilogue& epilogue, int64_t pixels, T* out_band) {
+    if (!epilogue.bias && epilogue.act == Activation::none) return;
+    const T* bias = epilogue.bias ? epilogue.bias->ptr<T>() : nullptr;
+    for (int64_t c = 0; c < g.c_out; ++c) {
+        T* column = out_band + c * g.pixels();
+        const T add = bias ? bias[c] : T(0);
+        for (int64_t p = 0; p < pixels; ++p) column[p] = activate(epilogue.act, T(column[p] + add));
+    }
+}
+
 // Each band: its patches times w [K, C_out], written straight into the output, whose band is a
-// [pixels, C_out] matrix of leading dimension W' H'. Bands are independent tasks.
+// [pixels, C_out] matrix of leading dimension W' H', then its bias and activation. Bands are
+// independent tasks.
 void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &x = *in[0], &w = *in[1];
-    const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
+    const ConvGeometry g = conv2d_geometry(in, attrs);
+    const ConvEpilogue epilogue = conv2d_epilogue(in, attrs, g);
     const Banding bands = banding(g);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
@@ -390,17 +429,21 @@ void cpu_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
             for (int64_t i = lo; i < hi; ++i) {
                 const Band b = band_at(g, bands, i);
                 T* out_band = band_origin(g, b, out.ptr<T>());
+                bool done = false;
                 if constexpr (std::is_same_v<T, float>)
                     if (in_place) {
                         const float* image = x.ptr<float>() + g.in_w * g.in_h * g.c_in * b.n;
                         strided_product({g.c_out, band_pixels(g, b), g.patch(), w_t, g.c_out, image, 0, 0, out_band,
                                          g.pixels(), 1, false, offsets.taps.data(),
                                          offsets.windows.data() + g.out_w * b.oh_begin});
-                        continue;
+                        done = true;
                     }
-                T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
-                gather_band(g, x.ptr<T>(), b, patches);
-                forward_product(g, patches, band_pixels(g, b), w.ptr<T>(), w_t, out_band);
+                if (!done) {
+                    T* patches = thread_scratch<T>(band_pixels(g, b) * g.patch());
+                    gather_band(g, x.ptr<T>(), b, patches);
+                    forward_product(g, patches, band_pixels(g, b), w.ptr<T>(), w_t, out_band);
+                }
+                apply_epilogue(g, epilogue, band_pixels(g, b), out_band);  // while the band is in cache
             }
         });
     });

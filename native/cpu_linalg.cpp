@@ -63,9 +63,6 @@ void cpu_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     });
 }
 
-// The activations the fused linear op applies after its bias (the order of its ints[0]).
-enum class Activation : int64_t { none = 0, relu = 1, tanh = 2, sigmoid = 3 };
-
 Activation linear_activation(const OpAttrs& attrs) {
     if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > 3)
         throw std::invalid_argument("linear: expected one attribute, the activation (0 none, 1 relu, 2 tanh, 3 sigmoid)");
@@ -99,15 +96,7 @@ void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
         parallel_for(columns, std::max<int64_t>(1, kElementGrain / rows), [&](int64_t lo, int64_t hi) {
             for (int64_t j = lo; j < hi; ++j) {
                 T* column = o + j * rows;
-                for (int64_t i = 0; i < rows; ++i) {
-                    const T z = column[i] + bias[i];
-                    switch (act) {
-                        case Activation::none: column[i] = z; break;
-                        case Activation::relu: column[i] = relu_of(z); break;
-                        case Activation::tanh: column[i] = tanh_of(z); break;
-                        case Activation::sigmoid: column[i] = sigmoid_of(z); break;
-                    }
-                }
+                for (int64_t i = 0; i < rows; ++i) column[i] = activate(act, T(column[i] + bias[i]));
             }
         });
     });

@@ -2,7 +2,8 @@
 // C_out], and its two backward helpers, each an implicit GEMM C[m, n] = sum_k A[m, k] B[k, n]
 // whose operands are read straight from the tensors (no patch matrix in memory):
 //   FORWARD:     m: output pixels (ow, oh, n), n: C_out, k: taps (kw, kh, ci)
-//                A = the patch of x at the pixel, B = w as [K, C_out]; C -> o [W', H', C_out, N]
+//                A = the patch of x at the pixel, B = w as [K, C_out]; C -> o [W', H', C_out, N],
+//                plus the bias of its channel and the activation (conv2d's epilogue) where unsplit
 //   BACK_INPUT:  per stride phase (z), m: its input pixels (ix, iy, n), n: C_in, k: the taps that
 //                reach them (kw, kh, co); A = the g [W', H', C_out, N] that the pixel reached through
 //                tap (kw, kh), 0 where the tap falls outside; B = w; C -> o = d x [W, H, C_in, N]
@@ -31,6 +32,8 @@ layout(push_constant) uniform Push {
     uint groups_m;    // tiles along m
     uint split_k;     // the reduction's length per z slice (k, or more, where it is not split)
     uint tap_step_w, tap_step_h;  // BACK_INPUT: the least t with t dil = 0 mod stride, per axis
+    uint epilogue;    // FORWARD, unsplit: bits 0-1 the activation (linear's codes), after bias[C_out] where bit 2 is set
+    Floats bias;
 } pc;
 
 const uint TM = 4, TN = 2;
@@ -73,6 +76,8 @@ uint split() { return gl_WorkGroupID.z; }
 
 void store(uint r, uint col, float v) {
     uint pixels = pc.out_w * pc.out_h;
+    if ((pc.epilogue & 4u) != 0u) v += pc.bias.v[col];
+    v = linear_activation(pc.epilogue & 3u, v);
     pc.o.v[split() * pixels * pc.c_out * pc.n + r % pixels + pixels * (col + pc.c_out * (r / pixels))] = v;
 }
 

@@ -1,7 +1,7 @@
 // The sum of a product's partial outputs, one per slice of its reduction (conv2d.comp and
 // matmul_small.comp where they split k): o[e] = sum over the slices s, in order, of
-// partials[s n + e]; LINEAR then adds the bias of row e % rows and applies the activation (the
-// linear op's epilogue, which a slice's partial cannot apply).
+// partials[s n + e]; EPILOGUE then adds the bias of row (e / bias_stride) % rows (the linear op's
+// row, conv2d's output channel) and applies the activation, which a slice's partial cannot.
 #version 450
 #include "common.glsl"
 
@@ -10,10 +10,12 @@ layout(push_constant) uniform Push {
     Floats o;
     uint n;       // elements of the output
     uint splits;  // slices
-#if defined(LINEAR)
+#if defined(EPILOGUE)
     Floats bias;
-    uint rows;        // the output's rows (the bias index is the row)
-    uint activation;  // 0 none, 1 relu, 2 tanh, 3 sigmoid
+    uint has_bias;     // 0: no bias, the activation alone
+    uint rows;         // biases
+    uint bias_stride;  // consecutive elements that share a bias (1 for linear, W' H' for conv2d)
+    uint activation;   // 0 none, 1 relu, 2 tanh, 3 sigmoid
 #endif
 } pc;
 
@@ -22,8 +24,9 @@ void main() {
     if (e >= pc.n) return;
     float total = 0.0;
     for (uint s = 0; s < pc.splits; ++s) total += pc.partials.v[s * pc.n + e];
-#if defined(LINEAR)
-    total = linear_activation(pc.activation, total + pc.bias.v[e % pc.rows]);
+#if defined(EPILOGUE)
+    if (pc.has_bias != 0u) total += pc.bias.v[(e / pc.bias_stride) % pc.rows];
+    total = linear_activation(pc.activation, total);
 #endif
     pc.o.v[e] = total;
 }

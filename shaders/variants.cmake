@@ -44,7 +44,7 @@ rk_shader(matmul_small matmul_small.comp)
 rk_shader(matmul_linear_small matmul_small.comp LINEAR)
 # the partial outputs of a product whose reduction was split (matmul_small, conv2d), summed in order
 rk_shader(sum_splits sum_splits.comp)
-rk_shader(sum_splits_linear sum_splits.comp LINEAR)
+rk_shader(sum_splits_epilogue sum_splits.comp EPILOGUE)
 rk_shader(matmul matmul.comp)
 rk_shader(matmul_large matmul.comp LARGE_TILE)
 rk_shader(matmul_linear matmul.comp LINEAR)

@@ -231,9 +231,14 @@ def np_matmul(a, b, ta=False, tb=False):
     return np.moveaxis(a @ b, (-2, -1), (0, 1))
 
 
+def np_activation(activation):
+    """The fused ops' activation (rlkit.core.ops.LINEAR_ACTIVATIONS) as a numpy function."""
+    return {None: lambda z: z, "relu": lambda z: np.maximum(z, 0), "tanh": np.tanh, "sigmoid": np_sigmoid}[activation]
+
+
 def np_linear(activation):
     """act(w @ x + b), b [out, 1] added to every column of every batch slice."""
-    act = {None: lambda z: z, "relu": lambda z: np.maximum(z, 0), "tanh": np.tanh, "sigmoid": np_sigmoid}[activation]
+    act = np_activation(activation)
 
     def ref(w, x, b):
         z = np_matmul(w, x)

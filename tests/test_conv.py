@@ -134,6 +134,25 @@ def test_strided_dilated_backward_matches_numpy(device):
     np.testing.assert_allclose(np.asarray(grads[pw]), expected_dw, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_shape, w_shape", [((20, 20, 32, 32), (4, 4, 32, 64)),  # k = 512: the GPU splits it
+                                              ((9, 9, 8, 3), (3, 3, 8, 16))])     # k = 72: one pass
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_bias_and_activation_in_the_kernel_keep_nan(device, x_shape, w_shape, activation):
+    """conv2d's epilogue (the bias, then the activation; on the GPU in the kernel, or after the sum
+    of a split reduction's slices) gives what the unfused ops give, NaN where the window holds one."""
+    rng = np.random.default_rng(9)
+    x, w, b = rng.random(x_shape), rng.normal(size=w_shape) * 0.1, rng.normal(size=w_shape[3])
+    x[3, 5, 0, 0] = np.nan
+    x, w, b = (a.astype(np.float32) for a in (x, w, b))
+    got = rc.conv2d(rc.tensor(x, device=device), rc.tensor(w, device=device), rc.tensor(b, device=device), stride=2,
+                    activation=activation).numpy()
+    expected = {"relu": lambda z: np.maximum(z, 0), "tanh": np.tanh}[activation](np_conv2d(x, w, b, stride=2))
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def _check_cpu_conv(rng, x, w, conv: dict, thread_counts: tuple[int, ...], dw_atol: float) -> None:
     """The CPU conv2d of f32-exact x and w, its output and both gradients, against the numpy
     reference, and the same bits again with each of ``thread_counts`` threads."""

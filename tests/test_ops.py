@@ -29,7 +29,7 @@ import rlkit.core as rc
 
 from op_references import (  # tests/ is on sys.path when pytest imports a test module
     AWAY, CONST, DECAY, DISTINCT, GRID, IDX, N, ONEHOT, POS, RECURRENCE, RECURRENCE_SHAPES, RIDX, SOFT, SORTED, U,
-    PERMUTED, WKV7, _align, binary, np_conv2d, np_huber, np_huber_terms, np_linear, np_log_softmax, np_matmul, np_max_pool2d, np_randn_like,
+    PERMUTED, WKV7, _align, binary, np_activation, np_conv2d, np_huber, np_huber_terms, np_linear, np_log_softmax, np_matmul, np_max_pool2d, np_randn_like,
     np_recurrence, np_reduce, np_reshape, np_rwkv_wkv7, np_scatter_cols, np_searchsorted, np_sigmoid,
     np_softmax, np_ssm_conv, np_ssm_scan, packed, to_bf16, to_f16,
 )
@@ -306,6 +306,14 @@ CASES: list[Case] = [
     Case("conv2d_bias", "conv2d", lambda x, w, b: rc.conv2d(x, w, b, stride=2, padding=1),
          lambda x, w, b: np_conv2d(x, w, b, stride=2, padding=1),
          ((N(7, 6, 3, 3), N(3, 3, 3, 4), N(4)), (N(5, 9, 2, 2), N(2, 4, 2, 5), N(5, 1)))),
+    # the bias and the activation in the convolution's kernel (conv2d's epilogue), with and without a bias
+    *[Case(f"conv2d_bias_{activation}", "conv2d",
+           lambda x, w, b, a=activation: rc.conv2d(x, w, b, stride=(1, 2), padding=1, activation=a),
+           lambda x, w, b, a=activation: np_activation(a)(np_conv2d(x, w, b, stride=(1, 2), padding=1)),
+           ((N(7, 6, 3, 3), N(3, 3, 3, 4), N(4)), (N(5, 9, 2, 2), N(2, 4, 2, 5), N(5, 1))))
+      for activation in ("relu", "tanh", "sigmoid")],
+    Case("conv2d_relu", "conv2d", lambda x, w: rc.conv2d(x, w, activation="relu"),
+         lambda x, w: np_activation("relu")(np_conv2d(x, w)), ((N(7, 5, 3, 3), N(3, 2, 3, 4)), (N(6, 6, 2, 1), N(1, 1, 2, 3)))),
     Case("max_pool2d", "max_pool2d", lambda x: rc.max_pool2d(x, 3, stride=2, padding=1),
          lambda x: np_max_pool2d(x, 3, stride=2, padding=1), ((PERMUTED(7, 9, 2, 3),), (PERMUTED(6, 5, 3, 1),))),
     Case("max_pool2d_rect", "max_pool2d", lambda x: rc.max_pool2d(x, (2, 3), stride=(1, 2), padding=(1, 1)),
@@ -328,6 +336,9 @@ CASES += [
     Case("conv2d_large", "conv2d", lambda x, w: rc.conv2d(x, w, stride=(1, 2), padding=(2, 1)),
          lambda x, w: np_conv2d(x, w, stride=(1, 2), padding=(2, 1)),
          ((N(61, 57, 8, 8), N(5, 5, 8, 37)), (N(23, 19, 5, 3), N(3, 3, 5, 70))), grad=False, atol32=5e-5),
+    Case("conv2d_large_bias_relu", "conv2d", lambda x, w, b: rc.conv2d(x, w, b, stride=2, activation="relu"),
+         lambda x, w, b: np_activation("relu")(np_conv2d(x, w, b, stride=2)),
+         ((N(84, 84, 4, 5), N(8, 8, 4, 32), N(32)), (N(20, 20, 32, 9), N(4, 4, 32, 64), N(64, 1))), grad=False, atol32=5e-5),
     Case("max_pool2d_large", "max_pool2d", lambda x: rc.max_pool2d(x, 3, stride=2, padding=1),
          lambda x: np_max_pool2d(x, 3, stride=2, padding=1), ((N(64, 64, 16, 5),),), grad=False),
     Case("add_large", "add", rc.add, binary(np.add),

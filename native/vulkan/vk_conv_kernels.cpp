@@ -39,7 +39,13 @@ struct ConvPush {
     uint32_t groups_m;
     uint32_t split_k;
     uint32_t tap_step_w, tap_step_h;
+    // FORWARD: conv2d's epilogue, applied by the kernel where the reduction is not split: bits 0-1
+    // the activation (linear's codes), bit 2 set where there is a bias
+    uint32_t epilogue;
+    uint64_t bias;
 };
+
+constexpr uint32_t kEpilogueBias = 4, kEpilogueActivation = 3;
 
 // Refuses a dispatch whose invocations would loop more often than the device lets one run before
 // it ends its loops early (lavapipe: Limits::loop_iterations), which would give wrong numbers.
@@ -78,7 +84,8 @@ ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b
                     u32(g.p.dil_w, op), u32(g.p.dil_h, op),
                     u32(m, op), u32(cols, op), u32(k, op),
                     u32((m + kTileM - 1) / kTileM, op), u32(k, op),
-                    u32(tap_step(g.p.stride_w, g.p.dil_w), op), u32(tap_step(g.p.stride_h, g.p.dil_h), op)};
+                    u32(tap_step(g.p.stride_w, g.p.dil_w), op), u32(tap_step(g.p.stride_h, g.p.dil_h), op),
+                    0, 0};
 }
 
 uint64_t tiles(const ConvPush& p) { return uint64_t(p.groups_m) * ((p.cols + kTileN - 1) / kTileN); }
@@ -93,20 +100,34 @@ int64_t split_length(uint64_t groups, int64_t k) {
 }
 
 // Records `shader` with its reduction cut into slices of p.split_k (z = phase + phases * slice):
-// straight into `out` where there is one slice, else into partial outputs, then summed in order.
+// straight into `out` where there is one slice, else into partial outputs, then summed in order
+// (with p's epilogue: `bias`, of each output channel, then the activation).
 void record_split(const char* op, const std::string& shader, ConvPush p, int64_t k, uint32_t phases,
-                  std::vector<vk::Range> reads, TensorImpl& out) {
+                  std::vector<vk::Range> reads, const TensorImpl* bias, TensorImpl& out) {
     const int64_t splits = (k + p.split_k - 1) / p.split_k;
     if (splits <= 1) {
+        if (bias) reads.push_back(span(*bias));
         record(shader, p, tiles(p), reads, {span(out)}, phases);
         return;
     }
+    const vk::SumEpiloguePush after{0, out.address(), u32(out.numel(), op), 0, p.bias, (p.epilogue & kEpilogueBias) != 0,
+                                    p.cols, u32(size_mul(p.out_w, p.out_h), op), p.epilogue & kEpilogueActivation};
+    p.epilogue = 0;  // the slices write partial sums
     const uint32_t z = u32(size_mul(splits, phases), op);
     if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the reduction for the GPU kernel");
     u32(size_mul(out.numel(), splits), op);  // the partials' indices
     TensorPtr partials = make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);  // [numel, slices]
     p.o = partials->address();
     record(shader, p, tiles(p), reads, {span(*partials)}, z);
+    if (after.has_bias || after.activation) {
+        vk::SumEpiloguePush sum = after;
+        sum.partials = partials->address();
+        sum.splits = u32(splits, op);
+        std::vector<vk::Range> sum_reads{span(*partials)};
+        if (bias) sum_reads.push_back(span(*bias));
+        record("sum_splits_epilogue", sum, groups(sum.n), sum_reads, {span(out)});
+        return;
+    }
     struct SumPush {
         uint64_t partials, o;
         uint32_t n, splits;
@@ -118,12 +139,15 @@ void record_split(const char* op, const std::string& shader, ConvPush p, int64_t
 
 void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &x = *in[0], &w = *in[1];
-    const ConvGeometry g = conv_geometry("conv2d", x.ne, w.ne, conv_params("conv2d", attrs));
+    const ConvGeometry g = conv2d_geometry(in, attrs);
+    const ConvEpilogue epilogue = conv2d_epilogue(in, attrs, g);
     ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
                            g.c_out, g.patch());
     p.split_k = u32(split_length(tiles(p), p.k), "conv2d");
+    p.epilogue = uint32_t(epilogue.act) | (epilogue.bias ? kEpilogueBias : 0);
+    p.bias = epilogue.bias ? epilogue.bias->address() : 0;
     check_loop_budget("conv2d", double(p.split_k) / kSliceK);
-    record_split("conv2d", "conv2d_forward", p, p.k, 1, {span(x), span(w)}, out);
+    record_split("conv2d", "conv2d_forward", p, p.k, 1, {span(x), span(w)}, epilogue.bias, out);
 }
 
 void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -141,7 +165,7 @@ void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
     const int64_t phase_k = size_mul((g.k_w + p.tap_step_w - 1) / p.tap_step_w, (g.k_h + p.tap_step_h - 1) / p.tap_step_h, g.c_out);
     p.split_k = u32(split_length(tiles(p) * uint64_t(phases), phase_k), op);
     check_loop_budget(op, double(p.split_k) / kSliceK + double(g.k_w + g.k_h));
-    record_split(op, "conv2d_back_input", p, phase_k, uint32_t(phases), {span(dy), span(w)}, out);
+    record_split(op, "conv2d_back_input", p, phase_k, uint32_t(phases), {span(dy), span(w)}, nullptr, out);
 }
 
 void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -152,7 +176,7 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     ConvPush p = conv_push(op, g, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
     p.split_k = u32(split_length(tiles(p), pixels), op);
     check_loop_budget(op, double(p.split_k) / kSliceK);
-    record_split(op, "conv2d_back_weight", p, pixels, 1, {span(x), span(dy)}, out);
+    record_split(op, "conv2d_back_weight", p, pixels, 1, {span(x), span(dy)}, nullptr, out);
 }
 
 namespace {

@@ -147,7 +147,7 @@ bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne
 // Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
 // dtype, device and shape call for.
 // Records the 16 x 16 kernel with its reduction cut into slices of p.split_k: the plain kernel
-// writes each slice's partial output, then sum_splits(_linear) adds them in order (and applies the
+// writes each slice's partial output, then sum_splits(_epilogue) adds them in order (and applies the
 // linear op's bias and activation).
 void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t activation, uint32_t batches,
                         std::vector<vk::Range> reads, TensorImpl& out, const char* op) {
@@ -168,12 +168,8 @@ void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t ac
         record("sum_splits", sum, vk::groups(numel), {span(*partials)}, {span(out)});
         return;
     }
-    struct LinearSumPush {
-        SumPush sum;
-        uint64_t bias;
-        uint32_t rows, activation;
-    } linear{sum, bias->address(), p.m, activation};
-    record("sum_splits_linear", linear, vk::groups(numel), {span(*partials), span(*bias)}, {span(out)});
+    const vk::SumEpiloguePush epilogue{sum.partials, sum.o, sum.n, sum.splits, bias->address(), 1, p.m, 1, activation};
+    record("sum_splits_epilogue", epilogue, vk::groups(numel), {span(*partials), span(*bias)}, {span(out)});
 }
 
 void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,

@@ -36,6 +36,15 @@ inline void shape4(const Shape& ne, uint32_t out[4], const char* what) {
     for (int d = 0; d < kMaxDims; ++d) out[d] = u32(ne[d], what);
 }
 
+// sum_splits.comp's EPILOGUE variant: the partial outputs of a split product, summed in order,
+// then a bias (row (e / bias_stride) % rows) and an activation (linear's codes) applied.
+struct SumEpiloguePush {
+    uint64_t partials, o;
+    uint32_t n, splits;
+    uint64_t bias;
+    uint32_t has_bias, rows, bias_stride, activation;
+};
+
 template <typename Push>
 void record(const std::string& shader, const Push& push, uint64_t n_groups, std::vector<Range> reads,
             std::vector<Range> writes, uint32_t groups_z = 1) {

@@ -623,7 +623,7 @@ def _hw_pair(value, op: str, arg: str) -> tuple[int, int]:
     return n, n
 
 
-def conv2d(x, w, b=None, stride=1, padding=0, dilation=1) -> Tensor:
+def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, activation: str | None = None) -> Tensor:
     """2-D convolution (cross-correlation, as PyTorch's ``conv2d``) of images in ggml's layout:
     ``x`` [W, H, C_in, N] (ne0 = W), ``w`` [KW, KH, C_in, C_out], result [W', H', C_out, N] with
     W' = (W + 2 padding_w - dilation_w (KW - 1) - 1) // stride_w + 1, and H' alike. A C-order
@@ -632,22 +632,27 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1) -> Tensor:
 
     ``b`` is None or C_out biases, shaped [C_out] or [C_out, 1] (PyTorch's bias as is), added to
     every pixel of its output channel. ``stride``, ``padding`` (zeros) and ``dilation`` are each
-    an int or a pair in PyTorch's order, (height, width). Differentiable in x, w and b."""
+    an int or a pair in PyTorch's order, (height, width). ``activation`` (None, "relu", "tanh"
+    or "sigmoid", as :func:`linear`) is applied after the bias in the same kernel: a layer's
+    convolution, bias and activation are one op. Differentiable in x, w and b."""
+    if activation not in LINEAR_ACTIVATIONS:
+        raise ValueError(f"conv2d: activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
     x = as_tensor(x, op="conv2d", arg="x")
     w = as_tensor(w, like=x, op="conv2d", arg="w")
-    ints = _hw_pair(stride, "conv2d", "stride") + _hw_pair(padding, "conv2d", "padding") + \
+    conv = _hw_pair(stride, "conv2d", "stride") + _hw_pair(padding, "conv2d", "padding") + \
         _hw_pair(dilation, "conv2d", "dilation")  # (w, h) pairs, ne order
-    out = apply("conv2d", (x, w), ints=ints, conv=ints)  # [W', H', C_out, N]
-    if b is None:
-        return out
-    b = as_tensor(b, like=x, op="conv2d", arg="b")
-    if b.dtype != out.dtype:
-        raise TypeError(f"conv2d: b is {b.dtype} but x and w are {out.dtype} (expected the same float dtype)")
-    c_out = _ne4(w)[3]
-    if b.shape not in ((c_out,), (c_out, 1)):
-        raise ValueError(f"conv2d: b must hold C_out = {c_out} biases, shaped [{c_out}] or [{c_out}, 1] "
-                         f"(w is {list(w.shape)}), got {list(b.shape)}")
-    return add(out, reshape(b, (1, 1, c_out, 1)))  # the add's gradient sums b's over pixels and images
+    inputs = (x, w)
+    if b is not None:
+        b = as_tensor(b, like=x, op="conv2d", arg="b")
+        if x.dtype == w.dtype and b.dtype != w.dtype:  # (x and w of different dtypes: the op says so)
+            raise TypeError(f"conv2d: b is {b.dtype} but x and w are {w.dtype} (expected the same float dtype)")
+        c_out = _ne4(w)[3]
+        if b.shape not in ((c_out,), (c_out, 1)):
+            raise ValueError(f"conv2d: b must hold C_out = {c_out} biases, shaped [{c_out}] or [{c_out}, 1] "
+                             f"(w is {list(w.shape)}), got {list(b.shape)}")
+        inputs = (x, w, b)
+    ints = conv + ((LINEAR_ACTIVATIONS.index(activation),) if activation else ())
+    return apply("conv2d", inputs, ints=ints, conv=conv, activation=activation)  # [W', H', C_out, N]
 
 
 def max_pool2d(x, kernel, stride=None, padding=0) -> Tensor:

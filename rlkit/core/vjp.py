@@ -88,12 +88,20 @@ def _gated_linear_attn(g, out, k, v, q, gate, state, scale):
     return gk, gv, gq, ggate, gstate
 
 
-def _conv2d(g, out, x, w, conv):
-    # the input's gradient only where it is wanted: an image batch often is not (an observation)
+def _conv2d(g, out, x, w, *bias, conv, activation):
+    # the activation's derivative from the output (as linear's), then the convolution's gradients:
+    # the input's only where it is wanted (an image batch often is not: an observation), the
+    # bias's summed over pixels and images
+    if activation is not None:
+        g = ops.apply(f"{activation}_back", (g, out))  # [W', H', C_out, N]
     input_wh, kernel_wh = ops._ne4(x)[:2], ops._ne4(w)[:2]
     gx = ops.apply("conv2d_input_back", (g, w), ints=conv + input_wh) if x.requires_grad else None
     gw = ops.apply("conv2d_weight_back", (g, x), ints=conv + kernel_wh) if w.requires_grad else None
-    return gx, gw
+    if not bias:
+        return gx, gw
+    b = bias[0]
+    gb = ops.reshape(ops.sum_to(g, (1, 1, ops._ne4(w)[3], 1)), b.shape) if b.requires_grad else None
+    return gx, gw, gb
 
 
 VJP = {

@@ -84,9 +84,10 @@ class Conv2d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = ops.as_tensor(x, op="Conv2d")
-        y = ops.conv2d(x, self.W, self.b, stride=self.stride, padding=self.padding,
-                       dilation=self.dilation)  # [W', H', C_out, N]
-        return ACTIVATIONS[self.activation](y) if self.activation else y
+        fused = self.activation in ops.LINEAR_ACTIVATIONS  # one kernel: convolution, bias, activation
+        y = ops.conv2d(x, self.W, self.b, stride=self.stride, padding=self.padding, dilation=self.dilation,
+                       activation=self.activation if fused else None)  # [W', H', C_out, N]
+        return ACTIVATIONS[self.activation](y) if self.activation and not fused else y
 
     def extra_repr(self) -> str:
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
