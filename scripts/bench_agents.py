@@ -24,7 +24,8 @@ import numpy as np
 
 from rlkit.agents import DDPG, DQN, SAC, TD3, evaluate
 
-# RL Zoo's hyperparameters (hyperparams/{dqn,sac,td3,ddpg}.yml); rlkit's config defaults are the same.
+# RL Zoo's hyperparameters (hyperparams/{dqn,sac,td3,ddpg}.yml); rlkit's config classes' defaults are the
+# same (DQN made on CartPole-v1 without a config changes three of them: run_rlkit passes the config).
 ZOO = {
     "dqn": dict(env="CartPole-v1", steps=50_000, gate=475.0, rlkit=DQN,
                 sb3=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
@@ -43,9 +44,11 @@ EVAL_EPISODES, EVAL_SEED = 10, 100
 
 
 def run_rlkit(algo: str, seed: int, device: str) -> tuple[float, float]:
-    """(seconds to train, evaluation return) of rlkit's agent with its default (RL Zoo) config."""
+    """(seconds to train, evaluation return) of rlkit's agent with RL Zoo's settings, its config
+    class's defaults, given explicitly: both libraries train with the same settings even where
+    the agent's defaults for the environment differ (DQN.env_defaults, scripts/bench_seeds.py)."""
     case = ZOO[algo]
-    agent = case["rlkit"](case["env"], seed=seed, device=device)
+    agent = case["rlkit"](case["env"], case["rlkit"].config_class(), seed=seed, device=device)
     start = time.perf_counter()
     agent.learn(case["steps"])
     seconds = time.perf_counter() - start

@@ -45,7 +45,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit import _native
-from rlkit.agents import DQN, SAC
+from rlkit.agents import DQN, SAC, DQNConfig
 
 try:
     import torch
@@ -461,8 +461,9 @@ def bench_sac(args, timer: Timer) -> list[Row]:
 
 
 def bench_dqn(args, timer: Timer) -> list[Row]:
-    """DQN's update on CartPole-v1 shapes (obs 4, 2 actions), as the agent captures it."""
-    agent = DQN("CartPole-v1", seed=0, device=args.device)
+    """DQN's update on CartPole-v1 shapes (obs 4, 2 actions), as the agent captures it, with RL
+    Zoo's settings (DQNConfig's defaults: the 1-step max target TorchDQN computes)."""
+    agent = DQN("CartPole-v1", DQNConfig(), seed=0, device=args.device)
     transitions = random_transitions(agent.n_obs, agent.n_actions, True, BUFFER_STEPS)
     fill_agent_buffer(agent, transitions)
     rows = rlkit_update_rows("DQN update, 4-256-256-2, batch 64", agent, args, timer)
@@ -564,8 +565,10 @@ def largest_difference(ours: rc.nn.Module, theirs) -> float:
 
 def check_dqn() -> str:
     """One DQN update from the same weights and batch in rlkit (the agent's captured step) and
-    in PyTorch, on the CPU: the losses, gradient norms and updated weights agree."""
-    agent = DQN("CartPole-v1", seed=0, device="cpu")
+    in PyTorch, on the CPU: the losses, gradient norms and updated weights agree. RL Zoo's
+    settings (DQNConfig's defaults), whose 1-step max target TorchDQN computes; DQN made on
+    CartPole-v1 without a config would take double-Q 3-step targets (DQN.env_defaults)."""
+    agent = DQN("CartPole-v1", DQNConfig(), seed=0, device="cpu")
     fill_agent_buffer(agent, random_transitions(agent.n_obs, agent.n_actions, True, BUFFER_STEPS))
     learner = TorchDQN(agent, "cpu", capturable=False)
     batch, _ = eager_draws(agent, 0)

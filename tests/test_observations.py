@@ -75,7 +75,7 @@ def test_atari_ids_get_rl_zoo_settings_and_other_ids_the_defaults():
     for name, value in ATARI_DQN_DEFAULTS.items():
         assert getattr(config, name) == value
     assert config.net_arch == ()  # the head right on NatureCNN's features, as SB3's CnnPolicy
-    assert DQN.default_config("CartPole-v1") == DQN.config_class()
+    assert DQN.default_config("Acrobot-v1") == DQN.config_class()  # (CartPole-v1's: tests/test_dqn.py)
 
 
 def test_the_package_of_an_id_is_imported_for_it():

@@ -50,6 +50,15 @@ class default_device:
         rc.device(self._previous.pop())
 
 
+def env_id_of(env) -> str | None:
+    """The Gymnasium id ``env`` is: the id itself, or the id an environment (or a Gymnasium
+    vector environment) was made from (its ``spec``); None where it has none (an SB3 VecEnv, an
+    environment built by hand)."""
+    if isinstance(env, str):
+        return env
+    return getattr(getattr(env, "spec", None), "id", None)
+
+
 class FiniteCheck:
     """learn's check of the observations and rewards the environment returns: at the first NaN
     or infinity, ``mode="raise"`` raises ValueError naming the timestep, the lane and what was
@@ -214,11 +223,17 @@ class OffPolicyAgent:
 
     # ---- what a subclass supplies -------------------------------------------------------------
 
+    env_defaults: dict[str, dict] = {}
+    """Changes to the config class's defaults for one environment, by its id: what an agent made
+    on that environment without a config gets (DQN's for CartPole-v1). Empty here: every
+    environment gets the config class's defaults."""
+
     @classmethod
     def default_config(cls, env=None):
-        """The config an agent made on ``env`` without one gets: the config class's defaults
-        (DQN's for an Atari id are RL Zoo's Atari settings)."""
-        return cls.config_class()
+        """The config an agent made on ``env`` (an id, or an environment made from one) without
+        one gets: the config class's defaults, changed by ``env_defaults`` for that environment's
+        id (DQN's for an Atari id are RL Zoo's Atari settings)."""
+        return cls.config_class(**cls.env_defaults.get(env_id_of(env), {}))
 
     def _check_spaces(self) -> None:
         """Raises ValueError where the environment's spaces are not ones the agent acts in."""
