@@ -107,3 +107,35 @@ def test_bench_recurrent_runs_both_modes(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| 200 |" in out and "| 400 |" in out
     assert plot.stat().st_size > 1000  # a PNG with two curves
+
+
+def test_bench_seeds_quick_prints_a_row_per_setting_with_each_seeds_final_evaluation(capsys):
+    """--quick --zoo: a row for the defaults a user gets for each algorithm and one for RL Zoo's
+    settings where those differ (DQN on CartPole-v1), each seed's final evaluation a return the
+    environment can give, the settings column naming exactly the fields the defaults change."""
+    bench = load_script("bench_seeds")
+    assert bench.main(["--quick", "--zoo", "--seeds", "0,1"]) == 0  # no gate in a smoke run
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    header, rows = table[0].split(" | "), [row.split(" | ") for row in table[1:]]
+    assert header[3:5] == ["seed 0", "seed 1"]
+    assert [(row[0], row[1].split(" (")[0]) for row in rows] == [
+        ("| DQN, CartPole-v1, 1.5k", "defaults"), ("| DQN, CartPole-v1, 1.5k", "RL Zoo's"),
+        ("| SAC, Pendulum-v1, 0.3k", "defaults"), ("| TD3, Pendulum-v1, 0.3k", "defaults")]
+    changed = {f"{name}={value!r}" for name, value in bench.DQN.env_defaults["CartPole-v1"].items()}
+    assert rows[0][1].startswith("defaults (RL Zoo's but ") and rows[0][1].endswith(")")
+    assert set(rows[0][1][len("defaults (RL Zoo's but "):-1].split(", ")) == changed
+    assert rows[1][1] == "RL Zoo's" and rows[2][1] == rows[3][1] == "defaults (RL Zoo's)"
+    for row in rows:
+        returns = [float(cell) for cell in row[3:5]]
+        low, high = (0, 500) if "CartPole" in row[0] else (-16.3 * 200, 0)  # per step: 1; -16.27 at worst
+        assert all(low <= r <= high for r in returns), row
+        assert float(row[5]) == min(returns)
+
+
+def test_bench_seeds_refuses_bad_arguments(capsys):
+    bench = load_script("bench_seeds")
+    for argv in (["--algos", "ppo"], ["--seeds", "0,x"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    assert bench.main(["--quick", "--algos", "dqn", "--hyperparams", "no_such_field=1"]) == 2
+    assert "no_such_field" in capsys.readouterr().err
