@@ -12,7 +12,9 @@ the reference's, above 1 where rlkit is faster):
   Huber loss, global-norm clipping at 10, Adam), as rlkit.agents.DQN captures it (its batch
   sampled on the device from a buffer that stores each frame once and rebuilds the stacks),
   against the same update in PyTorch (cuDNN on CUDA) sampling 32 uint8 stacks held on the device,
-  eager and as a CUDA graph; both read their loss on the host at every update, as training does;
+  eager and as a CUDA graph; both read their loss on the host at every update; and the same in
+  rounds of 16 updates whose losses are read once a round (rlkit's DQN training runs its updates
+  16 to a program: UPDATES_PER_PROGRAM), PyTorch's kept on the device and read together;
 - conv2d forward and backward (input and weight gradients) at each NatureCNN layer, batch 32,
   GFLOP/s (3 x 2 x the forward's multiply-adds), rlkit captured against torch.nn.functional.conv2d
   with autograd;
@@ -45,7 +47,7 @@ import gymnasium as gym  # noqa: E402
 import rlkit.core as rc  # noqa: E402
 from rlkit.agents import DQN  # noqa: E402
 from rlkit.agents.base import default_device  # noqa: E402
-from rlkit.agents.dqn import DQNConfig  # noqa: E402
+from rlkit.agents.dqn import UPDATES_PER_PROGRAM, DQNConfig  # noqa: E402
 from rlkit.envs import ATARI_DQN_DEFAULTS  # noqa: E402
 
 try:
@@ -149,6 +151,13 @@ class TorchAtariDQN:
         self.optimizer.step()
         return (loss,)
 
+    def update_round(self, update, losses):
+        """UPDATES_PER_PROGRAM calls of ``update`` (this learner's, or its CUDA graph's replay),
+        their losses gathered in ``losses`` on the device and read once."""
+        for i in range(UPDATES_PER_PROGRAM):
+            losses[i].copy_(update()[0].reshape(()))
+        return losses.cpu()
+
 
 def check_q_values(agent: DQN, steps: list[tuple]) -> str:
     """rlkit's and PyTorch's Q-values of 8 stored observations, on the CPU, within 1e-4."""
@@ -172,11 +181,19 @@ def bench_update(args, timer: Timer, steps: list[tuple]) -> list[Row]:
         with agent.on_device():
             return agent._train(1)
 
+    def call_round():
+        with agent.on_device():
+            return agent._train(UPDATES_PER_PROGRAM)
+
     ours = timer.rlkit(call) * 1e3
+    ours_round = timer.rlkit(call_round) * 1e3 / UPDATES_PER_PROGRAM
     label = "DQN update, NatureCNN, batch 32 (4x84x84 bytes, frames stored once)"
+    round_label = f"{label}, in rounds of {UPDATES_PER_PROGRAM} (losses read once a round)"
     eager = Row("Pixels", f"{label}: PyTorch eager", "ms per update", ours, None, "PyTorch eager", False, 1.5)
     graph = Row("Pixels", f"{label}: PyTorch CUDA graph", "ms per update", ours, None, "PyTorch CUDA graph",
                 False, 1.0)
+    graph_round = Row("Pixels", f"{round_label}: PyTorch CUDA graph", "ms per update", ours_round, None,
+                      "PyTorch CUDA graph", False, None)
     if torch is None or args.no_torch:
         return [eager]
     learner = TorchAtariDQN(agent, steps, args.torch_device, capturable=False)
@@ -184,9 +201,12 @@ def bench_update(args, timer: Timer, steps: list[tuple]) -> list[Row]:
     if args.torch_device != "cuda":
         graph.notes = not_measured("CUDA graphs need --torch-device cuda")
         return [eager, graph]
-    replay = cuda_graphed(TorchAtariDQN(agent, steps, "cuda", capturable=True).update)
+    graphed = TorchAtariDQN(agent, steps, "cuda", capturable=True)
+    replay = cuda_graphed(graphed.update)
     graph.torch = timer.torch(lambda: replay()[0].item(), "cuda") * 1e3
-    return [eager, graph]
+    losses = torch.empty(UPDATES_PER_PROGRAM, device="cuda")
+    graph_round.torch = timer.torch(lambda: graphed.update_round(replay, losses), "cuda") * 1e3 / UPDATES_PER_PROGRAM
+    return [eager, graph, graph_round]
 
 
 def bench_convs(args, timer: Timer) -> list[Row]:
