@@ -10,7 +10,7 @@
 //   BACK_WEIGHT: m: taps (kw, kh, ci), n: C_out, k: output pixels; A = x at the tap of each
 //                pixel, B = g; C -> o = d w [K, C_out]
 // Tiles of BM x BN outputs per workgroup, k in slices of BK staged in shared memory; each of the
-// 256 invocations (TX x TY) computes TM x TN outputs, rows tx + TX r and columns ty + TY q. An
+// 256 invocations (16 x 16) computes TM x TN outputs, rows tx + 16 r and columns ty + 16 q. An
 // invocation stages the same row of A at every slice, so the row's pixel or tap is decoded once,
 // and reads the next slice into registers while the current one is summed.
 // Split k: where the output has too few tiles to keep the GPU busy, the reduction is cut into z
@@ -36,15 +36,8 @@ layout(push_constant) uniform Push {
     Floats bias;
 } pc;
 
-// The 256 invocations as TX x TY, each computing TM x TN outputs. NARROW: tiles 8 columns wide,
-// for GEMMs of at most 8 columns (an RGB or 4-frame input's gradient: C_in of 3 or 4), which the
-// 32-wide tiles would compute 8 to 10 times over.
-#if defined(NARROW)
-const uint TX = 64, TY = 4, TM = 1, TN = 2, BK = 32;
-#else
-const uint TX = 16, TY = 16, TM = 4, TN = 2, BK = 16;
-#endif
-const uint BM = TX * TM, BN = TY * TN;
+const uint TM = 4, TN = 2;
+const uint BM = 16 * TM, BN = 16 * TN, BK = 16;
 const uint LOADS_A = BM * BK / 256, LOADS_B = BK * BN / 256;
 
 shared float As[BK][BM];
@@ -204,14 +197,14 @@ void load_slice(Row row, uint col0, uint k0, uint k_end, inout float a[LOADS_A],
 void main() {
     uint tile = flat_group();
     uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
-    uint t = gl_LocalInvocationID.x, tx = t % TX, ty = t / TX;
+    uint t = gl_LocalInvocationID.x, tx = t % 16, ty = t / 16;
 #if defined(BACK_INPUT)
     uint k_total = setup();
 #else
     uint k_total = pc.k;
 #endif
     uint k_begin = min(split() * pc.split_k, k_total), k_end = min(k_total, k_begin + pc.split_k);
-    // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + 256 / BM l)
+    // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + 4 l)
     Row row = row_of(row0 + t % BM);
 
     float acc[TM][TN];
@@ -230,18 +223,18 @@ void main() {
         if (k0 + BK < k_end) load_slice(row, col0, k0 + BK, k_end, next_a, next_b);  // in flight while summing
         [[unroll]] for (uint p = 0; p < BK; ++p) {
             float av[TM], bv[TN];
-            [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + TX * r];
-            [[unroll]] for (uint q = 0; q < TN; ++q) bv[q] = Bs[p][ty + TY * q];
+            [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + 16 * r];
+            [[unroll]] for (uint q = 0; q < TN; ++q) bv[q] = Bs[p][ty + 16 * q];
             [[unroll]] for (uint r = 0; r < TM; ++r)
                 [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] += av[r] * bv[q];
         }
         barrier();
     }
     [[unroll]] for (uint q = 0; q < TN; ++q) {
-        uint col = col0 + ty + TY * q;
+        uint col = col0 + ty + 16 * q;
         if (col >= pc.cols) continue;
         [[unroll]] for (uint r = 0; r < TM; ++r) {
-            uint i = row0 + tx + TX * r;
+            uint i = row0 + tx + 16 * r;
 #if defined(BACK_INPUT)
             if (i < ax.count * ay.count * pc.n) store(i, col, acc[r][q]);
 #else

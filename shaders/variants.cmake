@@ -110,7 +110,6 @@ endforeach()
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)
   rk_shader(conv2d_${name} conv2d.comp ${kind})
-  rk_shader(conv2d_${name}_narrow conv2d.comp ${kind} NARROW)  # GEMMs of at most 8 columns
 endforeach()
 rk_shader(pool2d_max pool2d.comp FORWARD)
 rk_shader(pool2d_max_back pool2d.comp BACKWARD)

@@ -1,9 +1,8 @@
 """conv2d and max_pool2d at the shapes of the image networks of RL (NatureCNN, IMPALA) on both
 backends: values and gradients against PyTorch (skipped where torch is not installed) and
 against the numpy references of tests/op_references.py (everywhere), at sizes large enough for
-the kernels' blocked and split paths (and the GPU's narrow tiles for 3 or 4 channels); the tie
-and NaN rules of max pooling. The op table's cases (tests/test_ops.py) cover the small awkward
-shapes, gradchecks and bad inputs."""
+the kernels' blocked and split paths; the tie and NaN rules of max pooling. The op table's cases
+(tests/test_ops.py) cover the small awkward shapes, gradchecks and bad inputs."""
 
 from __future__ import annotations
 
@@ -138,7 +137,7 @@ def test_strided_dilated_backward_matches_numpy(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("x_shape, w_shape", [((20, 20, 32, 32), (4, 4, 32, 64)),  # k = 512: the GPU splits it
                                               ((9, 9, 8, 3), (3, 3, 8, 16)),      # k = 72: one pass
-                                              ((30, 30, 64, 4), (3, 3, 64, 3))])  # 3 columns: narrow tiles, split
+                                              ((30, 30, 64, 4), (3, 3, 64, 3))])  # 3 output channels, split
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_bias_and_activation_in_the_kernel_keep_nan(device, x_shape, w_shape, activation):
     """conv2d's epilogue (the bias, then the activation; on the GPU in the kernel, or after the sum

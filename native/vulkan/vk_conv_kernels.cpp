@@ -21,9 +21,8 @@ using vk::u32;
 
 namespace {
 
-// conv2d.comp's tile: BM x BN outputs of the GEMM per workgroup, k in slices of kSliceK (its
-// NARROW variants: 8 columns, for GEMMs of at most 8, slices of 32).
-constexpr int64_t kTileM = 64, kTileN = 32, kNarrowTileN = 8, kSliceK = 16;
+// conv2d.comp's tile: BM x BN outputs of the GEMM per workgroup, k in slices of kSliceK.
+constexpr int64_t kTileM = 64, kTileN = 32, kSliceK = 16;
 // A GEMM whose output has few tiles (NatureCNN's later layers at batch 32: 50 to 82 workgroups
 // on the H200's 132 multiprocessors, each walking a reduction of 512 or more) waits on device
 // reads: its reduction is cut into z slices of at least kMinSplitK until about kTargetGroups
@@ -89,12 +88,7 @@ ConvPush conv_push(const char* op, const ConvGeometry& g, uint64_t a, uint64_t b
                     0, 0};
 }
 
-bool narrow(const ConvPush& p) { return p.cols <= kNarrowTileN; }
-
-uint64_t tiles(const ConvPush& p) {
-    const int64_t columns = narrow(p) ? kNarrowTileN : kTileN;
-    return uint64_t(p.groups_m) * ((p.cols + columns - 1) / columns);
-}
+uint64_t tiles(const ConvPush& p) { return uint64_t(p.groups_m) * ((p.cols + kTileN - 1) / kTileN); }
 
 // The reduction's length per z slice for `groups` workgroups (tiles times the z the GEMM already
 // has) over a reduction of `k`: k itself where the tiles alone keep the GPU busy.
@@ -105,12 +99,11 @@ int64_t split_length(uint64_t groups, int64_t k) {
     return std::max<int64_t>(kSliceK, (length + kSliceK - 1) / kSliceK * kSliceK);  // whole slices of k
 }
 
-// Records `kernel` (its NARROW variant for at most 8 columns) with its reduction cut into slices of p.split_k (z = phase + phases * slice):
+// Records `shader` with its reduction cut into slices of p.split_k (z = phase + phases * slice):
 // straight into `out` where there is one slice, else into partial outputs, then summed in order
 // (with p's epilogue: `bias`, of each output channel, then the activation).
-void record_split(const char* op, const std::string& kernel, ConvPush p, int64_t k, uint32_t phases,
+void record_split(const char* op, const std::string& shader, ConvPush p, int64_t k, uint32_t phases,
                   std::vector<vk::Range> reads, const TensorImpl* bias, TensorImpl& out) {
-    const std::string shader = kernel + (narrow(p) ? "_narrow" : "");
     const int64_t splits = (k + p.split_k - 1) / p.split_k;
     if (splits <= 1) {
         if (bias) reads.push_back(span(*bias));
