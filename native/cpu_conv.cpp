@@ -395,14 +395,26 @@ int64_t band_grain(const ConvGeometry& g, const Banding& b) {
 }  // namespace
 
 // A band's bias and activation, in place: `pixels` outputs of each channel, channels W' H' apart.
-template <typename T>
-void apply_epilogue(const ConvGeometry& g, const ConvEpilogue& epilogue, int64_t pixels, T* out_band) {
-    if (!epilogue.bias && epilogue.act == Activation::none) return;
-    const T* bias = epilogue.bias ? epilogue.bias->ptr<T>() : nullptr;
+// One loop per activation, so that each compiles to vector code.
+template <typename T, typename Act>
+void add_bias_then(const ConvGeometry& g, const T* bias, int64_t pixels, T* out_band, Act act) {
     for (int64_t c = 0; c < g.c_out; ++c) {
         T* column = out_band + c * g.pixels();
         const T add = bias ? bias[c] : T(0);
-        for (int64_t p = 0; p < pixels; ++p) column[p] = activate(epilogue.act, T(column[p] + add));
+        for (int64_t p = 0; p < pixels; ++p) column[p] = act(T(column[p] + add));
+    }
+}
+
+template <typename T>
+void apply_epilogue(const ConvGeometry& g, const ConvEpilogue& epilogue, int64_t pixels, T* out_band) {
+    const T* bias = epilogue.bias ? epilogue.bias->ptr<T>() : nullptr;
+    switch (epilogue.act) {
+        case Activation::none:
+            if (bias) add_bias_then(g, bias, pixels, out_band, [](T z) { return z; });
+            break;
+        case Activation::relu: add_bias_then(g, bias, pixels, out_band, [](T z) { return relu_of(z); }); break;
+        case Activation::tanh: add_bias_then(g, bias, pixels, out_band, [](T z) { return tanh_of(z); }); break;
+        case Activation::sigmoid: add_bias_then(g, bias, pixels, out_band, [](T z) { return sigmoid_of(z); }); break;
     }
 }
 
