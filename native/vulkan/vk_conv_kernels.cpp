@@ -110,29 +110,15 @@ void record_split(const char* op, const std::string& shader, ConvPush p, int64_t
         record(shader, p, tiles(p), reads, {span(out)}, phases);
         return;
     }
-    const vk::SumEpiloguePush after{0, out.address(), u32(out.numel(), op), 0, p.bias, (p.epilogue & kEpilogueBias) != 0,
-                                    p.cols, u32(size_mul(p.out_w, p.out_h), op), p.epilogue & kEpilogueActivation};
-    p.epilogue = 0;  // the slices write partial sums
+    // the slices write partial sums; the epilogue comes after their sum
+    const vk::SplitEpilogue epilogue{bias, p.cols, u32(size_mul(p.out_w, p.out_h), op), p.epilogue & kEpilogueActivation};
+    p.epilogue = 0;
     const uint32_t z = u32(size_mul(splits, phases), op);
     if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the reduction for the GPU kernel");
-    u32(size_mul(out.numel(), splits), op);  // the partials' indices
-    TensorPtr partials = make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);  // [numel, slices]
+    TensorPtr partials = vk::split_partials(out, splits, op);
     p.o = partials->address();
     record(shader, p, tiles(p), reads, {span(*partials)}, z);
-    if (after.has_bias || after.activation) {
-        vk::SumEpiloguePush sum = after;
-        sum.partials = partials->address();
-        sum.splits = u32(splits, op);
-        std::vector<vk::Range> sum_reads{span(*partials)};
-        if (bias) sum_reads.push_back(span(*bias));
-        record("sum_splits_epilogue", sum, groups(sum.n), sum_reads, {span(out)});
-        return;
-    }
-    struct SumPush {
-        uint64_t partials, o;
-        uint32_t n, splits;
-    } sum{partials->address(), out.address(), u32(out.numel(), op), u32(splits, op)};
-    record("sum_splits", sum, groups(sum.n), {span(*partials)}, {span(out)});
+    vk::record_sum_splits(*partials, uint32_t(splits), epilogue, out, op);
 }
 
 }  // namespace

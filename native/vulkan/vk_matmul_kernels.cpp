@@ -144,8 +144,6 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
 // dimension (hence every column and batch slice) a multiple of 8 halves.
 bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
 
-// Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
-// dtype, device and shape call for.
 // Records the 16 x 16 kernel with its reduction cut into slices of p.split_k: the plain kernel
 // writes each slice's partial output, then sum_splits(_epilogue) adds them in order (and applies the
 // linear op's bias and activation).
@@ -154,24 +152,15 @@ void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t ac
     const int64_t splits = (int64_t(p.k) + p.split_k - 1) / p.split_k;
     const uint32_t z = u32(size_mul(batches, splits), op);
     if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the product for the GPU kernel");
-    const uint32_t numel = u32(out.numel(), op);
-    u32(size_mul(out.numel(), splits), op);  // the partials' indices
-    TensorPtr partials = make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);  // [numel, slices]
+    TensorPtr partials = vk::split_partials(out, splits, op);
     MatmulPush sliced = p;
     sliced.c = partials->address();
     record("matmul_small", sliced, uint64_t(p.groups_m) * ((p.n + 15) / 16), reads, {span(*partials)}, z);
-    struct SumPush {
-        uint64_t partials, o;
-        uint32_t n, splits;
-    } sum{partials->address(), out.address(), numel, uint32_t(splits)};
-    if (!bias) {
-        record("sum_splits", sum, vk::groups(numel), {span(*partials)}, {span(out)});
-        return;
-    }
-    const vk::SumEpiloguePush epilogue{sum.partials, sum.o, sum.n, sum.splits, bias->address(), 1, p.m, 1, activation};
-    record("sum_splits_epilogue", epilogue, vk::groups(numel), {span(*partials), span(*bias)}, {span(out)});
+    vk::record_sum_splits(*partials, uint32_t(splits), {bias, p.m, 1, bias ? activation : 0}, out, op);
 }
 
+// Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
+// dtype, device and shape call for.
 void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
                    uint32_t activation, TensorImpl& out, const char* op) {
     const int64_t k = ta ? a.ne[0] : a.ne[1];

@@ -36,20 +36,50 @@ inline void shape4(const Shape& ne, uint32_t out[4], const char* what) {
     for (int d = 0; d < kMaxDims; ++d) out[d] = u32(ne[d], what);
 }
 
-// sum_splits.comp's EPILOGUE variant: the partial outputs of a split product, summed in order,
-// then a bias (row (e / bias_stride) % rows) and an activation (linear's codes) applied.
-struct SumEpiloguePush {
-    uint64_t partials, o;
-    uint32_t n, splits;
-    uint64_t bias;
-    uint32_t has_bias, rows, bias_stride, activation;
-};
-
 template <typename Push>
 void record(const std::string& shader, const Push& push, uint64_t n_groups, std::vector<Range> reads,
             std::vector<Range> writes, uint32_t groups_z = 1) {
     static_assert(sizeof(Push) <= kPushConstantBytes, "push constants are limited to 128 bytes");
     ctx().dispatch(shader, &push, sizeof(Push), n_groups, reads, writes, groups_z);
+}
+
+// A split product's epilogue, applied after the sum of its slices: bias[(e / bias_stride) % rows]
+// added where there is a bias (linear: the row, stride 1; conv2d: the output channel, stride
+// W' H'), then the activation (linear's codes, 0 none).
+struct SplitEpilogue {
+    const TensorImpl* bias;
+    uint32_t rows, bias_stride, activation;
+};
+
+// The partial outputs of a product split into `splits` slices of its reduction, each shaped like
+// `out`, one after the other: [numel, splits] f32 (their indices checked to fit 32 bits).
+inline TensorPtr split_partials(const TensorImpl& out, int64_t splits, const char* op) {
+    u32(size_mul(out.numel(), splits), op);
+    return make_on(Device::gpu, {out.numel(), splits, 1, 1}, 2, DType::f32);
+}
+
+// Records sum_splits.comp: out = the sum, in order, of the `splits` partial outputs held one
+// after the other in `partials`, then `epilogue` (its EPILOGUE variant, where there is one).
+inline void record_sum_splits(const TensorImpl& partials, uint32_t splits, const SplitEpilogue& epilogue,
+                              TensorImpl& out, const char* op) {
+    struct Push {
+        uint64_t partials, o;
+        uint32_t n, splits;
+        uint64_t bias;
+        uint32_t has_bias, rows, bias_stride, activation;
+    } p{partials.address(), out.address(), u32(out.numel(), op), splits, epilogue.bias ? epilogue.bias->address() : 0,
+        epilogue.bias != nullptr, epilogue.rows, epilogue.bias_stride, epilogue.activation};
+    std::vector<Range> reads{span(partials)};
+    if (epilogue.bias) reads.push_back(span(*epilogue.bias));
+    if (epilogue.bias || epilogue.activation) {
+        record("sum_splits_epilogue", p, groups(p.n), reads, {span(out)});
+    } else {  // the plain variant's push constants are the first four fields
+        struct Plain {
+            uint64_t partials, o;
+            uint32_t n, splits;
+        } plain{p.partials, p.o, p.n, p.splits};
+        record("sum_splits", plain, groups(p.n), reads, {span(out)});
+    }
 }
 
 // A u8 tensor holding `records`, written into the command buffer (a recorded program carries
