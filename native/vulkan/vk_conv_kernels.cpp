@@ -29,6 +29,7 @@ constexpr int64_t kTileM = 64, kTileN = 32, kSliceK = 16;
 // workgroups run, and their partial sums are added in order by sum_splits.comp. A slice holds
 // at most kMaxSplitK (its loop stays short).
 constexpr int64_t kMinSplitK = 64, kMaxSplitK = int64_t(1) << 18, kTargetGroups = 512;
+
 struct ConvPush {
     uint64_t a, b, o;
     uint32_t in_w, in_h, c_in, n;
@@ -45,7 +46,7 @@ struct ConvPush {
     uint64_t bias;
 };
 
-constexpr uint32_t kEpilogueBias = 4, kEpilogueActivation = 3;
+constexpr uint32_t kEpilogueBias = 4;  // ConvPush::epilogue's bit for a bias
 
 // Refuses a dispatch whose invocations would loop more often than the device lets one run before
 // it ends its loops early (lavapipe: Limits::loop_iterations), which would give wrong numbers.
@@ -101,24 +102,27 @@ int64_t split_length(uint64_t groups, int64_t k) {
 
 // Records `shader` with its reduction cut into slices of p.split_k (z = phase + phases * slice):
 // straight into `out` where there is one slice, else into partial outputs, then summed in order
-// (with p's epilogue: `bias`, of each output channel, then the activation).
+// (with `epilogue`, conv2d's forward only: the bias of each output channel, then the activation;
+// in the kernel where there is one slice, after the sum where there are more).
 void record_split(const char* op, const std::string& shader, ConvPush p, int64_t k, uint32_t phases,
-                  std::vector<vk::Range> reads, const TensorImpl* bias, TensorImpl& out) {
+                  std::vector<vk::Range> reads, const ConvEpilogue& epilogue, TensorImpl& out) {
     const int64_t splits = (k + p.split_k - 1) / p.split_k;
     if (splits <= 1) {
-        if (bias) reads.push_back(span(*bias));
+        p.epilogue = uint32_t(epilogue.act) | (epilogue.bias ? kEpilogueBias : 0);
+        if (epilogue.bias) {
+            p.bias = epilogue.bias->address();
+            reads.push_back(span(*epilogue.bias));
+        }
         record(shader, p, tiles(p), reads, {span(out)}, phases);
         return;
     }
-    // the slices write partial sums; the epilogue comes after their sum
-    const vk::SplitEpilogue epilogue{bias, p.cols, u32(size_mul(p.out_w, p.out_h), op), p.epilogue & kEpilogueActivation};
-    p.epilogue = 0;
     const uint32_t z = u32(size_mul(splits, phases), op);
     if (z > 65535) throw std::invalid_argument(std::string(op) + ": too many slices of the reduction for the GPU kernel");
     TensorPtr partials = vk::split_partials(out, splits, op);
     p.o = partials->address();
     record(shader, p, tiles(p), reads, {span(*partials)}, z);
-    vk::record_sum_splits(*partials, uint32_t(splits), epilogue, out, op);
+    vk::record_sum_splits(*partials, uint32_t(splits),
+                          {epilogue.bias, p.cols, u32(size_mul(p.out_w, p.out_h), op), uint32_t(epilogue.act)}, out, op);
 }
 
 }  // namespace
@@ -130,10 +134,8 @@ void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     ConvPush p = conv_push("conv2d", g, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
                            g.c_out, g.patch());
     p.split_k = u32(split_length(tiles(p), p.k), "conv2d");
-    p.epilogue = uint32_t(epilogue.act) | (epilogue.bias ? kEpilogueBias : 0);
-    p.bias = epilogue.bias ? epilogue.bias->address() : 0;
     check_loop_budget("conv2d", double(p.split_k) / kSliceK);
-    record_split("conv2d", "conv2d_forward", p, p.k, 1, {span(x), span(w)}, epilogue.bias, out);
+    record_split("conv2d", "conv2d_forward", p, p.k, 1, {span(x), span(w)}, epilogue, out);
 }
 
 void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -151,7 +153,7 @@ void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
     const int64_t phase_k = size_mul((g.k_w + p.tap_step_w - 1) / p.tap_step_w, (g.k_h + p.tap_step_h - 1) / p.tap_step_h, g.c_out);
     p.split_k = u32(split_length(tiles(p) * uint64_t(phases), phase_k), op);
     check_loop_budget(op, double(p.split_k) / kSliceK + double(g.k_w + g.k_h));
-    record_split(op, "conv2d_back_input", p, phase_k, uint32_t(phases), {span(dy), span(w)}, nullptr, out);
+    record_split(op, "conv2d_back_input", p, phase_k, uint32_t(phases), {span(dy), span(w)}, {}, out);
 }
 
 void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -162,7 +164,7 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     ConvPush p = conv_push(op, g, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
     p.split_k = u32(split_length(tiles(p), pixels), op);
     check_loop_budget(op, double(p.split_k) / kSliceK);
-    record_split(op, "conv2d_back_weight", p, pixels, 1, {span(x), span(dy)}, nullptr, out);
+    record_split(op, "conv2d_back_weight", p, pixels, 1, {span(x), span(dy)}, {}, out);
 }
 
 namespace {

@@ -156,7 +156,7 @@ void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t ac
     MatmulPush sliced = p;
     sliced.c = partials->address();
     record("matmul_small", sliced, uint64_t(p.groups_m) * ((p.n + 15) / 16), reads, {span(*partials)}, z);
-    vk::record_sum_splits(*partials, uint32_t(splits), {bias, p.m, 1, bias ? activation : 0}, out, op);
+    vk::record_sum_splits(*partials, uint32_t(splits), {bias, p.m, 1, activation}, out, op);
 }
 
 // Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
