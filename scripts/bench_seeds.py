@@ -26,6 +26,7 @@ import sys
 import time
 
 from rlkit.agents import DQN, SAC, TD3, evaluate
+from rlkit.agents.config import config_changes
 from rlkit.cli import UsageError, parse_hyperparams
 
 
@@ -58,8 +59,7 @@ QUICK_EPISODES = 2
 def settings_text(config, reference) -> str:
     """How ``config`` differs from ``reference`` (RL Zoo's settings, the config class's
     defaults): "RL Zoo's", or "RL Zoo's but name=value, ..."."""
-    ours, theirs = dataclasses.asdict(config), dataclasses.asdict(reference)
-    changed = [f"{name}={value!r}" for name, value in ours.items() if value != theirs[name]]
+    changed = config_changes(config, reference)
     return "RL Zoo's" + (f" but {', '.join(changed)}" if changed else "")
 
 

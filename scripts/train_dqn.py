@@ -10,20 +10,19 @@ instead (the output says so). The settings are the defaults a user gets for Cart
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
 
 from rlkit.agents import DQN, DQNConfig, EvalCallback, evaluate
+from rlkit.agents.config import config_changes
 
 THRESHOLD = 475  # CartPole-v1's reward threshold
 
 
 def settings_text(config: DQNConfig) -> str:
     """How ``config`` differs from RL Zoo's CartPole-v1 settings (DQNConfig's defaults)."""
-    ours, zoo = dataclasses.asdict(config), dataclasses.asdict(DQNConfig())
-    changed = [f"{name}={value!r}" for name, value in ours.items() if value != zoo[name]]
+    changed = config_changes(config)
     return "RL Zoo's CartPole-v1 settings" + (f" but {', '.join(changed)}" if changed else "")
 
 

@@ -178,6 +178,14 @@ def test_the_same_seed_gives_the_same_run_twice():
         np.testing.assert_array_equal(weights[1][name], value, err_msg=name)
 
 
+def test_config_changes_name_the_fields_that_differ():
+    from rlkit.agents.config import config_changes
+
+    assert config_changes(DQNConfig()) == []
+    assert config_changes(DQN.default_config("CartPole-v1")) == ["learning_rate=0.00063", "double=True", "n_steps=3"]
+    assert config_changes(DQNConfig(), DQNConfig(batch_size=32)) == ["batch_size=64"]
+
+
 def test_cartpole_gets_its_own_defaults_wherever_a_user_makes_the_agent():
     """DQN on CartPole-v1 without a config gets DQNConfig's defaults (RL Zoo's) changed by
     CARTPOLE_DQN_DEFAULTS, from the id, an environment made from it or a vector environment, the

@@ -4,7 +4,7 @@ documented here once, and the checks the configs' ``__post_init__`` run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from rlkit.agents.observations import FEATURES_EXTRACTORS
@@ -113,6 +113,14 @@ class OffPolicyConfig:
         if self.replay_buffer_kwargs and self.replay_buffer_class is None:
             raise ValueError(f"{prefix}: replay_buffer_kwargs are HerReplayBuffer's: pass "
                              "replay_buffer_class='HerReplayBuffer' too")
+
+
+def config_changes(config, reference=None) -> list[str]:
+    """"name=value" for each field of the config dataclass ``config`` that differs from
+    ``reference`` (default: its class's defaults), in field order: what a run changed of them."""
+    ours = asdict(config)
+    theirs = asdict(reference if reference is not None else type(config)())
+    return [f"{name}={value!r}" for name, value in ours.items() if value != theirs[name]]
 
 
 def check_keyword_dict(config, name: str) -> None:
