@@ -218,6 +218,29 @@ def test_tensors_beyond_one_binding_range(on_gpu):
     np.testing.assert_array_equal(rc.scale(t, 2.0).numpy()[:, -3:], 2 * x[:, -3:])
 
 
+@pytest.mark.parametrize("x_shape, out_shape", [
+    ((409600, 1), (1, 1)),               # a whole loss: its reduction split into slices
+    ((20, 20, 32, 32), (1, 1, 1, 1)),
+    ((8, 100000), (8, 1)),               # a bias gradient over a long batch: the reduced dimension trails
+    ((512, 32), (512, 1)),               # ... over a short one: one workgroup per output, unsplit
+    ((3000, 40), (1, 40)),               # the reduced dimension leads
+    ((20, 20, 32, 32), (1, 1, 32, 1)),   # conv2d's bias gradient: reduced on both sides of the kept one
+    ((7, 3000, 5), (7, 1, 5)),           # ... at an awkward size, split
+])
+def test_sum_to_matches_numpy_in_every_layout(x_shape, out_shape, on_gpu):
+    """sum_to on the GPU, wherever the reduced elements lie and whether or not its reduction is cut
+    into slices (summed afterwards in order), against numpy's float64 sum; the same bits twice."""
+    x = np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)
+    t = rc.tensor(np.asfortranarray(x))
+    got = rc.sum_to(t, out_shape).numpy()
+    axes = tuple(d for d in range(x.ndim) if out_shape[d] == 1 and x_shape[d] != 1)
+    expected = x.astype(np.float64).sum(axis=axes, keepdims=True)
+    assert got.size == expected.size
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-5,
+                               atol=1e-5 * np.sqrt(x.size / expected.size))
+    np.testing.assert_array_equal(rc.sum_to(t, out_shape).numpy(), got)
+
+
 def test_devices_lists_the_gpu():
     rows = rc.devices()
     assert [r["device"] for r in rows] == ["cpu", "gpu"]
