@@ -223,6 +223,8 @@ def test_tensors_beyond_one_binding_range(on_gpu):
     ((20, 20, 32, 32), (1, 1, 1, 1)),
     ((8, 100000), (8, 1)),               # a bias gradient over a long batch: the reduced dimension trails
     ((512, 32), (512, 1)),               # ... over a short one: one workgroup per output, unsplit
+    ((16384, 1), (1, 1)),                # the longest sum left whole
+    ((16385, 1), (1, 1)),                # the shortest split: 8 slices, the last one shorter
     ((3000, 40), (1, 40)),               # the reduced dimension leads
     ((20, 20, 32, 32), (1, 1, 32, 1)),   # conv2d's bias gradient: reduced on both sides of the kept one
     ((7, 3000, 5), (7, 1, 5)),           # ... at an awkward size, split

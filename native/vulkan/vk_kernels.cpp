@@ -245,10 +245,11 @@ uint32_t sum_inner(const TensorImpl& x, const TensorImpl& out) {
     return uint32_t(inner);  // at most n_reduced, checked to fit 32 bits
 }
 
-// A sum with fewer outputs than this many workgroups, each over at least twice kMinSumSlice
-// elements, has its reduction cut into z slices of at least kMinSumSlice (a whole loss summed by
-// one workgroup took 0.6 ms for 409600 elements on the H200).
-constexpr uint64_t kSumTargetGroups = 512, kMinSumSlice = 2048;
+// A sum with fewer outputs than kSumTargetGroups, each over more than kLongSum elements, has its
+// reduction cut into z slices of at least kMinSumSlice (a whole loss summed by one workgroup took
+// 0.6 ms for 409600 elements on the H200); shorter ones are left whole, where the level the split
+// adds would cost more than it saves (conv2d's bias gradients in a DQN update: 1568 to 12800).
+constexpr uint64_t kSumTargetGroups = 512, kLongSum = 16384, kMinSumSlice = 2048;
 
 void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& x = *in[0];
@@ -259,7 +260,7 @@ void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     p.n_reduced = u32(x.numel() / out.numel(), "sum_to");
     p.inner = sum_inner(x, out);
     const uint64_t wanted = std::max<uint64_t>(1, kSumTargetGroups / p.n_out);
-    const uint64_t splits = std::min<uint64_t>({wanted, std::max<uint64_t>(1, p.n_reduced / kMinSumSlice), 65535});
+    const uint64_t splits = p.n_reduced <= kLongSum ? 1 : std::min<uint64_t>({wanted, p.n_reduced / kMinSumSlice, 65535});
     p.split_len = uint32_t((p.n_reduced + splits - 1) / splits);
     if (splits <= 1) {
         record("sum_to", p, p.n_out, {span(x)}, {span(out)});
