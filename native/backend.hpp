@@ -89,6 +89,9 @@ bool gpu_info(GpuInfo* info);
 // The kernel GPU matmul uses for operands of this dtype and an [m, n] output with `batch`
 // slices over a reduction of k, in words (empty without a GPU).
 std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch);
+// The kernel the GPU's conv2d (and its backward helpers) runs on operands of this dtype, in words
+// (empty without a GPU).
+std::string gpu_conv2d_kernel(DType dtype);
 // The shader the GPU's ssm_scan (backward: ssm_scan_back) runs at these sizes (empty without a GPU).
 std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1);
 // Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.

@@ -315,6 +315,17 @@ PYBIND11_MODULE(_native, m) {
         "The kernel GPU matmul uses for this dtype and an [m, n] output with `batch` slices over a reduction "
         "of k (None: m, a square product), in words; None without a GPU.");
     m.def(
+        "gpu_conv2d_kernel",
+        [](const std::string& dtype) -> py::object {
+            const DType d = dtype_from_name(dtype);
+            if (d != DType::f32 && !is_half(d))
+                throw TypeError("gpu_conv2d_kernel: dtype must be 'f32', 'f16' or 'bf16', got '" + dtype + "'");
+            const std::string kernel = gpu_conv2d_kernel(d);
+            if (kernel.empty()) return py::none();
+            return py::str(kernel);
+        },
+        py::arg("dtype"), "The kernel GPU conv2d uses for operands of this dtype, in words; None without a GPU.");
+    m.def(
         "gpu_scan_kernel",
         [](bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) -> py::object {
             if (d_state < 1 || head_dim < 1 || n_tok < 1)

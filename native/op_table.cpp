@@ -72,6 +72,7 @@ Backend* vulkan_backend(std::string* why) {
 }
 bool gpu_info(GpuInfo*) { return false; }
 std::string gpu_matmul_kernel(DType, int64_t, int64_t, int64_t, int64_t) { return {}; }
+std::string gpu_conv2d_kernel(DType) { return {}; }
 std::string gpu_scan_kernel(bool, int64_t, int64_t, int64_t, bool) { return {}; }
 void set_gpu_poison(bool) {}
 bool set_gpu_profiling(bool on) { return !on; }

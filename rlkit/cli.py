@@ -495,14 +495,14 @@ def _device_line(row: dict) -> str:
             f"subgroup size {row['subgroup_size']}")
 
 
-def _gpu_matmul_lines() -> list[str]:
+def _gpu_kernel_lines() -> list[str]:
     """Which kernel GPU matmul uses per dtype on this device, at a small and a large output (the
-    tile size follows the output's size)."""
+    tile size follows the output's size), and which kernel GPU conv2d uses per dtype."""
     from rlkit import _native
 
     sizes = (256, 4096)
     return [f"gpu matmul {dtype}: " + "; ".join(f"{n}x{n}: {_native.gpu_matmul_kernel(dtype, n, n)}" for n in sizes)
-            for dtype in ("f32", "f16", "bf16")]
+            for dtype in ("f32", "f16", "bf16")] + [f"gpu conv2d {dtype}: {_native.gpu_conv2d_kernel(dtype)}" for dtype in ("f32", "f16")]
 
 
 def info_lines() -> list[str]:
@@ -523,7 +523,7 @@ def info_lines() -> list[str]:
     if gpu_problem:
         lines += [f"gpu: unavailable: {gpu_problem}"]
     else:
-        lines += _gpu_matmul_lines()
+        lines += _gpu_kernel_lines()
     lines += [f"blas: {blas}"]
     return lines
 

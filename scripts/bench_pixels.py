@@ -16,8 +16,9 @@ the reference's, above 1 where rlkit is faster):
   rounds of 16 updates whose losses are read once a round (rlkit's DQN training runs its updates
   16 to a program: UPDATES_PER_PROGRAM), PyTorch's kept on the device and read together;
 - conv2d forward and backward (input and weight gradients) at each NatureCNN layer, batch 32,
-  GFLOP/s (3 x 2 x the forward's multiply-adds), rlkit captured against torch.nn.functional.conv2d
-  with autograd;
+  GFLOP/s (3 x 2 x the forward's multiply-adds), rlkit captured (the gradients kept on the device,
+  their sums read) against torch.nn.functional.conv2d with autograd; in f32, and on the GPU in f16
+  too (against cuDNN's f16);
 - with --atari-env: environment steps per second of DQN training on that game (rlkit's make_atari
   against SB3's make_atari_env + VecFrameStack, the same settings, --n-envs each);
 - sampling 32 stacks from 2000 stored Atari steps: rlkit's ReplayBuffer.sample (indices drawn on
@@ -212,37 +213,49 @@ def bench_update(args, timer: Timer, steps: list[tuple]) -> list[Row]:
 def bench_convs(args, timer: Timer) -> list[Row]:
     rows = []
     rng = np.random.default_rng(1)
-    for c_in, c_out, kernel, stride, side in NATURE_LAYERS:
-        out_side = (side - kernel) // stride + 1
-        flops = 3 * 2 * BATCH * c_out * out_side ** 2 * c_in * kernel ** 2
-        x_np = rng.random((side, side, c_in, BATCH), np.float32)
-        w_np = rng.standard_normal((kernel, kernel, c_in, c_out)).astype(np.float32) * 0.05
-        g_np = rng.standard_normal((out_side, out_side, c_out, BATCH)).astype(np.float32)
-        with default_device(args.device):
-            x, w, g = rc.param(x_np), rc.param(w_np), rc.tensor(g_np)
-
-            def forward_backward(x=x, w=w, g=g, stride=stride):
-                with rc.grad_tape():
-                    loss = rc.sum(rc.conv2d(x, w, stride=stride) * g)
-                grads = rc.backward(loss)
-                return loss, grads.tensor(x), grads.tensor(w)  # the loss too: else the replay prunes the forward
-
-            captured = rc.capture(forward_backward, [x, w])
-            ours = flops / timer.rlkit(lambda: captured()) / 1e9
-        row = Row("Pixels", f"conv2d forward+backward {c_in}->{c_out} {kernel}x{kernel}/{stride} on {side}x{side}, "
-                  "batch 32", "GFLOP/s", ours, None, "cuDNN" if args.torch_device == "cuda" else "PyTorch CPU",
-                  True, 0.5 if args.torch_device == "cuda" else None)
-        if torch is not None and not args.no_torch:
-            tx = torch.from_numpy(np.ascontiguousarray(x_np.T)).to(args.torch_device).requires_grad_()
-            tw = torch.from_numpy(np.ascontiguousarray(w_np.T)).to(args.torch_device).requires_grad_()
-            tg = torch.from_numpy(np.ascontiguousarray(g_np.T)).to(args.torch_device)
-
-            def torch_call():
-                return torch.autograd.grad((F.conv2d(tx, tw, stride=stride) * tg).sum(), (tx, tw))
-
-            row.torch = flops / timer.torch(torch_call, args.torch_device) / 1e9
-        rows.append(row)
+    # f16 on the GPU only: rlkit's f16 kernels are cooperative-matrix ones (rlkit info names them)
+    for dtype in ("f32", "f16") if args.device == "gpu" else ("f32",):
+        for c_in, c_out, kernel, stride, side in NATURE_LAYERS:
+            rows.append(bench_conv(args, timer, rng, dtype, c_in, c_out, kernel, stride, side))
     return rows
+
+
+def bench_conv(args, timer: Timer, rng, dtype: str, c_in: int, c_out: int, kernel: int, stride: int, side: int) -> Row:
+    out_side = (side - kernel) // stride + 1
+    flops = 3 * 2 * BATCH * c_out * out_side ** 2 * c_in * kernel ** 2
+    x_np = rng.random((side, side, c_in, BATCH), np.float32)
+    w_np = rng.standard_normal((kernel, kernel, c_in, c_out)).astype(np.float32) * 0.05
+    g_np = rng.standard_normal((out_side, out_side, c_out, BATCH)).astype(np.float32)
+    with default_device(args.device):
+        x, w, g = rc.param(x_np, dtype=dtype), rc.param(w_np, dtype=dtype), rc.tensor(g_np, dtype=dtype)
+
+        def forward_backward():
+            with rc.grad_tape():
+                loss = rc.sum(rc.conv2d(x, w, stride=stride) * g)
+            grads = rc.backward(loss)
+            # a replay's outputs travel to the host: the sums of the gradients stand for them
+            # (PyTorch's stay on its GPU), and the loss keeps the forward from being pruned
+            return loss, rc.sum(grads.tensor(x)), rc.sum(grads.tensor(w))
+
+        captured = rc.capture(forward_backward, [x, w])
+        ours = flops / timer.rlkit(lambda: captured()) / 1e9
+    reference = "cuDNN" if args.torch_device == "cuda" else "PyTorch CPU"
+    row = Row("Pixels", f"conv2d {dtype} forward+backward {c_in}->{c_out} {kernel}x{kernel}/{stride} on "
+              f"{side}x{side}, batch 32", "GFLOP/s", ours, None, reference + (" f16" if dtype == "f16" else ""),
+              True, 0.5 if args.torch_device == "cuda" and dtype == "f32" else None)
+    if torch is not None and not args.no_torch:
+        torch_dtype = torch.float16 if dtype == "f16" else torch.float32
+
+        def torch_tensor(a):
+            return torch.from_numpy(np.ascontiguousarray(a.T)).to(args.torch_device, torch_dtype)
+
+        tx, tw, tg = torch_tensor(x_np).requires_grad_(), torch_tensor(w_np).requires_grad_(), torch_tensor(g_np)
+
+        def torch_call():
+            return torch.autograd.grad((F.conv2d(tx, tw, stride=stride) * tg).sum(), (tx, tw))
+
+        row.torch = flops / timer.torch(torch_call, args.torch_device) / 1e9
+    return row
 
 
 def bench_sampling(args, timer: Timer, steps: list[tuple]) -> list[Row]:

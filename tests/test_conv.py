@@ -12,7 +12,7 @@ import pytest
 import rlkit.core as rc
 from rlkit import _native
 
-from conftest import DEVICES
+from conftest import DEVICES, GPU_UNAVAILABLE
 from op_references import np_conv2d, np_conv2d_backward, np_max_pool2d
 
 # (kernel [KW, KH, C_in, C_out], stride) of NatureCNN (Mnih et al. 2015) on 84 x 84 x 4 frames
@@ -152,6 +152,63 @@ def test_bias_and_activation_in_the_kernel_keep_nan(device, x_shape, w_shape, ac
     assert np.isnan(got).any()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+F16_CASES = {  # name: (x shape, w shape, conv2d's keywords)
+    "nature1": ((84, 84, 4, 32), (8, 8, 4, 32), {"stride": 4}),  # the weight gradient splits 12800 pixels
+    "nature2": ((20, 20, 32, 32), (4, 4, 32, 64), {"stride": 2}),
+    "nature3": ((9, 9, 64, 32), (3, 3, 64, 64), {"stride": 1}),
+    "awkward": ((29, 31, 5, 3), (3, 4, 5, 33), {"stride": (3, 2), "padding": (2, 1), "dilation": (1, 2)}),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(F16_CASES))
+def test_f16_conv_and_gradients_match_numpy(device, case):
+    """conv2d on f16 images, kernels and bias (with ReLU), and both gradients in f16: on a GPU with
+    cooperative matrices the f16 kernels (f32 sums, split reductions summed in f32, each result
+    rounded once), elsewhere f32 copies; against the float64 reference of the f16 inputs, within
+    f16's rounding."""
+    x_shape, w_shape, conv = F16_CASES[case]
+    rng = np.random.default_rng(11)
+    x = rng.random(x_shape).astype(np.float16)
+    w = (rng.normal(size=w_shape) * np.sqrt(2.0 / np.prod(w_shape[:3]))).astype(np.float16)
+    b = (rng.normal(size=w_shape[3]) * 0.1).astype(np.float16)
+    out_shape = np_conv2d(x.astype(np.float64), w.astype(np.float64), **conv).shape
+    g = rng.normal(size=out_shape).astype(np.float16)
+    px, pw, pb = (rc.param(a, dtype="f16", device=device) for a in (x, w, b))
+    with rc.grad_tape():
+        out = rc.conv2d(px, pw, pb, activation="relu", **conv)
+        loss = rc.sum(rc.mul(out, rc.tensor(g, dtype="f16", device=device)))
+    grads = rc.backward(loss)
+    got = out.numpy()
+    assert got.dtype == np.float16 and np.asarray(grads[px]).dtype == np.float16
+
+    def check(name, got, expected):
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=2e-3, atol=2e-3 * scale, err_msg=name)
+
+    check("output", got, np.maximum(np_conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), **conv), 0))
+    g_inside = g.astype(np.float64) * (got > 0)  # ReLU's mask, as the tape takes it from the output
+    expected_dx, expected_dw = np_conv2d_backward(x.astype(np.float64), w.astype(np.float64), g_inside, **conv)
+    check("d x", np.asarray(grads[px]), expected_dx)
+    check("d w", np.asarray(grads[pw]).reshape(w_shape), expected_dw)
+    check("d b", np.asarray(grads[pb]).reshape(-1), g_inside.sum(axis=(0, 1, 3)))
+
+
+def test_gpu_conv2d_kernel_is_named():
+    """rlkit info's conv2d line: f32 on SIMT tiles; f16 on cooperative matrices exactly where f16
+    matmul is, else widened to f32; None without a GPU; a clear error for a dtype conv2d lacks."""
+    with pytest.raises(TypeError, match="dtype must be 'f32', 'f16' or 'bf16', got 'i32'"):
+        _native.gpu_conv2d_kernel("i32")
+    if GPU_UNAVAILABLE:
+        assert _native.gpu_conv2d_kernel("f32") is None
+        return
+    assert "f32 SIMT" in _native.gpu_conv2d_kernel("f32")
+    f16 = _native.gpu_conv2d_kernel("f16")
+    on_cooperative_matrices = "cooperative matrices" in _native.gpu_matmul_kernel("f16", 256, 256)
+    assert ("cooperative matrices" in f16) == on_cooperative_matrices
+    assert on_cooperative_matrices or "f16 operands widened to f32" in f16
 
 
 def _check_cpu_conv(rng, x, w, conv: dict, thread_counts: tuple[int, ...], dw_atol: float) -> None:

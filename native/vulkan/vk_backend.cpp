@@ -93,6 +93,11 @@ std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int6
     return vk::Context::get(&why) ? vk::matmul_kernel(dtype, m, n, k, batch) : std::string();
 }
 
+std::string gpu_conv2d_kernel(DType dtype) {
+    std::string why;
+    return vk::Context::get(&why) ? vk::conv2d_kernel(dtype) : std::string();
+}
+
 std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1) {
     std::string why;
     const ScanDims d{d_state, head_dim, 1, n_tok, 1, 1, 1, mamba1 ? d_state : 1};

@@ -198,6 +198,8 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
 namespace vk {
 
 bool takes_half(Op op, const Inputs& in) {
+    if (op == Op::conv2d || op == Op::conv2d_input_back || op == Op::conv2d_weight_back)
+        return conv2d_on_cooperative_matrices(in);
     if (op != Op::matmul && op != Op::linear) return false;
     const DType dtype = in.front()->dtype;
     const bool same = std::all_of(in.begin(), in.end(), [&](const TensorPtr& t) { return t->dtype == dtype; });

@@ -59,9 +59,15 @@ inline TensorPtr split_partials(const TensorImpl& out, int64_t splits, const cha
 }
 
 // Records sum_splits.comp: out = the sum, in order, of the `splits` partial outputs held one
-// after the other in `partials`, then `epilogue` (its EPILOGUE variant, where there is one).
+// after the other in `partials`, then `epilogue` (its EPILOGUE variant, where there is one); the
+// HALF variants (_f16) where out, and the bias, are f16.
 inline void record_sum_splits(const TensorImpl& partials, uint32_t splits, const SplitEpilogue& epilogue,
                               TensorImpl& out, const char* op) {
+    if (out.dtype != DType::f32 && out.dtype != DType::f16)
+        throw std::logic_error(std::string(op) + ": split sums are written as f32 or f16, not " + dtype_name(out.dtype));
+    if (epilogue.bias && epilogue.bias->dtype != out.dtype)
+        throw std::logic_error(std::string(op) + ": a split sum's bias has the output's dtype");
+    const std::string half = out.dtype == DType::f16 ? "_f16" : "";
     struct Push {
         uint64_t partials, o;
         uint32_t n, splits;
@@ -72,13 +78,13 @@ inline void record_sum_splits(const TensorImpl& partials, uint32_t splits, const
     std::vector<Range> reads{span(partials)};
     if (epilogue.bias) reads.push_back(span(*epilogue.bias));
     if (epilogue.bias || epilogue.activation) {
-        record("sum_splits_epilogue", p, groups(p.n), reads, {span(out)});
+        record("sum_splits_epilogue" + half, p, groups(p.n), reads, {span(out)});
     } else {  // the plain variant's push constants are the first four fields
         struct Plain {
             uint64_t partials, o;
             uint32_t n, splits;
         } plain{p.partials, p.o, p.n, p.splits};
-        record("sum_splits", plain, groups(p.n), reads, {span(out)});
+        record("sum_splits" + half, plain, groups(p.n), reads, {span(out)});
     }
 }
 
