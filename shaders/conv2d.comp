@@ -2,39 +2,20 @@
 // C_out], and its two backward helpers, summed in f32 on SIMT tiles: the implicit GEMMs of
 // conv2d_gemm.glsl (FORWARD, BACK_INPUT, BACK_WEIGHT), their operands read straight from the
 // tensors (no patch matrix in memory).
-// Tiles of BM x BN outputs per workgroup, k in slices of BK staged in shared memory; the 256
-// invocations form a GX x GY grid, each computing TM x TN outputs, rows tx + GX r and columns
-// ty + GY q. An invocation stages the same row of A at every slice, so the row's pixel or tap is
-// decoded once, and reads the next slice into registers while the current one is summed.
-// NARROW: tiles of 128 x 8 for outputs of at most 8 columns (the input gradient of a first layer
-// with 3 or 4 channels), which the 64 x 32 tiles would compute 8 times over.
-// HALF: f16 operands and output (f32 partial sums), for outputs too narrow for
-// conv2d_coopmat.comp's 64 x 64 tiles on a device with cooperative matrices.
+// Tiles of BM x BN outputs per workgroup, k in slices of BK staged in shared memory; each of the
+// 256 invocations (16 x 16) computes TM x TN outputs, rows tx + 16 r and columns ty + 16 q. An
+// invocation stages the same row of A at every slice, so the row's pixel or tap is decoded once,
+// and reads the next slice into registers while the current one is summed.
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
-#if defined(HALF)
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_EXT_shader_16bit_storage : require
-layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { float16_t v[]; };
-#define INPUTS Halfs
-#define OUTPUTS Halfs
-#define OUTPUT_ELEMENT float16_t
-#else
 #define INPUTS Floats
 #define OUTPUTS Floats
-#define OUTPUT_ELEMENT float
-#endif
 #include "conv2d_gemm.glsl"
 
-#if defined(NARROW)
-const uint GX = 32, TM = 4, TN = 1, BK = 32;
-#else
-const uint GX = 16, TM = 4, TN = 2, BK = 16;
-#endif
-const uint GY = 256 / GX;
-const uint BM = GX * TM, BN = GY * TN;
+const uint TM = 4, TN = 2;
+const uint BM = 16 * TM, BN = 16 * TN, BK = 16;
 const uint LOADS_A = BM * BK / 256, LOADS_B = BK * BN / 256;
 
 shared float As[BK][BM];
@@ -43,8 +24,8 @@ shared float Bs[BK][BN + 1];  // one float of padding: the stores of a column st
 // The output element (r, col) of this slice: where the reduction is split, a partial sum, else
 // the whole sum with conv2d's epilogue.
 void store(uint r, uint col, float v) {
-    if (gl_NumWorkGroups.z > phases()) Floats(uint64_t(pc.o)).v[split() * output_elements() + output_index(r, col)] = v;
-    else pc.o.v[output_index(r, col)] = OUTPUT_ELEMENT(epilogue(v, col));
+    if (gl_NumWorkGroups.z > phases()) pc.o.v[split() * output_elements() + output_index(r, col)] = v;
+    else pc.o.v[output_index(r, col)] = epilogue(v, col);
 }
 
 // This invocation's share of a slice of A and B (rows of A by row_of, elements of B consecutive
@@ -64,10 +45,10 @@ void load_slice(Row row, uint col0, uint k0, uint k_end, inout float a[LOADS_A],
 void main() {
     uint tile = flat_group();
     uint row0 = (tile % pc.groups_m) * BM, col0 = (tile / pc.groups_m) * BN;
-    uint t = gl_LocalInvocationID.x, tx = t % GX, ty = t / GX;
+    uint t = gl_LocalInvocationID.x, tx = t % 16, ty = t / 16;
     uint k_total = setup();
     uint k_begin = min(split() * pc.split_k, k_total), k_end = min(k_total, k_begin + pc.split_k);
-    // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + (256 / BM) l)
+    // the row of A this invocation stages (element t + 256 l of a slice: row t % BM, k t / BM + 4 l)
     Row row = row_of(row0 + t % BM);
 
     float acc[TM][TN];
@@ -86,18 +67,18 @@ void main() {
         if (k0 + BK < k_end) load_slice(row, col0, k0 + BK, k_end, next_a, next_b);  // in flight while summing
         [[unroll]] for (uint p = 0; p < BK; ++p) {
             float av[TM], bv[TN];
-            [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + GX * r];
-            [[unroll]] for (uint q = 0; q < TN; ++q) bv[q] = Bs[p][ty + GY * q];
+            [[unroll]] for (uint r = 0; r < TM; ++r) av[r] = As[p][tx + 16 * r];
+            [[unroll]] for (uint q = 0; q < TN; ++q) bv[q] = Bs[p][ty + 16 * q];
             [[unroll]] for (uint r = 0; r < TM; ++r)
                 [[unroll]] for (uint q = 0; q < TN; ++q) acc[r][q] += av[r] * bv[q];
         }
         barrier();
     }
     [[unroll]] for (uint q = 0; q < TN; ++q) {
-        uint col = col0 + ty + GY * q;
+        uint col = col0 + ty + 16 * q;
         if (col >= pc.cols) continue;
         [[unroll]] for (uint r = 0; r < TM; ++r) {
-            uint i = row0 + tx + GX * r;
+            uint i = row0 + tx + 16 * r;
             if (i < gemm_rows()) store(i, col, acc[r][q]);
         }
     }

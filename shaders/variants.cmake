@@ -113,10 +113,7 @@ endforeach()
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)
   rk_shader(conv2d_${name} conv2d.comp ${kind})
-  rk_shader(conv2d_${name}_narrow conv2d.comp ${kind} NARROW)  # outputs of at most 8 columns
-  # f16, where the device has cooperative matrices (narrow outputs on SIMT tiles)
-  rk_shader(conv2d_${name}_coopmat conv2d_coopmat.comp ${kind})
-  rk_shader(conv2d_${name}_narrow_f16 conv2d.comp ${kind} NARROW HALF)
+  rk_shader(conv2d_${name}_coopmat conv2d_coopmat.comp ${kind})  # f16, where the device has cooperative matrices
 endforeach()
 rk_shader(pool2d_max pool2d.comp FORWARD)
 rk_shader(pool2d_max_back pool2d.comp BACKWARD)

@@ -28,19 +28,15 @@ struct ConvKernel {
     const char* suffix;
     int64_t tile_m, tile_n, slice_k;
 };
-constexpr ConvKernel kSimt{"", 64, 32, 16};                   // conv2d.comp, f32
-constexpr ConvKernel kNarrow{"_narrow", 128, 8, 32};            // ... NARROW: at most 8 columns
-constexpr ConvKernel kCooperative{"_coopmat", 64, 64, 32};      // conv2d_coopmat.comp, f16
-constexpr ConvKernel kNarrowHalf{"_narrow_f16", 128, 8, 32};   // conv2d.comp NARROW HALF, f16
-constexpr int64_t kNarrowColumns = 8;
+constexpr ConvKernel kSimt{"", 64, 32, 16};               // conv2d.comp, f32
+constexpr ConvKernel kCooperative{"_coopmat", 64, 64, 32};  // conv2d_coopmat.comp, f16
 
-// The kernel for operands of this dtype and a GEMM output of `cols` columns: f16 operands reach a
-// conv2d kernel only where conv2d_on_cooperative_matrices has let them through unwidened.
-const ConvKernel& conv_kernel(DType dtype, int64_t cols) {
-    const bool narrow = cols <= kNarrowColumns;
-    if (dtype == DType::f16) return narrow ? kNarrowHalf : kCooperative;
-    return narrow ? kNarrow : kSimt;
-}
+// The kernel for operands of this dtype: f16 ones reach a conv2d kernel only where
+// conv2d_on_cooperative_matrices has let them through unwidened. (128 x 8 SIMT tiles for outputs
+// of at most 8 channels, a first layer's input gradient, were tried: no faster on the H200, in
+// f32 or f16.)
+const ConvKernel& conv_kernel(DType dtype) { return dtype == DType::f16 ? kCooperative : kSimt; }
+
 // A GEMM whose output has few tiles (NatureCNN's later layers at batch 32: 50 to 82 workgroups
 // on the H200's 132 multiprocessors, each walking a reduction of 512 or more) waits on device
 // reads: its reduction is cut into z slices of at least kMinSplitK until about kTargetGroups
@@ -159,12 +155,10 @@ std::string conv2d_kernel(DType dtype) {
     auto tile = [](const ConvKernel& kernel) {
         return std::to_string(kernel.tile_m) + "x" + std::to_string(kernel.tile_n) + " tiles";
     };
-    const std::string narrow = "; " + tile(kNarrow) + " for outputs of at most " + std::to_string(kNarrowColumns) + " channels";
     if (dtype == DType::f16 && ctx().limits().cooperative_matrix_f16)
-        return "implicit GEMM on cooperative matrices, " + tile(kCooperative) +
-               " of 16x16x16 f16 fragments, f32 accumulation" + narrow + " (f32 SIMT)";
+        return "implicit GEMM on cooperative matrices, " + tile(kCooperative) + " of 16x16x16 f16 fragments, f32 accumulation";
     const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
-    return "implicit GEMM, f32 SIMT, " + tile(kSimt) + narrow + widened;
+    return "implicit GEMM, f32 SIMT, " + tile(kSimt) + widened;
 }
 
 }  // namespace vk
@@ -173,7 +167,7 @@ void vk_conv2d(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl &x = *in[0], &w = *in[1];
     const ConvGeometry g = conv2d_geometry(in, attrs);
     const ConvEpilogue epilogue = conv2d_epilogue(in, attrs, g);
-    const ConvKernel& kernel = conv_kernel(x.dtype, g.c_out);
+    const ConvKernel& kernel = conv_kernel(x.dtype);
     ConvPush p = conv_push("conv2d", g, kernel, x.address(), w.address(), out.address(), size_mul(g.pixels(), g.n),
                            g.c_out, g.patch());
     p.split_k = u32(split_length(kernel, tiles(p, kernel), p.k), "conv2d");
@@ -191,7 +185,7 @@ void vk_conv2d_input_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
         throw std::invalid_argument(std::string(op) + ": strides " + std::to_string(g.p.stride_w) + " x " +
                                     std::to_string(g.p.stride_h) + " make more than 65535 phases for the GPU kernel");
     const int64_t rows = size_mul((g.in_w + g.p.stride_w - 1) / g.p.stride_w, (g.in_h + g.p.stride_h - 1) / g.p.stride_h, g.n);
-    const ConvKernel& kernel = conv_kernel(dy.dtype, g.c_in);
+    const ConvKernel& kernel = conv_kernel(dy.dtype);
     ConvPush p = conv_push(op, g, kernel, dy.address(), w.address(), out.address(), rows, g.c_in,
                            size_mul(g.k_w, g.k_h, g.c_out));
     // the longest phase's reduction: its taps along each axis, times C_out
@@ -206,7 +200,7 @@ void vk_conv2d_weight_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     const TensorImpl &dy = *in[0], &x = *in[1];
     const ConvGeometry g = back_weight_geometry(dy, x, attrs);
     const int64_t pixels = size_mul(g.pixels(), g.n);  // the reduction
-    const ConvKernel& kernel = conv_kernel(dy.dtype, g.c_out);
+    const ConvKernel& kernel = conv_kernel(dy.dtype);
     ConvPush p = conv_push(op, g, kernel, x.address(), dy.address(), out.address(), g.patch(), g.c_out, pixels);
     p.split_k = u32(split_length(kernel, tiles(p, kernel), pixels), op);
     check_loop_budget(op, double(p.split_k) / kernel.slice_k);
