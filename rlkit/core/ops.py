@@ -634,7 +634,9 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, activation: str | None
     every pixel of its output channel. ``stride``, ``padding`` (zeros) and ``dilation`` are each
     an int or a pair in PyTorch's order, (height, width). ``activation`` (None, "relu", "tanh"
     or "sigmoid", as :func:`linear`) is applied after the bias in the same kernel: a layer's
-    convolution, bias and activation are one op. Differentiable in x, w and b."""
+    convolution, bias and activation are one op. Differentiable in x, w and b. f16 operands are
+    multiplied on cooperative matrices on a GPU that has them (f32 sums, each result rounded once;
+    ``rlkit info`` names the kernel), elsewhere on f32 copies."""
     if activation not in LINEAR_ACTIVATIONS:
         raise ValueError(f"conv2d: activation must be one of {LINEAR_ACTIVATIONS}, got {activation!r}")
     x = as_tensor(x, op="conv2d", arg="x")
