@@ -196,6 +196,22 @@ def test_f16_conv_and_gradients_match_numpy(device, case):
     check("d b", np.asarray(grads[pb]).reshape(-1), g_inside.sum(axis=(0, 1, 3)))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["nature2", "awkward"])  # split and unsplit reductions on the GPU
+def test_f16_conv_keeps_nan(device, case):
+    """A NaN in an f16 image reaches every output whose window holds it, through the f16 kernel's
+    bias and ReLU, as the unfused ops give it."""
+    x_shape, w_shape, conv = F16_CASES[case]
+    rng = np.random.default_rng(12)
+    x, w = rng.random(x_shape).astype(np.float16), (rng.normal(size=w_shape) * 0.1).astype(np.float16)
+    b = (rng.normal(size=w_shape[3]) * 0.1).astype(np.float16)
+    x[3, 5, 0, 0] = np.nan
+    got = rc.conv2d(*(rc.tensor(a, dtype="f16", device=device) for a in (x, w, b)), activation="relu", **conv).numpy()
+    expected = np_conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), **conv)
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+
+
 def test_gpu_conv2d_kernel_is_named():
     """rlkit info's conv2d line: f32 on SIMT tiles; f16 on cooperative matrices exactly where f16
     matmul is, else widened to f32; None without a GPU; a clear error for a dtype conv2d lacks."""
