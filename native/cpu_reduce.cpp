@@ -34,6 +34,20 @@ std::string spec_str(const OutSpec& s) {
     return t.shape_str();
 }
 
+// The sum of x[0..n) in double, in 8 interleaved partial sums (element i into sum i % 8, added up
+// in a fixed order at the end): one running sum was a chain of dependent adds, 0.2 ms for the bias
+// gradient of NatureCNN's first layer (400k elements) in a DQN update.
+template <typename T>
+double column_sum(const T* x, int64_t n) {
+    constexpr int64_t kLanes = 8;
+    double part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) part[l] += double(x[i + l]);
+    for (; i < n; ++i) part[i % kLanes] += double(x[i]);
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 // Output columns (all dims but 0) of `out`, each accumulating the matching columns of x.
 template <typename T>
 void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
@@ -44,6 +58,10 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
     const int64_t r1 = out.ne[1] == 1 ? x.ne[1] : 1, r2 = out.ne[2] == 1 ? x.ne[2] : 1,
                   r3 = out.ne[3] == 1 ? x.ne[3] : 1;
     const int64_t work_per_col = ne0 * r1 * r2 * r3;
+    // Reducing dims 0 and 1 both: a plane's columns are one contiguous run, summed as one (a conv's
+    // bias gradient sums runs of W' H', not columns of W').
+    const bool plane_runs = reduce0 && r1 > 1;
+    const int64_t run = plane_runs ? ne0 * r1 : ne0, steps1 = plane_runs ? 1 : r1;
     parallel_for(out_cols, std::max<int64_t>(1, kElementGrain / work_per_col), [&](int64_t lo, int64_t hi) {
         std::vector<double> acc(out.ne[0]);
         for (int64_t c = lo; c < hi; ++c) {
@@ -51,13 +69,11 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t j3 = 0; j3 < r3; ++j3)
                 for (int64_t j2 = 0; j2 < r2; ++j2)
-                    for (int64_t j1 = 0; j1 < r1; ++j1) {
+                    for (int64_t j1 = 0; j1 < steps1; ++j1) {
                         const int64_t i1 = r1 > 1 ? j1 : o1, i2 = r2 > 1 ? j2 : o2, i3 = r3 > 1 ? j3 : o3;
                         const T* col = px + ((i3 * x.ne[2] + i2) * x.ne[1] + i1) * ne0;
                         if (reduce0) {
-                            double s = 0;
-                            for (int64_t i = 0; i < ne0; ++i) s += col[i];
-                            acc[0] += s;
+                            acc[0] += column_sum(col, run);
                         } else {
                             for (int64_t i = 0; i < ne0; ++i) acc[i] += col[i];
                         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <type_traits>
 #include <unordered_set>
 
 #include "backend.hpp"
@@ -86,8 +87,9 @@ struct SgdCoefficients {
 
 // Adam on n elements; restrict-qualified so that the loop vectorises.
 template <typename T>
-void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
-                 const AdamCoefficients& c, T grad_scale) {
+__attribute__((always_inline)) inline void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m,
+                                                       T* __restrict v, int64_t n, const AdamCoefficients& c,
+                                                       T grad_scale) {
     const T b1 = T(c.beta1), b2 = T(c.beta2), eps = T(c.eps), coupled_wd = T(c.coupled_wd), decay = T(c.decay);
     const T step = T(c.step), inv_bc2 = T(c.inv_bc2);
     for (int64_t i = 0; i < n; ++i) {
@@ -99,6 +101,20 @@ void adam_kernel(T* __restrict w, const T* __restrict g, T* __restrict m, T* __r
         w[i] = decay * w[i] - step * mi / (std::sqrt(vi * inv_bc2) + eps);
     }
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RK_ADAM_AVX2 1
+// The f32 kernel compiled for AVX2 as well, chosen at run time: its square roots and divisions 8
+// lanes wide instead of 4 took half the time (0.63 -> 0.35 ms for half of NatureCNN's 1.7M
+// parameters on one core). AVX2 without FMA: no multiply-add is fused, so the bits are those of
+// the baseline build.
+__attribute__((target("avx2"))) void adam_kernel_avx2(float* __restrict w, const float* __restrict g,
+                                                      float* __restrict m, float* __restrict v, int64_t n,
+                                                      const AdamCoefficients& c, float grad_scale) {
+    adam_kernel<float>(w, g, m, v, n, c, grad_scale);
+}
+bool has_avx2() { return __builtin_cpu_supports("avx2"); }
+#endif
 
 template <typename T>
 void sgd_kernel(T* __restrict w, const T* __restrict g, T* __restrict velocity, int64_t n, const SgdCoefficients& c,
@@ -117,6 +133,13 @@ void adam_cpu(const UpdateSet& set, const AdamCoefficients& c, float grad_scale)
         const UpdateTensors& u = set[k];
         dispatch_float(u.w->dtype, [&](auto tag) {
             using T = decltype(tag);
+#ifdef RK_ADAM_AVX2
+            static const bool avx2 = has_avx2();
+            if constexpr (std::is_same_v<T, float>)
+                if (avx2)
+                    return adam_kernel_avx2(u.w->ptr<T>() + begin, u.g->ptr<T>() + begin, u.m->ptr<T>() + begin,
+                                            u.v->ptr<T>() + begin, end - begin, c, grad_scale);
+#endif
             adam_kernel<T>(u.w->ptr<T>() + begin, u.g->ptr<T>() + begin, u.m->ptr<T>() + begin,
                            u.v->ptr<T>() + begin, end - begin, c, T(grad_scale));
         });
