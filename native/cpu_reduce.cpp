@@ -34,20 +34,6 @@ std::string spec_str(const OutSpec& s) {
     return t.shape_str();
 }
 
-// The sum of x[0..n) in double, in 8 interleaved partial sums (element i into sum i % 8, added up
-// in a fixed order at the end): one running sum was a chain of dependent adds, 0.2 ms for the bias
-// gradient of NatureCNN's first layer (400k elements) in a DQN update.
-template <typename T>
-double column_sum(const T* x, int64_t n) {
-    constexpr int64_t kLanes = 8;
-    double part[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) part[l] += double(x[i + l]);
-    for (; i < n; ++i) part[i % kLanes] += double(x[i]);
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-}
-
 // Output columns (all dims but 0) of `out`, each accumulating the matching columns of x.
 template <typename T>
 void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
@@ -73,7 +59,7 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
                         const int64_t i1 = r1 > 1 ? j1 : o1, i2 = r2 > 1 ? j2 : o2, i3 = r3 > 1 ? j3 : o3;
                         const T* col = px + ((i3 * x.ne[2] + i2) * x.ne[1] + i1) * ne0;
                         if (reduce0) {
-                            acc[0] += column_sum(col, run);
+                            acc[0] += lane_sum(col, run, [](double v) { return v; });
                         } else {
                             for (int64_t i = 0; i < ne0; ++i) acc[i] += col[i];
                         }

@@ -15,6 +15,23 @@ constexpr int64_t kElementGrain = 1 << 15;
 
 inline std::string op_err(const char* op, const std::string& msg) { return std::string(op) + ": " + msg; }
 
+// The sum of term(double(v[i])) over i < n in double, over 8 interleaved partial sums added up in
+// a fixed order (the tail, then the lanes): the loop vectorises, where a single running sum is a
+// chain of dependent adds (1 ms over NatureCNN's 1.7M gradients in sum_squares, 0.2 ms for the
+// bias gradient of its first layer in sum_to).
+template <typename T, typename Term>
+double lane_sum(const T* v, int64_t n, Term term) {
+    constexpr int64_t kLanes = 8;
+    double part[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) part[l] += term(double(v[i + l]));
+    double total = 0.0;
+    for (; i < n; ++i) total += term(double(v[i]));
+    for (double p : part) total += p;
+    return total;
+}
+
 // The functions the values of the elementwise ops call (native/elementwise.def), each defined alike
 // in shaders/common.glsl. The activations among them are the fused linear op's too (cpu_linalg.cpp),
 // so a fused layer gives what its unfused ops give, NaN included.
