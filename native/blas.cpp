@@ -78,9 +78,9 @@ constexpr int64_t kGemmGrainFlops = int64_t(1) << 22;
 constexpr int64_t kGemmMinLines = 128;
 
 // f32 products with A untransposed go through the AVX-512 strided products where the CPU has them
-// and the product is small and shallow (no cache blocking there): the weight gradient of a DQN's
-// 3136 x 512 layer (depth 32) took 0.73 ms instead of 1.0. Its forward (depth 3136) took longer
-// than the BLAS's inside a training step, where the weight comes from memory, not the cache.
+// and the product is small: the weight gradient of a DQN's 3136 x 512 layer (depth 32) took 0.73
+// ms instead of 1.0. Deeper ones (its forward, depth 3136, whose weight comes from memory inside a
+// training step) are cut into chunks of the depth, A prefetched (strided_product_from_memory).
 constexpr int64_t kStridedMaxDepth = 512;
 constexpr int64_t kStridedMaxWork = int64_t(1) << 27;  // multiply-adds
 
@@ -149,13 +149,14 @@ std::string blas_name() { return g_blas.name; }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           float* c) {
-    const bool strided = k <= kStridedMaxDepth && double(m) * double(n) * double(k) <= double(kStridedMaxWork) &&
-                         strided_products_available();  // small and shallow: no cache blocking needed
-    if (strided && !ta)
+    const bool small = double(m) * double(n) * double(k) <= double(kStridedMaxWork) && strided_products_available();
+    const bool strided = small && k <= kStridedMaxDepth;  // shallow: no cache blocking needed
+    if (small && !ta)
         return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
                          [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
-                             strided_product({rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb, c_part, 1, m,
-                                              false});
+                             const StridedProduct p{rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb,
+                                                    c_part, 1, m, false};
+                             strided ? strided_product(p) : strided_product_from_memory(p);
                          });
     if (strided && ta && !tb && n <= kStridedMaxColumns)
         return gemm_transposed_a(m, n, k, a, lda, b, ldb, c);

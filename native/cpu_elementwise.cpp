@@ -139,8 +139,14 @@ using std::max;
 OutSpec shape_cast(const Inputs& in, const OpAttrs& attrs) {
     if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > int64_t(DType::bf16))
         throw std::invalid_argument("cast: expected one dtype attribute");
+    if (attrs.floats.size() > 1)
+        throw std::invalid_argument("cast: expected at most one float attribute, the scale");
     OutSpec spec = same_as(*in[0]);
     spec.dtype = DType(attrs.ints[0]);
+    const DType from = in[0]->dtype;
+    if (!attrs.floats.empty() && (is_float(from) || (spec.dtype != DType::f32 && spec.dtype != DType::f64)))
+        throw TypeError("cast: a scale applies to casts from u8 or i32 to f32 or f64 (images to floats); got " +
+                        std::string(dtype_name(from)) + " to " + dtype_name(spec.dtype));
     return spec;
 }
 
@@ -194,9 +200,23 @@ void convert_all(const TensorImpl& x, TensorImpl& out, Convert convert) {
     });
 }
 
-void cpu_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+// Integers to floats times the scale attribute, in the result's precision: the bits of cast then
+// scale, in one pass (images: bytes to [0, 1]).
+void cast_scaled(const TensorImpl& x, double scale, TensorImpl& out) {
+    const float s32 = float(scale);
+    if (x.dtype == DType::u8 && out.dtype == DType::f32)
+        return convert_all<uint8_t, float>(x, out, [s32](uint8_t v) { return float(v) * s32; });
+    if (x.dtype == DType::u8)  // to f64
+        return convert_all<uint8_t, double>(x, out, [scale](uint8_t v) { return double(v) * scale; });
+    if (out.dtype == DType::f32)
+        return convert_all<int32_t, float>(x, out, [s32](int32_t v) { return float(v) * s32; });
+    convert_all<int32_t, double>(x, out, [scale](int32_t v) { return double(v) * scale; });
+}
+
+void cpu_cast(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl& x = *in[0];
     const DType from = x.dtype, to = out.dtype;
+    if (!attrs.floats.empty()) return cast_scaled(x, attrs.floats[0], out);  // the shape rule checked the dtypes
     if (from == DType::f32 && to == DType::f16) return convert_all<float, uint16_t>(x, out, float_to_half);
     if (from == DType::f16 && to == DType::f32) return convert_all<uint16_t, float>(x, out, half_to_float);
     if (from == DType::f32 && to == DType::bf16) return convert_all<float, uint16_t>(x, out, float_to_bf16);

@@ -26,6 +26,7 @@ struct StridedProduct {
     bool accumulate;
     const int64_t* b_rows = nullptr;  // depth offsets
     const int64_t* b_cols = nullptr;  // n offsets
+    int64_t prefetch = 0;             // A's rows this many steps of the depth ahead are prefetched (0: none)
 };
 
 // Whether strided_product runs here: the CPU has AVX-512F and tests have not turned it off.
@@ -35,5 +36,10 @@ bool strided_products_available();
 bool set_strided_products(bool on);
 // Computes p; only where strided_products_available().
 void strided_product(const StridedProduct& p);
+// The same for a deep product whose A comes from memory (a large layer's weight, evicted between
+// uses): the depth cut into chunks whose A panels stay in the core's cache while every column
+// tile reads them, A prefetched ahead of its use. Chunks after the first add to C, so each element
+// is a sum of its chunks' sums.
+void strided_product_from_memory(const StridedProduct& p);
 
 }  // namespace rk

@@ -8,6 +8,7 @@ layout(push_constant) uniform Push {
     Words x;
     Words o;
     uint n;  // elements
+    float scale;  // U8_TO_F32 and I32_TO_F32: each value times this (1 for a plain cast)
 } pc;
 
 // f's bfloat16 bits: its upper half rounded to nearest even (as the CPU's float_to_bf16); a NaN
@@ -45,9 +46,9 @@ void main() {
     pc.o.v[i] = uint(v);
 #elif defined(U8_TO_F32)
     if (i >= pc.n) return;
-    pc.o.v[i] = floatBitsToUint(float((pc.x.v[i / 4] >> (8 * (i % 4))) & 0xffu));
+    pc.o.v[i] = floatBitsToUint(float((pc.x.v[i / 4] >> (8 * (i % 4))) & 0xffu) * pc.scale);
 #elif defined(I32_TO_F32)
     if (i >= pc.n) return;
-    pc.o.v[i] = floatBitsToUint(float(int(pc.x.v[i])));
+    pc.o.v[i] = floatBitsToUint(float(int(pc.x.v[i])) * pc.scale);
 #endif
 }

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
+from conftest import DEVICES
 
 from op_references import (  # tests/ is on sys.path when pytest imports a test module
     AWAY, CONST, DECAY, DISTINCT, GRID, IDX, N, ONEHOT, POS, RECURRENCE, RECURRENCE_SHAPES, RIDX, SOFT, SORTED, U,
@@ -149,6 +150,9 @@ CASES: list[Case] = [
          unary_sets(lambda *s: N(*s, s=5.0)), grad=False, int_ok=True),
     Case("cast_from_i32", "cast", lambda i: rc.cast(i, "f32"), lambda i: i.astype(np.float32).reshape(-1, 1),
          ((IDX(3, -7, 0, 2**20),), (IDX(5),)), grad=False, int_ok=True),
+    Case("cast_from_i32_scaled", "cast", lambda i: rc.cast(i, "f32", scale=1 / 255),
+         lambda i: (i.astype(np.float32) * np.float32(1 / 255)).reshape(-1, 1),
+         ((IDX(3, -7, 0, 2**20, 2**24 + 1),), (IDX(255),)), grad=False, int_ok=True),
     # linear algebra
     Case("matmul", "matmul", rc.matmul, np_matmul,
          ((N(3, 2), N(2, 4)), (N(1, 3), N(3, 1)), (N(4, 3), N(3, 2)))),
@@ -544,6 +548,29 @@ def test_nan_propagates_and_cast_to_i32_saturates():
     big = np.array([[np.nan, 1e20, -1e20, -2.7, 2.7]])
     np.testing.assert_array_equal(rc.cast(rc.tensor(big, dtype="f64"), "i32").numpy(),
                                   [[0, 2**31 - 1, -(2**31), -2, 2]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cast_with_a_scale_gives_the_bits_of_cast_then_scale(device):
+    """Images: bytes (every value 0-255, an odd element count: the GPU reads u8 by 32-bit words)
+    and i32 to f32 (and f64 on the CPU) times 1/255, bit for bit what cast then scale give."""
+    images = np.random.default_rng(3).integers(0, 256, size=(7, 5, 3, 3)).astype(np.uint8)
+    images.flat[:256] = np.arange(256)
+    ints = np.array([[0, 1, -7, 255, 2**20, 2**24 + 1, -(2**31)]], np.int32)
+    for values, kind in ((images, "u8"), (ints, "i32")):
+        x = rc.tensor(values, dtype=kind, device=device)
+        for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
+            fused = rc.cast(x, dtype, scale=1 / 255).numpy()
+            np.testing.assert_array_equal(fused, rc.scale(rc.cast(x, dtype), 1 / 255).numpy())
+            width = NP_DTYPE[dtype]
+            np.testing.assert_array_equal(fused, values.astype(width) * width(1 / 255))
+
+
+def test_cast_with_a_scale_from_floats_or_to_halves_is_a_type_error():
+    with pytest.raises(TypeError, match=r"cast: a scale applies to casts from u8 or i32 to f32 or f64.*f32 to f64"):
+        rc.cast(rc.tensor(np.ones((2, 2))), "f64", scale=0.5)
+    with pytest.raises(TypeError, match=r"cast: a scale applies.*u8 to f16"):
+        rc.cast(rc.tensor(np.ones((2, 2), np.uint8), dtype="u8"), "f16", scale=0.5)
 
 
 def test_get_rows_gradient_sums_repeated_indices():

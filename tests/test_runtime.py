@@ -80,8 +80,9 @@ def test_matmul_512_agrees_across_thread_counts():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("m, k, n", [(300, 700, 301), (2049, 513, 3), (5, 1024, 4097)],
-                         ids=["square", "tall: blocks of rows", "wide: blocks of columns"])
+@pytest.mark.parametrize("m, k, n", [(300, 700, 301), (2049, 513, 3), (5, 1024, 4097), (45, 1000, 9)],
+                         ids=["square", "tall: blocks of rows", "wide: blocks of columns",
+                              "deep: chunks of the depth, a part tile"])
 def test_products_split_into_blocks_are_identical_across_thread_counts(dtype, ta, tb, m, k, n):
     """The BLAS runs single-threaded on blocks of C (rows where C is tall, columns otherwise),
     shared out by rlkit's pool: any split equals numpy, and the bits do not depend on threads."""
@@ -95,6 +96,24 @@ def test_products_split_into_blocks_are_identical_across_thread_counts(dtype, ta
     expected = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(results[1], expected, atol=tolerance * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("ta", [False, True])
+def test_deep_products_propagate_nan_and_infinity(ta):
+    """A product deeper than one chunk of the CPU's AVX-512 path (DQN's 3136-input Linear): a NaN
+    of A reaches every output of its row, an infinity of B every output of its column, and
+    nothing else."""
+    a, b = rand((3136, 70) if ta else (70, 3136), 8), rand((3136, 9), 9)
+    a_nan = a.copy()
+    a_nan[(2000, 33) if ta else (33, 2000)] = np.nan
+    b[3000, 4] = np.inf
+    out = rc.matmul(rc.tensor(a_nan), rc.tensor(b), transpose_a=ta).numpy()
+    expected = (a_nan.T if ta else a_nan).astype(np.float64) @ b.astype(np.float64)
+    assert np.isnan(out[33]).all()
+    assert np.isinf(out[np.arange(70) != 33, 4]).all()
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(out), finite)
+    np.testing.assert_allclose(out[finite], expected[finite], atol=1e-4 * np.abs(expected[finite]).max())
 
 
 def test_mlp_forward_and_backward_agree_across_thread_counts():

@@ -64,9 +64,11 @@ void unary(const char* variant, const Inputs& in, const OpAttrs& attrs, TensorIm
 struct CastPush {
     uint64_t x, o;
     uint32_t n;
+    float scale;
 };
 
-void cast_into(const TensorImpl& x, TensorImpl& out) {
+// out = x in out's dtype; from u8 or i32 to f32, times `scale` (cast's attribute).
+void cast_into(const TensorImpl& x, TensorImpl& out, float scale = 1.0f) {
     if (x.dtype == out.dtype) {
         ctx().copy(x, out);
         return;
@@ -84,7 +86,7 @@ void cast_into(const TensorImpl& x, TensorImpl& out) {
     if (out.dtype == DType::u8)
         throw TypeError("cast: converting to u8 on the GPU is not supported (u8 is a storage dtype for buffers)");
     if (const char* shader = one_step(x.dtype, out.dtype)) {
-        CastPush p{x.address(), out.address(), u32(out.numel(), "cast")};
+        CastPush p{x.address(), out.address(), u32(out.numel(), "cast"), scale};
         const uint64_t threads = is_half(out.dtype) ? (out.numel() + 1) / 2 : out.numel();  // a word each
         record(shader, p, groups(threads), {span(x)}, {span(out)});
         return;
@@ -176,7 +178,9 @@ void random_op(const char* shader, RandomPush p, std::vector<vk::Range> reads, c
 #include "elementwise.def"
 #undef RK_ELEMENTWISE
 
-void vk_cast(const Inputs& in, const OpAttrs&, TensorImpl& out) { cast_into(*in[0], out); }
+void vk_cast(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    cast_into(*in[0], out, attrs.floats.empty() ? 1.0f : float(attrs.floats[0]));
+}
 
 // Master weights: each f32 master rounded into its f16 / bf16 parameter.
 void vk_cast_into(const Inputs& in, const OpAttrs&, TensorImpl& out) {

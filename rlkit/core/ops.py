@@ -227,14 +227,17 @@ def clamp(x, lo=-math.inf, hi=math.inf) -> Tensor:
     return apply("clamp", (as_tensor(x, op="clamp"),), floats=(lo, hi), lo=lo, hi=hi)
 
 
-def cast(x, dtype: str) -> Tensor:
+def cast(x, dtype: str, scale: float | None = None) -> Tensor:
     """x converted to another dtype (f32, f16, bf16, f64, i32): floats rounded to nearest even;
     to i32 toward zero and saturating, NaN becoming 0, on both backends (a device value is not
-    read back to be checked)."""
+    read back to be checked). ``scale`` multiplies the converted values, for casts from u8 or i32
+    to f32 or f64 only: the bits of ``scale(cast(x, dtype), scale)`` in one pass (images: bytes to
+    [0, 1] with ``scale=1/255``)."""
     if dtype not in _DTYPE_CODE:
         raise ValueError(f"cast: unknown dtype {dtype!r}; expected one of {tuple(_DTYPE_CODE)}")
     x = as_tensor(x, op="cast")
-    return apply("cast", (x,), ints=(_DTYPE_CODE[dtype],), dtype=x.dtype)
+    floats = () if scale is None else (float(scale),)
+    return apply("cast", (x,), ints=(_DTYPE_CODE[dtype],), floats=floats, dtype=x.dtype)
 
 
 # ---- linear algebra --------------------------------------------------------------------

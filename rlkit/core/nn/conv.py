@@ -140,7 +140,10 @@ class ScaleImages(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = ops.as_tensor(x, op="ScaleImages")
-        floats = ops.cast(x, runtime.dtype()) if x.dtype in ("u8", "i32") else x  # [W, H, C, N]
+        dtype = runtime.dtype()
+        if x.dtype in ("u8", "i32") and dtype in ("f32", "f64"):
+            return ops.cast(x, dtype, scale=self.scale)  # [W, H, C, N]: one pass, the bits of cast then scale
+        floats = ops.cast(x, dtype) if x.dtype in ("u8", "i32") else x  # [W, H, C, N]
         return ops.scale(floats, self.scale) if self.scale != 1.0 else floats
 
     def extra_repr(self) -> str:
