@@ -71,7 +71,7 @@ int blas_int(int64_t v) {
 // Runs call(rows, columns, A's part, B's part, C's part) on blocks of C in parallel, each at least
 // kGemmGrainFlops of work: blocks of columns, or of rows where C has fewer columns than rows (a
 // batch of one). Block boundaries depend on the shape only, never on the number of threads.
-constexpr int64_t kGemmGrainFlops = int64_t(1) << 22;
+constexpr int64_t kGemmGrainFlops = int64_t(1) << 20;
 // Each block also has at least this many rows or columns: every block packs the other operand
 // whole (A for a block of columns, B for a block of rows), which thin blocks pay for again and
 // again (16 blocks of a 256 x 256 x 256 product took 40% longer than 2).
@@ -82,6 +82,9 @@ constexpr int64_t kGemmMinLines = 128;
 // ms instead of 1.0. Deeper ones (its forward, depth 3136, whose weight comes from memory inside a
 // training step) are cut into chunks of the depth, A prefetched (strided_product_from_memory).
 constexpr int64_t kStridedMaxDepth = 512;
+// ... and C has at least this many rows: a tile computes 32 rows whatever m is, and below 24 the
+// BLAS was faster (m = 1, 6 and 16 at k = n = 256: 5, 11 and 28 us against 44; SAC's heads).
+constexpr int64_t kStridedMinRows = 24;
 constexpr int64_t kStridedMaxWork = int64_t(1) << 27;  // multiply-adds
 
 // C = A^T B with few columns (a layer's input gradient, batch columns): computed as C^T = B^T A,
@@ -151,7 +154,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
           float* c) {
     const bool small = double(m) * double(n) * double(k) <= double(kStridedMaxWork) && strided_products_available();
     const bool strided = small && k <= kStridedMaxDepth;  // shallow: no cache blocking needed
-    if (small && !ta)
+    if (small && !ta && m >= kStridedMinRows)
         return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
                          [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
                              const StridedProduct p{rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb,

@@ -84,6 +84,21 @@ OutSpec shape_linear(const Inputs& in, const OpAttrs& attrs) {
     return product_spec("linear", w, x, false, false);
 }
 
+namespace {
+
+// Columns [lo, hi) of the product out [rows, columns]: act(out + bias), in place. One loop per
+// activation, so that each compiles to vector code: with the activation chosen per element, a
+// 256 x 256 layer's bias and ReLU took 130 us, four times its 23-deep product (SAC's first layers).
+template <typename T, typename Act>
+void add_bias_then(T* out, const T* bias, int64_t rows, int64_t lo, int64_t hi, Act act) {
+    for (int64_t j = lo; j < hi; ++j) {
+        T* column = out + j * rows;
+        for (int64_t i = 0; i < rows; ++i) column[i] = act(T(column[i] + bias[i]));
+    }
+}
+
+}  // namespace
+
 void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const Activation act = linear_activation(attrs);
     cpu_matmul({in[0], in[1]}, OpAttrs{{0, 0}, {}}, out);
@@ -94,9 +109,12 @@ void cpu_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
         const T* bias = b.ptr<T>();
         T* o = out.ptr<T>();
         parallel_for(columns, std::max<int64_t>(1, kElementGrain / rows), [&](int64_t lo, int64_t hi) {
-            for (int64_t j = lo; j < hi; ++j) {
-                T* column = o + j * rows;
-                for (int64_t i = 0; i < rows; ++i) column[i] = activate(act, T(column[i] + bias[i]));
+            switch (act) {
+                case Activation::none: return add_bias_then(o, bias, rows, lo, hi, [](T z) { return z; });
+                case Activation::relu: return add_bias_then(o, bias, rows, lo, hi, [](T z) { return relu_of(z); });
+                case Activation::tanh: return add_bias_then(o, bias, rows, lo, hi, [](T z) { return tanh_of(z); });
+                case Activation::sigmoid:
+                    return add_bias_then(o, bias, rows, lo, hi, [](T z) { return sigmoid_of(z); });
             }
         });
     });

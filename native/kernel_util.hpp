@@ -56,18 +56,6 @@ T tanh_of(T x) {
 // activation attribute (rlkit.core.ops.LINEAR_ACTIVATIONS).
 enum class Activation : int64_t { none = 0, relu = 1, tanh = 2, sigmoid = 3 };
 
-// `act` of z, as the unfused op gives it.
-template <typename T>
-T activate(Activation act, T z) {
-    switch (act) {
-        case Activation::relu: return relu_of(z);
-        case Activation::tanh: return tanh_of(z);
-        case Activation::sigmoid: return sigmoid_of(z);
-        case Activation::none: break;
-    }
-    return z;
-}
-
 // NaN below 0 and -inf at 0 (common.glsl spells these out)
 template <typename T>
 T log_of(T x) {
