@@ -70,7 +70,7 @@ int blas_int(int64_t v) {
 
 // Runs call(rows, columns, A's part, B's part, C's part) on blocks of C in parallel, each at least
 // kGemmGrainFlops of work: blocks of columns, or of rows where C has fewer columns than rows (a
-// batch of one). Block boundaries depend on the shape only, never on the number of threads.
+// batch of one), of even sizes.
 constexpr int64_t kGemmGrainFlops = int64_t(1) << 20;
 // Each block also has at least this many rows or columns: every block packs the other operand
 // whole (A for a block of columns, B for a block of rows), which thin blocks pay for again and
@@ -86,6 +86,7 @@ constexpr int64_t kStridedMaxDepth = 512;
 // BLAS was faster (m = 1, 6 and 16 at k = n = 256: 5, 11 and 28 us against 44; SAC's heads).
 constexpr int64_t kStridedMinRows = 24;
 constexpr int64_t kStridedMaxWork = int64_t(1) << 27;  // multiply-adds
+constexpr int64_t kStridedTileRows = 32, kStridedTileColumns = 8;  // strided_product's tiles
 
 // C = A^T B with few columns (a layer's input gradient, batch columns): computed as C^T = B^T A,
 // B^T packed (n x k, small) so that a batch is a vector, A's columns read whole in order, C written
@@ -105,18 +106,41 @@ void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
     });
 }
 
+// The lines (rows or columns of C) per block, for `lines` lines of `line_work` multiply-adds each.
+// The BLAS's blocks (tile = 0) depend on the shape alone, never on the number of threads; they are
+// of even sizes (400 rows in 4 blocks of 100, not 128, 128, 128 and 16). The strided products'
+// elements do not depend on where a block starts (each is one sum in order of the depth), so
+// their blocks (tile: the lines of a tile) are one per thread where there is work enough, each a
+// whole number of tiles: 300 rows were 128 + 128 + 44 on 2 threads, one of them doing two thirds
+// (TD3's 400-300 layers), and are now 160 + 140.
+int64_t block_lines(int64_t lines, int64_t line_work, int64_t tile) {
+    if (tile == 0) {
+        const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, line_work));
+        const int64_t blocks = chunk_count(lines, grain);
+        return (lines + blocks - 1) / blocks;
+    }
+    const double work_blocks = double(lines) * double(line_work) / double(kGemmGrainFlops);
+    const int64_t most = std::max<int64_t>(1, std::min<int64_t>(lines / kGemmMinLines, int64_t(std::min(work_blocks, 1e6))));
+    const int64_t blocks = std::min<int64_t>(num_threads(), most), tiles = (lines + tile - 1) / tile;
+    return (tiles + blocks - 1) / blocks * tile;
+}
+
 template <typename T, typename Call>
 void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-               T* c, const Call& call) {
-    if (n >= m) {
-        const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, 2 * m * k));
+               T* c, const Call& call, bool strided = false) {
+    // The strided products split a batch of columns wherever it makes blocks: a layer's columns
+    // (its batch) then stay on the core that computed them in the layer before (TD3's 400 x 300
+    // layer at batch 256 took 540-610 us in the update with blocks of rows, whose thread reads
+    // every column, against 360-380 alone).
+    if (n >= m || (strided && n >= 2 * kGemmMinLines)) {
+        const int64_t grain = block_lines(n, 2 * m * k, strided ? kStridedTileColumns : 0);
         parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
             const T* b_part = tb ? b + lo : b + lo * ldb;  // op(B)'s columns lo..hi: B's rows when transposed
             call(m, hi - lo, a, b_part, c + lo * m);
         });
         return;
     }
-    const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, 2 * n * k));
+    const int64_t grain = block_lines(m, 2 * n * k, strided ? kStridedTileRows : 0);
     parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
         const T* a_part = ta ? a + lo * lda : a + lo;  // op(A)'s rows lo..hi: A's columns when transposed
         call(hi - lo, n, a_part, b, c + lo);
@@ -160,7 +184,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
                              const StridedProduct p{rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb,
                                                     c_part, 1, m, false};
                              strided ? strided_product(p) : strided_product_from_memory(p);
-                         });
+                         }, true);
     if (strided && ta && !tb && n <= kStridedMaxColumns)
         return gemm_transposed_a(m, n, k, a, lda, b, ldb, c);
     if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);

@@ -4,6 +4,13 @@ same run, the same environments and budgets, and the evaluation return each reac
 
     python scripts/bench_agents.py [--algos dqn,sac,td3,ddpg] [--seeds 0,1] [--device cpu|gpu]
                                    [--sb3-device cpu|cuda] [--no-sb3]
+    python scripts/bench_agents.py --speed [--algos sac,td3,ddpg] [--speed-env HalfCheetah-v5]
+                                   [--speed-steps 1000] [--device cpu|gpu] [--sb3-device cpu|cuda]
+
+``--speed`` times training alone, as users meet it on MuJoCo: each library first fills its buffer
+for ``learning_starts`` = 1000 steps (untimed), then trains ``--speed-steps`` more steps, one
+gradient step each (timed), with RL Zoo's networks (SAC 256-256, TD3 and DDPG 400-300, batch 256
+and 100); steps per second beside SB3's, each in a fresh process.
 
 Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
 torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
@@ -14,6 +21,7 @@ run); times are medians over the seeds, and the ratio is of the medians.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -72,9 +80,39 @@ def run_sb3(algo: str, seed: int, device: str) -> tuple[float, float]:
     return seconds, evaluate(model, case["env"], EVAL_EPISODES, seed=EVAL_SEED)[0]
 
 
-def run_in_fresh_process(library: str, algo: str, seed: int, device: str) -> tuple[float, float]:
-    """One training run in a new Python process: (seconds, evaluation return)."""
+SPEED_STARTS = 1000  # untimed steps before training starts, in --speed
+
+
+def run_speed(library: str, algo: str, env: str, steps: int, device: str) -> tuple[float, float]:
+    """(seconds for ``steps`` training steps after SPEED_STARTS untimed ones, 0.0): the same
+    settings as the learning rows (RL Zoo's), learning_starts aside."""
+    case = ZOO[algo]
+    if library == "rlkit":
+        config = dataclasses.replace(case["rlkit"].config_class(), learning_starts=SPEED_STARTS)
+        model = case["rlkit"](env, config, seed=0, device=device)
+    else:
+        import gymnasium as gym
+        import stable_baselines3 as sb3
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        kwargs = dict(case["sb3"], learning_starts=SPEED_STARTS)
+        if algo in ("td3", "ddpg"):
+            n_actions = gym.make(env).action_space.shape[0]
+            kwargs["action_noise"] = NormalActionNoise(np.zeros(n_actions), 0.1 * np.ones(n_actions))
+        model = getattr(sb3, algo.upper())("MlpPolicy", env, seed=0, device=device, **kwargs)
+    model.learn(SPEED_STARTS)
+    start = time.perf_counter()
+    model.learn(steps, reset_num_timesteps=False)
+    return time.perf_counter() - start, 0.0
+
+
+def run_in_fresh_process(library: str, algo: str, seed: int, device: str, speed: tuple | None = None
+                         ) -> tuple[float, float]:
+    """One training run in a new Python process: (seconds, evaluation return); with ``speed``,
+    (env, steps): run_speed's (seconds, 0.0) instead."""
     command = [sys.executable, __file__, "--one", library, algo, str(seed), device]
+    if speed:
+        command += [speed[0], str(speed[1])]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{library} {algo} seed {seed} failed:\n{done.stderr[-3000:]}")
@@ -83,9 +121,12 @@ def run_in_fresh_process(library: str, algo: str, seed: int, device: str) -> tup
 
 
 def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == "--one":  # a child process: one run, its result as JSON
+    if len(sys.argv) in (6, 8) and sys.argv[1] == "--one":  # a child process: one run, its result as JSON
         library, algo, seed, device = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-        result = run_rlkit(algo, seed, device) if library == "rlkit" else run_sb3(algo, seed, device)
+        if len(sys.argv) == 8:
+            result = run_speed(library, algo, sys.argv[6], int(sys.argv[7]), device)
+        else:
+            result = run_rlkit(algo, seed, device) if library == "rlkit" else run_sb3(algo, seed, device)
         print(json.dumps(result))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,6 +135,10 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="rlkit's device")
     parser.add_argument("--sb3-device", default="cpu", help="torch's device for Stable-Baselines3")
     parser.add_argument("--no-sb3", action="store_true", help="time rlkit only")
+    parser.add_argument("--speed", action="store_true",
+                        help="instead: steps/s of training alone on --speed-env (after 1000 untimed steps)")
+    parser.add_argument("--speed-env", default="HalfCheetah-v5")
+    parser.add_argument("--speed-steps", type=int, default=1000)
     args = parser.parse_args()
     algos = [a.strip().lower() for a in args.algos.split(",")]
     unknown = [a for a in algos if a not in ZOO]
@@ -108,6 +153,8 @@ def main() -> int:
             print("Stable-Baselines3 is not installed (pip install stable-baselines3): timing rlkit only")
             with_sb3 = False
 
+    if args.speed:
+        return speed_table(args, algos, with_sb3)
     rows = []
     for algo in algos:
         case = ZOO[algo]
@@ -134,6 +181,24 @@ def main() -> int:
         else:
             cells += ["-", "-", "-", "-"]
         print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+def speed_table(args, algos: list[str], with_sb3: bool) -> int:
+    """--speed: training steps per second of each library, one fresh process each."""
+    speed = (args.speed_env, args.speed_steps)
+    print(f"\n| algorithm, env: {args.speed_steps} training steps after {SPEED_STARTS} | rlkit ({args.device}) "
+          f"steps/s | SB3 ({args.sb3_device}) steps/s | ratio |")
+    print("|---|---|---|---|")
+    for algo in algos:
+        ours = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed)[0]
+        cells = [f"{algo.upper()}, {args.speed_env}", f"{ours:.0f}"]
+        if with_sb3:
+            theirs = args.speed_steps / run_in_fresh_process("sb3", algo, 0, args.sb3_device, speed)[0]
+            cells += [f"{theirs:.0f}", f"{ours / theirs:.2f}x"]
+        else:
+            cells += ["-", "-"]
+        print("| " + " | ".join(cells) + " |", flush=True)
     return 0
 
 

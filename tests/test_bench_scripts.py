@@ -139,3 +139,15 @@ def test_bench_seeds_refuses_bad_arguments(capsys):
             bench.parse_args(argv)
     assert bench.main(["--quick", "--algos", "dqn", "--hyperparams", "no_such_field=1"]) == 2
     assert "no_such_field" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("library", ["rlkit", "sb3"])
+def test_bench_agents_speed_times_the_training_steps_after_learning_starts(library, monkeypatch):
+    """--speed's run: SPEED_STARTS untimed steps, then the timed ones, on a small task here
+    (HalfCheetah needs MuJoCo); the time is positive and finite."""
+    if library == "sb3":
+        pytest.importorskip("stable_baselines3")
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(bench_agents, "SPEED_STARTS", 200)
+    seconds, _ = bench_agents.run_speed(library, "td3", "Pendulum-v1", 20, "cpu")
+    assert 0 < seconds < 60 and math.isfinite(seconds)
