@@ -62,7 +62,7 @@ def test_an_agent_on_the_gpu_keeps_its_buffer_there_while_the_default_is_the_cpu
         agent.predict(np.zeros(3, np.float32))
         agent.learn(100)
         assert agent.buffer._obs.device == "gpu" and len(agent.buffer) == 300
-        assert agent._steps[True].traces == 1
+        assert agent._acting_steps[True].traces == 1  # the loop's update (acting for the next step) traced once
     finally:
         rc.device(previous)
 
@@ -191,7 +191,7 @@ def test_sac_entropy_coefficient_moves_toward_the_target_entropy():
     high = SAC("Pendulum-v1", SACConfig(**SMALL, target_entropy=5.0), seed=5)
     high.learn(400)
     assert high._train_scalars["train/ent_coef"] > 1.1  # an unreachable entropy raises it
-    assert agent._steps[True].traces == 1
+    assert agent._acting_steps[True].traces == 1
 
 
 # ---- save and load, seeding -----------------------------------------------------------------------
@@ -256,7 +256,9 @@ def test_checkpoints_and_replay_buffer_resume_training(tmp_path):
     saved.load_replay_buffer(str(tmp_path / "sac_replay_buffer_400_steps"))
     np.testing.assert_array_equal(saved.buffer.sample_on_device(8, stored).obs.numpy(), drawn)
     loaded.learn(100, reset_num_timesteps=False)  # SB3's way to resume: learning_starts is behind it
-    assert len(loaded.buffer) == 500 and loaded._steps[True].traces == 2  # traced anew for the loaded buffer
+    assert len(loaded.buffer) == 500 and loaded._acting_steps[True].traces == 1
+    loaded._train(1)
+    assert loaded._steps[True].traces == 2  # traced anew for the loaded buffer
     with pytest.raises(ValueError, match="laid out as"):
         SAC("Pendulum-v1", SACConfig(**{**SMALL, "buffer_size": 1000})).load_replay_buffer(
             str(tmp_path / "sac_replay_buffer_400_steps"))
@@ -273,6 +275,49 @@ def test_the_same_seed_gives_the_same_run_twice(cls, env, config):
         weights.append(agent.actor.state_dict())
     for name, value in weights[0].items():
         np.testing.assert_array_equal(weights[1][name], value, err_msg=name)
+
+
+class CountingCalls:
+    """A captured function that counts its calls."""
+
+    def __init__(self, captured):
+        self.captured, self.calls = captured, 0
+
+    def __call__(self, **inputs):
+        self.calls += 1
+        return self.captured(**inputs)
+
+
+@pytest.mark.parametrize("cls, config", [(TD3, TD3Config(**SMALL)), (DDPG, DDPGConfig(**SMALL))], ids=["td3", "ddpg"])
+def test_the_actions_an_update_computes_are_the_updated_actors(device, cls, config):
+    """A train round given the next observations computes the actor's actions for them after
+    its last gradient step; the next _policy call on that very batch returns them, and they
+    are what the updated actor computes on its own (the deterministic actor: equal bits)."""
+    agent = cls("Pendulum-v1", config, seed=0, device=device)
+    agent.learn(150)  # past learning_starts: the buffer has transitions to sample
+    batch = np.random.default_rng(1).uniform(-1, 1, (1, 3)).astype(np.float32)
+    with agent.on_device():
+        for steps in (1, 2, 3):  # TD3's second step updates the actor (policy_delay 2)
+            agent._train(steps, act_on=batch)
+            kept = agent._policy(batch, deterministic=True)
+            separate = agent._policy(batch.copy(), deterministic=True)  # another object: computed anew
+            np.testing.assert_array_equal(kept, separate)
+            assert kept.shape == (1, 1) and np.all(np.abs(kept) <= 1.0)
+            assert agent._actions_ready is None  # taken once
+
+
+@pytest.mark.parametrize("cls, config", [(SAC, SACConfig(**SMALL)), (TD3, TD3Config(**SMALL))], ids=["sac", "td3"])
+def test_learning_acts_in_the_update_program_after_the_first_step(cls, config):
+    """With a gradient step after every environment step, the policy's own program runs only
+    for the first step past learning_starts of each learn call; every later action comes from
+    the update program that ran just before it."""
+    agent = cls("Pendulum-v1", config, seed=0)
+    agent._policy(np.zeros((1, 3), np.float32), deterministic=cls is TD3)  # captures the policy
+    counting = agent._acting[cls is TD3] = CountingCalls(agent._acting[cls is TD3])
+    agent.learn(300)
+    assert counting.calls == 1 and agent._acting_steps[True].traces == 1
+    agent.learn(50, reset_num_timesteps=False)
+    assert counting.calls == 2
 
 
 # ---- environments -----------------------------------------------------------------------------------

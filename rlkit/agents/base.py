@@ -214,6 +214,7 @@ class OffPolicyAgent:
         self._train_scalars: dict[str, float] = {}
         self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
+        self._actions_ready: tuple | None = None  # (observations, deterministic, actions) a train round computed
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
@@ -293,7 +294,11 @@ class OffPolicyAgent:
     def _policy(self, obs: np.ndarray | dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
         """Actions (in the buffer's space) for observations [n, n_obs] (a dict of each key's
         batch for Dict observations): one replay of the captured forward (one upload and one
-        download on the GPU), no Python per op."""
+        download on the GPU), no Python per op; or the actions a train round computed for this
+        very batch (``acts_in_updates``)."""
+        ready, self._actions_ready = self._actions_ready, None
+        if ready is not None and ready[0] is obs and ready[1] == deterministic:
+            return ready[2]
         act = self._acting.get(deterministic)
         if act is None:
             act = self._acting[deterministic] = rc.capture(
@@ -315,8 +320,22 @@ class OffPolicyAgent:
             export_policy(self, path, opset)
 
     def _train(self, gradient_steps: int) -> dict[str, float]:
-        """Runs gradient steps; returns the scalars to log (SB3's train/ tags)."""
+        """Runs gradient steps; returns the scalars to log (SB3's train/ tags). An agent whose
+        ``acts_in_updates`` is True takes ``act_on`` too: see there."""
         raise NotImplementedError
+
+    acts_in_updates = False
+    """Whether ``_train(gradient_steps, act_on=batch)`` also computes, in the program of its last
+    gradient step, the policy's exploring actions for ``batch`` (the lanes' next observations)
+    with the updated weights, and keeps them (``_keep_actions``) for the ``_policy`` call that
+    acts on that batch next: one replay per environment step instead of two, and on the GPU one
+    wait for the device instead of two. The actions are those a separate call would compute
+    (the same weights; SAC's noise is drawn on the device either way)."""
+
+    def _keep_actions(self, obs, deterministic: bool, actions: np.ndarray) -> None:
+        """Keeps ``actions`` [n, actions], the policy's for the observation batch ``obs`` (the
+        very object), for the next ``_policy(obs, deterministic)`` call to return."""
+        self._actions_ready = (obs, deterministic, actions)
 
     def _state_objects(self) -> dict:
         """{name: object with state_dict()} that save writes and load restores."""
@@ -493,12 +512,12 @@ class OffPolicyAgent:
         else:
             obs = self._last_obs
         check(self.num_timesteps, "observation", obs)
+        batch = self.obs_layout.batch(obs, lanes.n)  # [n, n_obs] float32, or [n, *image shape] bytes
         in_rollout, logged_at = False, None  # a rollout: the train_freq steps before a round of gradient steps
         while self.num_timesteps - self._learn_start < total_timesteps:
             if callback is not None and not in_rollout:
                 callback.on_rollout_start()
             in_rollout = True
-            batch = self.obs_layout.batch(obs, lanes.n)  # [n, n_obs] float32, or [n, *image shape] bytes
             if self.num_timesteps < cfg.learning_starts:
                 actions = self._random_actions(lanes.n)
             else:
@@ -518,11 +537,13 @@ class OffPolicyAgent:
             if next_obs is not true_next:  # a reset's first observation
                 check(timestep, "observation", next_obs)
             check(timestep, "reward", reward)
-            self.buffer.add(batch, actions, reward, self.obs_layout.batch(true_next, lanes.n), terminated, truncated)
+            next_batch = self.obs_layout.batch(next_obs, lanes.n)
+            stored_next = next_batch if true_next is next_obs else self.obs_layout.batch(true_next, lanes.n)
+            self.buffer.add(batch, actions, reward, stored_next, terminated, truncated)
             done = terminated | truncated
             stats.step(reward, done)
             self._stepped(actions, done)
-            obs = next_obs
+            obs, batch = next_obs, next_batch
             before, episodes_before = self.num_timesteps, self._episode_num
             self.num_timesteps += lanes.n
             self._n_calls += 1
@@ -536,7 +557,7 @@ class OffPolicyAgent:
                     in_rollout = False  # stopped: the rollout does not end, as SB3's
                     break
             if not overlapped and self._round_due(self._n_calls):
-                in_rollout = self._train_round(callback, 0)
+                in_rollout = self._train_round(callback, 0, act_on=batch)
             self._after_env_step()
             if log_every_episodes is None:
                 due = self.num_timesteps // cfg.log_interval > before // cfg.log_interval
@@ -558,13 +579,19 @@ class OffPolicyAgent:
         """Whether the ``n_calls``-th vector step ends a rollout (every ``train_freq``-th)."""
         return n_calls % self.config.train_freq == 0
 
-    def _train_round(self, callback: BaseCallback | None, steps_to_come: int) -> bool:
+    def _train_round(self, callback: BaseCallback | None, steps_to_come: int, act_on=None) -> bool:
         """Ends the rollout and runs its gradient steps once past ``learning_starts`` (counting
-        the ``steps_to_come`` of a step still running); False (the loop is no longer in a rollout)."""
+        the ``steps_to_come`` of a step still running), computing the actions for the observation
+        batch ``act_on`` with the last of them where the agent ``acts_in_updates``; False (the
+        loop is no longer in a rollout)."""
         if callback is not None:
             callback.on_rollout_end()
         if self.num_timesteps + steps_to_come > self.config.learning_starts:
-            self._train_scalars.update(self._train(self.config.gradient_steps))
+            if act_on is not None and self.acts_in_updates:
+                scalars = self._train(self.config.gradient_steps, act_on=act_on)
+            else:
+                scalars = self._train(self.config.gradient_steps)
+            self._train_scalars.update(scalars)
         return False
 
     def _progress(self) -> float:

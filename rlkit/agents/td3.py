@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.base import OffPolicyAgent
+from rlkit.agents.base import OffPolicyAgent, policy_input, policy_inputs
 from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.observations import ObservationLayout
@@ -144,8 +144,12 @@ class TD3(OffPolicyAgent):
                                 Polyak(self.actor_target.parameters(), self.actor.parameters())]
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
                   *self.actor_target.parameters().values(), *self.critic_target.parameters().values()]
-        self._critic_step = rc.capture(lambda stored: self._update(stored, with_actor=False), params)
-        self._full_step = rc.capture(lambda stored: self._update(stored, with_actor=True), params)
+        self._steps = {with_actor: rc.capture(lambda stored, a=with_actor: self._update(stored, with_actor=a), params)
+                       for with_actor in (False, True)}
+        # the same updates, then the actor's actions for the lanes' next observations (acts_in_updates)
+        self._acting_steps = {with_actor: rc.capture(lambda stored, a=with_actor, **obs: (
+            *self._update(stored, with_actor=a), self._act(policy_input(obs), deterministic=True)), params)
+            for with_actor in (False, True)}
         self._n_updates = 0
 
     # ---- the update (traced once per variant, then replayed) ----------------------------------
@@ -179,13 +183,20 @@ class TD3(OffPolicyAgent):
             update(self.config.tau)
         return critic_loss, actor_loss, rc.capturing.skipped_count([critic_norm, actor_norm])
 
-    def _train(self, gradient_steps: int) -> dict[str, float]:
+    acts_in_updates = True
+
+    def _train(self, gradient_steps: int, act_on=None) -> dict[str, float]:
         stored = np.array([[len(self.buffer)]], np.float32)
         scalars = {}
-        for _ in range(gradient_steps):
+        for step in range(gradient_steps):
             self._n_updates += 1
             with_actor = self._n_updates % self.config.policy_delay == 0
-            critic_loss, actor_loss, skipped = (self._full_step if with_actor else self._critic_step)(stored=stored)
+            if act_on is not None and step == gradient_steps - 1:
+                critic_loss, actor_loss, skipped, actions = self._acting_steps[with_actor](
+                    stored=stored, **policy_inputs(act_on))
+                self._keep_actions(act_on, True, actions.T)  # [n, actions]
+            else:
+                critic_loss, actor_loss, skipped = self._steps[with_actor](stored=stored)
             self.skipped_updates += int(skipped.reshape(-1)[0])
             scalars["train/critic_loss"] = float(critic_loss.reshape(-1)[0])
             if with_actor:
