@@ -6,11 +6,15 @@ same run, the same environments and budgets, and the evaluation return each reac
                                    [--sb3-device cpu|cuda] [--no-sb3]
     python scripts/bench_agents.py --speed [--algos sac,td3,ddpg] [--speed-env HalfCheetah-v5]
                                    [--speed-steps 1000] [--device cpu|gpu] [--sb3-device cpu|cuda]
+                                   [--concurrent N] [--threads N]
 
 ``--speed`` times training alone, as users meet it on MuJoCo: each library first fills its buffer
 for ``learning_starts`` = 1000 steps (untimed), then trains ``--speed-steps`` more steps, one
 gradient step each (timed), with RL Zoo's networks (SAC 256-256, TD3 and DDPG 400-300, batch 256
-and 100); steps per second beside SB3's, each in a fresh process.
+and 100); steps per second beside SB3's, each in a fresh process. ``--concurrent N`` (rlkit alone)
+starts N such processes at once, as several runs sharing one machine or GPU, and reports their
+steps per second together beside one run's, measured alone just before. ``--threads N`` gives
+each run N CPU threads (rlkit's set_num_threads, torch's for SB3; default: each library's own).
 
 Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
 torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,6 +86,21 @@ def run_sb3(algo: str, seed: int, device: str) -> tuple[float, float]:
 
 
 SPEED_STARTS = 1000  # untimed steps before training starts, in --speed
+THREADS_VARIABLE = "RLKIT_BENCH_THREADS"  # --threads, as the child processes receive it
+
+
+def limit_threads() -> None:
+    """In a child process: the CPU threads --threads asked for, for both libraries."""
+    threads = int(os.environ.get(THREADS_VARIABLE, "0"))
+    if threads:
+        import rlkit.core as rc
+
+        rc.set_num_threads(threads)
+        try:
+            import torch
+        except ImportError:
+            return
+        torch.set_num_threads(threads)
 
 
 def run_speed(library: str, algo: str, env: str, steps: int, device: str) -> tuple[float, float]:
@@ -106,23 +126,37 @@ def run_speed(library: str, algo: str, env: str, steps: int, device: str) -> tup
     return time.perf_counter() - start, 0.0
 
 
-def run_in_fresh_process(library: str, algo: str, seed: int, device: str, speed: tuple | None = None
-                         ) -> tuple[float, float]:
+def run_in_fresh_process(library: str, algo: str, seed: int, device: str, speed: tuple | None = None,
+                         threads: int = 0) -> tuple[float, float]:
     """One training run in a new Python process: (seconds, evaluation return); with ``speed``,
-    (env, steps): run_speed's (seconds, 0.0) instead."""
-    command = [sys.executable, __file__, "--one", library, algo, str(seed), device]
-    if speed:
-        command += [speed[0], str(speed[1])]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{library} {algo} seed {seed} failed:\n{done.stderr[-3000:]}")
-    seconds, mean = json.loads(done.stdout.strip().splitlines()[-1])
-    return seconds, mean
+    (env, steps): run_speed's (seconds, 0.0) instead; ``threads``: its CPU threads (0: the default)."""
+    return run_in_fresh_processes(1, library, algo, seed, device, speed, threads)[0]
+
+
+def run_in_fresh_processes(count: int, library: str, algo: str, seed: int, device: str, speed: tuple | None = None,
+                           threads: int = 0) -> list[tuple[float, float]]:
+    """``count`` such runs at once, each in its own new process (seeds seed, seed + 1, ...)."""
+    running = []
+    for k in range(count):
+        command = [sys.executable, __file__, "--one", library, algo, str(seed + k), device]
+        if speed:
+            command += [speed[0], str(speed[1])]
+        running.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env={**os.environ, THREADS_VARIABLE: str(threads)} if threads else None))
+    results = []
+    for k, process in enumerate(running):
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"{library} {algo} seed {seed + k} failed:\n{err[-3000:]}")
+        seconds, mean = json.loads(out.strip().splitlines()[-1])
+        results.append((seconds, mean))
+    return results
 
 
 def main() -> int:
     if len(sys.argv) in (6, 8) and sys.argv[1] == "--one":  # a child process: one run, its result as JSON
         library, algo, seed, device = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+        limit_threads()
         if len(sys.argv) == 8:
             result = run_speed(library, algo, sys.argv[6], int(sys.argv[7]), device)
         else:
@@ -139,7 +173,14 @@ def main() -> int:
                         help="instead: steps/s of training alone on --speed-env (after 1000 untimed steps)")
     parser.add_argument("--speed-env", default="HalfCheetah-v5")
     parser.add_argument("--speed-steps", type=int, default=1000)
+    parser.add_argument("--concurrent", type=int, default=1,
+                        help="with --speed: also N rlkit runs at once, their steps/s together")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads of each run (default: the libraries' own)")
     args = parser.parse_args()
+    if args.concurrent < 1:
+        parser.error(f"--concurrent must be at least 1, got {args.concurrent}")
+    if args.threads < 0:
+        parser.error(f"--threads must be positive, got {args.threads}")
     algos = [a.strip().lower() for a in args.algos.split(",")]
     unknown = [a for a in algos if a not in ZOO]
     if unknown:
@@ -154,7 +195,7 @@ def main() -> int:
             with_sb3 = False
 
     if args.speed:
-        return speed_table(args, algos, with_sb3)
+        return speed_table(args, algos, with_sb3) if args.concurrent == 1 else concurrent_table(args, algos)
     rows = []
     for algo in algos:
         case = ZOO[algo]
@@ -191,14 +232,30 @@ def speed_table(args, algos: list[str], with_sb3: bool) -> int:
           f"steps/s | SB3 ({args.sb3_device}) steps/s | ratio |")
     print("|---|---|---|---|")
     for algo in algos:
-        ours = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed)[0]
+        ours = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed, args.threads)[0]
         cells = [f"{algo.upper()}, {args.speed_env}", f"{ours:.0f}"]
         if with_sb3:
-            theirs = args.speed_steps / run_in_fresh_process("sb3", algo, 0, args.sb3_device, speed)[0]
+            theirs = args.speed_steps / run_in_fresh_process("sb3", algo, 0, args.sb3_device, speed, args.threads)[0]
             cells += [f"{theirs:.0f}", f"{ours / theirs:.2f}x"]
         else:
             cells += ["-", "-"]
         print("| " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+def concurrent_table(args, algos: list[str]) -> int:
+    """--speed --concurrent N: rlkit's steps per second of one run alone, then of N runs at once
+    (each process's steps over its own time, summed)."""
+    speed = (args.speed_env, args.speed_steps)
+    print(f"\n| algorithm, env: {args.speed_steps} training steps after {SPEED_STARTS} | one run ({args.device}) "
+          f"steps/s | {args.concurrent} at once: each | together | together / one |")
+    print("|---|---|---|---|---|")
+    for algo in algos:
+        alone = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed, args.threads)[0]
+        each = [args.speed_steps / seconds for seconds, _ in
+                run_in_fresh_processes(args.concurrent, "rlkit", algo, 0, args.device, speed, args.threads)]
+        print(f"| {algo.upper()}, {args.speed_env} | {alone:.0f} | {', '.join(f'{v:.0f}' for v in each)} "
+              f"| {sum(each):.0f} | {sum(each) / alone:.2f}x |", flush=True)
     return 0
 
 

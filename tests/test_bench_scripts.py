@@ -151,3 +151,50 @@ def test_bench_agents_speed_times_the_training_steps_after_learning_starts(libra
     monkeypatch.setattr(bench_agents, "SPEED_STARTS", 200)
     seconds, _ = bench_agents.run_speed(library, "td3", "Pendulum-v1", 20, "cpu")
     assert 0 < seconds < 60 and math.isfinite(seconds)
+
+
+def test_bench_agents_concurrent_runs_report_each_and_their_sum(monkeypatch, capsys):
+    """--speed --concurrent 2: one run alone, then two at once in their own processes; the row
+    gives each run's steps/s, their sum, and the sum over the lone run's."""
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(sys, "argv", ["bench_agents.py", "--speed", "--no-sb3", "--concurrent", "2", "--algos", "td3",
+                                      "--speed-env", "Pendulum-v1", "--speed-steps", "20"])
+    assert bench_agents.main() == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| TD3, Pendulum-v1")]
+    assert len(row) == 1, row
+    alone, each, together, ratio = [cell.strip() for cell in row[0].strip("|").split("|")][1:]
+    each = [float(v) for v in each.split(",")]
+    assert len(each) == 2 and all(v > 0 for v in each)
+    assert abs(float(together) - sum(each)) <= 1.0  # (each printed rounded)
+    assert float(ratio.rstrip("x")) == pytest.approx(float(together) / float(alone), rel=0.03)  # (rounded cells)
+
+
+def test_bench_zoo_resumes_a_run_stopped_by_the_clock_and_tables_the_result(tmp_path, monkeypatch, capsys):
+    """A run whose deadline has passed stops after its first step, saving the agent and buffer;
+    the next call resumes it to its steps (the same run: two segments, one TensorBoard folder),
+    evaluates it and drops the buffer; table prints its row, with '-' where no reference exists."""
+    zoo = load_script("bench_zoo")
+    monkeypatch.setitem(zoo.HYPERPARAMETERS, "sac", dict(learning_starts=50, batch_size=16, net_arch=(16, 16)))
+    monkeypatch.setattr(zoo, "EVAL_EPISODES", 1)
+    folder = str(tmp_path / "sac_Pendulum-v1_s0")
+    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 120, "cpu", deadline=0.0)
+    progress = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "progress.json").read_text())
+    assert progress["steps"] == 1 and progress["segments"] == 1
+    assert (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").is_dir()
+    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 120, "cpu", deadline=math.inf)
+    result = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "result.json").read_text())
+    assert result["steps"] == 120 and result["segments"] == 2 and -16.3 * 200 <= result["eval_mean"] <= 0
+    assert result["steps_per_second"] > 0 and not (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").exists()
+    assert len(list((tmp_path / "sac_Pendulum-v1_s0" / "tb").iterdir())) == 1  # resumed in the same run folder
+    assert zoo.main(["table", "--runs", str(tmp_path)]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC |")]
+    assert row == [f"| SAC | Pendulum-v1, 0k | {result['eval_mean']:.0f} | - | - | - | "
+                   f"{result['train_seconds'] / 60:.1f} min | {result['steps_per_second']:.0f} |"]
+
+
+def test_bench_zoo_refuses_bad_arguments():
+    zoo = load_script("bench_zoo")
+    for argv in (["train", "--algos", "ppo"], ["train", "--seeds", "0,x"], ["train", "--parallel", "0"],
+                 ["train", "--minutes", "0"], ["plot"]):
+        with pytest.raises(SystemExit):
+            zoo.parse_args(argv)
