@@ -1,0 +1,232 @@
+"""RL Zoo's MuJoCo table, reproduced: SAC and TD3 on HalfCheetah, Hopper, Walker2d and Ant (v5)
+with RL Zoo's hyperparameters for 1M steps, the final evaluation returns beside those RL Zoo and
+CleanRL publish, with each run's wall time and steps per second and its learning curve.
+
+    python scripts/bench_zoo.py train [--runs zoo_runs] [--algos sac,td3]
+                                      [--envs HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5]
+                                      [--seeds 0] [--steps 1000000] [--device gpu]
+                                      [--parallel 4] [--minutes 9]
+    python scripts/bench_zoo.py table [--runs zoo_runs] [--plots docs/zoo]
+
+``train`` runs every (algorithm, environment, seed) of the lists that has not finished, up to
+``--parallel`` at once, each in its own process, until it reaches ``--steps`` or ``--minutes``
+have passed. A run stopped by the clock saves its agent and replay buffer in its folder
+(``<runs>/<algo>_<env>_s<seed>``) and the next ``train`` resumes it there (its episodes start
+anew; the folder must survive between calls: on a lent GPU machine, calls that follow each other
+while it is still held). A run that reaches its steps is evaluated (10 episodes, deterministic,
+as RL Zoo's table) and writes ``result.json``: the returns, the training's wall time (the
+saves, loads and evaluation not counted) and steps per second. ``table`` prints the markdown
+table of the finished runs and, with ``--plots``, writes each run's ``rollout/ep_rew_mean`` curve
+as a PNG (``rlkit plot``).
+
+The references (MuJoCo v3 for RL Zoo, v2 and v4 for CleanRL; rlkit trains on v5, the version
+Gymnasium ships): RL Zoo's ``benchmark.md`` (one run each) and CleanRL's docs (training episodic
+return over seeds; no Ant rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from rlkit.agents import SAC, TD3, evaluate
+
+# RL Zoo's hyperparams/{sac,td3}.yml for the MuJoCo tasks (SB3's defaults elsewhere: buffer 1M,
+# batch 256, tau 0.005, gamma 0.99, one gradient step per environment step).
+HYPERPARAMETERS = {
+    "sac": dict(learning_rate=3e-4, learning_starts=10_000, buffer_size=1_000_000, batch_size=256, gamma=0.99,
+                tau=0.005, net_arch=(256, 256)),
+    "td3": dict(learning_rate=1e-3, learning_starts=10_000, buffer_size=1_000_000, batch_size=256, gamma=0.99,
+                tau=0.005, net_arch=(400, 300), action_noise_std=0.1),
+}
+AGENTS = {"sac": SAC, "td3": TD3}
+TASKS = ("HalfCheetah", "Hopper", "Walker2d", "Ant")
+RL_ZOO = {"sac": dict(HalfCheetah=9535, Hopper=2326, Walker2d=3863, Ant=4616),
+          "td3": dict(HalfCheetah=9656, Hopper=3606, Walker2d=4718, Ant=5813)}
+CLEANRL = {"sac": dict(HalfCheetah=9634.89, Hopper=2310.46, Walker2d=3591.45),
+           "td3": dict(HalfCheetah=9583.22, Hopper=3134.61, Walker2d=4057.59)}
+EVAL_EPISODES, EVAL_SEED = 10, 1000
+LOG_INTERVAL = 5000  # steps between TensorBoard points
+
+
+def run_folder(runs: str, algo: str, env: str, seed: int) -> str:
+    return os.path.join(runs, f"{algo}_{env}_s{seed}")
+
+
+def read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path: str, value: dict) -> None:
+    """Writes ``value`` to ``path`` through a temporary file and a rename (a kill leaves either file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+# ---- one run (a child process) ---------------------------------------------------------------------
+
+def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: str, deadline: float) -> None:
+    """Trains (or resumes) the run in ``folder`` until ``steps`` or the ``deadline`` (a time.time()),
+    saving its agent and buffer when stopped early and its result when done."""
+    os.makedirs(folder, exist_ok=True)
+    progress_path, checkpoint, buffer = (os.path.join(folder, name) for name in
+                                         ("progress.json", "agent.safetensors", "replay_buffer"))
+    progress = read_json(progress_path) or {"steps": 0, "train_seconds": 0.0, "segments": 0}
+    cls = AGENTS[algo]
+    if progress["steps"]:
+        agent = cls.load(checkpoint, env=env, device=device)
+        agent.logdir = os.path.join(folder, "tb")
+        agent.load_replay_buffer(buffer)
+    else:
+        agent = cls(env, seed=seed, device=device, logdir=os.path.join(folder, "tb"),
+                    log_interval=LOG_INTERVAL, **HYPERPARAMETERS[algo])
+    start = time.perf_counter()
+    agent.learn(steps - agent.num_timesteps, callback=lambda event: time.time() < deadline,
+                reset_num_timesteps=progress["steps"] == 0, tb_log_name=algo.upper())
+    progress["train_seconds"] += time.perf_counter() - start
+    progress["steps"], progress["segments"] = agent.num_timesteps, progress["segments"] + 1
+    if agent.num_timesteps < steps:  # stopped by the clock: keep everything for the next call
+        agent.save(checkpoint)
+        agent.save_replay_buffer(buffer)
+        write_json(progress_path, progress)
+        return
+    mean, std = evaluate(agent, env, n_eval_episodes=EVAL_EPISODES, deterministic=True, seed=EVAL_SEED)
+    write_json(os.path.join(folder, "result.json"), {
+        "algo": algo, "env": env, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
+        "train_seconds": progress["train_seconds"], "segments": progress["segments"], "device": device,
+        "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo]})
+    shutil.rmtree(buffer, ignore_errors=True)  # a 1M-step buffer is hundreds of MB; the result is what stays
+    agent.save(checkpoint)
+    write_json(progress_path, progress)
+
+
+# ---- train: every unfinished run, a few at a time -----------------------------------------------------
+
+def train(args) -> int:
+    deadline = time.time() + 60.0 * args.minutes
+    pending = [(algo, env, seed) for algo in args.algos for env in args.envs for seed in args.seeds
+               if not os.path.exists(os.path.join(run_folder(args.runs, algo, env, seed), "result.json"))]
+    running: list[tuple[subprocess.Popen, str]] = []
+    failed = 0
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            algo, env, seed = pending.pop(0)
+            folder = run_folder(args.runs, algo, env, seed)
+            command = [sys.executable, __file__, "_run", folder, algo, env, str(seed), str(args.steps), args.device,
+                       repr(deadline)]
+            running.append((subprocess.Popen(command, stderr=subprocess.PIPE, text=True), folder))
+        time.sleep(1.0)
+        for process, folder in list(running):
+            if process.poll() is None:
+                continue
+            running.remove((process, folder))
+            if process.returncode != 0:
+                failed += 1
+                print(f"{folder}: failed\n{process.stderr.read()[-3000:]}", flush=True)
+                continue
+            result = read_json(os.path.join(folder, "result.json"))
+            progress = read_json(os.path.join(folder, "progress.json"))
+            state = (f"done, return {result['eval_mean']:.0f}" if result else "stopped by the clock") if progress else "?"
+            print(f"{folder}: {progress['steps'] if progress else 0} steps, {state}", flush=True)
+    return 1 if failed else 0
+
+
+# ---- table -------------------------------------------------------------------------------------------
+
+def table(args) -> int:
+    results = [read_json(os.path.join(args.runs, name, "result.json")) for name in sorted(os.listdir(args.runs))]
+    results = [r for r in results if r is not None]
+    if not results:
+        print(f"no finished runs under {args.runs}")
+        return 1
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["algo"], r["env"]), []).append(r)
+    print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3) | CleanRL | rlkit / RL Zoo "
+          "| wall time per run | steps/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (algo, env), runs in sorted(groups.items()):
+        task = env.split("-")[0]
+        returns = [r["eval_mean"] for r in sorted(runs, key=lambda r: r["seed"])]
+        median = statistics.median(returns)
+        zoo, cleanrl = RL_ZOO[algo].get(task), CLEANRL[algo].get(task)
+        minutes = statistics.median(r["train_seconds"] for r in runs) / 60.0
+        print(f"| {algo.upper()} | {env}, {runs[0]['steps'] // 1000}k | "
+              f"{', '.join(f'{v:.0f}' for v in returns)} | {zoo if zoo else '-'} | {f'{cleanrl:.0f}' if cleanrl else '-'} | "
+              f"{f'{median / zoo:.2f}' if zoo else '-'} | {minutes:.1f} min | "
+              f"{statistics.median(r['steps_per_second'] for r in runs):.0f} |")
+    if args.plots:
+        plot(args, results)
+    return 0
+
+
+def plot(args, results: list[dict]) -> None:
+    """Each run's rollout/ep_rew_mean curve, as <plots>/<algo>_<env>_s<seed>.png."""
+    from rlkit.cli import main as rlkit_main
+
+    os.makedirs(args.plots, exist_ok=True)
+    for r in results:
+        name = f"{r['algo']}_{r['env']}_s{r['seed']}"
+        rlkit_main(["plot", os.path.join(args.runs, name, "tb"), "-o", os.path.join(args.plots, f"{name}.png")])
+
+
+# ---- main --------------------------------------------------------------------------------------------
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("train", help="train (or resume) every unfinished run")
+    run.add_argument("--runs", default="zoo_runs", help="the folder of the runs' folders")
+    run.add_argument("--algos", default="sac,td3")
+    run.add_argument("--envs", default=",".join(f"{task}-v5" for task in TASKS))
+    run.add_argument("--seeds", default="0")
+    run.add_argument("--steps", type=int, default=1_000_000)
+    run.add_argument("--device", default="gpu")
+    run.add_argument("--parallel", type=int, default=4, help="runs at once, each its own process")
+    run.add_argument("--minutes", type=float, default=9.0, help="stop (saving) after this long")
+    show = commands.add_parser("table", help="the markdown table of the finished runs")
+    show.add_argument("--runs", default="zoo_runs")
+    show.add_argument("--plots", help="also write each run's learning curve here, as PNG")
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        args.algos = [a.strip().lower() for a in args.algos.split(",")]
+        unknown = [a for a in args.algos if a not in AGENTS]
+        if unknown:
+            parser.error(f"unknown algorithm(s) {unknown}; expected some of {sorted(AGENTS)}")
+        args.envs = [e.strip() for e in args.envs.split(",")]
+        try:
+            args.seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+        for name in ("steps", "parallel"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+        if not args.minutes > 0:
+            parser.error(f"--minutes must be positive, got {args.minutes}")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_run":  # a child process: one run
+        folder, algo, env, seed, steps, device, deadline = argv[1:8]
+        train_one(folder, algo, env, int(seed), int(steps), device, float(deadline))
+        return 0
+    args = parse_args(argv)
+    return train(args) if args.command == "train" else table(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
