@@ -16,8 +16,8 @@ anew; the folder must survive between calls: on a lent GPU machine, calls that f
 while it is still held). A run that reaches its steps is evaluated (10 episodes, deterministic,
 as RL Zoo's table) and writes ``result.json``: the returns, the training's wall time (the
 saves, loads and evaluation not counted) and steps per second. ``table`` prints the markdown
-table of the finished runs and, with ``--plots``, writes each run's ``rollout/ep_rew_mean`` curve
-as a PNG (``rlkit plot``).
+table of the finished runs and, with ``--plots``, writes the ``rollout/ep_rew_mean`` curves of
+each algorithm and task, a line per seed, as a PNG (``rlkit plot``).
 
 The references (MuJoCo v3 for RL Zoo, v2 and v4 for CleanRL; rlkit trains on v5, the version
 Gymnasium ships): RL Zoo's ``benchmark.md`` (one run each) and CleanRL's docs (training episodic
@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from rlkit.agents import SAC, TD3, evaluate
@@ -51,6 +52,7 @@ RL_ZOO = {"sac": dict(HalfCheetah=9535, Hopper=2326, Walker2d=3863, Ant=4616),
           "td3": dict(HalfCheetah=9656, Hopper=3606, Walker2d=4718, Ant=5813)}
 CLEANRL = {"sac": dict(HalfCheetah=9634.89, Hopper=2310.46, Walker2d=3591.45),
            "td3": dict(HalfCheetah=9583.22, Hopper=3134.61, Walker2d=4057.59)}
+REFERENCE_STEPS = 1_000_000  # the references' training budget
 EVAL_EPISODES, EVAL_SEED = 10, 1000
 LOG_INTERVAL = 5000  # steps between TensorBoard points
 
@@ -154,18 +156,19 @@ def table(args) -> int:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in results:
         groups.setdefault((r["algo"], r["env"]), []).append(r)
-    print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3) | CleanRL | rlkit / RL Zoo "
-          "| wall time per run | steps/s |")
+    print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3, 1M) | CleanRL (1M) "
+          "| rlkit / RL Zoo (median, at 1M) | wall time per run | steps/s |")
     print("|---|---|---|---|---|---|---|---|")
     for (algo, env), runs in sorted(groups.items()):
         task = env.split("-")[0]
         returns = [r["eval_mean"] for r in sorted(runs, key=lambda r: r["seed"])]
         median = statistics.median(returns)
         zoo, cleanrl = RL_ZOO[algo].get(task), CLEANRL[algo].get(task)
+        at_zoo_budget = runs[0]["steps"] >= REFERENCE_STEPS  # the references are returns after 1M steps
         minutes = statistics.median(r["train_seconds"] for r in runs) / 60.0
         print(f"| {algo.upper()} | {env}, {runs[0]['steps'] // 1000}k | "
               f"{', '.join(f'{v:.0f}' for v in returns)} | {zoo if zoo else '-'} | {f'{cleanrl:.0f}' if cleanrl else '-'} | "
-              f"{f'{median / zoo:.2f}' if zoo else '-'} | {minutes:.1f} min | "
+              f"{f'{median / zoo:.2f}' if zoo and at_zoo_budget else '-'} | {minutes:.1f} min | "
               f"{statistics.median(r['steps_per_second'] for r in runs):.0f} |")
     if args.plots:
         plot(args, results)
@@ -173,13 +176,23 @@ def table(args) -> int:
 
 
 def plot(args, results: list[dict]) -> None:
-    """Each run's rollout/ep_rew_mean curve, as <plots>/<algo>_<env>_s<seed>.png."""
+    """The rollout/ep_rew_mean curves of each (algorithm, task), a line per seed, as
+    <plots>/<algo>_<env>_<steps>.png (rlkit plot over copies of the runs' small event folders,
+    gathered under one folder named after the group)."""
     from rlkit.cli import main as rlkit_main
 
     os.makedirs(args.plots, exist_ok=True)
+    groups: dict[tuple[str, str, int], list[dict]] = {}
     for r in results:
-        name = f"{r['algo']}_{r['env']}_s{r['seed']}"
-        rlkit_main(["plot", os.path.join(args.runs, name, "tb"), "-o", os.path.join(args.plots, f"{name}.png")])
+        groups.setdefault((r["algo"], r["env"], r["steps"]), []).append(r)
+    for (algo, env, steps), runs in sorted(groups.items()):
+        name = f"{algo}_{env}_{steps // 1000}k"
+        with tempfile.TemporaryDirectory() as scratch:
+            for r in runs:
+                shutil.copytree(os.path.join(args.runs, f"{algo}_{env}_s{r['seed']}", "tb"),
+                                os.path.join(scratch, name, f"seed_{r['seed']}"))
+            if rlkit_main(["plot", os.path.join(scratch, name), "-o", os.path.join(args.plots, f"{name}.png")]) != 0:
+                print(f"{name}: no curve drawn (rlkit plot said why, above)")
 
 
 # ---- main --------------------------------------------------------------------------------------------
@@ -198,7 +211,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--minutes", type=float, default=9.0, help="stop (saving) after this long")
     show = commands.add_parser("table", help="the markdown table of the finished runs")
     show.add_argument("--runs", default="zoo_runs")
-    show.add_argument("--plots", help="also write each run's learning curve here, as PNG")
+    show.add_argument("--plots", help="also write the learning curves here, as PNG (one per algorithm and task)")
     args = parser.parse_args(argv)
     if args.command == "train":
         args.algos = [a.strip().lower() for a in args.algos.split(",")]

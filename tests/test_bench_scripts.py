@@ -177,16 +177,17 @@ def test_bench_zoo_resumes_a_run_stopped_by_the_clock_and_tables_the_result(tmp_
     monkeypatch.setitem(zoo.HYPERPARAMETERS, "sac", dict(learning_starts=50, batch_size=16, net_arch=(16, 16)))
     monkeypatch.setattr(zoo, "EVAL_EPISODES", 1)
     folder = str(tmp_path / "sac_Pendulum-v1_s0")
-    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 120, "cpu", deadline=0.0)
+    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=0.0)
     progress = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "progress.json").read_text())
     assert progress["steps"] == 1 and progress["segments"] == 1
     assert (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").is_dir()
-    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 120, "cpu", deadline=math.inf)
+    zoo.train_one(folder, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=math.inf)  # an episode ends: a curve
     result = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "result.json").read_text())
-    assert result["steps"] == 120 and result["segments"] == 2 and -16.3 * 200 <= result["eval_mean"] <= 0
+    assert result["steps"] == 250 and result["segments"] == 2 and -16.3 * 200 <= result["eval_mean"] <= 0
     assert result["steps_per_second"] > 0 and not (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").exists()
     assert len(list((tmp_path / "sac_Pendulum-v1_s0" / "tb").iterdir())) == 1  # resumed in the same run folder
-    assert zoo.main(["table", "--runs", str(tmp_path)]) == 0
+    assert zoo.main(["table", "--runs", str(tmp_path), "--plots", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "sac_Pendulum-v1_0k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC |")]
     assert row == [f"| SAC | Pendulum-v1, 0k | {result['eval_mean']:.0f} | - | - | - | "
                    f"{result['train_seconds'] / 60:.1f} min | {result['steps_per_second']:.0f} |"]
@@ -198,3 +199,25 @@ def test_bench_zoo_refuses_bad_arguments():
                  ["train", "--minutes", "0"], ["plot"]):
         with pytest.raises(SystemExit):
             zoo.parse_args(argv)
+
+
+def test_bench_zoo_table_compares_with_rl_zoo_only_at_its_budget(tmp_path, capsys):
+    """The ratio to RL Zoo's return (published after 1M steps) is the median over the seeds, and
+    only for runs of that budget; a shorter run's row says '-'."""
+    zoo = load_script("bench_zoo")
+    for seed, (steps, mean) in enumerate([(1_000_000, 9000.0), (1_000_000, 10000.0), (1_000_000, 8000.0)]):
+        folder = tmp_path / f"sac_HalfCheetah-v5_s{seed}"
+        folder.mkdir()
+        (folder / "result.json").write_text(json.dumps(dict(
+            algo="sac", env="HalfCheetah-v5", seed=seed, steps=steps, eval_mean=mean, train_seconds=600.0 + seed,
+            steps_per_second=steps / (600.0 + seed))))
+    short = tmp_path / "td3_Hopper-v5_s0"
+    short.mkdir()
+    (short / "result.json").write_text(json.dumps(dict(algo="td3", env="Hopper-v5", seed=0, steps=300_000,
+                                                       eval_mean=3000.0, train_seconds=300.0, steps_per_second=1000.0)))
+    assert zoo.main(["table", "--runs", str(tmp_path)]) == 0
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC") or line.startswith("| TD3")}
+    assert rows["SAC"][1:6] == ["HalfCheetah-v5, 1000k", "9000, 10000, 8000", "9535", "9635", f"{9000 / 9535:.2f}"]
+    assert rows["SAC"][6] == "10.0 min"  # the median run's training time
+    assert rows["TD3"][1:6] == ["Hopper-v5, 300k", "3000", "3606", "3135", "-"]
