@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+import rlkit.core as rc
 from rlkit.agents import DDPG, DQN, SAC, TD3, evaluate
 
 # RL Zoo's hyperparameters (hyperparams/{dqn,sac,td3,ddpg}.yml); rlkit's config classes' defaults are the
@@ -93,8 +94,6 @@ def limit_threads() -> None:
     """In a child process: the CPU threads --threads asked for, for both libraries."""
     threads = int(os.environ.get(THREADS_VARIABLE, "0"))
     if threads:
-        import rlkit.core as rc
-
         rc.set_num_threads(threads)
         try:
             import torch

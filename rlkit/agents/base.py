@@ -327,15 +327,28 @@ class OffPolicyAgent:
     acts_in_updates = False
     """Whether ``_train(gradient_steps, act_on=batch)`` also computes, in the program of its last
     gradient step, the policy's exploring actions for ``batch`` (the lanes' next observations)
-    with the updated weights, and keeps them (``_keep_actions``) for the ``_policy`` call that
+    with the updated weights, and keeps them (``_replay_update``) for the ``_policy`` call that
     acts on that batch next: one replay per environment step instead of two, and on the GPU one
     wait for the device instead of two. The actions are those a separate call would compute
     (the same weights; SAC's noise is drawn on the device either way)."""
 
-    def _keep_actions(self, obs, deterministic: bool, actions: np.ndarray) -> None:
-        """Keeps ``actions`` [n, actions], the policy's for the observation batch ``obs`` (the
-        very object), for the next ``_policy(obs, deterministic)`` call to return."""
-        self._actions_ready = (obs, deterministic, actions)
+    def _capture_updates(self, variants: tuple, params: list, deterministic: bool) -> None:
+        """For an agent that ``acts_in_updates``: ``self._steps[v]``, the captured ``_update(stored,
+        v)`` of each variant v, and ``self._acting_steps[v]``, the same update followed by the
+        policy's ``deterministic`` (or sampled) actions for observations given as inputs."""
+        self._steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
+        self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
+            *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
+
+    def _replay_update(self, variant, stored: np.ndarray, act_on, deterministic: bool) -> list:
+        """One gradient step: the outputs of ``self._steps[variant]``, or where ``act_on`` (an
+        observation batch) is given, of its acting twin, whose actions are kept for the
+        ``_policy(act_on, deterministic)`` call that comes next."""
+        if act_on is None:
+            return list(self._steps[variant](stored=stored))
+        *outputs, actions = self._acting_steps[variant](stored=stored, **policy_inputs(act_on))
+        self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
+        return outputs
 
     def _state_objects(self) -> dict:
         """{name: object with state_dict()} that save writes and load restores."""

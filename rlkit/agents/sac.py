@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.base import OffPolicyAgent, policy_input, policy_inputs
+from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.config import OffPolicyConfig
 from rlkit.agents.networks import mlp
 from rlkit.agents.observations import ObservationLayout
@@ -147,12 +147,7 @@ class SAC(OffPolicyAgent):
         self._update_target = Polyak(self.critic_target.parameters(), self.critic.parameters())
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
                   *self.critic_target.parameters().values(), self.ent_coef.log_alpha]
-        self._steps = {with_target: rc.capture(lambda stored, t=with_target: self._update(stored, t), params)
-                       for with_target in (False, True)}
-        # the same updates, then the exploring actions for the lanes' next observations (acts_in_updates)
-        self._acting_steps = {with_target: rc.capture(lambda stored, t=with_target, **obs: (
-            *self._update(stored, t), self._act(policy_input(obs), deterministic=False)), params)
-            for with_target in (False, True)}
+        self._capture_updates((False, True), params, deterministic=False)  # by with_target
         self._n_updates = 0
 
     # ---- the update (traced once per variant, then replayed) ----------------------------------
@@ -202,11 +197,8 @@ class SAC(OffPolicyAgent):
         for step in range(gradient_steps):
             self._n_updates += 1
             with_target = self._n_updates % self.config.target_update_interval == 0
-            if act_on is not None and step == gradient_steps - 1:
-                *values, actions = self._acting_steps[with_target](stored=stored, **policy_inputs(act_on))
-                self._keep_actions(act_on, False, actions.T)  # [n, actions]
-            else:
-                values = self._steps[with_target](stored=stored)
+            values = self._replay_update(with_target, stored, act_on if step == gradient_steps - 1 else None,
+                                         deterministic=False)
             *outputs, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in values]
             self.skipped_updates += int(skipped)
         scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],

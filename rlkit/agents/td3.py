@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.base import OffPolicyAgent, policy_input, policy_inputs
+from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.config import OffPolicyConfig, check_in_range
 from rlkit.agents.networks import mlp
 from rlkit.agents.observations import ObservationLayout
@@ -144,12 +144,7 @@ class TD3(OffPolicyAgent):
                                 Polyak(self.actor_target.parameters(), self.actor.parameters())]
         params = [*self.actor.parameters().values(), *self.critic.parameters().values(),
                   *self.actor_target.parameters().values(), *self.critic_target.parameters().values()]
-        self._steps = {with_actor: rc.capture(lambda stored, a=with_actor: self._update(stored, with_actor=a), params)
-                       for with_actor in (False, True)}
-        # the same updates, then the actor's actions for the lanes' next observations (acts_in_updates)
-        self._acting_steps = {with_actor: rc.capture(lambda stored, a=with_actor, **obs: (
-            *self._update(stored, with_actor=a), self._act(policy_input(obs), deterministic=True)), params)
-            for with_actor in (False, True)}
+        self._capture_updates((False, True), params, deterministic=True)  # by with_actor
         self._n_updates = 0
 
     # ---- the update (traced once per variant, then replayed) ----------------------------------
@@ -191,12 +186,8 @@ class TD3(OffPolicyAgent):
         for step in range(gradient_steps):
             self._n_updates += 1
             with_actor = self._n_updates % self.config.policy_delay == 0
-            if act_on is not None and step == gradient_steps - 1:
-                critic_loss, actor_loss, skipped, actions = self._acting_steps[with_actor](
-                    stored=stored, **policy_inputs(act_on))
-                self._keep_actions(act_on, True, actions.T)  # [n, actions]
-            else:
-                critic_loss, actor_loss, skipped = self._steps[with_actor](stored=stored)
+            critic_loss, actor_loss, skipped = self._replay_update(
+                with_actor, stored, act_on if step == gradient_steps - 1 else None, deterministic=True)
             self.skipped_updates += int(skipped.reshape(-1)[0])
             scalars["train/critic_loss"] = float(critic_loss.reshape(-1)[0])
             if with_actor:
