@@ -422,6 +422,29 @@ def test_a_program_recorded_with_profiling_on_times_each_level(on_gpu):
     assert next(iter(unprofiled._programs.values())).native.level_times() == []
 
 
+def test_a_programs_tables_are_written_once_not_at_every_replay(on_gpu):
+    """The tables that the gradient norm and Adam read (chunks of every parameter) are written
+    when the program is recorded, not by a command of the program: no level of the replayed
+    program writes host data, and six replays still equal six eager steps."""
+    batches = _batches(6)
+    eager_model, eager_opt = _model(rc.optim.Adam, lr=1e-2)
+    eager = _eager_steps(eager_model, eager_opt, batches, 0.5)
+    model, opt = _model(rc.optim.Adam, lr=1e-2)
+    assert _native.set_gpu_profiling(True)
+    try:
+        step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt, max_grad_norm=0.5)
+        captured = [step(x=x, y=y)[0] for x, y in batches]
+    finally:
+        _native.set_gpu_profiling(False)
+    np.testing.assert_allclose(captured, eager, rtol=2e-5, atol=1e-6)
+    for name, value in eager_model.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value, rtol=2e-4, atol=2e-6, err_msg=name)
+    (program,) = step.captured._programs.values()
+    labels = " ".join(label for _, label in program.native.level_times())
+    assert "norm_partials" in labels and "optim_adam" in labels, labels
+    assert "write" not in labels, labels
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, steps):
     """Each recorded update takes its own step count (Adam's bias corrections): one replay of a

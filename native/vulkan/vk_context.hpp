@@ -101,7 +101,7 @@ class Context {
 
     // Device-local storage of n bytes (a sub-allocation), addressed by its device address.
     // With poisoning on (tests), new storage is filled with NaN so unwritten elements show.
-    std::shared_ptr<Storage> allocate(uint64_t nbytes);
+    std::shared_ptr<Storage> allocate(uint64_t nbytes, bool poison = true);
     void set_poison(bool on) { poison_ = on; }
     // Programs recorded from now on time each dependency level (where the queue can time).
     void set_profiling(bool on) { profiling_ = on && limits_.timestamp_bits > 0; }
@@ -118,6 +118,12 @@ class Context {
     // buffer itself: no staging and no transfer to count, and a program's recording repeats it
     // at every replay (small tables of device addresses that kernels read).
     void write(const TensorImpl& dst, const void* data, uint64_t bytes);
+    // A table of `bytes` of host data that kernels read by address (chunk and step records), on
+    // its own storage and written once: while a program records, by an eager write once the
+    // recording ends (submitted before the program's first replay) rather than a command of the
+    // program repeated at every replay (SAC's update wrote 40 tables, 17.8 us of its first level
+    // on the H200, the same bytes every time).
+    TensorPtr table(const void* data, uint64_t bytes);
 
     void upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size);
     void download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size);
@@ -142,9 +148,14 @@ class Context {
         std::function<void(VkCommandBuffer)> emit;
         std::string label;  // what it is (a shader and its workgroups), for level profiles
     };
+    struct TableWrite {
+        std::shared_ptr<Storage> storage;
+        std::vector<uint8_t> bytes;
+    };
     struct ProgramRecording {
         uint64_t next_stream = 0, streams_end = 0;
         std::vector<std::shared_ptr<Storage>> keep;
+        std::vector<TableWrite> tables;  // written once, eagerly, when the recording has ended
         std::vector<DeferredCommand> commands;  // in the order the kernels recorded them
         TransferStats counted;                  // what the recording counted (stats of one run)
     };
@@ -172,6 +183,9 @@ class Context {
     std::vector<ProgramCommands> spare_program_commands_;
     void begin_program(VkCommandBuffer cmd, ProgramRecording* recording);
     void end_program();
+    void write_tables(std::vector<TableWrite>& tables);  // eagerly, after end_program
+    // Records a write of host bytes into [offset, offset + size) of buffer (device address `address`).
+    void write_range(VkBuffer buffer, uint64_t offset, uint64_t address, const void* data, uint64_t bytes);
     void count_recorded();  // one more command; an eager recording this long is submitted
     Context() = default;
     void init(std::string* why);

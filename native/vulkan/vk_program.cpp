@@ -214,11 +214,13 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
         check(api.vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
     } catch (...) {
         api.vkEndCommandBuffer(cmd);  // abandoned: reset before the next recording
+        recording_.tables.clear();
         ctx_.end_program();
         recording_ = Context::ProgramRecording{};
         throw;
     }
     ctx_.end_program();
+    ctx_.write_tables(recording_.tables);  // eager: submitted before the first replay
     TransferStats& run = recording_.counted;
     run.uploads = run.downloads = 1;
     run.upload_bytes = inputs_.nbytes();

@@ -88,14 +88,11 @@ inline void record_sum_splits(const TensorImpl& partials, uint32_t splits, const
     }
 }
 
-// A u8 tensor holding `records`, written into the command buffer (a recorded program carries
-// its own copy): the tables of chunks and steps that kernels read by address.
+// A u8 tensor holding `records`: the tables of chunks and steps that kernels read by address,
+// written once (Context::table).
 template <typename Record>
 TensorPtr device_table(const std::vector<Record>& records) {
-    const uint64_t bytes = records.size() * sizeof(Record);
-    TensorPtr table = make_on(Device::gpu, {int64_t(bytes), 1, 1, 1}, 2, DType::u8);
-    ctx().write(*table, records.data(), bytes);
-    return table;
+    return ctx().table(records.data(), records.size() * sizeof(Record));
 }
 
 }  // namespace rk::vk

@@ -21,9 +21,9 @@ constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
 
 }  // namespace
 
-std::shared_ptr<Storage> Context::allocate(uint64_t nbytes) {
+std::shared_ptr<Storage> Context::allocate(uint64_t nbytes, bool poison) {
     auto a = device_pool_->allocate(nbytes);
-    if (poison_) fill_range(device_pool_->buffer(*a), a->offset, device_pool_->address(*a), a->size, 0x7fc00000u);
+    if (poison_ && poison) fill_range(device_pool_->buffer(*a), a->offset, device_pool_->address(*a), a->size, 0x7fc00000u);
     auto s = std::make_shared<Storage>();
     s->device = Device::gpu;
     s->address = device_pool_->address(*a);
@@ -156,9 +156,34 @@ void Context::copy(const TensorImpl& src, const TensorImpl& dst) {
 void Context::write(const TensorImpl& dst, const void* data, uint64_t bytes) {
     if (bytes % 4 != 0 || bytes > dst.nbytes()) throw std::logic_error("write: bad size for the destination");
     const auto [buffer, offset] = locate(dst);
+    write_range(buffer, offset, dst.address(), data, bytes);
+}
+
+TensorPtr Context::table(const void* data, uint64_t bytes) {
+    const uint64_t padded = (bytes + 3) / 4 * 4;  // vkCmdUpdateBuffer writes whole words
+    TensorPtr t = make_pending({int64_t(padded), 1, 1, 1}, 2, DType::u8, Device::gpu, "table");
+    t->storage = allocate(padded, false);  // not poisoned: written whole before anything reads it
+    std::vector<uint8_t> copy(padded, 0);
+    std::memcpy(copy.data(), data, bytes);
+    if (program_)
+        program_->tables.push_back({t->storage, std::move(copy)});
+    else
+        write(*t, copy.data(), padded);
+    return t;
+}
+
+void Context::write_tables(std::vector<TableWrite>& tables) {
+    for (const TableWrite& w : tables) {
+        auto* a = static_cast<Allocation*>(w.storage->keep_alive.get());
+        write_range(a->pool->buffer(*a), a->offset, w.storage->address, w.bytes.data(), w.bytes.size());
+    }
+    tables.clear();
+}
+
+void Context::write_range(VkBuffer buffer, uint64_t offset, uint64_t address, const void* data, uint64_t bytes) {
     const auto* first = static_cast<const uint8_t*>(data);
     std::vector<uint8_t> bytes_copy(first, first + bytes);  // the caller's data may be gone when a program emits
-    enqueue({}, {{dst.address(), dst.address() + bytes}},
+    enqueue({}, {{address, address + bytes}},
             [this, buffer, offset, bytes_copy = std::move(bytes_copy)](VkCommandBuffer cmd) {
                 for (uint64_t done = 0; done < bytes_copy.size(); done += kMaxUpdateBytes) {
                     const uint64_t n = std::min<uint64_t>(kMaxUpdateBytes, bytes_copy.size() - done);
