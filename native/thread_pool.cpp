@@ -84,7 +84,8 @@ class ThreadPool {
         if (n == size()) return;
         stop_workers();
         stopping_ = false;
-        for (int i = 0; i < n - 1; ++i) workers_.emplace_back([this, seen = generation_.load()] { worker_loop(seen); });
+        for (int i = 0; i < n - 1; ++i)
+            workers_.emplace_back([this, i, seen = generation_.load()] { worker_loop(i, seen); });
     }
 
     void run(int64_t n_chunks, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
@@ -94,12 +95,20 @@ class ThreadPool {
         job->n = n;
         job->grain = grain;
         job->n_chunks = n_chunks;
+        // Helpers: one per chunk beyond the caller's, at most every worker, and always the same
+        // ones, workers 0 to helpers - 1. The rest stay asleep or spinning. All 15 workers of a
+        // 16-thread pool had woken for every op, most of which have 2 blocks, and whichever came
+        // first took the second block: SAC trained at 106-111 steps/s on 16 threads against
+        // 144-152 on 2, each woken worker queueing on mutex_, and each op's block read on
+        // another core than the one that wrote it in the op before.
+        const int64_t helpers = std::min<int64_t>(n_chunks - 1, int64_t(workers_.size()));
         {
             std::lock_guard<std::mutex> lk(mutex_);
             job_ = job;
+            helpers_.store(helpers);
             ++generation_;
         }
-        cv_.notify_all();
+        if (helpers > 0) cv_.notify_all();  // workers not wanted check the count and sleep on
         work(*job);
         std::unique_lock<std::mutex> lk(mutex_);
         done_cv_.wait(lk, [&] { return job->done_chunks.load() == n_chunks; });
@@ -126,14 +135,23 @@ class ThreadPool {
         }
     }
 
-    void worker_loop(uint64_t seen) {
+    // Worker `index` helps with the jobs that want more than `index` helpers.
+    void worker_loop(int64_t index, uint64_t seen) {
         in_parallel_region = true;
         for (;;) {
             spin_until([&] { return generation_.load() != seen; });
+            // A job for fewer helpers is skipped without the lock. The generation is read first:
+            // where a newer job has come since, its count is what this reads, or the generation
+            // changes again after `seen`.
+            const uint64_t now = generation_.load();
+            if (now != seen && index >= helpers_.load()) {
+                seen = now;
+                continue;
+            }
             std::shared_ptr<Job> job;
             {
                 std::unique_lock<std::mutex> lk(mutex_);
-                cv_.wait(lk, [&] { return stopping_ || generation_ != seen; });
+                cv_.wait(lk, [&] { return stopping_ || (generation_ != seen && index < helpers_); });
                 if (stopping_) return;
                 seen = generation_;
                 job = job_;  // null when the caller already finished it
@@ -157,6 +175,7 @@ class ThreadPool {
     std::condition_variable cv_, done_cv_;
     std::shared_ptr<Job> job_;  // the job running now
     std::atomic<uint64_t> generation_{0};  // changed under mutex_, read without it while spinning
+    std::atomic<int64_t> helpers_{0};  // how many workers the job posted last wants (changed under mutex_)
     bool stopping_ = false;
 };
 
