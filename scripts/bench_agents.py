@@ -7,6 +7,7 @@ same run, the same environments and budgets, and the evaluation return each reac
     python scripts/bench_agents.py --speed [--algos sac,td3,ddpg] [--speed-env HalfCheetah-v5]
                                    [--speed-steps 1000] [--device cpu|gpu] [--sb3-device cpu|cuda]
                                    [--concurrent N] [--threads N]
+    python scripts/bench_agents.py --loop-cost [--algos dqn] [--loop-steps 20000] [--device cpu|gpu]
 
 ``--speed`` times training alone, as users meet it on MuJoCo: each library first fills its buffer
 for ``learning_starts`` = 1000 steps (untimed), then trains ``--speed-steps`` more steps, one
@@ -15,6 +16,12 @@ and 100); steps per second beside SB3's, each in a fresh process. ``--concurrent
 starts N such processes at once, as several runs sharing one machine or GPU, and reports their
 steps per second together beside one run's, measured alone just before. ``--threads N`` gives
 each run N CPU threads (rlkit's set_num_threads, torch's for SB3; default: each library's own).
+
+``--loop-cost`` (rlkit alone) measures what the training loop itself costs per environment step:
+each algorithm trains ``--loop-steps`` steps after its ``learning_starts`` on its learning-row
+environment (DQN: CartPole-v1) in a fresh process, with timers around the environment's ``step``
+and the agent's rounds of gradient steps; the loop's own cost is the rest of the wall time
+(acting, storing the transitions, episode statistics, the checks of what the environment returned).
 
 Stable-Baselines3 is an optional bench dependency (pip install stable-baselines3, beside
 torch==2.13.0); without it only rlkit's side runs. Each (algorithm, seed) trains once per
@@ -125,6 +132,39 @@ def run_speed(library: str, algo: str, env: str, steps: int, device: str) -> tup
     return time.perf_counter() - start, 0.0
 
 
+def run_loop_cost(algo: str, steps: int, device: str) -> tuple[float, float, float]:
+    """(wall seconds, seconds in the environment's step, seconds in rounds of gradient steps) of
+    ``steps`` training steps after ``learning_starts`` untimed ones, with RL Zoo's settings."""
+    import gymnasium as gym
+
+    class TimedStep(gym.Wrapper):
+        seconds = 0.0
+
+        def step(self, action):
+            start = time.perf_counter()
+            result = self.env.step(action)
+            TimedStep.seconds += time.perf_counter() - start
+            return result
+
+    case = ZOO[algo]
+    config = case["rlkit"].config_class()
+    agent = case["rlkit"](TimedStep(gym.make(case["env"])), config, seed=0, device=device)
+    agent.learn(config.learning_starts)
+    train, in_updates = agent._train, [0.0]
+
+    def timed_train(*args, **kwargs):
+        start = time.perf_counter()
+        result = train(*args, **kwargs)
+        in_updates[0] += time.perf_counter() - start
+        return result
+
+    agent._train = timed_train
+    TimedStep.seconds = 0.0
+    start = time.perf_counter()
+    agent.learn(steps, reset_num_timesteps=False)
+    return time.perf_counter() - start, TimedStep.seconds, in_updates[0]
+
+
 def run_in_fresh_process(library: str, algo: str, seed: int, device: str, speed: tuple | None = None,
                          threads: int = 0) -> tuple[float, float]:
     """One training run in a new Python process: (seconds, evaluation return); with ``speed``,
@@ -162,6 +202,10 @@ def main() -> int:
             result = run_rlkit(algo, seed, device) if library == "rlkit" else run_sb3(algo, seed, device)
         print(json.dumps(result))
         return 0
+    if len(sys.argv) == 5 and sys.argv[1] == "--one-loop":  # a child process: run_loop_cost's result as JSON
+        limit_threads()
+        print(json.dumps(run_loop_cost(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="dqn,sac,td3,ddpg")
     parser.add_argument("--seeds", default="0")
@@ -175,11 +219,16 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=1,
                         help="with --speed: also N rlkit runs at once, their steps/s together")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads of each run (default: the libraries' own)")
+    parser.add_argument("--loop-cost", action="store_true",
+                        help="instead: the training loop's own cost per step, beside the environment's and the updates'")
+    parser.add_argument("--loop-steps", type=int, default=20_000, help="timed steps of --loop-cost")
     args = parser.parse_args()
     if args.concurrent < 1:
         parser.error(f"--concurrent must be at least 1, got {args.concurrent}")
     if args.threads < 0:
         parser.error(f"--threads must be positive, got {args.threads}")
+    if args.loop_steps < 1:
+        parser.error(f"--loop-steps must be at least 1, got {args.loop_steps}")
     algos = [a.strip().lower() for a in args.algos.split(",")]
     unknown = [a for a in algos if a not in ZOO]
     if unknown:
@@ -193,6 +242,8 @@ def main() -> int:
             print("Stable-Baselines3 is not installed (pip install stable-baselines3): timing rlkit only")
             with_sb3 = False
 
+    if args.loop_cost:
+        return loop_cost_table(args, algos)
     if args.speed:
         return speed_table(args, algos, with_sb3) if args.concurrent == 1 else concurrent_table(args, algos)
     rows = []
@@ -255,6 +306,24 @@ def concurrent_table(args, algos: list[str]) -> int:
                 run_in_fresh_processes(args.concurrent, "rlkit", algo, 0, args.device, speed, args.threads)]
         print(f"| {algo.upper()}, {args.speed_env} | {alone:.0f} | {', '.join(f'{v:.0f}' for v in each)} "
               f"| {sum(each):.0f} | {sum(each) / alone:.2f}x |", flush=True)
+    return 0
+
+
+def loop_cost_table(args, algos: list[str]) -> int:
+    """--loop-cost: per environment step, the wall time, the environment's step, the gradient
+    steps and what is left (the loop's own cost), each algorithm in a fresh process."""
+    print(f"\n| algorithm, env: {args.loop_steps} steps after learning_starts ({args.device}) | us per step "
+          f"| env.step | gradient steps | the loop's own |")
+    print("|---|---|---|---|---|")
+    for algo in algos:
+        command = [sys.executable, __file__, "--one-loop", algo, str(args.loop_steps), args.device]
+        done = subprocess.run(command, capture_output=True, text=True,
+                              env={**os.environ, THREADS_VARIABLE: str(args.threads)} if args.threads else None)
+        if done.returncode != 0:
+            raise RuntimeError(f"rlkit {algo} --loop-cost failed:\n{done.stderr[-3000:]}")
+        wall, env, updates = (seconds * 1e6 / args.loop_steps for seconds in json.loads(done.stdout.splitlines()[-1]))
+        print(f"| {algo.upper()}, {ZOO[algo]['env']} | {wall:.1f} | {env:.1f} | {updates:.1f} "
+              f"| {wall - env - updates:.1f} |", flush=True)
     return 0
 
 

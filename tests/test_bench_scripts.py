@@ -169,6 +169,20 @@ def test_bench_agents_concurrent_runs_report_each_and_their_sum(monkeypatch, cap
     assert float(ratio.rstrip("x")) == pytest.approx(float(together) / float(alone), rel=0.03)  # (rounded cells)
 
 
+def test_bench_agents_loop_cost_splits_a_step_into_the_env_the_updates_and_the_loop(monkeypatch, capsys):
+    """--loop-cost: DQN on CartPole-v1 for 300 steps after learning_starts (one round of gradient
+    steps, at the 256th), in a fresh process; the environment's and the updates' times are
+    positive and the loop's own is what is left of the wall time."""
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(sys, "argv", ["bench_agents.py", "--loop-cost", "--algos", "dqn", "--loop-steps", "300"])
+    assert bench_agents.main() == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| DQN, CartPole-v1")]
+    assert len(row) == 1, row
+    wall, env, updates, own = [float(cell) for cell in row[0].strip("|").split("|")[1:]]
+    assert env > 0 and updates > env and own > 0
+    assert wall == pytest.approx(env + updates + own, abs=0.2)  # (each printed rounded)
+
+
 def test_bench_zoo_resumes_a_run_stopped_by_the_clock_and_tables_the_result(tmp_path, monkeypatch, capsys):
     """A run whose deadline has passed stops after its first step, saving the agent and buffer;
     the next call resumes it to its steps (the same run: two segments, one TensorBoard folder),
