@@ -15,7 +15,7 @@ import pytest
 import rlkit.core as rc
 from conftest import AVAILABLE_DEVICES
 from rlkit.buffers import ReplayBuffer
-from rlkit.buffers.replay import SequenceSamples
+from rlkit.buffers.replay_sequences import SequenceSamples
 
 
 def _rollout(buffers, steps, n_envs, seed=0):

@@ -35,7 +35,7 @@ import json, os, signal, sys, time, traceback
 
 import numpy as np
 
-import rlkit.buffers.replay as replay
+import rlkit.buffers.replay_files as replay_files
 import rlkit.buffers.save_folders as save_folders
 from rlkit.buffers import ReplayBuffer
 
@@ -122,7 +122,7 @@ def _leftovers(folder) -> list[str]:
 
 # (where the save is killed, the save that must load, what it leaves beside the path)
 _SWAP_STEPS = [
-    ("kill_after(replay, 'fsync_path', 1)", "earlier", ["tmp"]),  # one field written
+    ("kill_after(replay_files, 'fsync_path', 1)", "earlier", ["tmp"]),  # one field written
     ("kill_after(save_folders.os, 'rename', 1)", "new", ["old", "tmp"]),  # the earlier save moved aside
     ("kill_after(save_folders.os, 'rename', 2)", "new", ["old"]),  # the new one in place
     ("kill_after(save_folders.shutil.os, 'unlink', 1)", "new", ["old"]),  # the earlier one part removed

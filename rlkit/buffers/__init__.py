@@ -6,7 +6,8 @@ variants and hindsight relabelling (her.py)."""
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.her import HerReplayBuffer
 from rlkit.buffers.prioritized import DevicePrioritizedReplayBuffer, PrioritizedReplayBuffer, SumTree
-from rlkit.buffers.replay import ReplayBuffer, ReplaySamples, SequenceSamples
+from rlkit.buffers.replay import ReplayBuffer, ReplaySamples
+from rlkit.buffers.replay_sequences import SequenceSamples
 
 __all__ = ["DeviceBuffer", "ReplayBuffer", "ReplaySamples", "SequenceSamples", "PrioritizedReplayBuffer", "DevicePrioritizedReplayBuffer",
            "SumTree", "HerReplayBuffer"]

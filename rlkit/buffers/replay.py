@@ -17,15 +17,15 @@ u8 observations are bytes on the device, sampled in the image layout where they 
 one axis. With ``frame_stack`` the observations are frame stacks: each frame is stored once and
 the stacks are rebuilt by index on the device (frames.py), next observations included, so
 sampling on the device works for them as for vectors.
+
+Two base classes of ReplayBuffer carry its other ideas: its sequence samplers
+(replay_sequences.py) and its save and load (replay_files.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import numbers
-import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -35,27 +35,11 @@ import rlkit.core as rc
 from rlkit.buffers.device_buffer import DeviceBuffer
 from rlkit.buffers.frames import FrameStacks, default_start_frames, frame_columns, image_shape, minimum_start_frames
 from rlkit.buffers.keyed import KeyedObservations, keyed_row_bytes, keyed_specs
-from rlkit.buffers.save_folders import SAVE_FORMAT, SAVE_VERSION, file_sha256, save_folder, saved_folder
+from rlkit.buffers.replay_files import ReplayFiles
+from rlkit.buffers.replay_sequences import SequenceSampling
 from rlkit.core import runtime
 from rlkit.core.checks import check_integer_values, positive_int
-from rlkit.core.files import fsync_path
 from rlkit.core.tensor import NUMPY_DTYPES, Tensor
-
-
-class SequenceSamples(NamedTuple):
-    """A batch of sequences: obs and next_obs [obs_rows, T, B], action [action_rows, T, B],
-    reward, terminated and mask [1, T, B] with T = burn_in + length. mask is 1 on the steps of
-    the sampled episode and 0 after it ended, so no sequence crosses an episode boundary
-    unmasked. next_obs is each step's true next observation (None with optimize_memory)."""
-
-    obs: Tensor
-    action: Tensor
-    reward: Tensor
-    terminated: Tensor
-    mask: Tensor
-    burn_in: int
-    next_obs: Tensor | None = None
-    index: Tensor | None = None  # the windows' columns, i32 [1, T * B] (time fastest)
 
 
 class ReplaySamples(NamedTuple):
@@ -113,15 +97,7 @@ def _frame_settings(frame_stack, start_frames, obs_shape: tuple[int, ...], obs_d
     return k, int(start_frames)
 
 
-def _window_steps(where: str, batch_size, length, burn_in) -> int:
-    """burn_in + length after checking the arguments of a sequence sampler."""
-    for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1), ("burn_in", burn_in, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}")
-    return int(burn_in) + int(length)
-
-
-class ReplayBuffer:
+class ReplayBuffer(SequenceSampling, ReplayFiles):
     """A ring of ``capacity`` transitions (rounded down to a multiple of ``n_envs``).
 
     ``add(obs, action, reward, next_obs, terminated, truncated)`` takes arrays as Gymnasium's
@@ -640,259 +616,6 @@ class ReplayBuffer:
         if not (1 <= stored <= len(self) and float(stored).is_integer()):
             raise ValueError(f"{where}: stored must be a whole number from 1 to the {len(self)} transitions stored, "
                              f"got {stored!r}")
-
-    def sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> SequenceSamples:
-        """``batch_size`` windows of ``burn_in + length`` consecutive steps of one environment
-        each, starting anywhere in the stored data (never wrapping past the write position);
-        steps after an episode's end inside a window are masked out."""
-        window = _window_steps("ReplayBuffer.sample_sequences", batch_size, length, burn_in)
-        self._refuse_sequences_of_stacks("ReplayBuffer.sample_sequences")
-        stored = self.lane_length if self.full else self.pos
-        if window > stored:
-            raise ValueError(f"ReplayBuffer.sample_sequences: a window of {window} steps needs that many stored "
-                             f"steps per environment; {stored} are stored")
-        oldest = self.pos if self.full else 0  # starts run from the oldest step to the last full window
-        start = (oldest + self._rng.integers(0, stored - window + 1, batch_size)) % self.lane_length
-        e = self._rng.integers(0, self.n_envs, batch_size)
-        steps = (start[None, :] + np.arange(window)[:, None]) % self.lane_length  # [T, B]
-        ended = self._terminated[steps, e] | self._truncated[steps, e]
-        # a step is masked once an earlier step of the window ended its episode
-        mask = np.concatenate([np.ones((1, batch_size), bool), np.cumsum(ended, axis=0)[:-1] == 0])
-        index = (steps * self.n_envs + e).reshape(-1, order="F").astype(np.int32)  # t fastest, then b
-        device = self.device
-
-        def gathered(buffer: DeviceBuffer) -> Tensor:
-            return rc.reshape(rc.get_rows(buffer, index), (buffer.rows, window, batch_size))
-
-        def host(values: np.ndarray) -> Tensor:
-            return rc.tensor(values.astype(np.float32).reshape(1, window, batch_size), device=device)
-
-        return SequenceSamples(
-            obs=gathered(self._obs), action=gathered(self._action),
-            reward=host(self._reward[steps, e]), terminated=host(self._terminated[steps, e]),
-            mask=host(mask), burn_in=int(burn_in),
-            next_obs=None if self._next_obs is None else gathered(self._next_obs),
-            index=rc.tensor(index[None, :], device=device),
-        )
-
-    def _refuse_sequences_of_stacks(self, where: str) -> None:
-        if self._stacks is not None:
-            raise ValueError(f"{where}: not with frame_stack (sequences of stacked frames are not rebuilt)")
-        if self._keyed is not None:
-            raise ValueError(f"{where}: not with dict observations (sequences are sampled from one observation table)")
-
-    def sequence_starts(self) -> np.ndarray:
-        """[[oldest ring step], [ring steps stored per environment]]: what
-        ``sample_sequences_on_device`` reads to place its windows (pass it as an input of a
-        captured function, so every replay sees the buffer as it is then)."""
-        stored = self.lane_length if self.full else self.pos
-        return np.array([[self.pos if self.full else 0], [stored]], np.float32)
-
-    def sample_sequences_on_device(self, batch_size: int, length: int, burn_in: int = 0,
-                                   starts=None) -> SequenceSamples:
-        """``sample_sequences`` drawn on the device from the engine's generator (as
-        ``sample_on_device``): nothing crosses from the host, so it can sit inside a captured
-        update. ``starts`` is ``sequence_starts()`` as a [2, 1] tensor (an input of the captured
-        function), or None for the buffer as it is now. Windows never wrap past the write
-        position; the buffer must hold a whole window per environment when it runs."""
-        window = _window_steps("ReplayBuffer.sample_sequences_on_device", batch_size, length, burn_in)
-        self._refuse_sequences_of_stacks("ReplayBuffer.sample_sequences_on_device")
-        if self.optimize_memory:
-            raise ValueError("ReplayBuffer.sample_sequences_on_device: not with optimize_memory")
-        if window > self.lane_length:
-            raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps is longer than "
-                             f"the {self.lane_length} steps a lane holds")
-        if starts is None:
-            now = self.sequence_starts()
-            if now[1, 0] < window:
-                raise ValueError(f"ReplayBuffer.sample_sequences_on_device: a window of {window} steps needs that "
-                                 f"many stored steps per environment; {int(now[1, 0])} are stored")
-            starts = rc.tensor(now, device=self.device)
-        return self._sequences_on_device(int(batch_size), window, int(burn_in), starts)
-
-    def _sequences_on_device(self, batch_size: int, window: int, burn_in: int, starts: Tensor) -> SequenceSamples:
-        """Windows of ``window`` steps of one lane each, in column arithmetic (exact in f32
-        below 2^24): step k of a window starting at ring step s is column
-        ((s + k) mod lane_length) * n_envs + lane."""
-        device = self.device
-        oldest, stored = rc.slice_rows(starts, 0, 1), rc.slice_rows(starts, 1, 1)  # [1, 1] each
-        n_starts = rc.add(stored, float(1 - window))  # windows that fit before the write position
-        first = rc.add(rc.cast(rc.ops.randint(n_starts, (1, batch_size)), "f32"), oldest)  # [1, B] ring steps
-        step = rc.add(first, rc.arange(window, device=device))  # [T, B]: first + 0 .. T - 1
-        step = rc.sub(step, rc.scale(rc.ge(step, float(self.lane_length)), float(self.lane_length)))
-        lane = rc.cast(rc.ops.randint(float(self.n_envs), (1, batch_size), device=device), "f32")  # [1, B]
-        column = rc.add(rc.scale(step, float(self.n_envs)), lane)  # [T, B]
-        index = rc.reshape(rc.cast(column, "i32"), (1, window * batch_size))  # t fastest, then b
-
-        def gathered(buffer: DeviceBuffer) -> Tensor:
-            return rc.reshape(rc.get_rows(buffer, index), (buffer.rows, window, batch_size))
-
-        ended = rc.reshape(rc.get_rows(self._ended_row, index), (window, batch_size))  # [T, B]
-        ended_before = rc.sub(rc.cumsum(ended), ended)  # episode ends strictly before each step
-        mask = rc.sub(1.0, rc.ge(ended_before, 0.5))  # [T, B]
-        return SequenceSamples(
-            obs=gathered(self._obs), action=gathered(self._action), reward=gathered(self._reward_row),
-            terminated=gathered(self._terminated_row), mask=rc.reshape(mask, (1, window, batch_size)),
-            burn_in=burn_in, next_obs=gathered(self._next_obs), index=index,
-        )
-
-    # ---- saving ----------------------------------------------------------------------------
-
-    CHUNK_BYTES = 64 << 20
-
-    def save(self, path: str) -> None:
-        """Writes the buffer to the folder ``path``: one .npy per field, copied in chunks of at
-        most 64 MiB (memory stays bounded), with a SHA-256 of every field's data and of the
-        host arrays in meta.json. ``path`` must be absent or an earlier buffer save (anything
-        else raises FileExistsError and is left as it is); the save is written beside it and
-        swapped in (save_folders.save_folder), so a process killed at any moment leaves the
-        earlier save or this one loadable."""
-        save_folder(path, self._write_files)
-
-    def _write_files(self, folder: str) -> None:
-        """Every file of a save, written into ``folder`` and fsynced, meta.json last."""
-        digests = {}
-        for name, buffer in self._device_fields().items():
-            file = os.path.join(folder, f"{name}.npy")
-            out = np.lib.format.open_memmap(file, mode="w+", dtype=NUMPY_DTYPES[buffer.dtype],
-                                            shape=(buffer.rows, buffer.capacity), fortran_order=True)
-            digest = hashlib.sha256()
-            for col, k in self._chunks(buffer, out.itemsize):
-                block = np.asfortranarray(buffer.read(col, k))
-                out[:, col:col + k] = block
-                digest.update(block.tobytes(order="F"))
-            out.flush()
-            del out
-            fsync_path(file)
-            digests[name] = digest.hexdigest()
-        columns = sorted(self._final_obs)
-        final_obs = np.zeros((len(columns), 0 if self._keyed is not None else math.prod(self.obs_shape)), np.float32)
-        for row, column in enumerate(columns):
-            final_obs[row] = self._final_obs[column]
-        host = os.path.join(folder, "host.npz")
-        np.savez(host, reward=self._reward, terminated=self._terminated, truncated=self._truncated,
-                 final_columns=np.array(columns, np.int64), final_obs=final_obs, newest_next=self._newest_next,
-                 **self._extra_host_arrays(),
-                 **(self._stacks.host_state() if self._stacks is not None else {}))
-        fsync_path(host)
-        digests["host.npz"] = file_sha256(host)
-        with open(os.path.join(folder, "meta.json"), "w") as f:
-            json.dump({"format": SAVE_FORMAT, "version": SAVE_VERSION, **self._settings(), "sha256": digests}, f)
-            f.flush()
-            os.fsync(f.fileno())
-
-    @classmethod
-    def _chunks(cls, buffer: DeviceBuffer, itemsize: int):
-        """(first column, columns) of each chunk of at most CHUNK_BYTES."""
-        step = max(1, cls.CHUNK_BYTES // max(1, buffer.rows * itemsize))
-        for col in range(0, buffer.capacity, step):
-            yield col, min(step, buffer.capacity - col)
-
-    @classmethod
-    def load(cls, path: str, device: str | None = None) -> "ReplayBuffer":
-        """A buffer saved by save(), on ``device`` (the default device when None), filled in
-        chunks of at most 64 MiB. A missing, truncated or corrupt save (any field's data not
-        matching its SHA-256) raises ValueError saying which file. Where ``path`` is missing
-        because a save was killed between its two renames, the whole save it left beside
-        ``path`` is loaded (the newer one where both are whole)."""
-        def refuse(what: str):
-            return ValueError(f"ReplayBuffer.load: {path!r} is not a saved replay buffer, or not a whole one: "
-                              f"{what}")
-
-        folder = saved_folder(os.path.realpath(path))
-        try:
-            with open(os.path.join(folder, "meta.json")) as f:
-                settings = json.load(f)
-            marker = settings.pop("format", SAVE_FORMAT), settings.pop("version", SAVE_VERSION)  # older saves: none
-            if marker != (SAVE_FORMAT, SAVE_VERSION):
-                raise refuse(f"meta.json gives format {marker[0]} v{marker[1]}, expected {SAVE_FORMAT} v{SAVE_VERSION}")
-            digests, state = settings.pop("sha256"), settings.pop("state")
-            if file_sha256(os.path.join(folder, "host.npz")) != digests["host.npz"]:
-                raise refuse("host.npz is truncated or corrupt (its SHA-256 differs from the one saved)")
-            with np.load(os.path.join(folder, "host.npz")) as archive:
-                host = {key: archive[key] for key in archive.files}
-            buf = cls(**settings, device=device)
-        except ValueError as exc:
-            if str(exc).startswith("ReplayBuffer.load"):
-                raise
-            raise refuse(str(exc)) from None
-        except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
-            raise refuse(f"{type(exc).__name__}: {exc}") from None
-        for name, buffer in buf._device_fields().items():
-            try:
-                data = np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r")
-            except (OSError, ValueError) as exc:
-                raise refuse(f"{name}.npy cannot be read ({exc})") from None
-            if data.shape != (buffer.rows, buffer.capacity) or data.dtype != NUMPY_DTYPES[buffer.dtype]:
-                raise refuse(f"{name}.npy holds {data.dtype} {data.shape}, expected {buffer.dtype} "
-                             f"{(buffer.rows, buffer.capacity)}")
-            digest = hashlib.sha256()
-            for col, k in cls._chunks(buffer, data.itemsize):
-                block = np.asfortranarray(data[:, col:col + k])
-                digest.update(block.tobytes(order="F"))
-                buffer.write(block, col)
-            if digest.hexdigest() != digests.get(name):
-                raise refuse(f"{name}.npy is corrupt (its SHA-256 differs from the one saved)")
-        try:
-            buf._reward, buf._terminated, buf._truncated = host["reward"], host["terminated"], host["truncated"]
-            buf._final_obs = {int(c): row for c, row in zip(host["final_columns"], host["final_obs"])}
-            if "newest_next" in host:  # (saves before it have none)
-                np.copyto(buf._newest_next, host["newest_next"])
-            buf.pos, buf.full = state["pos"], state["full"]
-            buf._rng.bit_generator.state = state["rng"]
-            buf._restore_extra_host_arrays(host)
-            if buf._stacks is not None:
-                buf._steps_added, buf._first_sampled = state["steps_added"], state["first_sampled"]
-                buf._stacks.restore(host)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise refuse(f"host state is incomplete ({type(exc).__name__}: {exc})") from None
-        buf._restore_device_rows()
-        return buf
-
-    def _extra_host_arrays(self) -> dict[str, np.ndarray]:
-        """Host state a subclass saves beside the base's (priorities, for the prioritized buffer)."""
-        return {}
-
-    def _restore_extra_host_arrays(self, host) -> None:
-        """Restores what ``_extra_host_arrays`` saved."""
-
-    def _restore_device_rows(self) -> None:
-        """The device copies of rewards, terminations and stop flags, rebuilt from the host's
-        (row t, lane e is column t * n_envs + e, the row-major order of the host arrays)."""
-        self._reward_row.write(self._reward.reshape(1, -1))
-        self._terminated_row.write(self._terminated.reshape(1, -1).astype(np.float32))
-        self._ended_row.write((self._terminated | self._truncated).reshape(1, -1).astype(np.float32))
-        if self._stop_row is not None:
-            stop = (self._terminated | self._truncated).astype(np.float32)
-            if len(self) > 0:
-                stop[(self.pos - 1) % self.lane_length] = 1.0  # the newest step
-            self._stop_row.write(stop.reshape(1, -1))
-        if self._stacks is not None:
-            self._first_column_sent = self._first_sampled_column()
-            self._first_column_row.write(np.array([[self._first_column_sent]], np.float32))
-
-    def _device_fields(self) -> dict[str, DeviceBuffer]:
-        if self._stacks is not None:
-            return {"frames": self._stacks.frames, "stack_index": self._stacks.stack_index, "action": self._action}
-        if self._keyed is not None:
-            return {**self._keyed.fields(), "action": self._action}
-        fields = {"obs": self._obs, "action": self._action}
-        if self._next_obs is not None:
-            fields["next_obs"] = self._next_obs
-        return fields
-
-    def _settings(self) -> dict:
-        obs_shape = ({key: list(shape) for key, shape in self.obs_shape.items()} if self._keyed is not None
-                     else list(self.obs_shape))
-        settings = {"capacity": self.capacity, "obs_shape": obs_shape,
-                    "action_shape": list(self.action_shape), "n_envs": self.n_envs, "obs_dtype": self.obs_dtype,
-                    "action_dtype": self._action.dtype, "optimize_memory": self.optimize_memory,
-                    "n_step": self.n_step, "gamma": self.gamma,
-                    "state": {"pos": self.pos, "full": self.full, "rng": self._rng.bit_generator.state}}
-        if self._stacks is not None:  # (saves of other buffers keep the settings they always had)
-            settings.update(frame_stack=self.frame_stack, start_frames=self.start_frames)
-            settings["state"].update(steps_added=self._steps_added, first_sampled=self._first_sampled)
-        return settings
 
     def _next_obs_at(self, last: np.ndarray, e: np.ndarray, last_index: np.ndarray,
                       columns: Tensor | None = None) -> Tensor:
