@@ -41,12 +41,16 @@ constexpr auto kSpinFor = std::chrono::microseconds(300);
 // 1 ms of work on 2 threads took 1.6 ms on average with a worker that always spins, 1.1 without,
 // 1.0-1.2 skipping the spin after a preemption).
 bool preempted_lately() {
+#ifdef RUSAGE_THREAD
     thread_local long seen = -1;
     rusage usage;
     if (getrusage(RUSAGE_THREAD, &usage) != 0) return true;
     const bool preempted = usage.ru_nivcsw != seen;
     seen = usage.ru_nivcsw;
     return preempted;
+#else
+    return false;  // no per-thread counts on this system (RUSAGE_THREAD is Linux's): always spin
+#endif
 }
 
 // Returns once done() is true or kSpinFor has passed; at once where the thread was preempted lately.
