@@ -10,8 +10,9 @@ CleanRL publish, with each run's wall time and steps per second and its learning
 
 ``train`` runs every (algorithm, environment, seed) of the lists that has not finished, up to
 ``--parallel`` at once, each in its own process, until it reaches ``--steps`` or ``--minutes``
-have passed. A run stopped by the clock saves its agent and replay buffer in its folder
-(``<runs>/<algo>_<env>_s<seed>``) and the next ``train`` resumes it there (its episodes start
+have passed. A run stopped by the clock saves its agent and replay buffer, together, in a
+checkpoint folder of its folder (``<runs>/<algo>_<env>_s<seed>``) that ``progress.json`` names
+once both are written, and the next ``train`` resumes it there (its episodes start
 anew; the folder must survive between calls: on a lent GPU machine, calls that follow each other
 while it is still held). A run that reaches its steps is evaluated (10 episodes, deterministic,
 as RL Zoo's table) and writes ``result.json``: the returns, the training's wall time (the
@@ -81,16 +82,18 @@ def write_json(path: str, value: dict) -> None:
 
 def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: str, deadline: float) -> None:
     """Trains (or resumes) the run in ``folder`` until ``steps`` or the ``deadline`` (a time.time()),
-    saving its agent and buffer when stopped early and its result when done."""
+    saving a checkpoint when stopped early and its result when done."""
     os.makedirs(folder, exist_ok=True)
-    progress_path, checkpoint, buffer = (os.path.join(folder, name) for name in
-                                         ("progress.json", "agent.safetensors", "replay_buffer"))
+    progress_path = os.path.join(folder, "progress.json")
     progress = read_json(progress_path) or {"steps": 0, "train_seconds": 0.0, "segments": 0}
     cls = AGENTS[algo]
     if progress["steps"]:
-        agent = cls.load(checkpoint, env=env, device=device)
+        saved = os.path.join(folder, progress["checkpoint"])
+        agent = cls.load(os.path.join(saved, "agent.safetensors"), env=env, device=device)
+        if agent.num_timesteps != progress["steps"]:
+            raise RuntimeError(f"{saved}: the agent has {agent.num_timesteps} steps, progress.json {progress['steps']}")
         agent.logdir = os.path.join(folder, "tb")
-        agent.load_replay_buffer(buffer)
+        agent.load_replay_buffer(os.path.join(saved, "replay_buffer"))
     else:
         agent = cls(env, seed=seed, device=device, logdir=os.path.join(folder, "tb"),
                     log_interval=LOG_INTERVAL, **HYPERPARAMETERS[algo])
@@ -100,18 +103,39 @@ def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: s
     progress["train_seconds"] += time.perf_counter() - start
     progress["steps"], progress["segments"] = agent.num_timesteps, progress["segments"] + 1
     if agent.num_timesteps < steps:  # stopped by the clock: keep everything for the next call
-        agent.save(checkpoint)
-        agent.save_replay_buffer(buffer)
-        write_json(progress_path, progress)
+        save_checkpoint(folder, agent, progress)
         return
     mean, std = evaluate(agent, env, n_eval_episodes=EVAL_EPISODES, deterministic=True, seed=EVAL_SEED)
     write_json(os.path.join(folder, "result.json"), {
         "algo": algo, "env": env, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
         "train_seconds": progress["train_seconds"], "segments": progress["segments"], "device": device,
         "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo]})
-    shutil.rmtree(buffer, ignore_errors=True)  # a 1M-step buffer is hundreds of MB; the result is what stays
-    agent.save(checkpoint)
-    write_json(progress_path, progress)
+    remove_checkpoints(folder)  # a 1M-step buffer is hundreds of MB; the result is what stays
+    agent.save(os.path.join(folder, "agent.safetensors"))
+    write_json(progress_path, {key: value for key, value in progress.items() if key != "checkpoint"})
+
+
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+def save_checkpoint(folder: str, agent, progress: dict) -> None:
+    """The agent and its replay buffer into a new folder of ``folder``, then progress.json naming
+    it (written through a rename), then the older checkpoints removed: a kill at any moment
+    leaves progress.json naming a whole checkpoint, an agent with its own buffer."""
+    name = f"{CHECKPOINT_PREFIX}{progress['segments']}"
+    path = os.path.join(folder, name)
+    shutil.rmtree(path, ignore_errors=True)  # what a kill during this segment's save left
+    agent.save(os.path.join(path, "agent.safetensors"))
+    agent.save_replay_buffer(os.path.join(path, "replay_buffer"))
+    write_json(os.path.join(folder, "progress.json"), {**progress, "checkpoint": name})
+    remove_checkpoints(folder, keep=name)
+
+
+def remove_checkpoints(folder: str, keep: str | None = None) -> None:
+    """Removes the checkpoint folders save_checkpoint wrote in ``folder``, all but ``keep``."""
+    for name in os.listdir(folder):
+        if name.startswith(CHECKPOINT_PREFIX) and name != keep:
+            shutil.rmtree(os.path.join(folder, name))
 
 
 # ---- train: every unfinished run, a few at a time -----------------------------------------------------

@@ -4,6 +4,7 @@ Speeds are not asserted here: the scripts measure them."""
 
 import importlib.util
 import json
+import os
 import math
 import sys
 from pathlib import Path
@@ -194,17 +195,49 @@ def test_bench_zoo_resumes_a_run_stopped_by_the_clock_and_tables_the_result(tmp_
     zoo.train_one(folder, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=0.0)
     progress = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "progress.json").read_text())
     assert progress["steps"] == 1 and progress["segments"] == 1
-    assert (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").is_dir()
+    assert (tmp_path / "sac_Pendulum-v1_s0" / progress["checkpoint"] / "replay_buffer").is_dir()
     zoo.train_one(folder, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=math.inf)  # an episode ends: a curve
     result = json.loads((tmp_path / "sac_Pendulum-v1_s0" / "result.json").read_text())
     assert result["steps"] == 250 and result["segments"] == 2 and -16.3 * 200 <= result["eval_mean"] <= 0
-    assert result["steps_per_second"] > 0 and not (tmp_path / "sac_Pendulum-v1_s0" / "replay_buffer").exists()
+    assert result["steps_per_second"] > 0
+    assert sorted(os.listdir(tmp_path / "sac_Pendulum-v1_s0")) == ["agent.safetensors", "progress.json", "result.json",
+                                                                   "tb"]  # the checkpoints' buffers are gone
     assert len(list((tmp_path / "sac_Pendulum-v1_s0" / "tb").iterdir())) == 1  # resumed in the same run folder
     assert zoo.main(["table", "--runs", str(tmp_path), "--plots", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "sac_Pendulum-v1_0k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC |")]
     assert row == [f"| SAC | Pendulum-v1, 0k | {result['eval_mean']:.0f} | - | - | - | "
                    f"{result['train_seconds'] / 60:.1f} min | {result['steps_per_second']:.0f} |"]
+
+
+def test_bench_zoo_a_kill_while_saving_a_checkpoint_resumes_from_the_one_before(tmp_path, monkeypatch):
+    """A run stopped twice by the clock, the second save killed after the agent and buffer were
+    written but before progress.json named them (every moment before that leaves the same
+    files): the next call resumes from the first checkpoint, whose agent and buffer belong
+    together (it checks the agent's steps against progress.json), and finishes the run."""
+    zoo = load_script("bench_zoo")
+    monkeypatch.setitem(zoo.HYPERPARAMETERS, "sac", dict(learning_starts=50, batch_size=16, net_arch=(16, 16)))
+    monkeypatch.setattr(zoo, "EVAL_EPISODES", 1)
+    run = tmp_path / "sac_Pendulum-v1_s0"
+    zoo.train_one(str(run), "sac", "Pendulum-v1", 0, 250, "cpu", deadline=0.0)
+    first = json.loads((run / "progress.json").read_text())
+    write_json = zoo.write_json
+
+    def killed(path, value):
+        if path.endswith("progress.json"):
+            raise KeyboardInterrupt("killed")
+        write_json(path, value)
+
+    monkeypatch.setattr(zoo, "write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.train_one(str(run), "sac", "Pendulum-v1", 0, 250, "cpu", deadline=0.0)
+    monkeypatch.setattr(zoo, "write_json", write_json)
+    assert json.loads((run / "progress.json").read_text()) == first  # still names the first checkpoint
+    assert len([name for name in os.listdir(run) if name.startswith("checkpoint_")]) == 2
+    zoo.train_one(str(run), "sac", "Pendulum-v1", 0, 250, "cpu", deadline=math.inf)
+    result = json.loads((run / "result.json").read_text())
+    assert result["steps"] == 250 and result["segments"] == 2  # the killed segment is not counted
+    assert not [name for name in os.listdir(run) if name.startswith("checkpoint_")]
 
 
 def test_bench_zoo_refuses_bad_arguments():
