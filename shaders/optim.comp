@@ -5,8 +5,9 @@
 // the elements of chunk i of the set: a record of the table (the parameter's, gradient's and
 // state's addresses, and which of their elements). Adam and SGD read their coefficients from a
 // hyper buffer (an eager step writes it with the dispatch, a captured one before each replay) and
-// the gradients' factor from a scale buffer: a non-finite scale (a non-finite gradient norm)
-// leaves the parameters and their state untouched.
+// the gradients' factor from a scale buffer (or the clipping factor of the sum of squares it
+// holds): a non-finite factor (a non-finite gradient norm) leaves the parameters and their state
+// untouched.
 #version 450
 #include "common.glsl"
 
@@ -26,17 +27,26 @@ layout(push_constant) uniform Push {
     // Adam: beta1, beta2, eps, coupled_wd, decay, step = lr / (1 - beta1^t), inv_bc2 = 1 / (1 - beta2^t)
     // SGD: momentum, weight decay, lr
     Floats hyper;
-    Floats scale;  // the gradients' factor
+    Floats scale;  // the gradients' factor, or their sum of squares where scale_is_sum_squares
     uint n_chunks;
     float tau;  // Polyak
+    uint scale_is_sum_squares;
+    float max_grad_norm;
 } pc;
+
+// native/optim.cpp's gradient_factor, op for op: the clipping factor of a finite sum of squares
+// (1 without clipping); main skips the update where the sum is not finite.
+float gradient_factor(float sum_squares, float max_grad_norm) {
+    return max_grad_norm == 0.0 ? 1.0 : min(max_grad_norm / (sqrt(sum_squares) + 1e-6), 1.0);
+}
 
 void main() {
     uint id = flat_group();
     if (id >= pc.n_chunks) return;
 #if defined(ADAM) || defined(SGD)
     float scale = pc.scale.v[0];
-    if (isnan(scale) || isinf(scale)) return;
+    if (isnan(scale) || isinf(scale)) return;  // a non-finite factor or sum of squares: no update
+    if (pc.scale_is_sum_squares != 0) scale = gradient_factor(scale, pc.max_grad_norm);
     float c[7] = float[7](pc.hyper.v[0], pc.hyper.v[1], pc.hyper.v[2], pc.hyper.v[3], pc.hyper.v[4], pc.hyper.v[5],
                           pc.hyper.v[6]);
 #endif

@@ -445,6 +445,25 @@ def test_a_programs_tables_are_written_once_not_at_every_replay(on_gpu):
     assert "write" not in labels, labels
 
 
+@pytest.mark.parametrize("max_norm", [None, 0.5])
+def test_a_captured_update_follows_the_gradient_norm_with_no_op_between(on_gpu, max_norm):
+    """The update reads the gradients' sum of squares and computes its clipping factor itself:
+    in the level schedule, the optimizer's update directly follows the norm's total, with or
+    without clipping (the factor's elementwise ops had a level of their own)."""
+    model, opt = _model(rc.optim.Adam, lr=1e-2)
+    x, y = _batches(1)[0]
+    assert _native.set_gpu_profiling(True)
+    try:
+        step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt, max_grad_norm=max_norm)
+        step(x=x, y=y)
+    finally:
+        _native.set_gpu_profiling(False)
+    (program,) = step.captured._programs.values()
+    labels = [label for _, label in program.native.level_times()]
+    total = next(k for k, label in enumerate(labels) if "norm_total" in label)
+    assert "optim_adam" in labels[total + 1], labels
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, steps):
     """Each recorded update takes its own step count (Adam's bias corrections): one replay of a

@@ -6,6 +6,8 @@ and skipped updates, captured steps, and a moved tensor re-recording the update'
 same for the other passes over a whole set: a target network's polyak update and the sum of
 squares behind a global gradient norm."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -150,6 +152,52 @@ def test_a_non_finite_scale_leaves_the_whole_set_untouched(device, rule):
     for b, a in zip(before, after):
         for x, y in zip(b, a):
             np.testing.assert_array_equal(x, y)
+
+
+def _one_step_with_scale(rule, scale_input, ints=(), floats=()):
+    """One update of a fixed set by the update op, its scale input ``scale_input`` and the given
+    attributes; returns (w, state...) per parameter."""
+    shapes = [(1, 1), (1025, 1), (7, 3)]
+    members = []
+    for w0 in _arrays(shapes, 1):
+        members.append((rc.param(w0), *[rc.tensor(np.zeros_like(w0)) for _ in range(2 if rule == "adam" else 1)]))
+    grads = [rc.tensor(g) for g in _arrays(shapes, 7)]
+    hyper = _adam_hyper(1, **ADAM) if rule == "adam" else np.array([0.9, 0.1, 0.05, 0, 0, 0, 0, 0], np.float32)[:, None]
+    tensors = [t for (w, *state), g in zip(members, grads) for t in (w, g, *state)]
+    rc.ops.apply(f"{rule}_step", (rc.tensor(hyper), rc.tensor(np.full((1, 1), scale_input, np.float32)), *tensors),
+                 ints, floats)
+    return [[t.numpy() for t in member] for member in members]
+
+
+@pytest.mark.parametrize("rule", ["adam", "sgd"])
+@pytest.mark.parametrize("sum_squares, max_norm", [(4.0, 0.5), (0.01, 0.5), (9.0, 0.0), (0.0, 1.0), (1e30, 2.0),
+                                                   (float("inf"), 0.5), (float("nan"), 0.0)])
+def test_an_update_from_the_sum_of_squares_equals_one_from_its_clipping_factor(device, rule, sum_squares, max_norm):
+    """With ints {1}, floats {max_grad_norm} the scale input is the gradients' sum of squares and
+    the update clips by the factor capture's _gradient_factor computes from it as ops (1 without
+    clipping, NaN where the sum is not finite: no update): the same parameters and state, bit
+    for bit, as an update given that factor."""
+    from rlkit.core.capturing import _gradient_factor
+
+    factor = float(_gradient_factor(rc.tensor(np.full((1, 1), sum_squares, np.float32)), max_norm or None).numpy()[0, 0])
+    assert (0.0 < factor <= 1.0) == np.isfinite(sum_squares)
+    expected = _one_step_with_scale(rule, factor)
+    got = _one_step_with_scale(rule, sum_squares, (1,), (max_norm,))
+    for g, e in zip(got, expected):
+        for a, b in zip(g, e):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_an_update_refuses_attributes_it_does_not_know(device):
+    w = rc.param(np.ones((2, 2), np.float32))
+    inputs = (rc.zeros((8, 1)), rc.ones((1, 1)), w, rc.ones((2, 2)), rc.zeros((2, 2)), rc.zeros((2, 2)))
+    for ints, floats, given in (((2,), (1.0,), "1 ints and 1 floats, ints[0] = 2"), ((1,), (), "1 ints and 0 floats"),
+                                ((1,), (-1.0,), "floats[0] = -1"), ((1,), (float("inf"),), "floats[0] = inf"),
+                                ((1, 1), (1.0,), "2 ints and 1 floats")):
+        with pytest.raises(ValueError, match=re.escape("adam_step: attributes must be none, or ints {1} with floats "
+                                                       "{max_grad_norm}, a finite number >= 0; got ")) as refused:
+            rc.ops.apply("adam_step", inputs, ints, floats)
+        assert given in str(refused.value)
 
 
 # ---- optimizers: groups, master weights, mixed dtypes --------------------------------------------

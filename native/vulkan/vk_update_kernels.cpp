@@ -48,6 +48,8 @@ struct OptimPush {
     uint64_t hyper, scale;  // Adam and SGD: their coefficients' and the gradients' factor's buffers
     uint32_t n_chunks;
     float tau;  // Polyak
+    uint32_t scale_is_sum_squares;  // Adam and SGD: the scale buffer holds the sum of squares ...
+    float max_grad_norm;            // ... whose clipping factor multiplies the gradients
 };
 
 // Records the update of `set` by `shader`, which reads `reads` too (an update's hyper and scale).
@@ -70,19 +72,25 @@ void update_parameters(const char* shader, const UpdateSet& set, OptimPush push,
 }
 
 // adam_step and sgd_step: the set's update by the coefficients of in[0] and the gradients' factor
-// in[1], which is the output.
-void update_step(const char* shader, const Inputs& in, bool adam, TensorImpl& out) {
+// (in[1], or the clipping factor of the sum of squares in[1] holds), in[1] the output.
+void update_step(const char* shader, const Inputs& in, const OpAttrs& attrs, bool adam, TensorImpl& out) {
     const TensorImpl &hyper = *in[0], &scale = *in[1];
-    update_parameters(shader, update_set(in, adam), OptimPush{0, hyper.address(), scale.address()},
-                      {span(hyper), span(scale)});
+    OptimPush push{0, hyper.address(), scale.address()};
+    push.scale_is_sum_squares = scale_is_sum_squares(attrs);
+    push.max_grad_norm = push.scale_is_sum_squares ? float(attrs.floats[0]) : 0.0f;
+    update_parameters(shader, update_set(in, adam), push, {span(hyper), span(scale)});
     ctx().copy(scale, out);
 }
 
 }  // namespace
 
-void vk_adam_step(const Inputs& in, const OpAttrs&, TensorImpl& out) { update_step("optim_adam", in, true, out); }
+void vk_adam_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    update_step("optim_adam", in, attrs, true, out);
+}
 
-void vk_sgd_step(const Inputs& in, const OpAttrs&, TensorImpl& out) { update_step("optim_sgd", in, false, out); }
+void vk_sgd_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    update_step("optim_sgd", in, attrs, false, out);
+}
 
 void vk_polyak_step(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     OptimPush p{};

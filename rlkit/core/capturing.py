@@ -47,6 +47,9 @@ class Capture:
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
         self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
+        # None: grad_scale is the gradients' factor; a number: grad_scale is their sum of squares,
+        # and the update computes the factor that clips them to this norm (0: no clipping)
+        self.grad_clip: float | None = None
         self.updates_recorded: dict[int, int] = {}  # per optimizer (by id): its updates in this capture so far
         self.input_checks: list[tuple[object, Callable[[np.ndarray], None]]] = []  # (a tensor's impl, its check)
 
@@ -274,10 +277,13 @@ def update_step(loss_fn: Callable[[], Tensor | tuple], params, optimizer, max_gr
     if loss_scale is not None:  # of the unscaled gradients
         sum_squares = ops.mul(sum_squares, ops.square(loss_scale[1]))
     norm = ops.sqrt(sum_squares)  # [1, 1]
-    factor = _gradient_factor(sum_squares, max_grad_norm)
-    active.grad_scale = factor if loss_scale is None else ops.mul(factor, loss_scale[1])  # the update unscales
+    if loss_scale is None:  # the update computes the clipping factor from the sum: no op in between
+        clips = max_grad_norm is not None and math.isfinite(max_grad_norm)  # an infinite norm clips nothing
+        active.grad_scale, active.grad_clip = sum_squares, float(max_grad_norm) if clips else 0.0
+    else:  # the update unscales
+        active.grad_scale = ops.mul(_gradient_factor(sum_squares, max_grad_norm), loss_scale[1])
     optimizer.step(grads)
-    active.grad_scale = None
+    active.grad_scale, active.grad_clip = None, None
     outputs = (ops.reshape(loss, (1, 1)), norm)
     return outputs + result[1:] if isinstance(result, tuple) else outputs
 
@@ -286,7 +292,9 @@ def _gradient_factor(sum_squares: Tensor, max_grad_norm: float | None) -> Tensor
     """What the optimizer multiplies every gradient by: the clipping factor
     min(max_grad_norm / (norm + 1e-6), 1), or 1 without clipping; NaN where the norm is not
     finite, so the update skips itself. Written as one run of elementwise ops, each reading the
-    op before it and the sum of squares, which a captured GPU program fuses into one kernel."""
+    op before it and the sum of squares, which a captured GPU program fuses into one kernel.
+    Without a loss scale the update op computes the same factor itself (native/optim.cpp's
+    gradient_factor, op for op): this is the loss-scaled steps'."""
     nan_if_infinite = ops.scale(sum_squares, 0.0)  # [1, 1]: 0, or NaN where the sum is inf or NaN
     if not max_grad_norm:
         return ops.add(nan_if_infinite, 1.0)

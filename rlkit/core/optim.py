@@ -249,10 +249,14 @@ class Optimizer:
             self._apply_update([params[k] for k in members], [grads[k] for k in members],
                                Tensor(_native.inline_constant(hyper, dtype, device)), scale)
 
-    def _apply_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor) -> None:
-        """The update op over ``params``: runs it, or records it inside a capture."""
+    def _apply_update(self, params: list[Tensor], grads: list[Tensor], hyper: Tensor, scale: Tensor,
+                      clip: float | None = None) -> None:
+        """The update op over ``params``: runs it, or records it inside a capture. ``scale``
+        multiplies the gradients; where ``clip`` is a number, it is their sum of squares instead,
+        and the op multiplies them by the factor that clips their norm to ``clip`` (0: none)."""
         tensors = [t for p, g in zip(params, grads) for t in (p, g, *(self.state[id(p)][s] for s in self.slots))]
-        ops.apply(self.update_op, (hyper, scale, *tensors))
+        attrs = ((1,), (clip,)) if clip is not None else ((), ())
+        ops.apply(self.update_op, (hyper, scale, *tensors), *attrs)
 
     # ---- inside a capture --------------------------------------------------------------------
 
@@ -269,7 +273,7 @@ class Optimizer:
         current = self._in_update_dtype(self._current_gradients(grads))
         earlier = capture.updates_recorded.get(id(self), 0)  # a capture may hold several steps of one optimizer
         capture.updates_recorded[id(self)] = earlier + 1
-        scale = capture.grad_scale
+        scale, clip = capture.grad_scale, capture.grad_clip  # clip: scale is the sum of squares
         if scale is None:
             scale = ops.full((1, 1), 1.0, dtype="f32", device=runtime.device())
         updated = []
@@ -284,7 +288,7 @@ class Optimizer:
                                               np.float32))  # at the step the replay takes
             self._check_dtypes(members)
             self._apply_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
-                               hyper, scale)
+                               hyper, scale, clip)
             updated += members
         rounded = [t for p in updated if id(p) in self.master for t in (p, self.master[id(p)])]
         if rounded:  # after the updates: the parameters are their masters rounded to f16 / bf16
@@ -298,7 +302,7 @@ class Optimizer:
             if self._scaling.mode == "dynamic":  # halve after a skipped step, grow after clean ones
                 self._scaling.update(finite)
 
-        capture.extra_output(scale, count_steps)
+        capture.extra_output(scale, count_steps)  # the factor, or the sum of squares: finite alike
         return True
 
     def _coefficients(self, group: dict, t: int) -> list[float]:
