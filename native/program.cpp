@@ -100,12 +100,13 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
 
     // On the GPU the recorder runs independent kernels side by side between barriers (by
     // address ranges): an intermediate's bytes are reused only by a node whose level by data
-    // dependencies is more than kGpuReuseSlack levels past their last reader's, so that a reuse
-    // seldom makes a kernel wait. Reuse after a fixed delay of 32 nodes instead had kept a DQN program
-    // of 16 gradient steps at 418 levels on lavapipe's schedule, each step's batch sampled only
-    // once bytes of the step before were free (301 now, as with no reuse at all; its arena 3.7
-    // MiB against 1.9 before and 14.7 without reuse; the SAC update's 54 levels stay, a slack of
-    // 0 made them 55). On the CPU nodes run one after another: bytes are reused at once.
+    // dependencies is more than kGpuReuseSlack levels past their last reader's, so that a
+    // reuse seldom makes a kernel wait. Reuse after a fixed delay of 32 nodes instead had kept
+    // a DQN program of 16 gradient steps at 418 levels on lavapipe's schedule, each step's
+    // batch sampled only once bytes of the step before were free (301 now, as with no reuse at
+    // all; its arena 3.7 MiB against 1.9 before and 14.7 without reuse; the SAC update's 54
+    // levels stay, a slack of 0 made them 55). On the CPU nodes run one after another: bytes
+    // are reused at once.
     const bool gpu = device_ == Device::gpu;
     const std::vector<uint32_t> level = gpu ? data_levels() : std::vector<uint32_t>(nodes_.size(), 0);
     std::vector<uint32_t> ready(level);  // the level of the last reader of a node's output (or the node's)
