@@ -184,9 +184,12 @@ namespace {
 
 constexpr size_t kLeadingInputs = 2;  // hyper, scale
 
-std::string number_str(double v) {
+// An update's attributes as an error message names them: "1 ints and 1 floats, ints[0] = 2, floats[0] = 1".
+std::string given_attrs(const OpAttrs& attrs) {
     std::ostringstream out;
-    out << v;
+    out << attrs.ints.size() << " ints and " << attrs.floats.size() << " floats";
+    if (!attrs.ints.empty()) out << ", ints[0] = " << attrs.ints[0];
+    if (!attrs.floats.empty()) out << ", floats[0] = " << attrs.floats[0];
     return out.str();
 }
 
@@ -214,11 +217,7 @@ OutSpec update_spec(const char* op, const Inputs& in, const OpAttrs& attrs, bool
     if (!(attrs.ints.empty() || (attrs.ints.size() == 1 && attrs.ints[0] == 1 && attrs.floats.size() == 1 &&
                                  std::isfinite(attrs.floats[0]) && attrs.floats[0] >= 0.0)))
         throw std::invalid_argument(op_err(op, "attributes must be none, or ints {1} with floats {max_grad_norm}, a "
-                                               "finite number >= 0; got " + std::to_string(attrs.ints.size()) +
-                                               " ints and " + std::to_string(attrs.floats.size()) + " floats" +
-                                               (attrs.ints.empty() ? "" : ", ints[0] = " + std::to_string(attrs.ints[0])) +
-                                               (attrs.floats.empty() ? "" : ", floats[0] = " +
-                                                                                number_str(attrs.floats[0]))));
+                                               "finite number >= 0; got " + given_attrs(attrs)));
     check_set(op, update_set(in, adam));
     return OutSpec{{1, 1, 1, 1}, 2, DType::f32};
 }
