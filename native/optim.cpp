@@ -170,19 +170,21 @@ void sgd_cpu(const UpdateSet& set, const SgdCoefficients& c, float grad_scale) {
 // clipping factor itself (update_factor): a captured step then needs no ops between the norm
 // and the update, one dependency level fewer per optimizer on the GPU.
 
-float gradient_factor(float sum_squares, float max_grad_norm) {
-    // rlkit/core/capturing.py's _gradient_factor, op for op in f32 where the sum is finite
-    // (shaders/optim.comp likewise)
-    if (!std::isfinite(sum_squares)) return std::numeric_limits<float>::quiet_NaN();
-    if (max_grad_norm == 0.0f) return 1.0f;
-    return std::min(max_grad_norm / (std::sqrt(sum_squares) + 1e-6f), 1.0f);
-}
-
 bool scale_is_sum_squares(const OpAttrs& attrs) { return !attrs.ints.empty() && attrs.ints[0] == 1; }
 
 namespace {
 
 constexpr size_t kLeadingInputs = 2;  // hyper, scale
+
+// The clipping factor of a sum of squares: min(max_grad_norm / (sqrt(s) + 1e-6), 1), or 1 where
+// max_grad_norm is 0; NaN where s is not finite, so the update skips itself. rlkit/core/
+// capturing.py's _gradient_factor, op for op in f32 where the sum is finite (shaders/optim.comp
+// likewise).
+float gradient_factor(float sum_squares, float max_grad_norm) {
+    if (!std::isfinite(sum_squares)) return std::numeric_limits<float>::quiet_NaN();
+    if (max_grad_norm == 0.0f) return 1.0f;
+    return std::min(max_grad_norm / (std::sqrt(sum_squares) + 1e-6f), 1.0f);
+}
 
 // An update's attributes as an error message names them: "1 ints and 1 floats, ints[0] = 2, floats[0] = 1".
 std::string given_attrs(const OpAttrs& attrs) {

@@ -32,10 +32,6 @@ UpdateSet update_set(const Inputs& in, bool adam);
 // ints {1}, floats {max_grad_norm}) rather than their factor.
 bool scale_is_sum_squares(const OpAttrs& attrs);
 
-// The clipping factor of a sum of squares: min(max_grad_norm / (sqrt(s) + 1e-6), 1), or 1 where
-// max_grad_norm is 0; NaN where s is not finite, so the update skips itself.
-float gradient_factor(float sum_squares, float max_grad_norm);
-
 // After an eager adam_step / sgd_step (apply): the versions of the tensors it updated go up, as a
 // host write's do, so what compares versions (a captured function over the parameters, DQN's
 // host copy of its network) sees the step. A replay's update is the captured function's own.

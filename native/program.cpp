@@ -108,14 +108,9 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
     // levels stay, a slack of 0 made them 55). On the CPU nodes run one after another: bytes
     // are reused at once.
     const bool gpu = device_ == Device::gpu;
-    const std::vector<uint32_t> level = gpu ? data_levels() : std::vector<uint32_t>(nodes_.size(), 0);
-    std::vector<uint32_t> ready(level);  // the level of the last reader of a node's output (or the node's)
-    for (size_t k = 0; k < nodes_.size(); ++k)
-        if (live_[k])
-            for (const auto& in : nodes_[k].inputs) {
-                auto p = producer.find(in.get());
-                if (p != producer.end()) ready[p->second] = std::max(ready[p->second], level[k]);
-            }
+    const DataLevels levels = gpu ? data_levels() : DataLevels{std::vector<uint32_t>(nodes_.size(), 0),
+                                                               std::vector<uint32_t>(nodes_.size(), 0)};
+    const std::vector<uint32_t>&level = levels.level, &ready = levels.ready;
     ArenaPlanner planner;
     std::vector<size_t> offset(nodes_.size(), 0);
     std::vector<std::vector<size_t>> frees_after(nodes_.size());
@@ -141,12 +136,12 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
     if (!recorded_ && cpu_profiling) node_seconds_.assign(nodes_.size(), 0.0);
 }
 
-std::vector<uint32_t> Program::data_levels() const {
+Program::DataLevels Program::data_levels() const {
     // A node's level: one after the last write of each tensor it reads (its producer, or an
     // in-place update before it), and for an in-place update one after every earlier read of
     // what it writes (it writes its inputs, counted as all of them).
     std::vector<uint32_t> level(nodes_.size(), 0);
-    std::unordered_map<const TensorImpl*, uint32_t> written, read;
+    std::unordered_map<const TensorImpl*, uint32_t> written, read;  // a tensor's last write's and latest read's levels
     for (size_t k = 0; k < nodes_.size(); ++k) {
         if (!live_[k]) continue;
         const bool in_place = has_side_effects(nodes_[k].op);
@@ -167,7 +162,12 @@ std::vector<uint32_t> Program::data_levels() const {
             if (in_place) written[in.get()] = level[k];
         }
     }
-    return level;
+    std::vector<uint32_t> ready(level);
+    for (size_t k = 0; k < nodes_.size(); ++k) {
+        auto r = read.find(nodes_[k].out.get());
+        if (live_[k] && r != read.end()) ready[k] = std::max(ready[k], r->second);
+    }
+    return {std::move(level), std::move(ready)};
 }
 
 void set_cpu_profiling(bool on) { cpu_profiling = on; }

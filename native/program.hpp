@@ -45,8 +45,12 @@ class Program {
   private:
     void execute_nodes();
     // Each live node's level in a schedule by data dependencies alone (in-place updates after
-    // earlier reads of what they write): what the GPU arena plans its reuse by.
-    std::vector<uint32_t> data_levels() const;
+    // earlier reads of what they write), and the level at which its output is read last (its
+    // own where nothing reads it): what the GPU arena plans its reuse by.
+    struct DataLevels {
+        std::vector<uint32_t> level, ready;
+    };
+    DataLevels data_levels() const;
     bool recording_is_current() const;
     void record();
     void replay_recorded(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs);

@@ -112,7 +112,7 @@ class ThreadPool {
             helpers_.store(helpers);
             ++generation_;
         }
-        if (helpers > 0) cv_.notify_all();  // workers not wanted check the count and sleep on
+        cv_.notify_all();  // workers not wanted check the count and sleep on
         work(*job);
         std::unique_lock<std::mutex> lk(mutex_);
         done_cv_.wait(lk, [&] { return job->done_chunks.load() == n_chunks; });
