@@ -184,6 +184,14 @@ def test_bench_agents_loop_cost_splits_a_step_into_the_env_the_updates_and_the_l
     assert wall == pytest.approx(env + updates + own, abs=0.2)  # (each printed rounded)
 
 
+def test_bench_agents_loop_cost_refuses_a_step_count_below_one(monkeypatch, capsys):
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(sys, "argv", ["bench_agents.py", "--loop-cost", "--algos", "dqn", "--loop-steps", "0"])
+    with pytest.raises(SystemExit):
+        bench_agents.main()
+    assert "--loop-steps must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_bench_zoo_resumes_a_run_stopped_by_the_clock_and_tables_the_result(tmp_path, monkeypatch, capsys):
     """A run whose deadline has passed stops after its first step, saving the agent and buffer;
     the next call resumes it to its steps (the same run: two segments, one TensorBoard folder),
