@@ -26,8 +26,8 @@ namespace {
 // job lock its own caller holds.
 thread_local bool in_parallel_region = false;
 
-// How long an idle worker keeps checking for the next job before it sleeps on the condition
-// variable. A sleeping thread's virtual CPU halts, and under a hypervisor waking it took ~100 us:
+// How long a worker keeps checking for the next job after the last one it helped with, before
+// it sleeps on its condition variable. A sleeping thread's virtual CPU halts, and under a hypervisor waking it took ~100 us:
 // on this 2-core VM, 32 chunks totalling 200 us of work, 200 us after the previous job, took 209 us
 // on average (the worker hardly ever started in time), and 106 us with a spinning worker; a
 // captured update runs dozens of parallel ops a few us apart. Bounded, yielding as it checks, and
@@ -53,11 +53,10 @@ bool preempted_lately() {
 #endif
 }
 
-// Returns once done() is true or kSpinFor has passed; at once where the thread was preempted lately.
+// Returns once done() is true or `until` has passed; at once where the thread was preempted lately.
 template <typename Done>
-void spin_until(const Done& done) {
-    if (preempted_lately()) return;
-    const auto until = std::chrono::steady_clock::now() + kSpinFor;
+void spin_until(const Done& done, std::chrono::steady_clock::time_point until) {
+    if (std::chrono::steady_clock::now() >= until || preempted_lately()) return;
     do {
         for (int i = 0; i < 64; ++i) {
             if (done()) return;
@@ -88,6 +87,7 @@ class ThreadPool {
         if (n == size()) return;
         stop_workers();
         stopping_ = false;
+        wake_ = std::make_unique<std::condition_variable[]>(size_t(n - 1));
         for (int i = 0; i < n - 1; ++i)
             workers_.emplace_back([this, i, seen = generation_.load()] { worker_loop(i, seen); });
     }
@@ -112,7 +112,7 @@ class ThreadPool {
             helpers_.store(helpers);
             ++generation_;
         }
-        cv_.notify_all();  // workers not wanted check the count and sleep on
+        for (int64_t i = 0; i < helpers; ++i) wake_[i].notify_one();  // the others sleep on
         work(*job);
         std::unique_lock<std::mutex> lk(mutex_);
         done_cv_.wait(lk, [&] { return job->done_chunks.load() == n_chunks; });
@@ -139,11 +139,15 @@ class ThreadPool {
         }
     }
 
-    // Worker `index` helps with the jobs that want more than `index` helpers.
+    // Worker `index` helps with the jobs that want more than `index` helpers. It spins for kSpinFor
+    // after the last job it helped with, and then sleeps until a job wants it: jobs for fewer
+    // helpers neither wake it nor prolong its spin. Spinning on every job, the 14 workers of a
+    // 16-thread pool that SAC's 2-block ops never want had kept 14 cores busy for nothing.
     void worker_loop(int64_t index, uint64_t seen) {
         in_parallel_region = true;
+        auto spin_end = std::chrono::steady_clock::now() + kSpinFor;
         for (;;) {
-            spin_until([&] { return generation_.load() != seen; });
+            spin_until([&] { return generation_.load() != seen; }, spin_end);
             // A job for fewer helpers is skipped without the lock. The generation is read first:
             // where a newer job has come since, its count is what this reads, or the generation
             // changes again after `seen`.
@@ -155,12 +159,13 @@ class ThreadPool {
             std::shared_ptr<Job> job;
             {
                 std::unique_lock<std::mutex> lk(mutex_);
-                cv_.wait(lk, [&] { return stopping_ || (generation_ != seen && index < helpers_); });
+                wake_[index].wait(lk, [&] { return stopping_ || (generation_ != seen && index < helpers_); });
                 if (stopping_) return;
                 seen = generation_;
                 job = job_;  // null when the caller already finished it
             }
             if (job) work(*job);
+            spin_end = std::chrono::steady_clock::now() + kSpinFor;
         }
     }
 
@@ -169,14 +174,15 @@ class ThreadPool {
             std::lock_guard<std::mutex> lk(mutex_);
             stopping_ = true;
         }
-        cv_.notify_all();
+        for (size_t i = 0; i < workers_.size(); ++i) wake_[i].notify_all();
         for (auto& w : workers_) w.join();
         workers_.clear();
     }
 
     std::vector<std::thread> workers_;
     std::mutex job_mutex_, mutex_;
-    std::condition_variable cv_, done_cv_;
+    std::unique_ptr<std::condition_variable[]> wake_;  // worker i sleeps on wake_[i] (with mutex_)
+    std::condition_variable done_cv_;
     std::shared_ptr<Job> job_;  // the job running now
     std::atomic<uint64_t> generation_{0};  // changed under mutex_, read without it while spinning
     std::atomic<int64_t> helpers_{0};  // how many workers the job posted last wants (changed under mutex_)
