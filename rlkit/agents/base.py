@@ -387,7 +387,8 @@ class OffPolicyAgent:
         if self.discrete:
             return actions.reshape(-1).astype(np.int64)
         low, high = self.action_space.low, self.action_space.high
-        scaled = low + 0.5 * (np.clip(actions, -1.0, 1.0) + 1.0) * (high - low)
+        clipped = np.minimum(np.maximum(actions, -1.0), 1.0)  # np.clip's values, NaN too, at half its cost
+        scaled = low + 0.5 * (clipped + 1.0) * (high - low)
         return scaled.reshape((-1, *self.action_space.shape)).astype(self.action_space.dtype)
 
     def _random_actions(self, n: int) -> np.ndarray:

@@ -114,7 +114,13 @@ class DeviceBuffer:
             raise IndexError(f"DeviceBuffer.write: columns [{col_offset}, {col_offset + k}) are past the end of a "
                              f"buffer of capacity {self.capacity} (write in two parts to wrap a ring)")
         check_integer_values(arr, self.dtype, "DeviceBuffer.write")
-        table.write_columns(np.asfortranarray(arr, dtype=NUMPY_DTYPES[self.dtype]), int(col_offset))
+        self._write_checked(arr, int(col_offset))
+
+    def _write_checked(self, columns: np.ndarray, col_offset: int) -> None:
+        """``write`` without its checks, for an owner whose columns are known to be good: a
+        [rows, k] array of values the dtype holds, to columns inside the table. A replay buffer
+        sends six such runs per flush, once a step for SAC, where the checks took half the time."""
+        self._live("write").write_columns(np.asfortranarray(columns, dtype=NUMPY_DTYPES[self.dtype]), col_offset)
         self.generation += 1
 
     def read(self, col_offset: int = 0, k: int | None = None) -> np.ndarray:

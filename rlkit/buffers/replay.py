@@ -395,7 +395,8 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
         until_end = min(len(steps), (ring_length or self.lane_length) - first)
         for step, part in ((first, steps[:until_end]), (0, steps[until_end:])):
             if len(part):
-                table.write(part.reshape(-1, table.rows).T, step * self.n_envs)  # column t * n_envs + e
+                # column t * n_envs + e; the values were checked by add
+                table._write_checked(part.reshape(-1, table.rows).T, step * self.n_envs)
 
     def _tables(self) -> list[DeviceBuffer]:
         """The device tables ``add`` fills."""

@@ -169,6 +169,8 @@ class CapturedFunction:
         for p in self.params:
             if not (isinstance(p, Tensor) or hasattr(p, "__rlkit_buffer__")):
                 raise TypeError(f"capture: params lists parameters and device buffers, got {type(p).__name__}")
+        self._tensors = [p for p in self.params if isinstance(p, Tensor)]  # the rest are buffers
+        self._buffers = [p for p in self.params if not isinstance(p, Tensor)]
         self._programs: dict[tuple, _CapturedProgram] = {}
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
@@ -180,13 +182,9 @@ class CapturedFunction:
     def _identity(self) -> tuple:
         """What a listed parameter or buffer is now: its storage, and for a parameter its
         host-write version (a buffer's column writes are its data, read where it is)."""
-        parts = []
-        for p in self.params:
-            if isinstance(p, Tensor):
-                parts.append((id(p._impl), p._impl.version))
-            else:
-                parts.append((id(p.__rlkit_buffer__()._impl),))  # a freed buffer raises here
-        return tuple(parts)
+        impls = [p._impl for p in self._tensors]
+        return (tuple([(id(impl), impl.version) for impl in impls]),
+                tuple([id(b.__rlkit_buffer__()._impl) for b in self._buffers]))  # a freed buffer raises here
 
     def __call__(self, **inputs):
         arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
