@@ -45,7 +45,7 @@ import numpy as np
 
 import rlkit.core as rc
 from rlkit import _native
-from rlkit.agents import DQN, SAC, DQNConfig
+from rlkit.agents import DQN, SAC, TD3, DQNConfig
 
 try:
     import torch
@@ -660,10 +660,15 @@ def write_section(path: str, text: str, marker: str = "bench_gpu_torch") -> None
 
 # ---- where an update's GPU time goes ---------------------------------------------------------------
 
-def level_table(name: str, agent, updates: int = 300) -> str:
+LEVEL_UPDATES = 300  # updates a level table averages over
+
+
+def level_table(name: str, agent) -> str:
     """The agent's captured update recorded with GPU timestamps after every dependency level (on
-    the CPU: timed node by node), run ``updates`` times: each level's mean microseconds and its
-    kernels (shader[workgroups]; on the CPU, the op and its output's shape)."""
+    the CPU: timed node by node), run LEVEL_UPDATES times: for each of its programs (TD3's: with
+    and without the delayed actor update), each level's mean microseconds and its kernels
+    (shader[workgroups]; on the CPU, the op and its output's shape), then the same times summed
+    by kernel, the costliest first."""
     set_profiling = _native.set_cpu_profiling if agent.device == "cpu" else _native.set_gpu_profiling
     if set_profiling(True) is False:
         return f"{name}: this GPU cannot time its queue"
@@ -671,26 +676,37 @@ def level_table(name: str, agent, updates: int = 300) -> str:
         for captured in agent._captured_programs():
             captured.reset()  # re-recorded with timestamps at the next call
         with agent.on_device():
-            for _ in range(updates):
+            for _ in range(LEVEL_UPDATES):
                 agent._train(1)
     finally:
         set_profiling(False)
-    lines = [f"### {name}", "", "| level | us | kernels |", "|---|---|---|"]
-    total = 0.0
-    for captured in agent._captured_programs():
-        for program in captured._programs.values():
-            for level, (us, label) in enumerate(program.native.level_times()):
-                lines.append(f"| {level} | {us:.1f} | {label} |")
-                total += us
-    lines.append(f"| all | {total:.1f} | |")
+    programs = [program for captured in agent._captured_programs() for program in captured._programs.values()]
+    return "\n".join(program_tables(name if len(programs) == 1 else f"{name} (program {k + 1} of {len(programs)})",
+                                     program.native.level_times()) for k, program in enumerate(programs))
+
+
+def program_tables(title: str, levels: list[tuple[float, str]]) -> str:
+    """The level table and the by-kernel table of one program's (microseconds, kernels) levels."""
+    lines = [f"### {title}", "", "| level | us | kernels |", "|---|---|---|"]
+    by_kernel: dict[str, list[float]] = {}
+    for level, (us, label) in enumerate(levels):
+        lines.append(f"| {level} | {us:.1f} | {label} |")
+        by_kernel.setdefault(label, []).append(us)
+    total = sum(us for us, _ in levels)
+    lines += [f"| all | {total:.1f} | |", "",
+              "| kernels | levels | us each | us in all | share |", "|---|---|---|---|---|"]
+    for label, times in sorted(by_kernel.items(), key=lambda item: -sum(item[1])):
+        lines.append(f"| {label} | {len(times)} | {sum(times) / len(times):.1f} | {sum(times):.1f} | "
+                     f"{sum(times) / max(total, 1e-9):.0%} |")
     return "\n".join(lines) + "\n"
 
 
 def level_tables(args) -> str:
-    """Level tables of the captured SAC and DQN updates (timestamps cost a little: these
+    """Level tables of the captured SAC, DQN and TD3 updates (timestamps cost a little: these
     figures are for finding where the time goes, not for the tables above)."""
     tables = []
-    for name, agent_class, env in (("SAC update", SAC, "Pendulum-v1"), ("DQN update", DQN, "CartPole-v1")):
+    for name, agent_class, env in (("SAC update", SAC, "Pendulum-v1"), ("DQN update", DQN, "CartPole-v1"),
+                                   ("TD3 update", TD3, "Pendulum-v1")):
         agent = agent_class(env, seed=0, device=args.device)
         discrete = agent_class is DQN
         fill_agent_buffer(agent, random_transitions(agent.n_obs, agent.n_actions, discrete, BUFFER_STEPS))
@@ -713,7 +729,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-torch", action="store_true", help="rlkit's figures only (the PyTorch columns empty)")
     parser.add_argument("--check", action="store_true", help="only check that the PyTorch updates compute rlkit's")
     parser.add_argument("--levels", action="store_true",
-                        help="only print where the captured updates' GPU time goes, per dependency level")
+                        help="only print where the captured updates' time goes (SAC, DQN, TD3), per dependency level "
+                             "(on the CPU: per node) and per kernel")
     parser.add_argument("--out", help="also write the rows as JSON to this path")
     parser.add_argument("--markdown", help="also write the tables into this file, between the bench_gpu_torch markers")
     args = parser.parse_args(argv)

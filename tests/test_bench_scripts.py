@@ -276,3 +276,25 @@ def test_bench_zoo_table_compares_with_rl_zoo_only_at_its_budget(tmp_path, capsy
     assert rows["SAC"][1:6] == ["HalfCheetah-v5, 1000k", "9000, 10000, 8000", "9535", "9635", f"{9000 / 9535:.2f}"]
     assert rows["SAC"][6] == "10.0 min"  # the median run's training time
     assert rows["TD3"][1:6] == ["Hopper-v5, 300k", "3000", "3606", "3135", "-"]
+
+
+def test_bench_gpu_levels_tables_each_program_and_sums_it_by_kernel(bench_gpu, monkeypatch, capsys):
+    """--levels on the CPU: a table per captured program (TD3's two: with and without the
+    delayed actor update), whose "all" row is the sum of its levels, and whose by-kernel rows
+    add up to the same total and name the products."""
+    monkeypatch.setattr(bench_gpu, "LEVEL_UPDATES", 3)
+    monkeypatch.setattr(bench_gpu, "BUFFER_STEPS", 300)
+    bench_gpu.main(["--levels", "--device", "cpu"])
+    printed = capsys.readouterr().out
+    titles = [line[4:] for line in printed.splitlines() if line.startswith("### ")]
+    assert titles == ["SAC update", "DQN update", "TD3 update (program 1 of 2)", "TD3 update (program 2 of 2)"]
+    for table in printed.split("### ")[1:]:
+        rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+        levels = [float(row[1]) for row in rows if row[0].strip().isdigit()]
+        total = next(float(row[1]) for row in rows if row[0].strip() == "all")
+        kernels = [row for row in rows if len(row) == 5 and row[0].strip() != "kernels"]
+        assert levels and all(us >= 0 for us in levels)
+        assert total == pytest.approx(sum(levels), abs=0.05 * len(levels) + 0.05)
+        assert sum(float(row[3]) for row in kernels) == pytest.approx(total, abs=0.05 * len(kernels) + 0.05)
+        assert sum(int(row[1]) for row in kernels) == len(levels)  # every level counted once
+        assert any(row[0].strip().startswith(("linear", "matmul")) for row in kernels)
