@@ -27,12 +27,13 @@ namespace {
 thread_local bool in_parallel_region = false;
 
 // How long a worker keeps checking for the next job after the last one it helped with, before
-// it sleeps on its condition variable. A sleeping thread's virtual CPU halts, and under a hypervisor waking it took ~100 us:
-// on this 2-core VM, 32 chunks totalling 200 us of work, 200 us after the previous job, took 209 us
-// on average (the worker hardly ever started in time), and 106 us with a spinning worker; a
-// captured update runs dozens of parallel ops a few us apart. Bounded, yielding as it checks, and
-// skipped where the machine is oversubscribed (preempted_lately). The caller does not spin for
-// the worker's last chunks: beside busy processes that cost more than it saved.
+// it sleeps on its condition variable. A sleeping thread's virtual CPU halts, and under a
+// hypervisor waking it took ~100 us: on this 2-core VM, 32 chunks totalling 200 us of work, 200
+// us after the previous job, took 209 us on average (the worker hardly ever started in time), and
+// 106 us with a spinning worker; a captured update runs dozens of parallel ops a few us apart.
+// Bounded, yielding as it checks, and skipped where the machine is oversubscribed
+// (preempted_lately). The caller does not spin for the worker's last chunks: beside busy
+// processes that cost more than it saved.
 constexpr auto kSpinFor = std::chrono::microseconds(300);
 
 // Whether this thread was preempted (switched out involuntarily) since its last call: the machine
