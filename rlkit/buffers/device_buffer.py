@@ -94,7 +94,7 @@ class DeviceBuffer:
         """Stores ``data`` [rows, k] (or one column of ``rows`` values) into columns
         ``col_offset`` .. ``col_offset + k - 1``; only those columns are sent. An i32 or u8 table
         takes whole numbers in its dtype's range (ValueError otherwise, nothing written)."""
-        table = self._live("write")
+        self._live("write")  # a freed buffer says so before anything else is checked
         if isinstance(col_offset, bool) or not isinstance(col_offset, numbers.Integral):
             raise TypeError(f"DeviceBuffer.write: col_offset must be an int, got {type(col_offset).__name__}")
         if col_offset < 0:
