@@ -695,9 +695,10 @@ def program_tables(title: str, levels: list[tuple[float, str]]) -> str:
     total = sum(us for us, _ in levels)
     lines += [f"| all | {total:.1f} | |", "",
               "| kernels | levels | us each | us in all | share |", "|---|---|---|---|---|"]
-    for label, times in sorted(by_kernel.items(), key=lambda item: -sum(item[1])):
-        lines.append(f"| {label} | {len(times)} | {sum(times) / len(times):.1f} | {sum(times):.1f} | "
-                     f"{sum(times) / max(total, 1e-9):.0%} |")
+    spent = {label: sum(times) for label, times in by_kernel.items()}
+    for label in sorted(spent, key=lambda label: -spent[label]):
+        lines.append(f"| {label} | {len(by_kernel[label])} | {spent[label] / len(by_kernel[label]):.1f} | "
+                     f"{spent[label]:.1f} | {spent[label] / max(total, 1e-9):.0%} |")
     return "\n".join(lines) + "\n"
 
 
