@@ -15,7 +15,7 @@ namespace rk {
 
 // A program's work recorded once and run whole at every replay (on the GPU, one command
 // buffer re-submitted). The host writes the input block's bytes into input_staging() before
-// run() and reads the output block's bytes from output_staging() after it.
+// submit() and reads the output block's bytes from output_staging() after wait().
 // One dependency level of a recorded program: its mean GPU time per run and what it runs.
 struct LevelTime {
     double mean_us = 0;
@@ -30,8 +30,11 @@ class RecordedProgram {
     // recording. Random ops read their streams from the input block's bytes at streams_offset
     // (8 bytes each, in the order they are recorded); n_streams of them are expected.
     virtual void record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) = 0;
-    // Runs the recording after all work recorded before it, and waits for it.
-    virtual void run() = 0;
+    // Starts the recording after all work recorded before it and returns while it runs; work
+    // recorded later runs after it. Waits for an earlier submission first.
+    virtual void submit() = 0;
+    // Waits for the last submission to finish (nothing to wait for: returns at once).
+    virtual void wait() = 0;
     virtual void* input_staging() = 0;
     virtual const void* output_staging() = 0;
     // Per dependency level, where the program was recorded with GPU profiling on; else empty.

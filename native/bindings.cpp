@@ -145,6 +145,34 @@ py::dict stats_dict(const GraphStats& s) {
     return d;
 }
 
+// A program's input arrays as host pointers, each checked against its input's shape (the host
+// views it makes are kept in `keep`, alive while the pointers are read).
+std::vector<const void*> program_inputs(const Program& p, const std::vector<py::array>& arrays, std::vector<TensorPtr>& keep) {
+    const Inputs& inputs = p.inputs();
+    std::vector<const void*> in_ptrs;
+    for (size_t i = 0; i < arrays.size() && i < inputs.size(); ++i) {
+        TensorPtr host = from_numpy(arrays[i], dtype_name(inputs[i]->dtype), false, "cpu");
+        if (host->ne != inputs[i]->ne)
+            throw std::invalid_argument("replay: input " + std::to_string(i) + " has shape " + host->shape_str() +
+                                        ", the capture expects " + inputs[i]->shape_str());
+        in_ptrs.push_back(host->data());
+        keep.push_back(host);
+    }
+    return in_ptrs;
+}
+
+// Fresh Fortran-ordered arrays for a program's outputs (the list returned) and their pointers.
+std::pair<py::list, std::vector<void*>> program_outputs(const Program& p) {
+    py::list results;
+    std::vector<void*> out_ptrs;
+    for (const auto& t : p.outputs()) {
+        py::array a = fortran_array_like(*t);
+        out_ptrs.push_back(a.mutable_data());
+        results.append(a);
+    }
+    return {results, out_ptrs};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -240,29 +268,25 @@ PYBIND11_MODULE(_native, m) {
             return new Program(g.take_nodes(), inputs, outputs);
         }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"))
         .def("replay", [](Program& p, const std::vector<py::array>& arrays) {
-            const Inputs &inputs = p.inputs(), &outputs = p.outputs();
             std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
-            std::vector<const void*> in_ptrs;
-            for (size_t i = 0; i < arrays.size() && i < inputs.size(); ++i) {
-                TensorPtr host = from_numpy(arrays[i], dtype_name(inputs[i]->dtype), false, "cpu");
-                if (host->ne != inputs[i]->ne)
-                    throw std::invalid_argument("replay: input " + std::to_string(i) + " has shape " + host->shape_str() +
-                                                ", the capture expects " + inputs[i]->shape_str());
-                in_ptrs.push_back(host->data());
-                keep.push_back(host);
-            }
-            py::list results;
-            std::vector<py::array> out_arrays;
-            std::vector<void*> out_ptrs;
-            for (const auto& t : outputs) {
-                out_arrays.push_back(fortran_array_like(*t));
-                out_ptrs.push_back(out_arrays.back().mutable_data());
-            }
+            std::vector<const void*> in_ptrs = program_inputs(p, arrays, keep);
+            auto [results, out_ptrs] = program_outputs(p);
             p.replay(in_ptrs, out_ptrs);
-            for (auto& a : out_arrays) results.append(a);
             return results;
         }, py::arg("arrays"),
            "Replays with the given input arrays; returns the outputs as Fortran-ordered arrays.")
+        .def("launch", [](Program& p, const std::vector<py::array>& arrays) {
+            std::vector<TensorPtr> keep;  // copied into the program's input block before launch returns
+            p.launch(program_inputs(p, arrays, keep));
+        }, py::arg("arrays"),
+           "Starts a replay with the given input arrays: on the GPU it returns while the program runs "
+           "(work submitted later runs after it); finish() returns its outputs.")
+        .def("finish", [](Program& p) {
+            auto [results, out_ptrs] = program_outputs(p);
+            p.finish(out_ptrs);
+            return results;
+        }, "Waits for the launched replay; returns its outputs as Fortran-ordered arrays.")
+        .def_property_readonly("launched", &Program::launched)
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
         .def_property_readonly("arena_bytes", &Program::arena_bytes)

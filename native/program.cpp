@@ -186,23 +186,54 @@ std::vector<LevelTime> Program::level_times() const {
 size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
 
 void Program::replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
-    if (host_inputs.size() != inputs_.size() || host_outputs.size() != outputs_.size())
-        throw std::invalid_argument("replay: expected " + std::to_string(inputs_.size()) + " inputs and " +
-                                    std::to_string(outputs_.size()) + " outputs");
-    if (recorded_) {
-        replay_recorded(host_inputs, host_outputs);
+    if (host_outputs.size() != outputs_.size())
+        throw std::invalid_argument("replay: expected " + std::to_string(outputs_.size()) + " outputs");
+    launch(host_inputs);
+    finish(host_outputs);
+}
+
+void Program::launch(const std::vector<const void*>& host_inputs) {
+    if (launched_) throw std::logic_error("launch: the program's previous launch was not finished (its outputs not read)");
+    if (host_inputs.size() != inputs_.size())
+        throw std::invalid_argument("launch: expected " + std::to_string(inputs_.size()) + " inputs");
+    if (!recorded_) {
+        std::vector<char> packed(size_t(input_block_->numel()), 0);
+        for (size_t i = 0; i < inputs_.size(); ++i)
+            std::memcpy(packed.data() + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
+        backend(device_).upload(*input_block_, 0, packed.data(), packed.size());
+        execute_nodes();
+        launched_ = true;
         return;
     }
-    Backend& be = backend(device_);
-    std::vector<char> packed(size_t(input_block_->numel()), 0);
+    if (!recording_is_current()) record();
+    char* staging = static_cast<char*>(recorded_->input_staging());
     for (size_t i = 0; i < inputs_.size(); ++i)
-        std::memcpy(packed.data() + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
-    be.upload(*input_block_, 0, packed.data(), packed.size());
-    execute_nodes();
-    std::vector<char> results(size_t(output_block_->numel()));
-    be.download(*output_block_, 0, results.data(), results.size());
+        std::memcpy(staging + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
+    // One fresh stream per random op, drawn in node order: the numbers an eager replay draws.
+    for (size_t s = 0; s < n_streams_; ++s) {
+        const uint64_t stream = next_stream();
+        std::memcpy(staging + streams_offset_ + s * kStreamBytes, &stream, kStreamBytes);
+    }
+    recorded_->submit();
+    launched_ = true;
+}
+
+void Program::finish(const std::vector<void*>& host_outputs) {
+    if (!launched_) throw std::logic_error("finish: the program was not launched");
+    if (host_outputs.size() != outputs_.size())
+        throw std::invalid_argument("finish: expected " + std::to_string(outputs_.size()) + " outputs");
+    launched_ = false;  // a failed wait leaves nothing to finish: the next launch may try again
+    if (!recorded_) {
+        std::vector<char> results(size_t(output_block_->numel()));
+        backend(device_).download(*output_block_, 0, results.data(), results.size());
+        for (size_t i = 0; i < outputs_.size(); ++i)
+            std::memcpy(host_outputs[i], results.data() + output_offsets_[i], outputs_[i]->nbytes());
+        return;
+    }
+    recorded_->wait();
+    const char* results = static_cast<const char*>(recorded_->output_staging());
     for (size_t i = 0; i < outputs_.size(); ++i)
-        std::memcpy(host_outputs[i], results.data() + output_offsets_[i], outputs_[i]->nbytes());
+        std::memcpy(host_outputs[i], results + output_offsets_[i], outputs_[i]->nbytes());
 }
 
 void Program::execute_nodes() {
@@ -229,22 +260,6 @@ void Program::record() {
     recorded_->record([this] { execute_nodes(); }, streams_offset_, n_streams_);
     for (auto& [t, address] : external_addresses_) address = t->address();
     recorded_ok_ = true;
-}
-
-void Program::replay_recorded(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
-    if (!recording_is_current()) record();
-    char* staging = static_cast<char*>(recorded_->input_staging());
-    for (size_t i = 0; i < inputs_.size(); ++i)
-        std::memcpy(staging + input_offsets_[i], host_inputs[i], inputs_[i]->nbytes());
-    // One fresh stream per random op, drawn in node order: the numbers an eager replay draws.
-    for (size_t s = 0; s < n_streams_; ++s) {
-        const uint64_t stream = next_stream();
-        std::memcpy(staging + streams_offset_ + s * kStreamBytes, &stream, kStreamBytes);
-    }
-    recorded_->run();
-    const char* results = static_cast<const char*>(recorded_->output_staging());
-    for (size_t i = 0; i < outputs_.size(); ++i)
-        std::memcpy(host_outputs[i], results + output_offsets_[i], outputs_[i]->nbytes());
 }
 
 }  // namespace rk

@@ -29,6 +29,13 @@ class Program {
     // Runs the program: host_inputs[i] holds inputs[i]'s bytes, outputs are written to
     // host_outputs[i]. On the GPU: one upload, one submission, one download.
     void replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs);
+    // replay() in two halves, so that the host works while the GPU runs the program: launch
+    // copies the inputs and starts the run (on the GPU it returns while the program runs; work
+    // submitted later runs after it; on the CPU the program runs to its end here), finish
+    // waits for it and copies the outputs. A second launch before finish is a logic_error.
+    void launch(const std::vector<const void*>& host_inputs);
+    void finish(const std::vector<void*>& host_outputs);
+    bool launched() const { return launched_; }
 
     const Inputs& inputs() const { return inputs_; }
     const Inputs& outputs() const { return outputs_; }
@@ -53,7 +60,6 @@ class Program {
     DataLevels data_levels() const;
     bool recording_is_current() const;
     void record();
-    void replay_recorded(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs);
 
     std::vector<Node> nodes_;
     std::vector<bool> live_;
@@ -66,6 +72,7 @@ class Program {
     size_t streams_offset_ = 0, n_streams_ = 0;  // the random ops' streams, after the inputs
     std::unique_ptr<RecordedProgram> recorded_;  // null where the backend runs nodes as they come
     bool recorded_ok_ = false;                   // recorded_ holds a finished recording
+    bool launched_ = false;                      // launched, its outputs not read yet
     // Tensors the program reads or writes but does not own, and their addresses when recorded.
     std::vector<std::pair<TensorPtr, uint64_t>> external_addresses_;
     // CPU profiling: each node's summed seconds over `timed_runs_` replays (empty when off).

@@ -6,7 +6,7 @@ same run, the same environments and budgets, and the evaluation return each reac
                                    [--sb3-device cpu|cuda] [--no-sb3]
     python scripts/bench_agents.py --speed [--algos sac,td3,ddpg] [--speed-env HalfCheetah-v5]
                                    [--speed-steps 1000] [--device cpu|gpu] [--sb3-device cpu|cuda]
-                                   [--concurrent N] [--threads N]
+                                   [--concurrent N] [--threads N] [--overlap]
     python scripts/bench_agents.py --loop-cost [--algos dqn] [--loop-steps 20000] [--device cpu|gpu]
 
 ``--speed`` times training alone, as users meet it on MuJoCo: each library first fills its buffer
@@ -16,6 +16,8 @@ and 100); steps per second beside SB3's, each in a fresh process. ``--concurrent
 starts N such processes at once, as several runs sharing one machine or GPU, and reports their
 steps per second together beside one run's, measured alone just before. ``--threads N`` gives
 each run N CPU threads (rlkit's set_num_threads, torch's for SB3; default: each library's own).
+``--overlap`` times rlkit a second time with ``overlap_updates=True`` (the environment steps while
+the update runs on the device, the actions one round behind) beside its SB3-order run.
 
 ``--loop-cost`` (rlkit alone) measures what the training loop itself costs per environment step:
 each algorithm trains ``--loop-steps`` steps after its ``learning_starts`` on its learning-row
@@ -111,10 +113,12 @@ def limit_threads() -> None:
 
 def run_speed(library: str, algo: str, env: str, steps: int, device: str) -> tuple[float, float]:
     """(seconds for ``steps`` training steps after SPEED_STARTS untimed ones, 0.0): the same
-    settings as the learning rows (RL Zoo's), learning_starts aside."""
+    settings as the learning rows (RL Zoo's), learning_starts aside; "rlkit-overlap" is rlkit
+    with overlap_updates."""
     case = ZOO[algo]
-    if library == "rlkit":
-        config = dataclasses.replace(case["rlkit"].config_class(), learning_starts=SPEED_STARTS)
+    if library.startswith("rlkit"):
+        config = dataclasses.replace(case["rlkit"].config_class(), learning_starts=SPEED_STARTS,
+                                     overlap_updates=library == "rlkit-overlap")
         model = case["rlkit"](env, config, seed=0, device=device)
     else:
         import gymnasium as gym
@@ -219,6 +223,8 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=1,
                         help="with --speed: also N rlkit runs at once, their steps/s together")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads of each run (default: the libraries' own)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="--speed: rlkit with overlap_updates too, beside its SB3-order run")
     parser.add_argument("--loop-cost", action="store_true",
                         help="instead: the training loop's own cost per step, beside the environment's and the updates'")
     parser.add_argument("--loop-steps", type=int, default=20_000, help="timed steps of --loop-cost")
@@ -278,12 +284,17 @@ def main() -> int:
 def speed_table(args, algos: list[str], with_sb3: bool) -> int:
     """--speed: training steps per second of each library, one fresh process each."""
     speed = (args.speed_env, args.speed_steps)
+    overlap_head = " rlkit, overlap_updates steps/s | overlap / SB3 order |" if args.overlap else ""
     print(f"\n| algorithm, env: {args.speed_steps} training steps after {SPEED_STARTS} | rlkit ({args.device}) "
-          f"steps/s | SB3 ({args.sb3_device}) steps/s | ratio |")
-    print("|---|---|---|---|")
+          f"steps/s |{overlap_head} SB3 ({args.sb3_device}) steps/s | ratio |")
+    print("|---|---|---|---|" + ("---|---|" if args.overlap else ""))
     for algo in algos:
         ours = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed, args.threads)[0]
         cells = [f"{algo.upper()}, {args.speed_env}", f"{ours:.0f}"]
+        if args.overlap:
+            overlapped = args.speed_steps / run_in_fresh_process("rlkit-overlap", algo, 0, args.device, speed,
+                                                                 args.threads)[0]
+            cells += [f"{overlapped:.0f}", f"{overlapped / ours:.2f}x"]
         if with_sb3:
             theirs = args.speed_steps / run_in_fresh_process("sb3", algo, 0, args.sb3_device, speed, args.threads)[0]
             cells += [f"{theirs:.0f}", f"{ours / theirs:.2f}x"]

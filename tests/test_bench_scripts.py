@@ -142,7 +142,7 @@ def test_bench_seeds_refuses_bad_arguments(capsys):
     assert "no_such_field" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("library", ["rlkit", "sb3"])
+@pytest.mark.parametrize("library", ["rlkit", "rlkit-overlap", "sb3"])
 def test_bench_agents_speed_times_the_training_steps_after_learning_starts(library, monkeypatch):
     """--speed's run: SPEED_STARTS untimed steps, then the timed ones, on a small task here
     (HalfCheetah needs MuJoCo); the time is positive and finite."""
@@ -168,6 +168,22 @@ def test_bench_agents_concurrent_runs_report_each_and_their_sum(monkeypatch, cap
     assert len(each) == 2 and all(v > 0 for v in each)
     assert abs(float(together) - sum(each)) <= 1.0  # (each printed rounded)
     assert float(ratio.rstrip("x")) == pytest.approx(float(together) / float(alone), rel=0.03)  # (rounded cells)
+
+
+def test_bench_agents_overlap_times_rlkit_both_ways_in_one_row(monkeypatch, capsys):
+    """--speed --overlap: rlkit's SB3-order run and its overlap_updates run side by side, and
+    their ratio."""
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(sys, "argv", ["bench_agents.py", "--speed", "--no-sb3", "--overlap", "--algos", "td3",
+                                      "--speed-env", "Pendulum-v1", "--speed-steps", "20"])
+    assert bench_agents.main() == 0
+    out = capsys.readouterr().out
+    assert "rlkit, overlap_updates steps/s | overlap / SB3 order |" in out
+    row = [line for line in out.splitlines() if line.startswith("| TD3, Pendulum-v1")]
+    assert len(row) == 1, row
+    ours, overlapped, ratio, sb3, sb3_ratio = [cell.strip() for cell in row[0].strip("|").split("|")][1:]
+    assert float(ours) > 0 and float(overlapped) > 0 and (sb3, sb3_ratio) == ("-", "-")
+    assert float(ratio.rstrip("x")) == pytest.approx(float(overlapped) / float(ours), rel=0.05)  # (rounded cells)
 
 
 def test_bench_agents_loop_cost_splits_a_step_into_the_env_the_updates_and_the_loop(monkeypatch, capsys):

@@ -485,3 +485,74 @@ def test_several_steps_of_one_optimizer_in_one_trace_equal_eager_steps(device, s
     for name, p in model.parameters().items():
         np.testing.assert_allclose(p.numpy(), eager_model.parameters()[name].numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
     assert opt.state[id(params[0])]["step"] == 2 * steps
+
+
+def test_a_launched_call_gives_what_a_call_gives(device):
+    """launch(...).result() is a call in two halves: the same losses, weights and optimizer
+    step counts (counted after the program has run) as calling the captured step."""
+    batches = _batches(5, seed=4)
+    called_model, called_opt = _model(lr=1e-2)
+    called = rc.capture_step(lambda x, y: rc.mse_loss(called_model(x), y), called_model.parameters(), called_opt)
+    called_losses = [called(x=x, y=y)[0] for x, y in batches]
+    model, opt = _model(lr=1e-2)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    losses = []
+    for x, y in batches:
+        pending = step.captured.launch(x=x, y=y)
+        loss, _ = pending.result()
+        assert pending.result() is pending.result()  # read once, kept
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    np.testing.assert_array_equal(losses, called_losses)
+    for name, value in called_model.state_dict().items():
+        np.testing.assert_array_equal(model.state_dict()[name], value, err_msg=name)
+    assert opt.state[id(model.parameters()["0.W"])]["step"] == len(batches)
+
+
+def test_a_launch_is_read_before_its_function_runs_again(device):
+    model, opt = _model(lr=1e-2)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    x, y = _batches(1)[0]
+    pending = step.captured.launch(x=x, y=y)
+    for again in (lambda: step(x=x, y=y), lambda: step.captured.launch(x=x, y=y), step.captured.reset):
+        with pytest.raises(RuntimeError, match="earlier launch's result was not read"):
+            again()
+    pending.result()
+    step(x=x, y=y)
+    assert opt.state[id(model.parameters()["0.W"])]["step"] == 2
+
+
+def test_work_submitted_while_a_launch_runs_runs_after_it(on_gpu):
+    """While a launched update runs, the host records and submits other work: launches of other
+    programs, each with an eager batch ahead of it, until the context's rotation of eager
+    batches comes round to the one submitted with the update (the next eager op waits for the
+    update there), and reads. Each sees the weights the update wrote, as after a call; no
+    validation error (the GPU tests run with the validation layer)."""
+    model, opt = _model(rc.optim.SGD, lr=0.1)
+    w = model.parameters()["0.W"]
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    forwards = [rc.capture(lambda x: model(x), params=model.parameters()) for _ in range(3)]
+    x, y = _batches(1)[0]
+    for forward in forwards:
+        forward(x=x)
+    step(x=x, y=y)
+    before = w.numpy()
+    column, first = rc.tensor(np.zeros((1, 1), np.int32)), rc.tensor(before[:, :1])
+
+    def rewrite_first_column():  # eager, in place, the same values: recorded, submitted with the next launch
+        rc.ops.apply("put_cols", (w, column, first))
+
+    rewrite_first_column()
+    pending = [step.captured.launch(x=x, y=y)]
+    for forward in forwards:
+        rewrite_first_column()
+        pending.append(forward.launch(x=x))
+    rewrite_first_column()  # the eager batch the update went with, reused
+    total = rc.sum(w).numpy()
+    loss, _ = pending[0].result()
+    outs = [p.result() for p in pending[1:]]
+    updated = w.numpy()
+    assert not np.allclose(updated, before)
+    np.testing.assert_allclose(total, [[updated.sum()]], rtol=1e-5)
+    for out in outs:
+        np.testing.assert_allclose(out, model(rc.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert np.isfinite(loss).all()

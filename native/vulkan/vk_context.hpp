@@ -72,6 +72,8 @@ struct TransferStats {
 // dependency level of its command buffer, the intervals summed over runs. Programs recorded
 // while profiling is on (Context::set_profiling) carry one; the timestamps cost a little, so
 // benchmarks leave it off.
+class RecordedCommands;
+
 struct LevelProfile {
     VkQueryPool pool = VK_NULL_HANDLE;
     uint32_t capacity = 0;            // timestamps the pool holds
@@ -210,6 +212,9 @@ class Context {
         VkCommandBuffer cmd = VK_NULL_HANDLE;
         VkFence fence = VK_NULL_HANDLE;
         bool busy = false;
+        // A program submitted with this slot's batch ahead of it (under the program's fence), not
+        // yet waited for: the slot is reused only after that program's wait().
+        RecordedCommands* held_by = nullptr;
         std::vector<std::shared_ptr<Allocation>> keep;
     };
     std::vector<Slot> slots_;
@@ -249,25 +254,26 @@ class Context {
 
 // A captured program's command buffer: a copy of the input staging into the program's input
 // block, its kernels, and a copy of its output block into the output staging; recorded once,
-// submitted at every replay, and waited for before the host reads the outputs (so it is never
-// resubmitted while pending).
+// submitted at every replay, and waited for before the host reads the outputs, before it is
+// submitted or recorded again, and before the eager batch submitted with it is reused.
 class RecordedCommands final : public RecordedProgram {
   public:
     RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs);
     ~RecordedCommands() override;
     void record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) override;
-    void run() override;
+    void submit() override;
+    void wait() override;
     void* input_staging() override { return ctx_.staging_pool_->host(*input_staging_); }
     const void* output_staging() override { return ctx_.staging_pool_->host(*output_staging_); }
     std::vector<LevelTime> level_times() const override;
 
   private:
-    void wait();
     void read_profile();  // adds the last run's level intervals to profile_
     Context& ctx_;
     TensorImpl &inputs_, &outputs_;  // the program's blocks (the program outlives this)
     Context::ProgramCommands commands_;
     bool pending_ = false;
+    Context::Slot* pending_eager_ = nullptr;  // the eager batch submitted ahead of the pending run
     std::shared_ptr<Allocation> input_staging_, output_staging_;
     Context::ProgramRecording recording_;
     std::unique_ptr<LevelProfile> profile_;  // where the program was recorded with profiling on

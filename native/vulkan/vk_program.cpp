@@ -1,6 +1,7 @@
 // Captured programs' command buffers: the program's commands scheduled in dependency levels
 // when its recording ends, recorded once and re-submitted at every replay (RecordedCommands).
 #include <cstring>
+#include <utility>
 
 #include "vulkan/vk_context.hpp"
 
@@ -158,6 +159,7 @@ RecordedCommands::~RecordedCommands() {
     try {
         wait();
     } catch (const std::exception&) {
+        if (pending_eager_) pending_eager_->held_by = nullptr;
         return;  // the device is lost: its command buffer and fence stay as they are
     }
     if (profile_ && profile_->pool != VK_NULL_HANDLE) ctx_.api_.vkDestroyQueryPool(ctx_.device_, profile_->pool, nullptr);
@@ -170,6 +172,13 @@ void RecordedCommands::wait() {
     ctx_.wait_for(commands_.fence);
     check(api.vkResetFences(ctx_.device_, 1, &commands_.fence), "vkResetFences");
     pending_ = false;
+    if (Context::Slot* eager = std::exchange(pending_eager_, nullptr)) {
+        // done with the program's batch: its slot is free again (its own fence was not used)
+        check(api.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
+        eager->keep.clear();
+        eager->held_by = nullptr;
+    }
+    if (profile_) read_profile();
 }
 
 void RecordedCommands::record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) {
@@ -228,7 +237,7 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
     ++ctx_.stats_.recordings;
 }
 
-void RecordedCommands::run() {
+void RecordedCommands::submit() {
     wait();
     // Eager work recorded before this replay runs first, in the same submission: its command
     // buffer, then the program's (whose opening barrier orders it after everything before).
@@ -236,6 +245,10 @@ void RecordedCommands::run() {
     const VkCommandBuffer cmds[2] = {eager ? eager->cmd : commands_.cmd, commands_.cmd};
     ctx_.queue_submit(eager ? cmds : cmds + 1, eager ? 2 : 1, commands_.fence);
     pending_ = true;
+    if (eager) {
+        eager->held_by = this;
+        pending_eager_ = eager;
+    }
     const TransferStats& run = recording_.counted;
     TransferStats& total = ctx_.stats_;
     total.uploads += run.uploads;
@@ -244,12 +257,6 @@ void RecordedCommands::run() {
     total.download_bytes += run.download_bytes;
     total.dispatches += run.dispatches;
     total.barriers += run.barriers;
-    wait();  // the host reads the output staging next
-    if (eager) {  // done with the program's batch: its slot is free again (its fence was not used)
-        check(ctx_.api_.vkResetCommandBuffer(eager->cmd, 0), "vkResetCommandBuffer");
-        eager->keep.clear();
-    }
-    if (profile_) read_profile();
 }
 
 void RecordedCommands::read_profile() {

@@ -41,6 +41,7 @@ std::pair<VkBuffer, uint64_t> Context::locate(const TensorImpl& t) const {
 void Context::begin_if_needed() {
     if (recording_) return;
     Slot& slot = slots_[slot_];
+    if (slot.held_by) slot.held_by->wait();  // a program submitted with this batch may still run
     if (slot.busy) retire(slot);
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;

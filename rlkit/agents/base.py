@@ -215,12 +215,16 @@ class OffPolicyAgent:
         self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
         self._actions_ready: tuple | None = None  # (observations, deterministic, actions) a train round computed
+        self._pending_round: tuple | None = None  # overlap_updates: (launched step, its variant, the round's scalars)
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
             if seed is not None:
                 rc.manual_seed(seed)
             self._build()
+        if self.config.overlap_updates and not self.acts_in_updates:
+            raise ValueError(f"{self.algo}: overlap_updates is for the agents that act in their updates (SAC, TD3, "
+                             "DDPG); this agent's round of gradient steps runs before it acts")
 
     # ---- what a subclass supplies -------------------------------------------------------------
 
@@ -319,10 +323,32 @@ class OffPolicyAgent:
         with self.on_device():
             export_policy(self, path, opset)
 
-    def _train(self, gradient_steps: int) -> dict[str, float]:
-        """Runs gradient steps; returns the scalars to log (SB3's train/ tags). An agent whose
-        ``acts_in_updates`` is True takes ``act_on`` too: see there."""
+    def _train(self, gradient_steps: int, act_on=None) -> dict[str, float]:
+        """Runs gradient steps; returns the scalars to log (SB3's train/ tags). Here, for an agent
+        that ``acts_in_updates``: each step the replay of ``self._steps[self._next_variant()]``,
+        the last one's acting twin where ``act_on`` is given (see ``acts_in_updates``). Other
+        agents supply their own."""
+        stored = self._stored_count()
+        scalars = {}
+        for step in range(gradient_steps):
+            variant = self._next_variant()
+            outputs = self._replay_update(variant, stored, act_on if step == gradient_steps - 1 else None)
+            scalars.update(self._update_scalars(outputs, variant))
+        return scalars
+
+    def _next_variant(self):
+        """For an agent that ``acts_in_updates``: counts one more gradient step and returns the
+        variant of the captured update it takes (a key of ``self._steps``)."""
         raise NotImplementedError
+
+    def _update_scalars(self, outputs: list[np.ndarray], variant) -> dict[str, float]:
+        """For an agent that ``acts_in_updates``: the scalars to log of one gradient step, from its
+        program's outputs (counting its skipped updates)."""
+        raise NotImplementedError
+
+    def _stored_count(self) -> np.ndarray:
+        """The transitions the replay buffer holds, as the captured updates' ``stored`` input."""
+        return np.array([[len(self.buffer)]], np.float32)
 
     acts_in_updates = False
     """Whether ``_train(gradient_steps, act_on=batch)`` also computes, in the program of its last
@@ -335,20 +361,48 @@ class OffPolicyAgent:
     def _capture_updates(self, variants: tuple, params: list, deterministic: bool) -> None:
         """For an agent that ``acts_in_updates``: ``self._steps[v]``, the captured ``_update(stored,
         v)`` of each variant v, and ``self._acting_steps[v]``, the same update followed by the
-        policy's ``deterministic`` (or sampled) actions for observations given as inputs."""
+        policy's ``deterministic`` (or sampled) actions for observations given as inputs: the
+        actions the agent's ``_explore`` asks ``_policy`` for."""
+        self._explore_deterministic = deterministic
         self._steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
         self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
             *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
 
-    def _replay_update(self, variant, stored: np.ndarray, act_on, deterministic: bool) -> list:
+    def _replay_update(self, variant, stored: np.ndarray, act_on) -> list:
         """One gradient step: the outputs of ``self._steps[variant]``, or where ``act_on`` (an
         observation batch) is given, of its acting twin, whose actions are kept for the
-        ``_policy(act_on, deterministic)`` call that comes next."""
+        ``_policy(act_on, ...)`` call that comes next."""
         if act_on is None:
             return list(self._steps[variant](stored=stored))
         *outputs, actions = self._acting_steps[variant](stored=stored, **policy_inputs(act_on))
-        self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
+        self._actions_ready = (act_on, self._explore_deterministic, actions.T)  # [n, actions]
         return outputs
+
+    def _launch_round(self, act_on) -> None:
+        """A round of gradient steps under ``overlap_updates``: first the actions for ``act_on``
+        from the policy as it is (queued after a round still running), kept for the ``_policy``
+        call that comes next; then the round, its last step launched: it runs on the device
+        while the environment steps, and ``_finish_round`` reads it."""
+        deterministic = self._explore_deterministic
+        actions = self._policy(act_on, deterministic)  # [n, actions], the weights before this round
+        self._finish_round()  # the round before ran ahead of those actions: done by now
+        stored = self._stored_count()
+        scalars = {}
+        for _ in range(self.config.gradient_steps - 1):
+            variant = self._next_variant()
+            scalars.update(self._update_scalars(self._replay_update(variant, stored, None), variant))
+        variant = self._next_variant()
+        self._pending_round = (self._steps[variant].launch(stored=stored), variant, scalars)
+        self._actions_ready = (act_on, deterministic, actions)
+
+    def _finish_round(self) -> None:
+        """Waits for a launched round's last gradient step and logs the round's scalars."""
+        if self._pending_round is None:
+            return
+        pending, variant, scalars = self._pending_round
+        self._pending_round = None
+        scalars.update(self._update_scalars(pending.result(), variant))
+        self._train_scalars.update(scalars)
 
     def _state_objects(self) -> dict:
         """{name: object with state_dict()} that save writes and load restores."""
@@ -358,9 +412,11 @@ class OffPolicyAgent:
         """Work after every vector-environment step (a target update, for DQN)."""
 
     def _apply_deferred(self) -> None:
-        """Completes work deferred from environment steps (DQN's target updates), so that a
-        callback or whatever runs after ``learn`` sees the agent as if nothing were deferred.
-        An agent that defers work also calls it before its own readers (its train round, save)."""
+        """Completes work deferred from environment steps (a round of gradient steps launched
+        under ``overlap_updates``; DQN's target updates), so that a callback or whatever runs
+        after ``learn`` sees the agent as if nothing were deferred. An agent that defers work
+        also calls it before its own readers (its train round, save); an override calls this."""
+        self._finish_round()
 
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
         """Called after every step with the actions taken (in the buffer's space) and the lanes
@@ -501,6 +557,7 @@ class OffPolicyAgent:
                 if callback is not None:
                     callback.on_training_end()
         finally:
+            self._finish_round()  # a round launched before an exception: read, its steps counted
             self.logger.writer = None
             if bar is not None:
                 bar.close()
@@ -596,11 +653,15 @@ class OffPolicyAgent:
     def _train_round(self, callback: BaseCallback | None, steps_to_come: int, act_on=None) -> bool:
         """Ends the rollout and runs its gradient steps once past ``learning_starts`` (counting
         the ``steps_to_come`` of a step still running), computing the actions for the observation
-        batch ``act_on`` with the last of them where the agent ``acts_in_updates``; False (the
-        loop is no longer in a rollout)."""
+        batch ``act_on`` with the last of them where the agent ``acts_in_updates``, or before them,
+        the last one launched, under ``overlap_updates``; False (the loop is no longer in a
+        rollout)."""
         if callback is not None:
             callback.on_rollout_end()
         if self.num_timesteps + steps_to_come > self.config.learning_starts:
+            if act_on is not None and self.config.overlap_updates:
+                self._launch_round(act_on)
+                return False
             if act_on is not None and self.acts_in_updates:
                 scalars = self._train(self.config.gradient_steps, act_on=act_on)
             else:
@@ -615,6 +676,7 @@ class OffPolicyAgent:
 
     def _log(self, writer: SummaryWriter, stats: EpisodeStats, start_time: float) -> None:
         """Writes the scalars at ``num_timesteps``, with what callbacks recorded in ``logger``."""
+        self._finish_round()  # its scalars too
         step = self.num_timesteps
         fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
         means = stats.means()

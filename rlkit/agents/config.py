@@ -69,6 +69,15 @@ class OffPolicyConfig:
     ``goal_selection_strategy`` ("future", "final", "episode"), ``reward_function`` (None: the
     environment's compute_reward, on the host; "sparse_distance" with ``distance_threshold``, or
     "bit_equal": on the device, the update one device program)."""
+    overlap_updates: bool = False
+    """Whether the environment steps while a round's last gradient step runs on the device
+    (not SB3's order, which it otherwise keeps): the actions of each step after a round come
+    from the policy as it was before that round, one round behind, and the device runs the
+    update while the host steps the environment and stores the transition. Faster on a GPU,
+    where the update takes as long as the environment step; on the CPU, which runs the update
+    before the environment steps either way, only the order changes. For the agents that act
+    in their updates (SAC, TD3, DDPG; others refuse it), in ``learn``; with environments
+    stepped in other processes (SubprocVecEnv) the round runs while they step anyway."""
 
     actor_critic: ClassVar[bool] = True
     """Whether the agent has an actor and critics, which ``net_arch`` may size apart."""
@@ -110,6 +119,8 @@ class OffPolicyConfig:
             raise ValueError(f"{prefix}: replay_buffer_class must be one of {REPLAY_BUFFER_CLASSES}, "
                              f"got {self.replay_buffer_class!r}")
         check_keyword_dict(self, "replay_buffer_kwargs")
+        if not isinstance(self.overlap_updates, bool):
+            raise ValueError(f"{prefix}: overlap_updates must be True or False, got {self.overlap_updates!r}")
         if self.replay_buffer_kwargs and self.replay_buffer_class is None:
             raise ValueError(f"{prefix}: replay_buffer_kwargs are HerReplayBuffer's: pass "
                              "replay_buffer_class='HerReplayBuffer' too")

@@ -281,6 +281,7 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             self._target_updates.request()
 
     def _apply_deferred(self) -> None:
+        super()._apply_deferred()
         self._target_updates.apply()
 
     # ---- acting ----------------------------------------------------------------------------------

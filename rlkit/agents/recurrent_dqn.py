@@ -187,6 +187,7 @@ class RecurrentDQN(EpsilonGreedy, RecurrentAgent):
             self._target_updates.request()
 
     def _apply_deferred(self) -> None:
+        super()._apply_deferred()
         self._target_updates.apply()
 
     # ---- acting ----------------------------------------------------------------------------------

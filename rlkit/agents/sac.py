@@ -192,19 +192,18 @@ class SAC(OffPolicyAgent):
 
     acts_in_updates = True
 
-    def _train(self, gradient_steps: int, act_on=None) -> dict[str, float]:
-        stored = np.array([[len(self.buffer)]], np.float32)
-        for step in range(gradient_steps):
-            self._n_updates += 1
-            with_target = self._n_updates % self.config.target_update_interval == 0
-            values = self._replay_update(with_target, stored, act_on if step == gradient_steps - 1 else None,
-                                         deterministic=False)
-            *outputs, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in values]
-            self.skipped_updates += int(skipped)
-        scalars = {"train/critic_loss": outputs[0], "train/actor_loss": outputs[1], "train/ent_coef": outputs[2],
+    def _next_variant(self) -> bool:
+        """with_target: whether this gradient step updates the target critics too."""
+        self._n_updates += 1
+        return self._n_updates % self.config.target_update_interval == 0
+
+    def _update_scalars(self, outputs: list[np.ndarray], with_target: bool) -> dict[str, float]:
+        *values, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in outputs]
+        self.skipped_updates += int(skipped)
+        scalars = {"train/critic_loss": values[0], "train/actor_loss": values[1], "train/ent_coef": values[2],
                    "train/learning_rate": self.actor_optimizer.lr}
         if self.tune_alpha:
-            scalars["train/ent_coef_loss"] = outputs[3]
+            scalars["train/ent_coef_loss"] = values[3]
         return scalars
 
     # ---- acting ----------------------------------------------------------------------------------

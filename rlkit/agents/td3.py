@@ -180,19 +180,18 @@ class TD3(OffPolicyAgent):
 
     acts_in_updates = True
 
-    def _train(self, gradient_steps: int, act_on=None) -> dict[str, float]:
-        stored = np.array([[len(self.buffer)]], np.float32)
-        scalars = {}
-        for step in range(gradient_steps):
-            self._n_updates += 1
-            with_actor = self._n_updates % self.config.policy_delay == 0
-            critic_loss, actor_loss, skipped = self._replay_update(
-                with_actor, stored, act_on if step == gradient_steps - 1 else None, deterministic=True)
-            self.skipped_updates += int(skipped.reshape(-1)[0])
-            scalars["train/critic_loss"] = float(critic_loss.reshape(-1)[0])
-            if with_actor:
-                scalars["train/actor_loss"] = float(actor_loss.reshape(-1)[0])
-        scalars["train/learning_rate"] = self.actor_optimizer.lr
+    def _next_variant(self) -> bool:
+        """with_actor: whether this gradient step updates the actor and the targets too (every
+        ``policy_delay``-th)."""
+        self._n_updates += 1
+        return self._n_updates % self.config.policy_delay == 0
+
+    def _update_scalars(self, outputs: list[np.ndarray], with_actor: bool) -> dict[str, float]:
+        critic_loss, actor_loss, skipped = [float(np.asarray(v).reshape(-1)[0]) for v in outputs]
+        self.skipped_updates += int(skipped)
+        scalars = {"train/critic_loss": critic_loss, "train/learning_rate": self.actor_optimizer.lr}
+        if with_actor:
+            scalars["train/actor_loss"] = actor_loss
         return scalars
 
     # ---- acting ----------------------------------------------------------------------------------

@@ -143,13 +143,30 @@ class _CapturedProgram:
     def replay(self, arrays: dict[str, tuple[np.ndarray, str]]):
         """Runs the program on the named inputs (each an array and its dtype) and returns the
         captured function's outputs, in the structure it returned them."""
+        return self._outputs(self.native.replay(self._inputs(arrays)))
+
+    def launch(self, arrays: dict[str, tuple[np.ndarray, str]]) -> None:
+        """Starts :meth:`replay` on the GPU and returns while it runs; :meth:`finish` completes it."""
+        self.native.launch(self._inputs(arrays))
+
+    def finish(self):
+        """The outputs of the launched replay, once it has run (what :meth:`replay` returns)."""
+        return self._outputs(self.native.finish())
+
+    def _inputs(self, arrays: dict[str, tuple[np.ndarray, str]]) -> list[np.ndarray]:
+        """The program's input arrays, in order, after the inputs' checks and the work each replay
+        runs before it (a buffer's staged writes)."""
         for name, check in self.input_checks:  # the ops' own checks, before anything is converted
             check(arrays[name][0])
         values = [_host_array(n, *arrays[n]) for n in self.names]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in self.host_inputs]
         for prepare in self.before_replay:
             prepare()
-        results = self.native.replay(values)  # the program's own inputs and outputs, in order
+        return values
+
+    def _outputs(self, results: list[np.ndarray]):
+        """The captured function's outputs from the program's (its own first, in order), after
+        the work each replay runs after it (an optimizer's step counts)."""
         if self.after_replay:
             extra = results[self.n_user_outputs:]
             for after in self.after_replay:
@@ -172,11 +189,13 @@ class CapturedFunction:
         self._tensors = [p for p in self.params if isinstance(p, Tensor)]  # the rest are buffers
         self._buffers = [p for p in self.params if not isinstance(p, Tensor)]
         self._programs: dict[tuple, _CapturedProgram] = {}
+        self._pending: PendingReplay | None = None  # launched, its result not read yet
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
     def reset(self) -> None:
         """Forgets every program: the next call captures ``fn`` anew (after what it reads was
         replaced by an object the params list does not know, such as a loaded replay buffer)."""
+        self._check_settled("reset")
         self._programs = {}
 
     def _identity(self) -> tuple:
@@ -188,7 +207,27 @@ class CapturedFunction:
 
     def __call__(self, **inputs):
         arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
+        self._check_settled("a call")
         return self._program(arrays).replay(arrays)
+
+    def launch(self, **inputs) -> PendingReplay:
+        """Starts a call and returns at once where the device runs it apart from the host (a
+        GPU): the host goes on while the program runs, and work submitted later (another
+        program, an eager op, a read) runs after it. ``result()`` of what it returns waits and
+        gives what the call would have returned. On the CPU the program runs here, whole. Until
+        that result is read, this function can be neither called nor launched again
+        (RuntimeError)."""
+        arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
+        self._check_settled("launch")
+        program = self._program(arrays)
+        program.launch(arrays)
+        self._pending = PendingReplay(self, program)
+        return self._pending
+
+    def _check_settled(self, what: str) -> None:
+        if self._pending is not None:
+            raise RuntimeError(f"capture: {what} while an earlier launch's result was not read; call result() on "
+                               "what launch returned first")
 
     def _program(self, arrays: dict[str, tuple[np.ndarray, str]]) -> _CapturedProgram:
         """The program for these inputs, the device and the listed parameters and buffers as they
@@ -220,6 +259,25 @@ class CapturedFunction:
                         for name, p in zip(names, placeholders) if p._impl is impl]
         return _CapturedProgram(native, names, placeholders, input_checks, active.host_inputs, all_outputs,
                                 len(outputs), rebuild, active.before_replay, active.after_replay)
+
+
+_NOT_READ = object()  # a PendingReplay's outputs before result() reads them
+
+
+class PendingReplay:
+    """A launched call of a :class:`CapturedFunction` (``launch``): ``result()`` waits for it."""
+
+    def __init__(self, captured: CapturedFunction, program: _CapturedProgram):
+        self._captured, self._program = captured, program
+        self._outputs = _NOT_READ
+
+    def result(self):
+        """The call's outputs, once the program has run (what calling the function returns);
+        the same object on later calls."""
+        if self._outputs is _NOT_READ:
+            self._captured._pending = None  # settled even if the wait fails: the function may run again
+            self._outputs = self._program.finish()
+        return self._outputs
 
 
 def capture(fn: Callable, params=()) -> CapturedFunction:
