@@ -116,6 +116,34 @@ def test_deep_products_propagate_nan_and_infinity(ta):
     np.testing.assert_allclose(out[finite], expected[finite], atol=1e-4 * np.abs(expected[finite]).max())
 
 
+@pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m, k, n", [(257, 300, 1), (1, 300, 257), (6, 256, 1), (1, 1, 1), (1, 2049, 1)],
+                         ids=["one column", "one row", "a small head on one column", "one element", "a deep dot"])
+def test_products_with_one_row_or_column_equal_numpy(ta, tb, m, k, n):
+    """A policy acting on one observation, a value head's row: C of one column or one row (the
+    BLAS's gemv where one is loaded) equals numpy in every orientation, in a batch of slices
+    too, the same bits on any number of threads; NaN and infinities propagate."""
+    a = rand((k, m, 3) if ta else (m, k, 3), 10)
+    b = rand((n, k, 3) if tb else (k, n, 3), 11)
+    a[(k - 1, 0, 1) if ta else (0, k - 1, 1)] = np.nan  # C's row 0 of slice 1
+    b[(n - 1, 0, 2) if tb else (0, n - 1, 2)] = np.inf  # C's column n - 1 of slice 2
+    results = at_thread_counts(lambda: rc.matmul(rc.tensor(a), rc.tensor(b), transpose_a=ta, transpose_b=tb).numpy())
+    np.testing.assert_array_equal(results[2], results[1])
+    np.testing.assert_array_equal(results[3], results[1])
+    for s in range(3):
+        op_a = (a[:, :, s].T if ta else a[:, :, s]).astype(np.float64)
+        op_b = (b[:, :, s].T if tb else b[:, :, s]).astype(np.float64)
+        expected = op_a @ op_b
+        out = results[1][:, :, s]
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(expected), err_msg=f"slice {s}")
+        np.testing.assert_array_equal(np.isinf(out), np.isinf(expected), err_msg=f"slice {s}")
+        finite = np.isfinite(expected)
+        if finite.any():
+            scale = max(1.0, np.abs(expected[finite]).max())
+            np.testing.assert_allclose(out[finite], expected[finite], rtol=1e-5, atol=1e-5 * scale)
+    assert np.isnan(results[1][0, :, 1]).all() and np.isinf(results[1][:, n - 1, 2]).any()
+
+
 def test_mlp_forward_and_backward_agree_across_thread_counts():
     rng = np.random.default_rng(4)
     x = np.asfortranarray(rng.standard_normal((32, 1024)).astype(np.float32))
