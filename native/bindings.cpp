@@ -286,7 +286,6 @@ PYBIND11_MODULE(_native, m) {
             p.finish(out_ptrs);
             return results;
         }, "Waits for the launched replay; returns its outputs as Fortran-ordered arrays.")
-        .def_property_readonly("launched", &Program::launched)
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
         .def_property_readonly("arena_bytes", &Program::arena_bytes)

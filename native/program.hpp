@@ -35,7 +35,6 @@ class Program {
     // waits for it and copies the outputs. A second launch before finish is a logic_error.
     void launch(const std::vector<const void*>& host_inputs);
     void finish(const std::vector<void*>& host_outputs);
-    bool launched() const { return launched_; }
 
     const Inputs& inputs() const { return inputs_; }
     const Inputs& outputs() const { return outputs_; }

@@ -68,12 +68,12 @@ struct TransferStats {
     uint64_t recordings = 0;  // programs' command buffers recorded (once per program, unless re-recorded)
 };
 
+class RecordedCommands;
+
 // Where a captured program's GPU time goes: a timestamp after the opening barrier and after each
 // dependency level of its command buffer, the intervals summed over runs. Programs recorded
 // while profiling is on (Context::set_profiling) carry one; the timestamps cost a little, so
 // benchmarks leave it off.
-class RecordedCommands;
-
 struct LevelProfile {
     VkQueryPool pool = VK_NULL_HANDLE;
     uint32_t capacity = 0;            // timestamps the pool holds

@@ -146,7 +146,8 @@ class _CapturedProgram:
         return self._outputs(self.native.replay(self._inputs(arrays)))
 
     def launch(self, arrays: dict[str, tuple[np.ndarray, str]]) -> None:
-        """Starts :meth:`replay` on the GPU and returns while it runs; :meth:`finish` completes it."""
+        """Starts :meth:`replay` (on the GPU it returns while the program runs); :meth:`finish`
+        completes it."""
         self.native.launch(self._inputs(arrays))
 
     def finish(self):
