@@ -386,13 +386,9 @@ class OffPolicyAgent:
         deterministic = self._explore_deterministic
         actions = self._policy(act_on, deterministic)  # [n, actions], the weights before this round
         self._finish_round()  # the round before ran ahead of those actions: done by now
-        stored = self._stored_count()
-        scalars = {}
-        for _ in range(self.config.gradient_steps - 1):
-            variant = self._next_variant()
-            scalars.update(self._update_scalars(self._replay_update(variant, stored, None), variant))
+        scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
         variant = self._next_variant()
-        self._pending_round = (self._steps[variant].launch(stored=stored), variant, scalars)
+        self._pending_round = (self._steps[variant].launch(stored=self._stored_count()), variant, scalars)
         self._actions_ready = (act_on, deterministic, actions)
 
     def _finish_round(self) -> None:
