@@ -556,3 +556,20 @@ def test_work_submitted_while_a_launch_runs_runs_after_it(on_gpu):
     for out in outs:
         np.testing.assert_allclose(out, model(rc.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
     assert np.isfinite(loss).all()
+
+
+def test_a_launch_with_bad_input_raises_as_a_call_and_leaves_nothing_launched(device):
+    """A launch checks its inputs as a call does (the same errors), and one refused launches
+    nothing: the function can be called right after."""
+    model, opt = _model(lr=1e-2)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    x, y = _batches(1)[0]
+    step(x=x, y=y)
+    for bad in (dict(x=x, y=y[:, :5]), dict(x=x.astype(np.int64), y=y), dict(x=x, y="y")):
+        with pytest.raises((ValueError, TypeError)) as called:
+            step.captured(**bad)
+        with pytest.raises(type(called.value)) as launched:
+            step.captured.launch(**bad)
+        assert str(launched.value) == str(called.value)
+    step(x=x, y=y)
+    assert opt.state[id(model.parameters()["0.W"])]["step"] == 2
