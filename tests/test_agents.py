@@ -463,6 +463,64 @@ class NanAfter(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+def test_episode_statistics_of_steps_counted_in_runs_equal_those_counted_step_by_step():
+    """extend of runs of steps (1 to 40 long, episodes ending inside, at the ends of and across
+    runs, several in one lane) keeps the same returns, to the bit, and lengths as step."""
+    rng = np.random.default_rng(3)
+    rewards = rng.standard_normal((120, 3)).astype(np.float32) * 10  # [steps, lanes]
+    dones = rng.random((120, 3)) < 0.08
+    dones[39, :] = True  # every lane ends at the end of a run
+    one_by_one, in_runs = EpisodeStats(3), EpisodeStats(3)
+    for reward, done in zip(rewards, dones):
+        one_by_one.step(reward, done)
+    start = 0
+    for length in (1, 38, 1, 40, 7, 1, 32):
+        in_runs.extend(rewards[start:start + length], dones[start:start + length])
+        start += length
+    assert list(in_runs.returns) == list(one_by_one.returns) and list(in_runs.lengths) == list(one_by_one.lengths)
+    np.testing.assert_array_equal(in_runs.current_return, one_by_one.current_return)
+    np.testing.assert_array_equal(in_runs.current_length, one_by_one.current_length)
+    assert len(one_by_one.returns) > 20
+
+
+class Transcript(gym.Wrapper):
+    """Keeps every transition the environment gives: (obs, action, reward, next obs, terminated)."""
+
+    def reset(self, **kwargs):
+        self.last, info = self.env.reset(**kwargs)
+        return self.last, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps.append((self.last, int(action), reward, obs, terminated))
+        self.last = obs
+        return obs, reward, terminated, truncated, info
+
+
+def test_the_steps_a_learn_call_takes_are_stored_and_counted_in_order():
+    """The loop keeps its steps until a round of gradient steps (every 64th step here) or the
+    end of learn reads them: the buffer then holds every transition the environment gave, in
+    order, and the episode statistics every finished episode's return."""
+    env = Transcript(gym.make("CartPole-v1"))
+    env.steps = []
+    agent = DQN(env, DQNConfig(**SMALL, train_freq=64, gradient_steps=1), seed=0)
+    agent.learn(300)
+    assert len(agent.buffer) == 300
+    every = np.arange(300, dtype=np.int32)[None, :]
+    stored = [rc.get_rows(table, every).numpy() for table in
+              (agent.buffer._obs, agent.buffer._action, agent.buffer._reward_row, agent.buffer._next_obs,
+               agent.buffer._terminated_row)]
+    for i, given in enumerate(zip(*env.steps)):
+        np.testing.assert_array_equal(stored[i], np.array(given, np.float32).reshape(300, -1).T)
+    returns, episode = [], 0.0
+    for _, _, reward, _, terminated in env.steps:
+        episode += reward
+        if terminated:
+            returns.append(episode)
+            episode = 0.0
+    assert list(agent._episode_stats.returns) == returns and len(returns) > 5
+
+
 def test_learn_raises_at_the_first_non_finite_observation_naming_the_timestep_and_lane():
     agent = DQN(NanAfter(gym.make("CartPole-v1"), 50), DQNConfig(**SMALL), seed=0)
     with pytest.raises(ValueError, match=r"non-finite observation at timestep 50, lane 0 \(element 2 is nan\)"):

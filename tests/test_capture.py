@@ -90,6 +90,25 @@ def test_re_recording_rules(device):
     assert step.captured.traces == 3
 
 
+def test_repeated_calls_of_one_signature_see_new_values_and_parameter_writes(device):
+    """Calls with arrays of the last call's names, shapes and dtypes reuse its lookup: each still
+    replays on its own values, sees a host write to a parameter (a new program), converts
+    bools and integers as the first call did, and a list, or another dtype, takes the full path."""
+    w = rc.tensor(np.array([[2.0, -1.0]], np.float32))  # [1, 2]
+    f = rc.capture(lambda x, mask: rc.add(rc.matmul(w, x), rc.cast(mask, "f32")), [w])
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x, mask = rng.standard_normal((2, 5)).astype(np.float32), rng.random((1, 5)) < 0.5
+        np.testing.assert_allclose(f(x=x, mask=mask), w.numpy() @ x + mask, rtol=1e-6)
+    assert f.traces == 1
+    w.write_columns(np.array([[0.5, 3.0]], np.float32, order="F"), 0)  # a host write: a new version
+    np.testing.assert_allclose(f(x=x, mask=mask), w.numpy() @ x + mask, rtol=1e-6)
+    assert f.traces == 2
+    np.testing.assert_allclose(f(x=x.tolist(), mask=mask.astype(np.int64)), w.numpy() @ x + mask, rtol=1e-6)
+    np.testing.assert_allclose(f(x=x.astype(np.float64), mask=mask), w.numpy() @ x + mask, rtol=1e-6)
+    assert f.traces == 3  # the integer mask is an i32 input: another signature
+
+
 def test_buffers_are_read_where_they_are(device):
     buf = DeviceBuffer(3, 10)
     buf.write(np.arange(30, dtype=np.float32).reshape(3, 10, order="F"))

@@ -896,3 +896,39 @@ def test_a_save_holds_the_steps_added_after_the_last_read(device, tmp_path, opti
     expected = _expected_tables(history, buf)
     for name, values in _gathered_tables(loaded).items():
         np.testing.assert_array_equal(values, expected[name], err_msg=name)
+
+
+@pytest.mark.parametrize("n_envs,optimize_memory,n_step", [(1, False, 1), (3, False, 3), (2, True, 2)])
+@pytest.mark.parametrize("staging_bytes", [64, 4 << 20])
+def test_extend_stores_what_adds_of_its_steps_store(device, monkeypatch, n_envs, optimize_memory, n_step,
+                                                    staging_bytes):
+    """extend of runs of k steps (the ring wrapping and the staging area filling inside a run,
+    one pass per run of ring steps) leaves every device table, the write position and the
+    sampled transitions as k adds leave them; optimize_memory takes the add-by-add path."""
+    monkeypatch.setattr(ReplayBuffer, "STAGING_BYTES", staging_bytes)
+    made = [ReplayBuffer(10 * n_envs, 3, 2, n_envs=n_envs, seed=4, optimize_memory=optimize_memory, n_step=n_step,
+                         gamma=0.9) for _ in range(2)]
+    added, extended = made
+    for run, steps in enumerate((1, 3, 9, 2, 14, 1)):
+        history = _rollout([added], steps, n_envs, seed=run)
+        columns = [np.stack([step[i] for step in history]) for i in range(6)]  # [k, n_envs, ...] each
+        extended.extend(*columns)
+        extended.extend(*[column[:0] for column in columns])  # no steps: nothing changes
+        for name, values in _gathered_tables(extended).items():
+            np.testing.assert_array_equal(values, _gathered_tables(added)[name], err_msg=f"{name} after run {run}")
+        assert (extended.pos, extended.full, len(extended)) == (added.pos, added.full, len(added))
+    np.testing.assert_array_equal(extended.sample(16).index, added.sample(16).index)
+
+
+def test_extend_stores_the_steps_before_one_it_refuses_and_raises_at_that_one():
+    """As adds one by one: the third step's fractional byte is refused with add's message; the
+    two steps before it are stored; a scalar reward is no stack of steps."""
+    buf = ReplayBuffer(8, 2, 1, obs_dtype="u8")
+    obs = np.arange(10, dtype=np.float64).reshape(5, 1, 2)  # [k, n_envs, 2], whole numbers but floats: checked
+    obs[2, 0, 1] = 0.5
+    with pytest.raises(ValueError, match="obs"):
+        buf.extend(obs, np.zeros((5, 1, 1)), np.ones((5, 1)), obs, np.zeros((5, 1), bool), np.zeros((5, 1), bool))
+    assert len(buf) == 2
+    np.testing.assert_array_equal(rc.get_rows(buf._obs, np.array([[0, 1]], np.int32)).numpy(), [[0, 2], [1, 3]])
+    with pytest.raises(ValueError, match="reward must be an array"):
+        buf.extend(obs[:1], np.zeros((1, 1, 1)), 1.0, obs[:1], np.zeros((1, 1), bool), np.zeros((1, 1), bool))

@@ -35,17 +35,26 @@ class Counter(gym.Env):
 
 
 def _stored_transitions(agent, steps: int) -> list[tuple]:
-    """(obs, reward, next_obs, terminated, truncated) rows of every add the agent makes."""
+    """(obs, reward, next_obs, terminated, truncated) rows of every step the agent stores (with
+    add, or in runs of steps with extend)."""
     rows = []
-    add = agent.buffer.add
+    add, extend = agent.buffer.add, agent.buffer.extend
 
-    def recording_add(obs, action, reward, next_obs, terminated, truncated):
+    def record(obs, reward, next_obs, terminated, truncated):
         for lane in range(len(obs)):
             rows.append((np.array(obs[lane]), float(reward[lane]), np.array(next_obs[lane]), bool(terminated[lane]),
                          bool(truncated[lane])))
+
+    def recording_add(obs, action, reward, next_obs, terminated, truncated):
+        record(obs, reward, next_obs, terminated, truncated)
         return add(obs, action, reward, next_obs, terminated, truncated)
 
-    agent.buffer.add = recording_add
+    def recording_extend(obs, action, reward, next_obs, terminated, truncated):
+        for step in zip(obs, reward, next_obs, terminated, truncated):
+            record(*step)
+        return extend(obs, action, reward, next_obs, terminated, truncated)
+
+    agent.buffer.add, agent.buffer.extend = recording_add, recording_extend
     agent.learn(steps)
     return rows
 

@@ -96,6 +96,13 @@ class FiniteCheck:
             warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
 
 
+def stack_steps(steps: list) -> np.ndarray | dict[str, np.ndarray]:
+    """Per-step arrays [n, ...] (or dicts of them) stacked into [k, n, ...] (a dict of each key's)."""
+    if isinstance(steps[0], dict):
+        return {key: np.stack([step[key] for step in steps]) for key in steps[0]}
+    return np.stack(steps)
+
+
 def policy_inputs(batch: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A batch of observations (rows [n, ...], or a dict of them) as the named inputs of a
     captured policy: ``obs`` [..., n], or for a dict an input per key (named ``obs.<key>``)."""
@@ -207,6 +214,7 @@ class OffPolicyAgent:
         self._episode_num = 0  # episodes finished since num_timesteps was last reset, over the lanes
         self._episode_stats: EpisodeStats | None = None  # the lanes' episodes, kept across learn calls
         self._last_obs: np.ndarray | None = None
+        self._unrecorded: list[tuple] = []  # the steps taken since _record_steps last ran
         self.logger = Recorder()
         """SB3's logger surface: ``record(key, value)`` is written with the next log write."""
         self.policy = AgentPolicy(self)
@@ -412,11 +420,31 @@ class OffPolicyAgent:
         under ``overlap_updates``; DQN's target updates), so that a callback or whatever runs
         after ``learn`` sees the agent as if nothing were deferred. An agent that defers work
         also calls it before its own readers (its train round, save); an override calls this."""
+        self._record_steps()
         self._finish_round()
 
+    def _record_steps(self) -> None:
+        """Stores the environment steps taken since the last call in the replay buffer and counts
+        them in the episode statistics, all in one ``extend`` each: the loop keeps them until
+        something reads either (a round of gradient steps, a callback, a log write, learn's end),
+        which saves a dozen small numpy calls per step."""
+        steps, self._unrecorded = self._unrecorded, []
+        if len(steps) == 1:  # train_freq 1, or a callback at every step: add's checks and no stacking
+            batch, actions, reward, stored_next, terminated, truncated = steps[0]
+            self.buffer.add(batch, actions, reward, stored_next, terminated, truncated)
+            rewards, dones = reward[None], (terminated | truncated)[None]  # [1, n]
+        elif steps:
+            batch, actions, rewards, stored_next, terminated, truncated = [stack_steps(column) for column in zip(*steps)]
+            self.buffer.extend(batch, actions, rewards, stored_next, terminated, truncated)  # [k, n, ...] each
+            dones = terminated | truncated  # [k, n]
+        else:
+            return
+        self._episode_stats.extend(rewards, dones)
+        self._episode_num += int(np.count_nonzero(dones))
+
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
-        """Called after every step with the actions taken (in the buffer's space) and the lanes
-        whose episode ended (a recurrent agent keeps the actions and zeroes those lanes' states)."""
+        """Called after every step of a ``recurrent`` agent with the actions taken (in the buffer's
+        space) and the lanes whose episode ended: it keeps the actions and zeroes those lanes' states."""
 
     def _extra_scalars(self) -> dict[str, float]:
         """Scalars besides the shared ones to log (the exploration rate, for DQN)."""
@@ -553,6 +581,7 @@ class OffPolicyAgent:
                 if callback is not None:
                     callback.on_training_end()
         finally:
+            self._record_steps()  # the steps taken before an exception: stored, as they would be step by step
             self._finish_round()  # a round launched before an exception: read, its steps counted
             self.logger.writer = None
             if bar is not None:
@@ -570,7 +599,6 @@ class OffPolicyAgent:
         cfg, lanes = self.config, self.lanes
         if self._episode_stats is None:
             self._episode_stats = EpisodeStats(lanes.n)
-        stats = self._episode_stats
         self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
         start_time = time.perf_counter()
         if self._last_obs is None:
@@ -606,20 +634,21 @@ class OffPolicyAgent:
             check(timestep, "reward", reward)
             next_batch = self.obs_layout.batch(next_obs, lanes.n)
             stored_next = next_batch if true_next is next_obs else self.obs_layout.batch(true_next, lanes.n)
-            self.buffer.add(batch, actions, reward, stored_next, terminated, truncated)
-            done = terminated | truncated
-            stats.step(reward, done)
-            self._stepped(actions, done)
-            obs, batch = next_obs, next_batch
             before, episodes_before = self.num_timesteps, self._episode_num
+            self._unrecorded.append((batch, actions, reward, stored_next, terminated, truncated))
+            if self.recurrent:
+                self._stepped(actions, terminated | truncated)
+            if log_every_episodes is not None:
+                self._record_steps()  # the episode count decides when to log
+            obs, batch = next_obs, next_batch
             self.num_timesteps += lanes.n
             self._n_calls += 1
-            self._episode_num += int(np.count_nonzero(done))
             if callback is not None:  # as SB3: after the step, before the rollout's gradient steps
                 self._apply_deferred()
                 callback.update_event(StepEvent(agent=self, num_timesteps=self.num_timesteps, actions=env_actions,
                                                 rewards=reward, new_obs=next_obs, terminated=terminated,
-                                                truncated=truncated, episodes=stats, writer=writer))
+                                                truncated=truncated, episodes=self._episode_stats,
+                                                writer=writer))
                 if not callback.on_step():
                     in_rollout = False  # stopped: the rollout does not end, as SB3's
                     break
@@ -631,7 +660,7 @@ class OffPolicyAgent:
             else:  # SB3's off-policy log_interval: every log_interval-th episode
                 due = self._episode_num // log_every_episodes > episodes_before // log_every_episodes
             if writer is not None and due:
-                self._log(writer, stats, start_time)
+                self._log(writer, start_time)
                 logged_at = self.num_timesteps
             if bar is not None:
                 bar.update(lanes.n)
@@ -640,7 +669,7 @@ class OffPolicyAgent:
         self._apply_deferred()
         self._last_obs = obs
         if writer is not None and logged_at != self.num_timesteps:
-            self._log(writer, stats, start_time)  # where training ended, so a short run has its points too
+            self._log(writer, start_time)  # where training ended, so a short run has its points too
 
     def _round_due(self, n_calls: int) -> bool:
         """Whether the ``n_calls``-th vector step ends a rollout (every ``train_freq``-th)."""
@@ -652,6 +681,7 @@ class OffPolicyAgent:
         batch ``act_on`` with the last of them where the agent ``acts_in_updates``, or before them,
         the last one launched, under ``overlap_updates``; False (the loop is no longer in a
         rollout)."""
+        self._record_steps()  # what the round samples, and what the callback sees
         if callback is not None:
             callback.on_rollout_end()
         if self.num_timesteps + steps_to_come > self.config.learning_starts:
@@ -670,12 +700,13 @@ class OffPolicyAgent:
         timesteps this learn call ends at (those of earlier calls too when it does not reset)."""
         return min(1.0, self.num_timesteps / max(self._learn_start + self._learn_total, 1))
 
-    def _log(self, writer: SummaryWriter, stats: EpisodeStats, start_time: float) -> None:
+    def _log(self, writer: SummaryWriter, start_time: float) -> None:
         """Writes the scalars at ``num_timesteps``, with what callbacks recorded in ``logger``."""
         self._finish_round()  # its scalars too
+        self._record_steps()  # the episodes they end too
         step = self.num_timesteps
         fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
-        means = stats.means()
+        means = self._episode_stats.means()
         scalars = {"time/fps": fps, **self._extra_scalars(), **self._train_scalars}
         if self._train_scalars:
             scalars["train/skipped_updates"] = self.skipped_updates

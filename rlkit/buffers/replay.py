@@ -63,6 +63,11 @@ def _shape(value, what: str) -> tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
+def _step_of(value, i: int):
+    """The i-th step of what ``extend`` was given: ``value[i]``, or each key's for a dict."""
+    return {key: array[i] for key, array in value.items()} if isinstance(value, Mapping) else value[i]
+
+
 def _itemsize(dtype: str) -> int:
     return np.dtype(NUMPY_DTYPES[dtype]).itemsize
 
@@ -301,6 +306,63 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
         self._steps_added += 1
         if self._stacks is not None:
             self._stop_sampling_before(self._stacks.intact_from)
+
+    def extend(self, obs, action, reward, next_obs, terminated, truncated) -> None:
+        """Stores k steps of every environment: each argument is k of what ``add`` takes, stacked
+        (leading dimensions [k, n_envs]), and the result is that of k ``add`` calls in order: a
+        step that a check refuses raises, the steps before it stored. A buffer of one observation
+        table (no frame stacks, dict observations or optimize_memory) given arrays that need no
+        value check (floats, or integers of the tables' own dtypes) stores them in one pass per
+        run of ring steps; otherwise, and in subclasses that extend ``add``, each step is an add."""
+        if np.ndim(reward) == 0:
+            raise ValueError("ReplayBuffer.extend: reward must be an array [k, n_envs] (k steps of add's), got "
+                             f"{type(reward).__name__} {reward!r}")
+        steps = self._bulk_steps(obs, action, reward, next_obs, terminated, truncated)
+        if steps is None:
+            for i in range(len(reward)):
+                self.add(_step_of(obs, i), action[i], reward[i], _step_of(next_obs, i), terminated[i], truncated[i])
+            return
+        obs, action, reward, next_obs, terminated, truncated = steps
+        done, k = 0, len(reward)
+        while done < k:
+            if self._n_staged == self._staging_steps:
+                self.flush()
+            if self._n_staged == 0:
+                self._first_staged = self.pos
+            # a run of ring steps that fits in the staging area and ends at the latest at the ring's end
+            run = min(k - done, self._staging_steps - self._n_staged, self.lane_length - self.pos)
+            given, slots, ring = slice(done, done + run), slice(self._n_staged, self._n_staged + run), \
+                slice(self.pos, self.pos + run)
+            self._staged_obs[slots] = obs[given]
+            self._staged_next_obs[slots] = next_obs[given]
+            self._staged_action[slots] = action[given]
+            self._reward[ring], self._terminated[ring], self._truncated[ring] = \
+                reward[given], terminated[given], truncated[given]
+            self._n_staged += run
+            self.pos = (self.pos + run) % self.lane_length
+            self.full = self.full or self.pos == 0
+            self._steps_added += run
+            done += run
+
+    def _bulk_steps(self, obs, action, reward, next_obs, terminated, truncated) -> tuple | None:
+        """What ``extend`` was given as arrays of the staging areas' dtypes, observations and
+        actions [k, n_envs, rows], rewards and flags [k, n_envs], where the buffer stores steps in
+        bulk and the arrays need no check besides their shapes; else None."""
+        if (type(self).add is not ReplayBuffer.add or self._stacks is not None or self._keyed is not None
+                or self.optimize_memory):
+            return None
+        arrays = [np.asarray(value) for value in (obs, action, reward, next_obs, terminated, truncated)]
+        k = len(arrays[2]) if arrays[2].ndim else 0
+        shapes = [(k, self.n_envs, *self.obs_shape), (k, self.n_envs, *self.action_shape), (k, self.n_envs),
+                  (k, self.n_envs, *self.obs_shape), (k, self.n_envs), (k, self.n_envs)]
+        tables = [self._staged_obs, self._staged_action, self._reward, self._staged_next_obs, self._terminated,
+                  self._truncated]
+        for arr, shape, table in zip(arrays, shapes, tables):
+            kind = table.dtype.kind
+            unchecked = arr.dtype == table.dtype or (kind == "f" and arr.dtype.kind in "fiu")
+            if arr.shape != shape or not unchecked:
+                return None
+        return tuple(arr.reshape(k, *table.shape[1:]) for arr, table in zip(arrays, tables))
 
     def truncate_episodes(self) -> None:
         """Ends every lane's running episode where it stands, as a truncation: the environments

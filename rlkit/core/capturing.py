@@ -108,6 +108,16 @@ def _input_array(name: str, value) -> tuple[np.ndarray, str]:
     raise TypeError(f"capture: input {name!r} must be numeric, got {arr.dtype}")
 
 
+def _input_key(inputs: dict) -> tuple | None:
+    """The names, shapes and dtypes of a call's inputs where all are numpy arrays, else None."""
+    key = []
+    for name, value in inputs.items():
+        if type(value) is not np.ndarray:
+            return None
+        key.append((name, value.shape, value.dtype))
+    return tuple(key)
+
+
 def _host_array(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
     """An input converted for the program: Fortran-ordered, of the captured dtype and shape
     (integers checked to fit in i32 first)."""
@@ -190,6 +200,7 @@ class CapturedFunction:
         self._tensors = [p for p in self.params if isinstance(p, Tensor)]  # the rest are buffers
         self._buffers = [p for p in self.params if not isinstance(p, Tensor)]
         self._programs: dict[tuple, _CapturedProgram] = {}
+        self._last: tuple | None = None  # the last call's (input key, device, identity, input dtypes, program)
         self._pending: PendingReplay | None = None  # launched, its result not read yet
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
@@ -197,7 +208,7 @@ class CapturedFunction:
         """Forgets every program: the next call captures ``fn`` anew (after what it reads was
         replaced by an object the params list does not know, such as a loaded replay buffer)."""
         self._check_settled("reset")
-        self._programs = {}
+        self._programs, self._last = {}, None
 
     def _identity(self) -> tuple:
         """What a listed parameter or buffer is now: its storage, and for a parameter its
@@ -207,9 +218,9 @@ class CapturedFunction:
                 tuple([id(b.__rlkit_buffer__()._impl) for b in self._buffers]))  # a freed buffer raises here
 
     def __call__(self, **inputs):
-        arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
         self._check_settled("a call")
-        return self._program(arrays).replay(arrays)
+        arrays, program = self._arrays_and_program(inputs)
+        return program.replay(arrays)
 
     def launch(self, **inputs) -> PendingReplay:
         """Starts a call and returns at once where the device runs it apart from the host (a
@@ -218,9 +229,8 @@ class CapturedFunction:
         gives what the call would have returned. On the CPU the program runs here, whole. Until
         that result is read, this function can be neither called nor launched again
         (RuntimeError)."""
-        arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
         self._check_settled("launch")
-        program = self._program(arrays)
+        arrays, program = self._arrays_and_program(inputs)
         program.launch(arrays)
         self._pending = PendingReplay(self, program)
         return self._pending
@@ -229,6 +239,21 @@ class CapturedFunction:
         if self._pending is not None:
             raise RuntimeError(f"capture: {what} while an earlier launch's result was not read; call result() on "
                                "what launch returned first")
+
+    def _arrays_and_program(self, inputs: dict) -> tuple[dict[str, tuple[np.ndarray, str]], _CapturedProgram]:
+        """The inputs as (array, captured dtype) by name, sorted, and the program for them. A call
+        with numpy arrays of the last call's names, shapes and dtypes, on the same device and
+        parameters (a loop's calls), reuses the last call's conversions and lookup: about half
+        of a call's Python."""
+        key, last = _input_key(inputs), self._last
+        if key is not None and last is not None and last[0] == key and last[1] == runtime.device() \
+                and last[2] == self._identity():
+            return {name: (inputs[name], dtype) for name, dtype in last[3]}, last[4]
+        arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
+        program = self._program(arrays)
+        dtypes = [(name, dtype) for name, (_, dtype) in arrays.items()]
+        self._last = None if key is None else (key, runtime.device(), self._identity(), dtypes, program)
+        return arrays, program
 
     def _program(self, arrays: dict[str, tuple[np.ndarray, str]]) -> _CapturedProgram:
         """The program for these inputs, the device and the listed parameters and buffers as they
