@@ -107,6 +107,13 @@ def test_repeated_calls_of_one_signature_see_new_values_and_parameter_writes(dev
     np.testing.assert_allclose(f(x=x.tolist(), mask=mask.astype(np.int64)), w.numpy() @ x + mask, rtol=1e-6)
     np.testing.assert_allclose(f(x=x.astype(np.float64), mask=mask), w.numpy() @ x + mask, rtol=1e-6)
     assert f.traces == 3  # the integer mask is an i32 input: another signature
+    double = rc.capture(lambda x: rc.scale(x, 2.0))
+    assert double(x=x).dtype == np.float32
+    previous = rc.dtype("f16")  # another default float dtype: the same arrays make f16 inputs
+    try:
+        assert double(x=x).dtype == np.float16 and double.traces == 2
+    finally:
+        rc.dtype(previous)
 
 
 def test_buffers_are_read_where_they_are(device):

@@ -423,23 +423,31 @@ class OffPolicyAgent:
         self._record_steps()
         self._finish_round()
 
+    def _episodes(self) -> EpisodeStats:
+        """The lanes' episode statistics, begun anew after a reset (a learn call that resets,
+        set_env; also one a callback makes while learn runs)."""
+        if self._episode_stats is None:
+            self._episode_stats = EpisodeStats(self.lanes.n)
+        return self._episode_stats
+
     def _record_steps(self) -> None:
         """Stores the environment steps taken since the last call in the replay buffer and counts
         them in the episode statistics, all in one ``extend`` each: the loop keeps them until
         something reads either (a round of gradient steps, a callback, a log write, learn's end),
         which saves a dozen small numpy calls per step."""
         steps, self._unrecorded = self._unrecorded, []
-        if len(steps) == 1:  # train_freq 1, or a callback at every step: add's checks and no stacking
+        if len(steps) == 1:  # train_freq 1, or a callback at every step: no stacking
             batch, actions, reward, stored_next, terminated, truncated = steps[0]
             self.buffer.add(batch, actions, reward, stored_next, terminated, truncated)
-            rewards, dones = reward[None], (terminated | truncated)[None]  # [1, n]
+            dones = terminated | truncated  # [n]
+            self._episodes().step(reward, dones)
         elif steps:
             batch, actions, rewards, stored_next, terminated, truncated = [stack_steps(column) for column in zip(*steps)]
             self.buffer.extend(batch, actions, rewards, stored_next, terminated, truncated)  # [k, n, ...] each
             dones = terminated | truncated  # [k, n]
+            self._episodes().extend(rewards, dones)
         else:
             return
-        self._episode_stats.extend(rewards, dones)
         self._episode_num += int(np.count_nonzero(dones))
 
     def _stepped(self, actions: np.ndarray, done: np.ndarray) -> None:
@@ -597,8 +605,6 @@ class OffPolicyAgent:
     def _loop(self, total_timesteps: int, writer, bar, callback: BaseCallback | None, check: FiniteCheck,
               log_every_episodes: int | None) -> None:
         cfg, lanes = self.config, self.lanes
-        if self._episode_stats is None:
-            self._episode_stats = EpisodeStats(lanes.n)
         self._learn_start, self._learn_total = self.num_timesteps, total_timesteps
         start_time = time.perf_counter()
         if self._last_obs is None:
@@ -647,7 +653,7 @@ class OffPolicyAgent:
                 self._apply_deferred()
                 callback.update_event(StepEvent(agent=self, num_timesteps=self.num_timesteps, actions=env_actions,
                                                 rewards=reward, new_obs=next_obs, terminated=terminated,
-                                                truncated=truncated, episodes=self._episode_stats,
+                                                truncated=truncated, episodes=self._episodes(),
                                                 writer=writer))
                 if not callback.on_step():
                     in_rollout = False  # stopped: the rollout does not end, as SB3's
@@ -706,7 +712,7 @@ class OffPolicyAgent:
         self._record_steps()  # the episodes they end too
         step = self.num_timesteps
         fps = (step - self._learn_start) / max(time.perf_counter() - start_time, 1e-9)
-        means = self._episode_stats.means()
+        means = self._episodes().means()
         scalars = {"time/fps": fps, **self._extra_scalars(), **self._train_scalars}
         if self._train_scalars:
             scalars["train/skipped_updates"] = self.skipped_updates

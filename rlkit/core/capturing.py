@@ -109,10 +109,11 @@ def _input_array(name: str, value) -> tuple[np.ndarray, str]:
 
 
 def _input_key(inputs: dict) -> tuple | None:
-    """The names, shapes and dtypes of a call's inputs where all are numpy arrays, else None."""
+    """The names, shapes and dtypes of a call's inputs where all are numpy arrays that need no
+    conversion (no bools), else None."""
     key = []
     for name, value in inputs.items():
-        if type(value) is not np.ndarray:
+        if type(value) is not np.ndarray or value.dtype.kind == "b":
             return None
         key.append((name, value.shape, value.dtype))
     return tuple(key)
@@ -142,20 +143,20 @@ def _tensor_shape(arr: np.ndarray) -> tuple[int, ...]:
 class _CapturedProgram:
     """One captured program (``native``) and what its replays need."""
 
-    def __init__(self, native, names, placeholders, input_checks, host_inputs, outputs, n_user_outputs, rebuild,
-                 before_replay, after_replay):
-        self.native, self.names, self.placeholders = native, names, placeholders
+    def __init__(self, native, names, dtypes, placeholders, input_checks, host_inputs, outputs, n_user_outputs,
+                 rebuild, before_replay, after_replay):
+        self.native, self.names, self.dtypes, self.placeholders = native, names, dtypes, placeholders
         self.input_checks = input_checks  # (input name, check of its values)
         self.host_inputs, self.outputs = host_inputs, outputs
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
 
-    def replay(self, arrays: dict[str, tuple[np.ndarray, str]]):
-        """Runs the program on the named inputs (each an array and its dtype) and returns the
-        captured function's outputs, in the structure it returned them."""
+    def replay(self, arrays: dict[str, np.ndarray]):
+        """Runs the program on the named input arrays (converted to the dtypes it was captured
+        for) and returns the captured function's outputs, in the structure it returned them."""
         return self._outputs(self.native.replay(self._inputs(arrays)))
 
-    def launch(self, arrays: dict[str, tuple[np.ndarray, str]]) -> None:
+    def launch(self, arrays: dict[str, np.ndarray]) -> None:
         """Starts :meth:`replay` (on the GPU it returns while the program runs); :meth:`finish`
         completes it."""
         self.native.launch(self._inputs(arrays))
@@ -164,12 +165,12 @@ class _CapturedProgram:
         """The outputs of the launched replay, once it has run (what :meth:`replay` returns)."""
         return self._outputs(self.native.finish())
 
-    def _inputs(self, arrays: dict[str, tuple[np.ndarray, str]]) -> list[np.ndarray]:
+    def _inputs(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The program's input arrays, in order, after the inputs' checks and the work each replay
         runs before it (a buffer's staged writes)."""
         for name, check in self.input_checks:  # the ops' own checks, before anything is converted
-            check(arrays[name][0])
-        values = [_host_array(n, *arrays[n]) for n in self.names]
+            check(arrays[name])
+        values = [_host_array(name, arrays[name], dtype) for name, dtype in zip(self.names, self.dtypes)]
         values += [np.asfortranarray(compute(), dtype=np.float32) for _, compute in self.host_inputs]
         for prepare in self.before_replay:
             prepare()
@@ -200,7 +201,7 @@ class CapturedFunction:
         self._tensors = [p for p in self.params if isinstance(p, Tensor)]  # the rest are buffers
         self._buffers = [p for p in self.params if not isinstance(p, Tensor)]
         self._programs: dict[tuple, _CapturedProgram] = {}
-        self._last: tuple | None = None  # the last call's (input key, device, identity, input dtypes, program)
+        self._last: tuple | None = None  # the last call's (input key, (device, float dtype), identity, program)
         self._pending: PendingReplay | None = None  # launched, its result not read yet
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
@@ -219,7 +220,7 @@ class CapturedFunction:
 
     def __call__(self, **inputs):
         self._check_settled("a call")
-        arrays, program = self._arrays_and_program(inputs)
+        program, arrays = self._program_for(inputs)
         return program.replay(arrays)
 
     def launch(self, **inputs) -> PendingReplay:
@@ -230,7 +231,7 @@ class CapturedFunction:
         that result is read, this function can be neither called nor launched again
         (RuntimeError)."""
         self._check_settled("launch")
-        arrays, program = self._arrays_and_program(inputs)
+        program, arrays = self._program_for(inputs)
         program.launch(arrays)
         self._pending = PendingReplay(self, program)
         return self._pending
@@ -240,20 +241,19 @@ class CapturedFunction:
             raise RuntimeError(f"capture: {what} while an earlier launch's result was not read; call result() on "
                                "what launch returned first")
 
-    def _arrays_and_program(self, inputs: dict) -> tuple[dict[str, tuple[np.ndarray, str]], _CapturedProgram]:
-        """The inputs as (array, captured dtype) by name, sorted, and the program for them. A call
-        with numpy arrays of the last call's names, shapes and dtypes, on the same device and
-        parameters (a loop's calls), reuses the last call's conversions and lookup: about half
-        of a call's Python."""
-        key, last = _input_key(inputs), self._last
-        if key is not None and last is not None and last[0] == key and last[1] == runtime.device() \
+    def _program_for(self, inputs: dict) -> tuple[_CapturedProgram, dict[str, np.ndarray]]:
+        """The program for a call's inputs and those inputs as arrays (bools as f32). Numpy arrays
+        of the last call's names, shapes and dtypes, with the same device, default float dtype
+        and parameters (a loop's calls), take the last call's program as given, without the
+        lookup: about half of a call's Python."""
+        key, last, settings = _input_key(inputs), self._last, (runtime.device(), runtime.dtype())
+        if key is not None and last is not None and last[0] == key and last[1] == settings \
                 and last[2] == self._identity():
-            return {name: (inputs[name], dtype) for name, dtype in last[3]}, last[4]
+            return last[3], inputs
         arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
         program = self._program(arrays)
-        dtypes = [(name, dtype) for name, (_, dtype) in arrays.items()]
-        self._last = None if key is None else (key, runtime.device(), self._identity(), dtypes, program)
-        return arrays, program
+        self._last = None if key is None else (key, settings, self._identity(), program)
+        return program, {name: arr for name, (arr, _) in arrays.items()}
 
     def _program(self, arrays: dict[str, tuple[np.ndarray, str]]) -> _CapturedProgram:
         """The program for these inputs, the device and the listed parameters and buffers as they
@@ -283,8 +283,9 @@ class CapturedFunction:
         self.traces += 1
         input_checks = [(name, check) for impl, check in active.input_checks
                         for name, p in zip(names, placeholders) if p._impl is impl]
-        return _CapturedProgram(native, names, placeholders, input_checks, active.host_inputs, all_outputs,
-                                len(outputs), rebuild, active.before_replay, active.after_replay)
+        return _CapturedProgram(native, names, [signature[n][1] for n in names], placeholders, input_checks,
+                                active.host_inputs, all_outputs, len(outputs), rebuild, active.before_replay,
+                                active.after_replay)
 
 
 _NOT_READ = object()  # a PendingReplay's outputs before result() reads them
