@@ -481,6 +481,23 @@ def test_episode_statistics_of_steps_counted_in_runs_equal_those_counted_step_by
     np.testing.assert_array_equal(in_runs.current_return, one_by_one.current_return)
     np.testing.assert_array_equal(in_runs.current_length, one_by_one.current_length)
     assert len(one_by_one.returns) > 20
+    in_runs.extend(rewards[:0], dones[:0])  # no steps: nothing changes
+    assert len(in_runs.returns) == len(one_by_one.returns)
+    np.testing.assert_array_equal(in_runs.current_return, one_by_one.current_return)
+
+
+def test_a_callback_that_resets_the_environment_while_learn_runs_leaves_it_running():
+    """set_env from a callback begins the episode statistics anew; the steps after it are
+    counted in the new ones (as the loop's kept steps are stored before any callback runs)."""
+    agent = DQN("CartPole-v1", DQNConfig(**SMALL, train_freq=8, gradient_steps=1), seed=0)
+
+    def callback(event):
+        if event.num_timesteps == 150:
+            agent.set_env(gym.make("CartPole-v1"))
+
+    agent.learn(300, callback=callback)
+    assert agent.num_timesteps == 300 and len(agent.buffer) == 300
+    assert sum(agent._episode_stats.lengths) + agent._episode_stats.current_length[0] == 150
 
 
 class Transcript(gym.Wrapper):

@@ -432,9 +432,10 @@ class OffPolicyAgent:
 
     def _record_steps(self) -> None:
         """Stores the environment steps taken since the last call in the replay buffer and counts
-        them in the episode statistics, all in one ``extend`` each: the loop keeps them until
-        something reads either (a round of gradient steps, a callback, a log write, learn's end),
-        which saves a dozen small numpy calls per step."""
+        them in the episode statistics, a run of them with one ``extend`` each (one step with
+        ``add`` and ``step``): the loop keeps them until something reads either (a round of
+        gradient steps, a callback, a log write, learn's end), which saves a dozen small numpy
+        calls per step."""
         steps, self._unrecorded = self._unrecorded, []
         if len(steps) == 1:  # train_freq 1, or a callback at every step: no stacking
             batch, actions, reward, stored_next, terminated, truncated = steps[0]

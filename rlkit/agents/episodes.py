@@ -32,8 +32,8 @@ class EpisodeStats:
     def extend(self, rewards, dones) -> None:
         """Counts k steps of every lane at once (``rewards`` and ``dones`` [k, n_lanes]): what k
         ``step`` calls count, each return summed in the same order, so to the same bits."""
-        dones = np.asarray(dones, bool).reshape(len(dones), -1)  # [k, n]
-        k, n = dones.shape
+        k, n = len(dones), len(self.current_return)
+        dones = np.asarray(dones, bool).reshape(k, n)
         # row 0: each lane's running return; rows 1..k: the steps' rewards
         table = np.vstack([self.current_return[None, :], np.asarray(rewards, np.float64).reshape(k, n)])  # [k + 1, n]
         first_row = np.zeros(n, np.int64)  # where each lane's running episode starts in table
