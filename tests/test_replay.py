@@ -920,7 +920,7 @@ def test_extend_stores_what_adds_of_its_steps_store(device, monkeypatch, n_envs,
     np.testing.assert_array_equal(extended.sample(16).index, added.sample(16).index)
 
 
-def test_extend_stores_the_steps_before_one_it_refuses_and_raises_at_that_one():
+def test_extend_stores_the_steps_before_one_it_refuses_and_refuses_arguments_of_other_lengths():
     """As adds one by one: the third step's fractional byte is refused with add's message; the
     two steps before it are stored; a scalar reward is no stack of steps."""
     buf = ReplayBuffer(8, 2, 1, obs_dtype="u8")
@@ -932,3 +932,9 @@ def test_extend_stores_the_steps_before_one_it_refuses_and_raises_at_that_one():
     np.testing.assert_array_equal(rc.get_rows(buf._obs, np.array([[0, 1]], np.int32)).numpy(), [[0, 2], [1, 3]])
     with pytest.raises(ValueError, match="reward must be an array"):
         buf.extend(obs[:1], np.zeros((1, 1, 1)), 1.0, obs[:1], np.zeros((1, 1), bool), np.zeros((1, 1), bool))
+    flags = np.zeros((2, 1), bool)
+    with pytest.raises(ValueError, match=r"extend: next_obs holds 5 steps, reward 2: every argument stacks the same k"):
+        buf.extend(obs[:2], np.zeros((2, 1, 1)), np.ones((2, 1)), obs, flags, flags)
+    with pytest.raises(ValueError, match=r"obs has shape \(1, 3\), expected \(1, 2\)"):  # add's own message
+        buf.extend(np.zeros((2, 1, 3)), np.zeros((2, 1, 1)), np.ones((2, 1)), np.zeros((2, 1, 3)), flags, flags)
+    assert len(buf) == 2  # nothing more stored

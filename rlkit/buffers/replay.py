@@ -68,6 +68,24 @@ def _step_of(value, i: int):
     return {key: array[i] for key, array in value.items()} if isinstance(value, Mapping) else value[i]
 
 
+def _steps_given(**arguments) -> int:
+    """The k steps each of extend's ``arguments`` stacks (each key's array, for a dict), or a
+    ValueError naming one that is not an array of k steps."""
+    if np.ndim(arguments["reward"]) == 0:
+        reward = arguments["reward"]
+        raise ValueError("ReplayBuffer.extend: reward must be an array [k, n_envs] (k steps of add's), got "
+                         f"{type(reward).__name__} {reward!r}")
+    k = len(arguments["reward"])
+    for what, value in arguments.items():
+        for key, array in (value.items() if isinstance(value, Mapping) else [(None, value)]):
+            if np.ndim(array) == 0 or len(array) != k:
+                where = what if key is None else f"{what}[{key!r}]"
+                held = len(array) if np.ndim(array) else "no"
+                raise ValueError(f"ReplayBuffer.extend: {where} holds {held} steps, reward {k}: every argument "
+                                 "stacks the same k steps")
+    return k
+
+
 def _itemsize(dtype: str) -> int:
     return np.dtype(NUMPY_DTYPES[dtype]).itemsize
 
@@ -276,11 +294,7 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
         rewards = self._lanes(reward, (), "reward").reshape(-1)
         terminated = self._lanes(terminated, (), "terminated", bool).reshape(-1)
         truncated = self._lanes(truncated, (), "truncated", bool).reshape(-1)
-        if self._n_staged == self._staging_steps:
-            self.flush()  # the staging area is full: memory stays bounded while nothing reads
-        if self._n_staged == 0:
-            self._first_staged = self.pos
-        slot = self._n_staged
+        slot = self._staging_slot()
         self._staged_action[slot] = action
         if self._stacks is not None:
             self._stacks.add(self._steps_added, obs, next_obs, terminated | truncated)
@@ -297,13 +311,7 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
                 self._final_obs.pop(column + e, None)
                 if truncated[e] and not terminated[e]:
                     self._final_obs[column + e] = next_obs[e].copy()
-        self._n_staged += 1
-        self._reward[self.pos] = rewards
-        self._terminated[self.pos] = terminated
-        self._truncated[self.pos] = truncated
-        self.pos = (self.pos + 1) % self.lane_length
-        self.full = self.full or self.pos == 0
-        self._steps_added += 1
+        self._advance(1, rewards, terminated, truncated)
         if self._stacks is not None:
             self._stop_sampling_before(self._stacks.intact_from)
 
@@ -314,35 +322,45 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
         table (no frame stacks, dict observations or optimize_memory) given arrays that need no
         value check (floats, or integers of the tables' own dtypes) stores them in one pass per
         run of ring steps; otherwise, and in subclasses that extend ``add``, each step is an add."""
-        if np.ndim(reward) == 0:
-            raise ValueError("ReplayBuffer.extend: reward must be an array [k, n_envs] (k steps of add's), got "
-                             f"{type(reward).__name__} {reward!r}")
+        k = _steps_given(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
+                         truncated=truncated)
         steps = self._bulk_steps(obs, action, reward, next_obs, terminated, truncated)
         if steps is None:
-            for i in range(len(reward)):
+            for i in range(k):
                 self.add(_step_of(obs, i), action[i], reward[i], _step_of(next_obs, i), terminated[i], truncated[i])
             return
         obs, action, reward, next_obs, terminated, truncated = steps
-        done, k = 0, len(reward)
+        done = 0
         while done < k:
-            if self._n_staged == self._staging_steps:
-                self.flush()
-            if self._n_staged == 0:
-                self._first_staged = self.pos
+            slot = self._staging_slot()
             # a run of ring steps that fits in the staging area and ends at the latest at the ring's end
-            run = min(k - done, self._staging_steps - self._n_staged, self.lane_length - self.pos)
-            given, slots, ring = slice(done, done + run), slice(self._n_staged, self._n_staged + run), \
-                slice(self.pos, self.pos + run)
+            run = min(k - done, self._staging_steps - slot, self.lane_length - self.pos)
+            given, slots = slice(done, done + run), slice(slot, slot + run)
             self._staged_obs[slots] = obs[given]
             self._staged_next_obs[slots] = next_obs[given]
             self._staged_action[slots] = action[given]
-            self._reward[ring], self._terminated[ring], self._truncated[ring] = \
-                reward[given], terminated[given], truncated[given]
-            self._n_staged += run
-            self.pos = (self.pos + run) % self.lane_length
-            self.full = self.full or self.pos == 0
-            self._steps_added += run
+            self._advance(run, reward[given], terminated[given], truncated[given])
             done += run
+
+    def _staging_slot(self) -> int:
+        """The staging slot of the next step, after flushing a full staging area (memory stays
+        bounded while nothing reads)."""
+        if self._n_staged == self._staging_steps:
+            self.flush()
+        if self._n_staged == 0:
+            self._first_staged = self.pos
+        return self._n_staged
+
+    def _advance(self, steps: int, rewards, terminated, truncated) -> None:
+        """Writes the host rows of ``steps`` ring steps from ``pos`` on (rewards and flags
+        [steps, n_envs], or [n_envs] for one step), whose observations and actions are staged,
+        and moves the write position past them."""
+        ring = slice(self.pos, self.pos + steps)
+        self._reward[ring], self._terminated[ring], self._truncated[ring] = rewards, terminated, truncated
+        self._n_staged += steps
+        self.pos = (self.pos + steps) % self.lane_length
+        self.full = self.full or self.pos == 0
+        self._steps_added += steps
 
     def _bulk_steps(self, obs, action, reward, next_obs, terminated, truncated) -> tuple | None:
         """What ``extend`` was given as arrays of the staging areas' dtypes, observations and
@@ -352,7 +370,7 @@ class ReplayBuffer(SequenceSampling, ReplayFiles):
                 or self.optimize_memory):
             return None
         arrays = [np.asarray(value) for value in (obs, action, reward, next_obs, terminated, truncated)]
-        k = len(arrays[2]) if arrays[2].ndim else 0
+        k = len(arrays[2])
         shapes = [(k, self.n_envs, *self.obs_shape), (k, self.n_envs, *self.action_shape), (k, self.n_envs),
                   (k, self.n_envs, *self.obs_shape), (k, self.n_envs), (k, self.n_envs)]
         tables = [self._staged_obs, self._staged_action, self._reward, self._staged_next_obs, self._terminated,
