@@ -15,7 +15,7 @@ import pytest
 import rlkit
 from rlkit.buffers import ReplayBuffer
 
-from test_replay import _fingerprint, _small
+from test_replay_files import _fingerprint, _small
 
 
 def _big_buffer(seed: int, n_envs: int, steps: int, rows: int) -> ReplayBuffer:
