@@ -260,6 +260,40 @@ def test_no_forward_when_every_lane_explores(monkeypatch):
     assert len(calls) == 1
 
 
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_one_lane_explores_as_arrays_of_one_would(monkeypatch, recurrent):
+    """One lane's scalar draws choose the actions, the forward calls and the generator's state
+    that the lanes' array draws (rng.random(n), rng.integers(..., n)) give for a single row."""
+    def explored(by_arrays: bool):
+        agent = DQN("CartPole-v1", DQNConfig(exploration_initial_eps=1.0, exploration_final_eps=0.1,
+                                             exploration_fraction=0.5), seed=3)
+        monkeypatch.setattr(type(agent), "recurrent", recurrent)
+        calls = []
+        monkeypatch.setattr(agent, "_policy", lambda obs, deterministic: calls.append(1) or np.full((1, 1), 7, np.int32))
+        agent._learn_start, agent._learn_total = 0, 400
+        obs, actions = np.zeros((1, 4), np.float32), []
+        for step in range(400):
+            agent.num_timesteps = step
+            if not by_arrays:
+                actions.append(agent._explore(obs))
+                continue
+            explore = agent._rng.random(1) < agent._epsilon()  # the lanes' path, written out for n = 1
+            if explore[0] and not recurrent:
+                actions.append(agent._rng.integers(0, 2, (1, 1)).astype(np.int32))
+                continue
+            greedy = agent._policy(obs, deterministic=True)
+            if explore[0]:
+                greedy[explore, 0] = agent._rng.integers(0, 2, 1)
+            actions.append(greedy)
+        return np.concatenate(actions), len(calls), agent._rng.random()
+
+    (actions, forwards, next_draw), reference = explored(False), explored(True)
+    np.testing.assert_array_equal(actions, reference[0])
+    assert forwards == reference[1] and next_draw == reference[2]
+    assert {0, 1, 7} <= set(np.unique(actions)) and actions.dtype == np.int32  # random early, greedy (7) late
+
+
 @pytest.mark.requires_gpu
 def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
     agent = DQN("CartPole-v1", FAST, seed=2, device="gpu")

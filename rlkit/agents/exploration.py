@@ -13,6 +13,8 @@ class EpsilonGreedy:
 
     def _explore(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
         n = self.lanes.n  # the rows of obs (each key's, for a Dict space): one per lane
+        if n == 1:
+            return self._explore_one(obs)
         explore = self._rng.random(n) < self._epsilon()
         n_explore = int(np.count_nonzero(explore))
         if n_explore == n and not self.recurrent:  # as SB3: no forward for random actions only
@@ -20,6 +22,17 @@ class EpsilonGreedy:
         actions = self._policy(obs, deterministic=True)  # the greedy actions of every lane
         if n_explore:  # skipped when no lane explores: drawing no numbers leaves the generator as it is
             actions[explore, 0] = self._rng.integers(0, self.n_actions, n_explore)
+        return actions
+
+    def _explore_one(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        """_explore for one lane, the loop's common case, with Python scalars where it makes arrays
+        of one (a few microseconds a step): the generator gives the same numbers either way."""
+        if self._rng.random() >= self._epsilon():
+            return self._policy(obs, deterministic=True)
+        if not self.recurrent:
+            return np.array([[self._rng.integers(0, self.n_actions)]], np.int32)
+        actions = self._policy(obs, deterministic=True)  # the lane's state advances all the same
+        actions[0, 0] = self._rng.integers(0, self.n_actions)
         return actions
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
