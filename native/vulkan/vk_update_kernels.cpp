@@ -110,7 +110,7 @@ struct NormChunk {  // norm.comp's Chunk (std430: 16 bytes)
 static_assert(sizeof(NormChunk) == 16, "norm.comp reads records of 16 bytes");
 
 struct NormPush {
-    uint64_t table, partials, o;
+    uint64_t table, partials, o, count;
     uint32_t n_chunks;
 };
 
@@ -126,10 +126,12 @@ void vk_sum_squares(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     }
     TensorPtr table = device_table(chunks);
     TensorPtr partials = make_on(Device::gpu, {int64_t(chunks.size()), 1, 1, 1}, 2, DType::f32);  // [n_chunks, 1]
+    // The workgroups done: written 0 once (a table), and back to 0 by the last one at every run.
+    TensorPtr count = device_table(std::vector<uint32_t>{0});
     reads.push_back(span(*table));
-    NormPush p{table->address(), partials->address(), out.address(), u32(int64_t(chunks.size()), "sum_squares")};
-    record("norm_partials", p, chunks.size(), reads, {span(*partials)});
-    record("norm_total", p, 1, {span(*partials)}, {span(out)});
+    NormPush p{table->address(), partials->address(), out.address(), count->address(),
+               u32(int64_t(chunks.size()), "sum_squares")};
+    record("sum_squares", p, chunks.size(), reads, {span(*partials), span(out), span(*count)});
 }
 
 }  // namespace rk
