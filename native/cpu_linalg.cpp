@@ -63,6 +63,30 @@ void cpu_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     });
 }
 
+OutSpec shape_matmul_relu_mask(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl &a = *in[0], &b = *in[1], &y = *in[2];
+    require_same_float("matmul_relu_mask", a, b);
+    if (a.dtype != DType::f32 || y.dtype != DType::f32)
+        throw TypeError("matmul_relu_mask: a, b and y must be f32, got " + std::string(dtype_name(a.dtype)) + " and " +
+                        dtype_name(y.dtype));
+    if (attrs.ints.size() != 2)
+        throw std::invalid_argument("matmul_relu_mask: expected attributes transpose_a, transpose_b");
+    const OutSpec spec = product_spec("matmul_relu_mask", a, b, attrs.ints[0] != 0, attrs.ints[1] != 0);
+    if (y.ne != spec.ne)
+        throw std::invalid_argument("matmul_relu_mask: y is " + y.shape_str() + "; expected the product's shape");
+    return spec;
+}
+
+// The product, then relu_back's value on it in place: where y > 0 the product, else 0 (y NaN: 0).
+void cpu_matmul_relu_mask(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    cpu_matmul({in[0], in[1]}, attrs, out);
+    const float* y = in[2]->ptr<float>();
+    float* o = out.ptr<float>();
+    parallel_for(out.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t e = lo; e < hi; ++e) o[e] = y[e] > 0.0f ? o[e] : 0.0f;
+    });
+}
+
 Activation linear_activation(const OpAttrs& attrs) {
     if (attrs.ints.size() != 1 || attrs.ints[0] < 0 || attrs.ints[0] > 3)
         throw std::invalid_argument("linear: expected one attribute, the activation (0 none, 1 relu, 2 tanh, 3 sigmoid)");

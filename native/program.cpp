@@ -7,6 +7,7 @@
 
 #include "backend.hpp"
 #include "elementwise_chain.hpp"
+#include "product_epilogues.hpp"
 #include "planner.hpp"
 #include "random.hpp"
 
@@ -58,7 +59,8 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
         if (!producer.count(t.get())) throw std::invalid_argument("capture: an output was not computed by the traced ops");
         is_output.insert(t.get());
     }
-    if (device_ == Device::gpu) {  // runs of elementwise ops become one kernel each
+    if (device_ == Device::gpu) {  // products take their relu_back; runs of elementwise ops become one kernel each
+        fuse_relu_back_into_products(nodes_, is_output);
         fuse_elementwise_chains(nodes_, is_output);
         producer.clear();
         for (size_t k = 0; k < nodes_.size(); ++k) producer[nodes_[k].out.get()] = k;

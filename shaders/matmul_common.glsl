@@ -1,5 +1,5 @@
 // Shared by the f32 matmul kernels (matmul.comp, matmul_small.comp): their push constants, the
-// LINEAR epilogue, and bounds-checked reads of op(A) and op(B) (zero outside the matrices).
+// LINEAR epilogue (and matmul_small's RELU_MASK), and bounds-checked reads of op(A) and op(B) (zero outside the matrices).
 layout(push_constant) uniform Push {
     Floats a;
     Floats b;
@@ -14,6 +14,8 @@ layout(push_constant) uniform Push {
 #if defined(LINEAR)
     Floats bias;
     uint activation;       // 0 none, 1 relu, 2 tanh, 3 sigmoid
+#elif defined(RELU_MASK)
+    Floats mask;           // matmul_relu_mask's y, shaped like C: C where y > 0, else 0
 #endif
 } pc;
 

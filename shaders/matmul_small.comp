@@ -11,7 +11,8 @@
 // Where even 16 x 16 tiles are few and k is long (a 3136-input layer at batch 32), k is cut into
 // z slices of pc.split_k (a multiple of BK): z = batch slice + batch slices x k slice, each
 // writing its partial product from pc.c on; sum_splits.comp adds them in order (and applies
-// LINEAR's epilogue, so the split kernel is the plain one).
+// LINEAR's epilogue, so the split kernel is the plain one). RELU_MASK (matmul_relu_mask, unsplit
+// products only): C where matmul_relu_mask's y > 0, else 0, relu_back's value on the product.
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -82,5 +83,11 @@ void main() {
     barrier();
     uint i = row0 + t % TILE, j = col0 + t / TILE;
     float acc = ((sums[0][t] + sums[1][t]) + sums[2][t]) + sums[3][t];
-    if (i < pc.m && j < pc.n) pc.c.v[base_c + i + j * pc.m] = epilogue(acc, i);
+    if (i >= pc.m || j >= pc.n) return;
+    uint e = base_c + i + j * pc.m;
+#if defined(RELU_MASK)
+    pc.c.v[e] = pc.mask.v[e] > 0.0 ? acc : 0.0;  // relu_back's value (binary.comp's, y NaN gives 0)
+#else
+    pc.c.v[e] = epilogue(acc, i);
+#endif
 }

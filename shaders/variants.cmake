@@ -41,6 +41,7 @@ rk_shader(elementwise_chain chain.comp)
 # device has them (vk_kernels.cpp chooses per dtype, device and shape)
 rk_shader(matmul_small matmul_small.comp)
 rk_shader(matmul_linear_small matmul_small.comp LINEAR)
+rk_shader(matmul_small_relu_mask matmul_small.comp RELU_MASK)
 # the partial outputs of a product whose reduction was split (matmul_small, conv2d), summed in order
 # (into f16 outputs: conv2d on cooperative matrices)
 rk_shader(sum_splits sum_splits.comp)

@@ -382,7 +382,9 @@ assert len(CASE_BY_ID) == len(CASES), "case ids must be unique"
 # polyak_step: tests/test_optim_fused.py checks it against numpy on both devices;
 # cast_into: tests/test_mixed_precision.py, against numpy's rounding and eager master-weight steps;
 # elementwise_chain: tests/test_elementwise_chain.py, against the ops it chains.
+# matmul_relu_mask: tests/test_product_epilogues.py, against numpy's product and relu_back (f32 only).
 INTERNAL_OPS = {"adam_step", "sgd_step", "polyak_step", "cast_into", "put_cols", "elementwise_chain",  # put_cols: the device prioritized buffer
+                "matmul_relu_mask",
                 "randint"}  # rc.ops.randint: the replay buffers' sampling on the device (tests/test_random_ops.py)
 # polyak_update and put_cols (in place, returning nothing): test_polyak_update_and_put_cols_write_in_place below
 DEDICATED = {"rand", "randn", "sample_categorical", "full", "arange", "polyak_update"} | INTERNAL_OPS  # tests/test_random_ops.py

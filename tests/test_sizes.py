@@ -96,6 +96,7 @@ def _builders() -> dict:
     b.update({name: pair([]) for name in ("softmax_back", "log_softmax_back", "softmax_cross_entropy")})
     b["elementwise_chain"] = _chain
     b["matmul"] = lambda m, k, n, d: ([((m, k, d), F), ((k, n), F)], [0, 0], [])
+    b["matmul_relu_mask"] = lambda m, k, n, d: ([((m, k, d), F), ((k, n), F), ((m, n, d), F)], [0, 0], [])
     b["linear"] = lambda m, k, n, d: ([((m, k), F), ((k, n, d), F), ((m, 1), F)], [0], [])
     b["sum_to"] = lambda a, b_, c, d: ([((a, b_), F)], _shape5(c, d), [])
     b["expand"] = lambda a, b_, c, d: ([((1, a), F)], _shape5(b_, a, c, d), [])

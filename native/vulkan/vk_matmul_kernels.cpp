@@ -31,6 +31,12 @@ struct LinearPush {
     uint32_t activation;
 };
 
+// matmul_small.comp's RELU_MASK variant's (matmul_relu_mask): matmul's, then y's address.
+struct MaskPush {
+    MatmulPush matmul;
+    uint64_t mask;
+};
+
 // matmul_coopmat.comp's: the linear op's (bias unused by plain matmul), then which operands may be
 // read in whole 16-byte chunks.
 struct CoopmatPush {
@@ -231,6 +237,27 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t 
 
 void vk_matmul(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     record_matmul(*in[0], *in[1], attrs.ints[0] != 0, attrs.ints[1] != 0, nullptr, 0, out, "matmul");
+}
+
+// The product's kernel with relu_back's value as its epilogue where it is the 16 x 16 one unsplit
+// (an RL network's layers, whose input gradients pass each hidden layer's relu_back: a dependency
+// level each, of one elementwise kernel); otherwise the product, then relu_back on it.
+void vk_matmul_relu_mask(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl &a = *in[0], &b = *in[1], &y = *in[2];
+    const bool ta = attrs.ints[0] != 0, tb = attrs.ints[1] != 0;
+    const int64_t k = ta ? a.ne[0] : a.ne[1];
+    const int64_t batches = out.ne[2] * out.ne[3];
+    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], k, batches);
+    if (kernel == MatmulKernel::tiled_small && small_split_k(out.ne[0], out.ne[1], k, batches) >= k) {
+        uint64_t tiles = 0;
+        const MaskPush p{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), y.address()};
+        record("matmul_small_relu_mask", p, tiles, {span(a), span(b), span(y)}, {span(out)},
+               u32(batches, "matmul_relu_mask"));
+        return;
+    }
+    TensorPtr product = make_on(Device::gpu, out.ne, out.ndim, DType::f32);
+    record_matmul(a, b, ta, tb, nullptr, 0, *product, "matmul_relu_mask");
+    vk_relu_back({product, in[2]}, {}, out);
 }
 
 void vk_linear(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
