@@ -220,13 +220,7 @@ void fuse_elementwise_chains(std::vector<Node>& nodes, const std::unordered_set<
         attrs.floats = std::move(chain.floats);
         last = Node{Op::elementwise_chain, std::move(chain.inputs), std::move(attrs), last.out};
     }
-    size_t kept = 0;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-        if (drop[k]) continue;
-        if (kept != k) nodes[kept] = std::move(nodes[k]);  // a self-move would empty the node
-        ++kept;
-    }
-    nodes.resize(kept);
+    erase_nodes(nodes, drop);
 }
 
 }  // namespace rk

@@ -108,6 +108,17 @@ struct Node {
     TensorPtr out;
 };
 
+// Removes the nodes marked in `drop` (a graph pass's fused ones), keeping the others' order.
+inline void erase_nodes(std::vector<Node>& nodes, const std::vector<bool>& drop) {
+    size_t kept = 0;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        if (drop[k]) continue;
+        if (kept != k) nodes[kept] = std::move(nodes[k]);  // a self-move would empty the node
+        ++kept;
+    }
+    nodes.resize(kept);
+}
+
 struct GraphStats {
     size_t n_nodes = 0;
     size_t arena_bytes = 0;         // memory the planner used for intermediates

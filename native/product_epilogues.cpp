@@ -21,7 +21,7 @@ void fuse_relu_back_into_products(std::vector<Node>& nodes, const std::unordered
         if (found == producer.end() || product.get() == y.get()) continue;
         const size_t m = found->second;
         const Node& matmul = nodes[m];
-        if (matmul.op != Op::matmul || drop[m] || uses[product.get()] != 1 || outputs.count(product.get()) ||
+        if (matmul.op != Op::matmul || uses[product.get()] != 1 || outputs.count(product.get()) ||
             int64_t(m) < last_side_effect)
             continue;
         const bool all_f32 = matmul.inputs[0]->dtype == DType::f32 && matmul.inputs[1]->dtype == DType::f32 &&
@@ -30,13 +30,7 @@ void fuse_relu_back_into_products(std::vector<Node>& nodes, const std::unordered
         drop[m] = true;
         node = Node{Op::matmul_relu_mask, {matmul.inputs[0], matmul.inputs[1], y}, matmul.attrs, node.out};
     }
-    size_t kept = 0;
-    for (size_t k = 0; k < nodes.size(); ++k) {
-        if (drop[k]) continue;
-        if (kept != k) nodes[kept] = std::move(nodes[k]);  // a self-move would empty the node
-        ++kept;
-    }
-    nodes.resize(kept);
+    erase_nodes(nodes, drop);
 }
 
 }  // namespace rk

@@ -1,5 +1,6 @@
 // Shared by the f32 matmul kernels (matmul.comp, matmul_small.comp): their push constants, the
-// LINEAR epilogue (and matmul_small's RELU_MASK), and bounds-checked reads of op(A) and op(B) (zero outside the matrices).
+// LINEAR epilogue (and matmul_small's RELU_MASK), and bounds-checked reads of op(A) and op(B)
+// (zero outside the matrices).
 layout(push_constant) uniform Push {
     Floats a;
     Floats b;
