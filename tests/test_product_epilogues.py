@@ -11,6 +11,7 @@ import pytest
 import rlkit.core as rc
 from conftest import AVAILABLE_DEVICES
 from rlkit import _native
+from test_elementwise_chain import _captured, _run  # tests/ is on sys.path: capture and call on a device
 
 
 def _product_then_relu_back(a, b, y, ta, tb):
@@ -66,22 +67,6 @@ def test_matmul_relu_mask_checks_its_inputs():
         rc.ops.apply("matmul_relu_mask", (ones(3, 2), ones(3, 5), ones(3, 5)), ints=[0, 0])
 
 
-def _mlp_backward_program(device, params, fn):
-    previous = rc.device(device)
-    try:
-        return rc.capture(fn, params)
-    finally:
-        rc.device(previous)
-
-
-def _run(program, device, **inputs):
-    previous = rc.device(device)
-    try:
-        return program(**inputs)
-    finally:
-        rc.device(previous)
-
-
 def _levels(program) -> str:
     """The kernels of a captured GPU program's last replay (run with GPU profiling on from its
     first: a program records its timestamps when it is built), level by level."""
@@ -117,7 +102,7 @@ def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling
             return [grads.tensor(w) for w in ws]
         return fn
 
-    programs = {device: _mlp_backward_program(device, weights[device], gradients(weights[device]))
+    programs = {device: _captured(gradients(weights[device]), device, weights[device])
                 for device in ("cpu", "gpu")}
     for seed in (1, 2):
         x = np.asfortranarray(np.random.default_rng(seed).standard_normal((7, 45)), np.float32)
