@@ -5,7 +5,7 @@ CleanRL publish, with each run's wall time and steps per second and its learning
     python scripts/bench_zoo.py train [--runs zoo_runs] [--algos sac,td3]
                                       [--envs HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5]
                                       [--seeds 0] [--steps 1000000] [--device gpu]
-                                      [--parallel 4] [--minutes 9]
+                                      [--parallel 4] [--minutes 9] [--overlap]
     python scripts/bench_zoo.py table [--runs zoo_runs] [--plots docs/zoo]
 
 ``train`` runs every (algorithm, environment, seed) of the lists that has not finished, up to
@@ -19,6 +19,12 @@ as RL Zoo's table) and writes ``result.json``: the returns, the training's wall 
 saves, loads and evaluation not counted) and steps per second. ``table`` prints the markdown
 table of the finished runs and, with ``--plots``, writes the ``rollout/ep_rew_mean`` curves of
 each algorithm and task, a line per seed, as a PNG (``rlkit plot``).
+
+``--overlap`` trains new runs with ``overlap_updates=True`` (acting on the weights of one update
+before, the update in flight while the environment steps: about twice the steps per second of
+SB3's order on the H200, so that one 1M-step run fits one device command). It changes SB3's
+order of acting and updating, so ``result.json`` records it and the table names it in the
+algorithm's cell; a resumed run keeps the setting it was started with.
 
 The references (MuJoCo v3 for RL Zoo, v2 and v4 for CleanRL; rlkit trains on v5, the version
 Gymnasium ships): RL Zoo's ``benchmark.md`` (one run each) and CleanRL's docs (training episodic
@@ -80,9 +86,11 @@ def write_json(path: str, value: dict) -> None:
 
 # ---- one run (a child process) ---------------------------------------------------------------------
 
-def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: str, deadline: float) -> None:
+def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: str, deadline: float,
+              overlap: bool = False) -> None:
     """Trains (or resumes) the run in ``folder`` until ``steps`` or the ``deadline`` (a time.time()),
-    saving a checkpoint when stopped early and its result when done."""
+    saving a checkpoint when stopped early and its result when done. ``overlap`` sets a new run's
+    ``overlap_updates``; a resumed run keeps its own."""
     os.makedirs(folder, exist_ok=True)
     progress_path = os.path.join(folder, "progress.json")
     progress = read_json(progress_path) or {"steps": 0, "train_seconds": 0.0, "segments": 0}
@@ -96,7 +104,7 @@ def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: s
         agent.load_replay_buffer(os.path.join(saved, "replay_buffer"))
     else:
         agent = cls(env, seed=seed, device=device, logdir=os.path.join(folder, "tb"),
-                    log_interval=LOG_INTERVAL, **HYPERPARAMETERS[algo])
+                    log_interval=LOG_INTERVAL, overlap_updates=overlap, **HYPERPARAMETERS[algo])
     start = time.perf_counter()
     agent.learn(steps - agent.num_timesteps, callback=lambda event: time.time() < deadline,
                 reset_num_timesteps=progress["steps"] == 0, tb_log_name=algo.upper())
@@ -109,7 +117,8 @@ def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: s
     write_json(os.path.join(folder, "result.json"), {
         "algo": algo, "env": env, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
         "train_seconds": progress["train_seconds"], "segments": progress["segments"], "device": device,
-        "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo]})
+        "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo],
+        "overlap_updates": agent.config.overlap_updates})
     remove_checkpoints(folder)  # a 1M-step buffer is hundreds of MB; the result is what stays
     agent.save(os.path.join(folder, "agent.safetensors"))
     write_json(progress_path, {key: value for key, value in progress.items() if key != "checkpoint"})
@@ -151,7 +160,7 @@ def train(args) -> int:
             algo, env, seed = pending.pop(0)
             folder = run_folder(args.runs, algo, env, seed)
             command = [sys.executable, __file__, "_run", folder, algo, env, str(seed), str(args.steps), args.device,
-                       repr(deadline)]
+                       repr(deadline), str(args.overlap)]
             running.append((subprocess.Popen(command, stderr=subprocess.PIPE, text=True), folder))
         time.sleep(1.0)
         for process, folder in list(running):
@@ -177,20 +186,21 @@ def table(args) -> int:
     if not results:
         print(f"no finished runs under {args.runs}")
         return 1
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"]), []).append(r)
+        groups.setdefault((r["algo"], r["env"], r.get("overlap_updates", False)), []).append(r)
     print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3, 1M) | CleanRL (1M) "
           "| rlkit / RL Zoo (median, at 1M) | wall time per run | steps/s |")
     print("|---|---|---|---|---|---|---|---|")
-    for (algo, env), runs in sorted(groups.items()):
+    for (algo, env, overlap), runs in sorted(groups.items()):
         task = env.split("-")[0]
         returns = [r["eval_mean"] for r in sorted(runs, key=lambda r: r["seed"])]
         median = statistics.median(returns)
         zoo, cleanrl = RL_ZOO[algo].get(task), CLEANRL[algo].get(task)
         at_zoo_budget = runs[0]["steps"] >= REFERENCE_STEPS  # the references are returns after 1M steps
         minutes = statistics.median(r["train_seconds"] for r in runs) / 60.0
-        print(f"| {algo.upper()} | {env}, {runs[0]['steps'] // 1000}k | "
+        name = f"{algo.upper()}, overlap_updates" if overlap else algo.upper()
+        print(f"| {name} | {env}, {runs[0]['steps'] // 1000}k | "
               f"{', '.join(f'{v:.0f}' for v in returns)} | {zoo if zoo else '-'} | {f'{cleanrl:.0f}' if cleanrl else '-'} | "
               f"{f'{median / zoo:.2f}' if zoo and at_zoo_budget else '-'} | {minutes:.1f} min | "
               f"{statistics.median(r['steps_per_second'] for r in runs):.0f} |")
@@ -201,16 +211,16 @@ def table(args) -> int:
 
 def plot(args, results: list[dict]) -> None:
     """The rollout/ep_rew_mean curves of each (algorithm, task), a line per seed, as
-    <plots>/<algo>_<env>_<steps>.png (rlkit plot over copies of the runs' small event folders,
+    <plots>/<algo>_<env>_<steps>[_overlap].png (rlkit plot over copies of the runs' small event folders,
     gathered under one folder named after the group)."""
     from rlkit.cli import main as rlkit_main
 
     os.makedirs(args.plots, exist_ok=True)
-    groups: dict[tuple[str, str, int], list[dict]] = {}
+    groups: dict[tuple[str, str, int, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"], r["steps"]), []).append(r)
-    for (algo, env, steps), runs in sorted(groups.items()):
-        name = f"{algo}_{env}_{steps // 1000}k"
+        groups.setdefault((r["algo"], r["env"], r["steps"], r.get("overlap_updates", False)), []).append(r)
+    for (algo, env, steps, overlap), runs in sorted(groups.items()):
+        name = f"{algo}_{env}_{steps // 1000}k" + ("_overlap" if overlap else "")
         with tempfile.TemporaryDirectory() as scratch:
             for r in runs:
                 shutil.copytree(os.path.join(args.runs, f"{algo}_{env}_s{r['seed']}", "tb"),
@@ -233,6 +243,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--device", default="gpu")
     run.add_argument("--parallel", type=int, default=4, help="runs at once, each its own process")
     run.add_argument("--minutes", type=float, default=9.0, help="stop (saving) after this long")
+    run.add_argument("--overlap", action="store_true", help="new runs train with overlap_updates=True")
     show = commands.add_parser("table", help="the markdown table of the finished runs")
     show.add_argument("--runs", default="zoo_runs")
     show.add_argument("--plots", help="also write the learning curves here, as PNG (one per algorithm and task)")
@@ -258,8 +269,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_run":  # a child process: one run
-        folder, algo, env, seed, steps, device, deadline = argv[1:8]
-        train_one(folder, algo, env, int(seed), int(steps), device, float(deadline))
+        folder, algo, env, seed, steps, device, deadline, overlap = argv[1:9]
+        train_one(folder, algo, env, int(seed), int(steps), device, float(deadline), overlap == "True")
         return 0
     args = parse_args(argv)
     return train(args) if args.command == "train" else table(args)

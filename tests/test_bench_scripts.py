@@ -264,6 +264,28 @@ def test_bench_zoo_a_kill_while_saving_a_checkpoint_resumes_from_the_one_before(
     assert not [name for name in os.listdir(run) if name.startswith("checkpoint_")]
 
 
+def test_bench_zoo_overlap_is_a_new_runs_setting_recorded_and_named(tmp_path, monkeypatch, capsys):
+    """--overlap trains a new run with overlap_updates; a resumed run keeps the setting it was
+    started with whatever the next call asks; result.json records it and the table and the plot
+    name it, apart from a run of SB3's order."""
+    zoo = load_script("bench_zoo")
+    monkeypatch.setitem(zoo.HYPERPARAMETERS, "sac", dict(learning_starts=50, batch_size=16, net_arch=(16, 16)))
+    monkeypatch.setattr(zoo, "EVAL_EPISODES", 1)
+    overlapped, plain = str(tmp_path / "sac_Pendulum-v1_s0"), str(tmp_path / "sac_Pendulum-v1_s1")
+    zoo.train_one(overlapped, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=0.0, overlap=True)
+    zoo.train_one(overlapped, "sac", "Pendulum-v1", 0, 250, "cpu", deadline=math.inf, overlap=False)
+    zoo.train_one(plain, "sac", "Pendulum-v1", 1, 250, "cpu", deadline=math.inf)
+    results = [json.loads((tmp_path / name / "result.json").read_text())
+               for name in ("sac_Pendulum-v1_s0", "sac_Pendulum-v1_s1")]
+    assert [r["overlap_updates"] for r in results] == [True, False]
+    assert results[0]["segments"] == 2 and results[0]["steps"] == 250
+    assert zoo.main(["table", "--runs", str(tmp_path), "--plots", str(tmp_path / "plots")]) == 0
+    names = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC")]
+    assert sorted(names) == ["SAC", "SAC, overlap_updates"]
+    assert sorted(os.listdir(tmp_path / "plots")) == ["sac_Pendulum-v1_0k.png", "sac_Pendulum-v1_0k_overlap.png"]
+    assert zoo.parse_args(["train", "--overlap"]).overlap and not zoo.parse_args(["train"]).overlap
+
+
 def test_bench_zoo_refuses_bad_arguments():
     zoo = load_script("bench_zoo")
     for argv in (["train", "--algos", "ppo"], ["train", "--seeds", "0,x"], ["train", "--parallel", "0"],
