@@ -348,6 +348,36 @@ def test_overlapped_updates_act_with_the_policy_before_each_round(device, cls, c
     assert steps[True] == steps[False] == 200 - SMALL["learning_starts"]
 
 
+class ActionLog(gym.Wrapper):
+    """Keeps every action the environment was given."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.actions = []
+
+    def step(self, action):
+        self.actions.append(np.array(action))
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("cls, config", [(TD3, TD3Config(**SMALL, action_noise_std=0.0, overlap_updates=True)),
+                                         (SAC, SACConfig(**SMALL, overlap_updates=True))], ids=["td3", "sac"])
+def test_overlapped_rounds_left_running_give_the_actions_of_rounds_read_at_each_step(device, cls, config):
+    """overlap_updates without a callback: each step's actions are launched while the round
+    before runs, and the next round is queued before they are read. The environment gets the
+    actions of a run whose callback reads every round before the next step's actions (whose
+    actions are the actor's before each round: the test above): a round queued ahead of the
+    actions it follows, or running into them, would change them."""
+    actions = {}
+    for callback in (None, lambda event: None):
+        env = ActionLog(gym.make("Pendulum-v1"))
+        agent = cls(env, config, seed=0, device=device)
+        agent.learn(200, callback=callback)
+        actions[callback is None] = np.array(env.actions)
+    assert actions[True].shape == (200, 1)
+    np.testing.assert_array_equal(actions[True], actions[False])
+
+
 def test_overlap_updates_is_refused_where_an_agent_acts_apart_from_its_updates():
     with pytest.raises(ValueError, match="^DQN: overlap_updates is for the agents that act in their updates"):
         DQN("CartPole-v1", DQNConfig(**SMALL, overlap_updates=True))

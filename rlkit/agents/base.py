@@ -311,11 +311,15 @@ class OffPolicyAgent:
         ready, self._actions_ready = self._actions_ready, None
         if ready is not None and ready[0] is obs and ready[1] == deterministic:
             return ready[2]
+        return self._acting_function(deterministic)(**policy_inputs(obs)).T  # [n, actions]
+
+    def _acting_function(self, deterministic: bool) -> rc.capturing.CapturedFunction:
+        """The captured policy forward that ``_policy`` replays, captured at its first use."""
         act = self._acting.get(deterministic)
         if act is None:
             act = self._acting[deterministic] = rc.capture(
                 lambda **inputs: self._act(policy_input(inputs), deterministic), self._policy_parameters())
-        return act(**policy_inputs(obs)).T  # [n, actions]
+        return act
 
     def _onnx_policy(self) -> tuple[list, str]:
         """(the modules the deterministic action goes through, in order; the final step: "argmax"
@@ -390,14 +394,17 @@ class OffPolicyAgent:
         """A round of gradient steps under ``overlap_updates``: first the actions for ``act_on``
         from the policy as it is (queued after a round still running), kept for the ``_policy``
         call that comes next; then the round, its last step launched: it runs on the device
-        while the environment steps, and ``_finish_round`` reads it."""
+        while the environment steps, and ``_finish_round`` reads it. The round is queued before
+        the actions are read, so that the device goes from the actions to the round without
+        waiting for the host to read them (each program opens with a barrier, so the round's
+        writes still come after the actions' reads)."""
         deterministic = self._explore_deterministic
-        actions = self._policy(act_on, deterministic)  # [n, actions], the weights before this round
-        self._finish_round()  # the round before ran ahead of those actions: done by now
+        acting = self._acting_function(deterministic).launch(**policy_inputs(act_on))  # the weights before this round
+        self._finish_round()  # the round before ran ahead of those actions
         scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
         variant = self._next_variant()
         self._pending_round = (self._steps[variant].launch(stored=self._stored_count()), variant, scalars)
-        self._actions_ready = (act_on, deterministic, actions)
+        self._actions_ready = (act_on, deterministic, acting.result().T)  # [n, actions]
 
     def _finish_round(self) -> None:
         """Waits for a launched round's last gradient step and logs the round's scalars."""
