@@ -378,6 +378,24 @@ def test_overlapped_rounds_left_running_give_the_actions_of_rounds_read_at_each_
     np.testing.assert_array_equal(actions[True], actions[False])
 
 
+def test_a_round_that_fails_under_overlap_updates_leaves_the_policy_usable(device):
+    """overlap_updates launches a step's actions before its round: where launching the round
+    raises, the error reaches the caller and the actions launched are still read, so that the
+    policy runs again (predict) instead of refusing to while a launch is unread."""
+    agent = SAC("Pendulum-v1", SACConfig(**SMALL, overlap_updates=True), seed=0, device=device)
+    agent.learn(150)
+
+    def failing_round():
+        raise RuntimeError("the round failed")
+
+    agent._next_variant = failing_round
+    with pytest.raises(RuntimeError, match="^the round failed$"):
+        agent.learn(10, reset_num_timesteps=False)
+    del agent._next_variant
+    actions, _ = agent.predict(np.zeros((1, 3), np.float32), deterministic=False)
+    assert actions.shape == (1, 1) and np.all(np.abs(actions) <= 2.0)
+
+
 def test_overlap_updates_is_refused_where_an_agent_acts_apart_from_its_updates():
     with pytest.raises(ValueError, match="^DQN: overlap_updates is for the agents that act in their updates"):
         DQN("CartPole-v1", DQNConfig(**SMALL, overlap_updates=True))

@@ -400,11 +400,14 @@ class OffPolicyAgent:
         writes still come after the actions' reads)."""
         deterministic = self._explore_deterministic
         acting = self._acting_function(deterministic).launch(**policy_inputs(act_on))  # the weights before this round
-        self._finish_round()  # the round before ran ahead of those actions
-        scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
-        variant = self._next_variant()
-        self._pending_round = (self._steps[variant].launch(stored=self._stored_count()), variant, scalars)
-        self._actions_ready = (act_on, deterministic, acting.result().T)  # [n, actions]
+        try:
+            self._finish_round()  # the round before ran ahead of those actions
+            scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
+            variant = self._next_variant()
+            self._pending_round = (self._steps[variant].launch(stored=self._stored_count()), variant, scalars)
+        finally:
+            actions = acting.result()  # read even where the round failed: the policy can run again
+        self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
 
     def _finish_round(self) -> None:
         """Waits for a launched round's last gradient step and logs the round's scalars."""
