@@ -180,6 +180,12 @@ def train(args) -> int:
 
 # ---- table -------------------------------------------------------------------------------------------
 
+def overlapped(result: dict) -> bool:
+    """Whether a run trained with overlap_updates (results written before the option lack the
+    key: those runs trained in SB3's order)."""
+    return result.get("overlap_updates", False)
+
+
 def table(args) -> int:
     results = [read_json(os.path.join(args.runs, name, "result.json")) for name in sorted(os.listdir(args.runs))]
     results = [r for r in results if r is not None]
@@ -188,7 +194,7 @@ def table(args) -> int:
         return 1
     groups: dict[tuple[str, str, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"], r.get("overlap_updates", False)), []).append(r)
+        groups.setdefault((r["algo"], r["env"], overlapped(r)), []).append(r)
     print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3, 1M) | CleanRL (1M) "
           "| rlkit / RL Zoo (median, at 1M) | wall time per run | steps/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -218,7 +224,7 @@ def plot(args, results: list[dict]) -> None:
     os.makedirs(args.plots, exist_ok=True)
     groups: dict[tuple[str, str, int, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"], r["steps"], r.get("overlap_updates", False)), []).append(r)
+        groups.setdefault((r["algo"], r["env"], r["steps"], overlapped(r)), []).append(r)
     for (algo, env, steps, overlap), runs in sorted(groups.items()):
         name = f"{algo}_{env}_{steps // 1000}k" + ("_overlap" if overlap else "")
         with tempfile.TemporaryDirectory() as scratch:
