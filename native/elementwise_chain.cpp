@@ -32,6 +32,13 @@ constexpr size_t kStepInts = 3;   // op, a, b
 
 const char* const kOp = "elementwise_chain";
 
+// A chain whose output has other readers is copied into a reader's chain, which runs its steps
+// again from its inputs, where the output has at most this many elements: the reader then waits
+// for the chain's inputs instead of its output, a level less for a run of scalar chains over a
+// batch (SAC's critic loss and its gradient both read q - y, which was a level of its own). The
+// original still runs where a reader outside the copies needs it.
+constexpr int64_t kRecomputedElements = 1 << 12;
+
 bool full_size(const TensorImpl& t, const Shape& ne) { return t.ne == ne; }
 
 // A node a chain can hold: an elementwise op on f32 tensors shaped like its output (or of one
@@ -186,31 +193,46 @@ void fuse_elementwise_chains(std::vector<Node>& nodes, const std::unordered_set<
         const Node& node = nodes[k];
         if (has_side_effects(node.op)) last_side_effect = int64_t(k);
         if (!chainable(node)) continue;
-        size_t extended = chains.size();
-        const TensorImpl* value = nullptr;
+        // The chain this node extends: one whose output only it reads, else a small one to copy.
+        size_t extended = chains.size(), to_copy = chains.size();
+        const TensorImpl *value = nullptr, *copied_value = nullptr;
         for (const TensorPtr& t : node.inputs) {
             auto found = chain_ending_in.find(t.get());
             if (found == chain_ending_in.end()) continue;
             const Chain& c = chains[found->second];
             const auto reads = size_t(std::count(node.inputs.begin(), node.inputs.end(), t));
-            if (uses[t.get()] == reads && !outputs.count(t.get()) && t->ne == node.out->ne &&
-                last_side_effect < int64_t(c.first) && c.members.size() < kMaxChainSteps &&
-                c.inputs.size() + new_inputs(c, node, t.get()) <= kMaxChainInputs) {
+            const bool fits = t->ne == node.out->ne && last_side_effect < int64_t(c.first) &&
+                              c.steps.size() / kStepInts < kMaxChainSteps &&
+                              c.inputs.size() + new_inputs(c, node, t.get()) <= kMaxChainInputs;
+            if (fits && uses[t.get()] == reads && !outputs.count(t.get())) {
                 extended = found->second;
                 value = t.get();
                 break;
             }
+            if (fits && t->numel() <= kRecomputedElements && !copied_value) {
+                to_copy = found->second;
+                copied_value = t.get();
+            }
         }
-        if (extended == chains.size()) chains.push_back(Chain{k, {}, {}, {}, {}});
+        const bool copied = !value && copied_value;
+        if (copied) {  // this node's chain runs the small chain's steps again, from its inputs
+            Chain copy = chains[to_copy];
+            copy.members.clear();
+            chains.push_back(std::move(copy));
+            extended = chains.size() - 1;
+            value = copied_value;
+        } else if (extended == chains.size()) {
+            chains.push_back(Chain{k, {}, {}, {}, {}});
+        }
         Chain& chain = chains[extended];
         add_step(chain, node, value);
         chain.members.push_back(k);
-        if (value) chain_ending_in.erase(value);
+        if (value && !copied) chain_ending_in.erase(value);  // a copied chain's other readers may copy it too
         chain_ending_in[node.out.get()] = extended;
     }
     std::vector<bool> drop(nodes.size(), false);
     for (Chain& chain : chains) {
-        if (chain.members.size() < 2) continue;
+        if (chain.steps.size() < 2 * kStepInts) continue;  // one op: it stays as it is
         for (size_t m = 0; m + 1 < chain.members.size(); ++m) drop[chain.members[m]] = true;
         Node& last = nodes[chain.members.back()];
         const TensorImpl& out = *last.out;

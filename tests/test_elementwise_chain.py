@@ -156,3 +156,41 @@ def test_an_eager_chain_checks_its_inputs():
         _chain([x, rc.tensor(np.ones((1, 1), np.float32))], [("neg", 1, -2, ())])
     with pytest.raises(ValueError, match="a unary op's operand b must be -2"):
         _chain([x], [("neg", 0, 0, ())])
+
+
+def _level_labels(program) -> list[str]:
+    """The kernels of each level of a captured GPU program's last replay (recorded with GPU
+    profiling on: a program takes its timestamps when it is built)."""
+    (captured,) = program._programs.values()
+    return [label for _, label in captured.native.level_times()]
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("shape", [(1, 256), (512, 512)], ids=["small", "large"])
+def test_a_small_result_read_by_two_chains_is_computed_again_in_each(shape):
+    """q - y read by a loss's square and by its gradient, as in a critic's loss: where it is
+    small, each reader's chain computes it again from q and y, so both run in the level of the
+    inputs, a level fewer than after it; a large one is computed once and read (computing it
+    again would cost more than the level). The values are numpy's either way."""
+    rng = np.random.default_rng(5)
+    q, y = (np.asfortranarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))
+
+    def loss_and_gradient(q, y):
+        d = rc.sub(q, y)
+        return [rc.sum(rc.square(d)), rc.scale(d, 2.0 / shape[1])]
+
+    assert _native.set_gpu_profiling(True)
+    try:
+        program = _captured(loss_and_gradient, "gpu")
+        loss, gradient = _run(program, "gpu", q=q, y=y)
+    finally:
+        _native.set_gpu_profiling(False)
+    d = q.astype(np.float64) - y
+    np.testing.assert_allclose(loss, [[np.sum(d * d)]], rtol=1e-5)
+    np.testing.assert_allclose(gradient, 2.0 / shape[1] * d, rtol=1e-6)
+    levels = _level_labels(program)  # the first is the inputs' upload
+    if shape == (1, 256):  # the square and the scale each after a copy of the subtraction
+        assert levels[1].split() == ["elementwise_chain[1]"] * 2 and "binary_sub" not in " ".join(levels), levels
+    else:
+        assert levels[1].split() == ["binary_sub[1024]"] and "elementwise_chain" not in " ".join(levels), levels
+        assert sorted(levels[2].split()) == ["unary_scale[1024]", "unary_square[1024]"], levels

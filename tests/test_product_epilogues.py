@@ -120,8 +120,7 @@ def test_a_product_read_elsewhere_an_output_or_before_an_in_place_write_keeps_it
     columns = rc.tensor(np.arange(6, dtype=np.int32)[None, :], device="gpu")
     w = rc.tensor(np.asfortranarray(np.arange(16, dtype=np.float32).reshape(4, 4) - 7.5), device="gpu")
 
-    def step(x):
-        y = rc.sub(x, 0.5)
+    def step(x, y):  # y an input: a small elementwise op making it would be copied into a chain with a relu_back
         read_twice = rc.matmul(w, target, transpose_a=True)  # [4, 6], read by relu_back and exp
         masked_once = rc.ops.apply("relu_back", (read_twice, y))
         other = rc.exp(rc.scale(read_twice, 0.01))
@@ -137,8 +136,9 @@ def test_a_product_read_elsewhere_an_output_or_before_an_in_place_write_keeps_it
         for value in (0.25, 1.5):
             old = target.numpy().copy()
             x = np.asfortranarray(np.full((4, 6), value, np.float32) + np.arange(6, dtype=np.float32) / 4)
-            masked_once, other, masked_after_write, masked_output, output_too = program(x=x)
-            w_np, y = w.numpy().astype(np.float64), x - 0.5
+            y = x - 0.5
+            masked_once, other, masked_after_write, masked_output, output_too = program(x=x, y=y)
+            w_np = w.numpy().astype(np.float64)
             np.testing.assert_allclose(masked_once, np.where(y > 0, w_np.T @ old, 0), rtol=1e-6)
             np.testing.assert_allclose(other, np.exp(0.01 * (w_np.T @ old)), rtol=1e-6)
             np.testing.assert_allclose(masked_after_write, np.where(y > 0, w_np.T @ old, 0), rtol=1e-6)
