@@ -48,9 +48,9 @@ std::vector<ChainStep> chain_steps(const OpAttrs& attrs);
 // Replaces runs of chainable f32 nodes of a GPU program, each reading the one before it as the
 // sole reader of its output, by elementwise_chain nodes at the position of each run's last node.
 // A reader of a small run's output that has other readers too (at most kRecomputedElements
-// elements, elementwise_chain.cpp) begins a run of its own with a copy of that run's steps. A run never crosses a node
-// with side effects (an in-place write could change what a moved node reads). `outputs`: the
-// program's outputs (they stay nodes' outputs).
+// elements, elementwise_chain.cpp) begins a run of its own with a copy of that run's steps. A
+// run never crosses a node with side effects (an in-place write could change what a moved node
+// reads). `outputs`: the program's outputs (they stay nodes' outputs).
 void fuse_elementwise_chains(std::vector<Node>& nodes, const std::unordered_set<const TensorImpl*>& outputs);
 
 }  // namespace rk

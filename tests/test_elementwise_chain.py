@@ -159,15 +159,22 @@ def test_an_eager_chain_checks_its_inputs():
 
 
 def _level_labels(program) -> list[str]:
-    """The kernels of each level of a captured GPU program's last replay (recorded with GPU
-    profiling on: a program takes its timestamps when it is built)."""
+    """The kernels of each level of a captured GPU program's last replay (run with GPU profiling
+    on from its first: a program records its timestamps when it is built)."""
     (captured,) = program._programs.values()
     return [label for _, label in captured.native.level_times()]
 
 
+@pytest.fixture
+def gpu_profiling():
+    assert _native.set_gpu_profiling(True)
+    yield
+    _native.set_gpu_profiling(False)
+
+
 @pytest.mark.requires_gpu
 @pytest.mark.parametrize("shape", [(1, 256), (512, 512)], ids=["small", "large"])
-def test_a_small_result_read_by_two_chains_is_computed_again_in_each(shape):
+def test_a_small_result_read_by_two_chains_is_computed_again_in_each(shape, gpu_profiling):
     """q - y read by a loss's square and by its gradient, as in a critic's loss: where it is
     small, each reader's chain computes it again from q and y, so both run in the level of the
     inputs, a level fewer than after it; a large one is computed once and read (computing it
@@ -179,12 +186,8 @@ def test_a_small_result_read_by_two_chains_is_computed_again_in_each(shape):
         d = rc.sub(q, y)
         return [rc.sum(rc.square(d)), rc.scale(d, 2.0 / shape[1])]
 
-    assert _native.set_gpu_profiling(True)
-    try:
-        program = _captured(loss_and_gradient, "gpu")
-        loss, gradient = _run(program, "gpu", q=q, y=y)
-    finally:
-        _native.set_gpu_profiling(False)
+    program = _captured(loss_and_gradient, "gpu")
+    loss, gradient = _run(program, "gpu", q=q, y=y)
     d = q.astype(np.float64) - y
     np.testing.assert_allclose(loss, [[np.sum(d * d)]], rtol=1e-5)
     np.testing.assert_allclose(gradient, 2.0 / shape[1] * d, rtol=1e-6)

@@ -10,8 +10,7 @@ import pytest
 
 import rlkit.core as rc
 from conftest import AVAILABLE_DEVICES
-from rlkit import _native
-from test_elementwise_chain import _captured, _run  # tests/ is on sys.path: capture and call on a device
+from test_elementwise_chain import _captured, _level_labels, _run, gpu_profiling  # noqa: F401 (a fixture)
 
 
 def _product_then_relu_back(a, b, y, ta, tb):
@@ -67,20 +66,6 @@ def test_matmul_relu_mask_checks_its_inputs():
         rc.ops.apply("matmul_relu_mask", (ones(3, 2), ones(3, 5), ones(3, 5)), ints=[0, 0])
 
 
-def _levels(program) -> str:
-    """The kernels of a captured GPU program's last replay (run with GPU profiling on from its
-    first: a program records its timestamps when it is built), level by level."""
-    (captured,) = program._programs.values()
-    return " ".join(label for _, label in captured.native.level_times())
-
-
-@pytest.fixture
-def gpu_profiling():
-    assert _native.set_gpu_profiling(True)
-    yield
-    _native.set_gpu_profiling(False)
-
-
 @pytest.mark.requires_gpu
 def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling):
     """The gradients of a ReLU network with three hidden layers: each hidden layer's relu_back is
@@ -109,7 +94,7 @@ def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling
         results = {device: _run(programs[device], device, x=x) for device in ("cpu", "gpu")}
         for g_cpu, g_gpu in zip(results["cpu"], results["gpu"]):
             np.testing.assert_allclose(g_gpu, g_cpu, rtol=1e-4, atol=1e-4)
-    labels = _levels(programs["gpu"])
+    labels = " ".join(_level_labels(programs["gpu"]))
     assert labels.count("matmul_small_relu_mask") == 3, labels  # the hidden layers' input gradients
     assert "relu_back" not in labels.replace("matmul_small_relu_mask", ""), labels
 
@@ -146,5 +131,5 @@ def test_a_product_read_elsewhere_an_output_or_before_an_in_place_write_keeps_it
             np.testing.assert_allclose(output_too, w_np.T @ x, rtol=1e-6)
     finally:
         rc.device(previous)
-    labels = _levels(program)
+    labels = " ".join(_level_labels(program))
     assert labels.count("binary_relu_back") == 3 and "matmul_small_relu_mask" not in labels, labels
