@@ -6,6 +6,7 @@ CleanRL publish, with each run's wall time and steps per second and its learning
                                       [--envs HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5]
                                       [--seeds 0] [--steps 1000000] [--device gpu]
                                       [--parallel 4] [--minutes 9] [--overlap]
+                                      [--env-kwargs key:value ...]
     python scripts/bench_zoo.py table [--runs zoo_runs] [--plots docs/zoo]
 
 ``train`` runs every (algorithm, environment, seed) of the lists that has not finished, up to
@@ -26,6 +27,12 @@ SB3's order on the H200, so that one 1M-step run fits one device command). It ch
 order of acting and updating, so ``result.json`` records it and the table names it in the
 algorithm's cell; a resumed run keeps the setting it was started with.
 
+``--env-kwargs`` (RL Zoo's syntax, ``key:value``, the value a Python literal) makes the
+environments with ``gymnasium.make(env, **kwargs)``, for training and evaluation: e.g.
+``include_cfrc_ext_in_observation:False contact_cost_weight:0`` gives Ant-v5 the task RL Zoo's
+Ant-v3 was under mujoco-py 2, whose contact forces read zero. The runs' folders, ``result.json``,
+the table's task cell and the plots' names carry the keywords.
+
 The references (MuJoCo v3 for RL Zoo, v2 and v4 for CleanRL; rlkit trains on v5, the version
 Gymnasium ships): RL Zoo's ``benchmark.md`` (one run each) and CleanRL's docs (training episodic
 return over seeds; no Ant rows).
@@ -34,6 +41,7 @@ return over seeds; no Ant rows).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -42,6 +50,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import gymnasium as gym
 
 from rlkit.agents import SAC, TD3, evaluate
 
@@ -64,8 +74,18 @@ EVAL_EPISODES, EVAL_SEED = 10, 1000
 LOG_INTERVAL = 5000  # steps between TensorBoard points
 
 
-def run_folder(runs: str, algo: str, env: str, seed: int) -> str:
-    return os.path.join(runs, f"{algo}_{env}_s{seed}")
+def env_variant(env_kwargs: dict) -> str:
+    """The environment keywords as a name's part: "" without any, else "_key=value_key=value"."""
+    return "".join(f"_{key}={value!r}" for key, value in sorted(env_kwargs.items()))
+
+
+def run_folder(runs: str, algo: str, env: str, seed: int, env_kwargs: dict | None = None) -> str:
+    return os.path.join(runs, f"{algo}_{env}{env_variant(env_kwargs or {})}_s{seed}")
+
+
+def make_env(env: str, env_kwargs: dict):
+    """The environment id itself (the agent makes it) or, with keywords, the environment made with them."""
+    return gym.make(env, **env_kwargs) if env_kwargs else env
 
 
 def read_json(path: str) -> dict | None:
@@ -87,23 +107,24 @@ def write_json(path: str, value: dict) -> None:
 # ---- one run (a child process) ---------------------------------------------------------------------
 
 def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: str, deadline: float,
-              overlap: bool = False) -> None:
+              overlap: bool = False, env_kwargs: dict | None = None) -> None:
     """Trains (or resumes) the run in ``folder`` until ``steps`` or the ``deadline`` (a time.time()),
     saving a checkpoint when stopped early and its result when done. ``overlap`` sets a new run's
-    ``overlap_updates``; a resumed run keeps its own."""
+    ``overlap_updates``; a resumed run keeps its own. ``env_kwargs`` go to ``gymnasium.make``."""
+    env_kwargs = env_kwargs or {}
     os.makedirs(folder, exist_ok=True)
     progress_path = os.path.join(folder, "progress.json")
     progress = read_json(progress_path) or {"steps": 0, "train_seconds": 0.0, "segments": 0}
     cls = AGENTS[algo]
     if progress["steps"]:
         saved = os.path.join(folder, progress["checkpoint"])
-        agent = cls.load(os.path.join(saved, "agent.safetensors"), env=env, device=device)
+        agent = cls.load(os.path.join(saved, "agent.safetensors"), env=make_env(env, env_kwargs), device=device)
         if agent.num_timesteps != progress["steps"]:
             raise RuntimeError(f"{saved}: the agent has {agent.num_timesteps} steps, progress.json {progress['steps']}")
         agent.logdir = os.path.join(folder, "tb")
         agent.load_replay_buffer(os.path.join(saved, "replay_buffer"))
     else:
-        agent = cls(env, seed=seed, device=device, logdir=os.path.join(folder, "tb"),
+        agent = cls(make_env(env, env_kwargs), seed=seed, device=device, logdir=os.path.join(folder, "tb"),
                     log_interval=LOG_INTERVAL, overlap_updates=overlap, **HYPERPARAMETERS[algo])
     start = time.perf_counter()
     agent.learn(steps - agent.num_timesteps, callback=lambda event: time.time() < deadline,
@@ -113,9 +134,9 @@ def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: s
     if agent.num_timesteps < steps:  # stopped by the clock: keep everything for the next call
         save_checkpoint(folder, agent, progress)
         return
-    mean, std = evaluate(agent, env, n_eval_episodes=EVAL_EPISODES, deterministic=True, seed=EVAL_SEED)
+    mean, std = evaluate(agent, make_env(env, env_kwargs), n_eval_episodes=EVAL_EPISODES, deterministic=True, seed=EVAL_SEED)
     write_json(os.path.join(folder, "result.json"), {
-        "algo": algo, "env": env, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
+        "algo": algo, "env": env, "env_kwargs": env_kwargs, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
         "train_seconds": progress["train_seconds"], "segments": progress["segments"], "device": device,
         "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo],
         "overlap_updates": agent.config.overlap_updates})
@@ -152,15 +173,16 @@ def remove_checkpoints(folder: str, keep: str | None = None) -> None:
 def train(args) -> int:
     deadline = time.time() + 60.0 * args.minutes
     pending = [(algo, env, seed) for algo in args.algos for env in args.envs for seed in args.seeds
-               if not os.path.exists(os.path.join(run_folder(args.runs, algo, env, seed), "result.json"))]
+               if not os.path.exists(os.path.join(run_folder(args.runs, algo, env, seed, args.env_kwargs),
+                                                  "result.json"))]
     running: list[tuple[subprocess.Popen, str]] = []
     failed = 0
     while pending or running:
         while pending and len(running) < args.parallel:
             algo, env, seed = pending.pop(0)
-            folder = run_folder(args.runs, algo, env, seed)
+            folder = run_folder(args.runs, algo, env, seed, args.env_kwargs)
             command = [sys.executable, __file__, "_run", folder, algo, env, str(seed), str(args.steps), args.device,
-                       repr(deadline), str(args.overlap)]
+                       repr(deadline), str(args.overlap), json.dumps(args.env_kwargs)]
             running.append((subprocess.Popen(command, stderr=subprocess.PIPE, text=True), folder))
         time.sleep(1.0)
         for process, folder in list(running):
@@ -186,6 +208,13 @@ def overlapped(result: dict) -> bool:
     return result.get("overlap_updates", False)
 
 
+def task_name(result: dict) -> str:
+    """The run's environment id, with its keywords after it where it has some."""
+    env_kwargs = result.get("env_kwargs") or {}
+    keywords = ", ".join(f"{key}={value!r}" for key, value in sorted(env_kwargs.items()))
+    return f"{result['env']} ({keywords})" if keywords else result["env"]
+
+
 def table(args) -> int:
     results = [read_json(os.path.join(args.runs, name, "result.json")) for name in sorted(os.listdir(args.runs))]
     results = [r for r in results if r is not None]
@@ -194,12 +223,12 @@ def table(args) -> int:
         return 1
     groups: dict[tuple[str, str, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"], overlapped(r)), []).append(r)
+        groups.setdefault((r["algo"], task_name(r), overlapped(r)), []).append(r)
     print("| algorithm | task, steps | rlkit final return (per seed) | RL Zoo (v3, 1M) | CleanRL (1M) "
           "| rlkit / RL Zoo (median, at 1M) | wall time per run | steps/s |")
     print("|---|---|---|---|---|---|---|---|")
     for (algo, env, overlap), runs in sorted(groups.items()):
-        task = env.split("-")[0]
+        task = env.split("-")[0]  # the references' task, whatever the keywords
         returns = [r["eval_mean"] for r in sorted(runs, key=lambda r: r["seed"])]
         median = statistics.median(returns)
         zoo, cleanrl = RL_ZOO[algo].get(task), CLEANRL[algo].get(task)
@@ -222,14 +251,15 @@ def plot(args, results: list[dict]) -> None:
     from rlkit.cli import main as rlkit_main
 
     os.makedirs(args.plots, exist_ok=True)
-    groups: dict[tuple[str, str, int, bool], list[dict]] = {}
+    groups: dict[tuple[str, str, str, int, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["algo"], r["env"], r["steps"], overlapped(r)), []).append(r)
-    for (algo, env, steps, overlap), runs in sorted(groups.items()):
-        name = f"{algo}_{env}_{steps // 1000}k" + ("_overlap" if overlap else "")
+        variant = env_variant(r.get("env_kwargs") or {})
+        groups.setdefault((r["algo"], r["env"], variant, r["steps"], overlapped(r)), []).append(r)
+    for (algo, env, variant, steps, overlap), runs in sorted(groups.items()):
+        name = f"{algo}_{env}{variant}_{steps // 1000}k" + ("_overlap" if overlap else "")
         with tempfile.TemporaryDirectory() as scratch:
             for r in runs:
-                shutil.copytree(os.path.join(args.runs, f"{algo}_{env}_s{r['seed']}", "tb"),
+                shutil.copytree(os.path.join(run_folder(args.runs, algo, env, r["seed"], r.get("env_kwargs")), "tb"),
                                 os.path.join(scratch, name, f"seed_{r['seed']}"))
             if rlkit_main(["plot", os.path.join(scratch, name), "-o", os.path.join(args.plots, f"{name}.png")]) != 0:
                 print(f"{name}: no curve drawn (rlkit plot said why, above)")
@@ -250,6 +280,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--parallel", type=int, default=4, help="runs at once, each its own process")
     run.add_argument("--minutes", type=float, default=9.0, help="stop (saving) after this long")
     run.add_argument("--overlap", action="store_true", help="new runs train with overlap_updates=True")
+    run.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
+                     help="keywords of gymnasium.make, each key:value with a Python literal value")
     show = commands.add_parser("table", help="the markdown table of the finished runs")
     show.add_argument("--runs", default="zoo_runs")
     show.add_argument("--plots", help="also write the learning curves here, as PNG (one per algorithm and task)")
@@ -269,14 +301,31 @@ def parse_args(argv=None) -> argparse.Namespace:
                 parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
         if not args.minutes > 0:
             parser.error(f"--minutes must be positive, got {args.minutes}")
+        args.env_kwargs = parse_env_kwargs(parser, args.env_kwargs)
     return args
+
+
+def parse_env_kwargs(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
+    """``["key:value", ...]`` as a dict, each value read as a Python literal (never run)."""
+    env_kwargs = {}
+    for pair in pairs:
+        key, colon, text = pair.partition(":")
+        if not colon or not key.isidentifier():
+            parser.error(f"--env-kwargs takes key:value pairs with a keyword name as the key, got {pair!r}")
+        try:
+            env_kwargs[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            parser.error(f"--env-kwargs {pair!r}: the value must be a Python literal (a number, True, a string in "
+                         f"quotes, ...), got {text!r}")
+    return env_kwargs
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_run":  # a child process: one run
-        folder, algo, env, seed, steps, device, deadline, overlap = argv[1:9]
-        train_one(folder, algo, env, int(seed), int(steps), device, float(deadline), overlap == "True")
+        folder, algo, env, seed, steps, device, deadline, overlap, env_kwargs = argv[1:10]
+        train_one(folder, algo, env, int(seed), int(steps), device, float(deadline), overlap == "True",
+                  json.loads(env_kwargs))
         return 0
     args = parse_args(argv)
     return train(args) if args.command == "train" else table(args)
