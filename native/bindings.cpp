@@ -300,13 +300,16 @@ PYBIND11_MODULE(_native, m) {
         py::dict d;
 #ifdef RLKIT_VULKAN
         d["vulkan"] = true;
+        d["shader_compilers"] = RLKIT_SHADER_COMPILERS;
 #else
         d["vulkan"] = false;
+        d["shader_compilers"] = "";
 #endif
         d["vulkan_option"] = RLKIT_VULKAN_OPTION;
         return d;
-    }, "How this module was built: whether the Vulkan backend is compiled in, and the RLKIT_VULKAN "
-       "switch it was configured with (AUTO, ON or OFF).");
+    }, "How this module was built: whether the Vulkan backend is compiled in, the RLKIT_VULKAN "
+       "switch it was configured with (AUTO, ON or OFF), and the shader compilers it used (CMakeLists.txt; "
+       "empty without the backend).");
     m.def("gpu_unavailable_reason", &gpu_unavailable_reason,
           "Why the GPU backend cannot be used here (empty when it can); creates the Vulkan context on first use.");
     m.def("gpu_info", []() -> py::object {

@@ -299,9 +299,10 @@ def _import_gym_packages(modules: list[str]) -> None:
             raise UsageError(f"--gym-packages: cannot import {module!r}: {error}") from None
 
 
-def _parse_env_kwargs(pairs: list[str]) -> dict:
+def parse_env_kwargs(pairs: list[str]) -> dict:
     """--env-kwargs KEY=VALUE pairs: each value as JSON where it parses (numbers, true, false,
-    null, lists, objects), else the string itself."""
+    null, lists, objects), else the string itself; UsageError for a pair without a Python name
+    before its '='. (Scripts with environment keywords take them the same way.)"""
     kwargs = {}
     for pair in pairs:
         key, equals, text = pair.partition("=")
@@ -326,7 +327,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlkit.agents.lanes import make_env, make_vector_env
 
     _import_gym_packages(args.gym_packages)
-    env_kwargs = _parse_env_kwargs(args.env_kwargs)
+    env_kwargs = parse_env_kwargs(args.env_kwargs)
     pairs = args.hyperparams + ([f"n_envs={args.n_envs}"] if args.n_envs else [])
     config = _make_config(agent_class, args.env, pairs)
     _check_device(args.device)
@@ -520,6 +521,8 @@ def info_lines() -> list[str]:
              f"default device: {rc.device()}"]
     lines += [_device_line(row) for row in rc.devices()]
     lines += [f"vulkan backend: {vulkan} (built with RLKIT_VULKAN={build['vulkan_option']})"]
+    if build["vulkan"]:
+        lines += [f"shader compilers: {build['shader_compilers']}"]
     if gpu_problem:
         lines += [f"gpu: unavailable: {gpu_problem}"]
     else:

@@ -6,7 +6,7 @@ CleanRL publish, with each run's wall time and steps per second and its learning
                                       [--envs HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5]
                                       [--seeds 0] [--steps 1000000] [--device gpu]
                                       [--parallel 4] [--minutes 9] [--overlap]
-                                      [--env-kwargs key:value ...]
+                                      [--env-kwargs KEY=VALUE ...]
     python scripts/bench_zoo.py table [--runs zoo_runs] [--plots docs/zoo]
 
 ``train`` runs every (algorithm, environment, seed) of the lists that has not finished, up to
@@ -27,9 +27,9 @@ SB3's order on the H200, so that one 1M-step run fits one device command). It ch
 order of acting and updating, so ``result.json`` records it and the table names it in the
 algorithm's cell; a resumed run keeps the setting it was started with.
 
-``--env-kwargs`` (RL Zoo's syntax, ``key:value``, the value a Python literal) makes the
-environments with ``gymnasium.make(env, **kwargs)``, for training and evaluation: e.g.
-``include_cfrc_ext_in_observation:False contact_cost_weight:0`` gives Ant-v5 the task RL Zoo's
+``--env-kwargs`` (as ``rlkit train`` takes them: ``KEY=VALUE``, the value JSON where it parses)
+makes the environments with ``gymnasium.make(env, **kwargs)``, for training and evaluation: e.g.
+``include_cfrc_ext_in_observation=false contact_cost_weight=0`` gives Ant-v5 the task RL Zoo's
 Ant-v3 was under mujoco-py 2, whose contact forces read zero. The runs' folders, ``result.json``,
 the table's task cell and the plots' names carry the keywords.
 
@@ -41,7 +41,6 @@ return over seeds; no Ant rows).
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import shutil
@@ -54,6 +53,7 @@ import time
 import gymnasium as gym
 
 from rlkit.agents import SAC, TD3, evaluate
+from rlkit.cli import UsageError, parse_env_kwargs
 
 # RL Zoo's hyperparams/{sac,td3}.yml for the MuJoCo tasks (SB3's defaults elsewhere: buffer 1M,
 # batch 256, tau 0.005, gamma 0.99, one gradient step per environment step).
@@ -134,9 +134,11 @@ def train_one(folder: str, algo: str, env: str, seed: int, steps: int, device: s
     if agent.num_timesteps < steps:  # stopped by the clock: keep everything for the next call
         save_checkpoint(folder, agent, progress)
         return
-    mean, std = evaluate(agent, make_env(env, env_kwargs), n_eval_episodes=EVAL_EPISODES, deterministic=True, seed=EVAL_SEED)
+    mean, std = evaluate(agent, make_env(env, env_kwargs), n_eval_episodes=EVAL_EPISODES, deterministic=True,
+                         seed=EVAL_SEED)
     write_json(os.path.join(folder, "result.json"), {
-        "algo": algo, "env": env, "env_kwargs": env_kwargs, "seed": seed, "steps": agent.num_timesteps, "eval_mean": mean, "eval_std": std,
+        "algo": algo, "env": env, "env_kwargs": env_kwargs, "seed": seed, "steps": agent.num_timesteps,
+        "eval_mean": mean, "eval_std": std,
         "train_seconds": progress["train_seconds"], "segments": progress["segments"], "device": device,
         "steps_per_second": agent.num_timesteps / progress["train_seconds"], "hyperparameters": HYPERPARAMETERS[algo],
         "overlap_updates": agent.config.overlap_updates})
@@ -280,8 +282,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--parallel", type=int, default=4, help="runs at once, each its own process")
     run.add_argument("--minutes", type=float, default=9.0, help="stop (saving) after this long")
     run.add_argument("--overlap", action="store_true", help="new runs train with overlap_updates=True")
-    run.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY:VALUE",
-                     help="keywords of gymnasium.make, each key:value with a Python literal value")
+    run.add_argument("--env-kwargs", nargs="+", default=[], metavar="KEY=VALUE",
+                     help="keywords of gymnasium.make (as rlkit train takes them)")
     show = commands.add_parser("table", help="the markdown table of the finished runs")
     show.add_argument("--runs", default="zoo_runs")
     show.add_argument("--plots", help="also write the learning curves here, as PNG (one per algorithm and task)")
@@ -301,23 +303,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                 parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
         if not args.minutes > 0:
             parser.error(f"--minutes must be positive, got {args.minutes}")
-        args.env_kwargs = parse_env_kwargs(parser, args.env_kwargs)
-    return args
-
-
-def parse_env_kwargs(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
-    """``["key:value", ...]`` as a dict, each value read as a Python literal (never run)."""
-    env_kwargs = {}
-    for pair in pairs:
-        key, colon, text = pair.partition(":")
-        if not colon or not key.isidentifier():
-            parser.error(f"--env-kwargs takes key:value pairs with a keyword name as the key, got {pair!r}")
         try:
-            env_kwargs[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            parser.error(f"--env-kwargs {pair!r}: the value must be a Python literal (a number, True, a string in "
-                         f"quotes, ...), got {text!r}")
-    return env_kwargs
+            args.env_kwargs = parse_env_kwargs(args.env_kwargs)
+        except UsageError as error:
+            parser.error(str(error))
+    return args
 
 
 def main(argv=None) -> int:

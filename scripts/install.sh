@@ -58,6 +58,14 @@ case ",$extras," in *,test,*)
   python3 -c 'import torch' 2>/dev/null || { say "installing PyTorch (CPU) for the test extra's SB3"; pip_install "torch==2.13.0"; } ;;
 esac
 
+# The shaders extra (and the test extra, which has it) brings slangpy, whose glslang the build
+# uses for the cooperative-matrix shaders (CMakeLists.txt): it must be here before the build, which
+# pip runs before it installs the extras.
+case ",$extras," in *,test,*|*,shaders,*)
+  python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("slangpy") is None)' 2>/dev/null \
+    || { say "installing slangpy (its glslang builds the cooperative-matrix shaders)"; pip_install "slangpy>=0.43"; } ;;
+esac
+
 say "building and installing rlkit and its dependencies (native module in build/, RLKIT_VULKAN=$vulkan)"
 target="$root"
 if [ -n "$extras" ]; then target="$root[$extras]"; fi

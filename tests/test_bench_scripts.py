@@ -287,13 +287,13 @@ def test_bench_zoo_overlap_is_a_new_runs_setting_recorded_and_named(tmp_path, mo
 
 
 def test_bench_zoo_env_kwargs_make_the_environments_and_name_the_run(tmp_path, monkeypatch, capsys):
-    """--env-kwargs (key:value, literal values) reach gymnasium.make for training and evaluation;
+    """--env-kwargs (KEY=VALUE, as rlkit train takes them) reach gymnasium.make for training and evaluation;
     the run's folder, result.json, the table's task cell and the plot's name carry them, apart
     from a run of the same task without them."""
     zoo = load_script("bench_zoo")
     monkeypatch.setitem(zoo.HYPERPARAMETERS, "sac", dict(learning_starts=50, batch_size=16, net_arch=(16, 16)))
     monkeypatch.setattr(zoo, "EVAL_EPISODES", 1)
-    args = zoo.parse_args(["train", "--runs", str(tmp_path), "--env-kwargs", "max_episode_steps:60", "g:9.5"])
+    args = zoo.parse_args(["train", "--runs", str(tmp_path), "--env-kwargs", "max_episode_steps=60", "g=9.5"])
     assert args.env_kwargs == {"max_episode_steps": 60, "g": 9.5}
     made, make = [], zoo.gym.make
     monkeypatch.setattr(zoo.gym, "make", lambda env, **kwargs: made.append((env, kwargs)) or make(env, **kwargs))
@@ -306,7 +306,8 @@ def test_bench_zoo_env_kwargs_make_the_environments_and_name_the_run(tmp_path, m
     assert made[3:] and all(kwargs == {} for _, kwargs in made[3:])  # the agent makes it from its id alone
     assert json.loads(open(os.path.join(folder, "result.json")).read())["env_kwargs"] == args.env_kwargs
     assert zoo.main(["table", "--runs", str(tmp_path), "--plots", str(tmp_path / "plots")]) == 0
-    tasks = sorted(line.split("|")[2].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC"))
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| SAC")]
+    tasks = sorted(row.split("|")[2].strip() for row in rows)
     assert tasks == ["Pendulum-v1 (g=9.5, max_episode_steps=60), 0k", "Pendulum-v1, 0k"]
     assert sorted(os.listdir(tmp_path / "plots")) == ["sac_Pendulum-v1_0k.png",
                                                       "sac_Pendulum-v1_g=9.5_max_episode_steps=60_0k.png"]
@@ -315,8 +316,8 @@ def test_bench_zoo_env_kwargs_make_the_environments_and_name_the_run(tmp_path, m
 def test_bench_zoo_refuses_bad_arguments():
     zoo = load_script("bench_zoo")
     for argv in (["train", "--algos", "ppo"], ["train", "--seeds", "0,x"], ["train", "--parallel", "0"],
-                 ["train", "--minutes", "0"], ["plot"], ["train", "--env-kwargs", "g=9"],
-                 ["train", "--env-kwargs", "g:os.system('x')"], ["train", "--env-kwargs", "9:1"]):
+                 ["train", "--minutes", "0"], ["plot"], ["train", "--env-kwargs", "g:9"],
+                 ["train", "--env-kwargs", "9=1"]):
         with pytest.raises(SystemExit):
             zoo.parse_args(argv)
 

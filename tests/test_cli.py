@@ -275,6 +275,14 @@ def test_info_lists_the_devices(capsys):
                      re.MULTILINE)
     assert build["vulkan_option"] in ("AUTO", "ON", "OFF")
     assert not (build["vulkan"] and build["vulkan_option"] == "OFF")
+    # the shader compilers the build used (CMakeLists.txt): glslc for every shader, and for the
+    # cooperative-matrix ones glslc too (NV) or a glslang that knows KHR cooperative matrices
+    compilers = re.findall(r"^shader compilers: (.*)$", out, re.MULTILINE)
+    assert compilers == ([build["shader_compilers"]] if build["vulkan"] else [])
+    assert not build["vulkan"] or re.fullmatch(
+        r"glslc \(.+\), (the cooperative-matrix shaders too: NV cooperative matrices, no bf16 variants"
+        r"|and for the cooperative-matrix shaders .+: KHR cooperative matrices, bf16 variants (ON|OFF))",
+        build["shader_compilers"])
 
 
 def test_python_m_rlkit_info():
