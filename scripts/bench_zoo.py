@@ -74,9 +74,14 @@ EVAL_EPISODES, EVAL_SEED = 10, 1000
 LOG_INTERVAL = 5000  # steps between TensorBoard points
 
 
+def keywords_text(env_kwargs: dict, separator: str) -> str:
+    """The environment keywords as ``key=value`` pairs (values as Python writes them), sorted."""
+    return separator.join(f"{key}={value!r}" for key, value in sorted(env_kwargs.items()))
+
+
 def env_variant(env_kwargs: dict) -> str:
     """The environment keywords as a name's part: "" without any, else "_key=value_key=value"."""
-    return "".join(f"_{key}={value!r}" for key, value in sorted(env_kwargs.items()))
+    return "_" + keywords_text(env_kwargs, "_") if env_kwargs else ""
 
 
 def run_folder(runs: str, algo: str, env: str, seed: int, env_kwargs: dict | None = None) -> str:
@@ -213,8 +218,7 @@ def overlapped(result: dict) -> bool:
 def task_name(result: dict) -> str:
     """The run's environment id, with its keywords after it where it has some."""
     env_kwargs = result.get("env_kwargs") or {}
-    keywords = ", ".join(f"{key}={value!r}" for key, value in sorted(env_kwargs.items()))
-    return f"{result['env']} ({keywords})" if keywords else result["env"]
+    return f"{result['env']} ({keywords_text(env_kwargs, ', ')})" if env_kwargs else result["env"]
 
 
 def table(args) -> int:
