@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import types
 import typing
 
@@ -445,6 +446,15 @@ def _read_curves(folders: dict[str, str], tag: str) -> tuple[dict, set[str]]:
     return curves, tags
 
 
+_TITLE_WIDTH = 80  # characters of a title line: what the 8-inch figure shows at matplotlib's title size
+
+
+def _plot_title(tag: str, title: str) -> str:
+    """The plot's title, ``tag: title``, cut into lines of at most _TITLE_WIDTH characters (a
+    long run name would run past the figure's edges)."""
+    return "\n".join(textwrap.wrap(f"{tag}: {title}", _TITLE_WIDTH, break_on_hyphens=False))
+
+
 def _draw(curves: dict, tag: str, title: str, output: str) -> None:
     """One line per run into the PNG ``output``, drawn by the Agg backend (no display needed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -456,7 +466,7 @@ def _draw(curves: dict, tag: str, title: str, output: str) -> None:
     for label, (steps, values) in curves.items():
         # a run with a single point would draw no line; a marker keeps it visible
         axes.plot(steps, values, label=label, marker="o" if len(steps) == 1 else None)
-    axes.set(title=f"{tag}: {title}", xlabel="step", ylabel=tag)
+    axes.set(title=_plot_title(tag, title), xlabel="step", ylabel=tag)
     axes.grid(alpha=0.3)
     axes.legend()
     try:

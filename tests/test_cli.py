@@ -18,7 +18,7 @@ import rlkit
 from rlkit import _native
 from rlkit.agents import DQN, evaluate
 from rlkit.checkpoint import save_checkpoint
-from rlkit.cli import UsageError, main, parse_hyperparams
+from rlkit.cli import UsageError, _plot_title, main, parse_hyperparams
 
 TRAIN_ARGS = ["train", "dqn", "--env", "CartPole-v1", "--total-timesteps", "300", "--hyperparams",
               "learning_starts=100", "train_freq=4", "gradient_steps=1", "buffer_size=1000", "net_arch=16,16",
@@ -252,6 +252,16 @@ def test_plot_draws_the_runs_of_a_folder_and_a_single_run(trained, tmp_path, cap
     assert main(["plot", str(trained["logdir"] / "DQN_1"), "-o", str(single), "--tag", "train/loss"]) == 0
     assert "train/loss of 1 run(s): DQN_1" in capsys.readouterr().out
     _assert_plotted_png(single, BLUE)
+
+
+def test_a_long_plot_title_is_cut_into_lines_that_fit_the_figure():
+    """A run folder's name can be longer than the figure is wide (bench_zoo's names carry the
+    environment keywords): the title comes in lines of at most 80 characters, all of it kept."""
+    name = "td3_Ant-v5_contact_cost_weight=0_include_cfrc_ext_in_observation=False_880k_overlap"
+    title = _plot_title("rollout/ep_rew_mean", name)
+    assert len(title.splitlines()) == 2 and all(len(line) <= 80 for line in title.splitlines())
+    assert title.replace("\n", "").replace(" ", "") == f"rollout/ep_rew_mean:{name}"
+    assert _plot_title("rollout/ep_rew_mean", "sac_Hopper-v5_1000k") == "rollout/ep_rew_mean: sac_Hopper-v5_1000k"
 
 
 def test_plot_errors_name_what_is_missing(trained, tmp_path, capsys):
