@@ -145,3 +145,41 @@ def test_a_define_selects_the_code_glslang_compiles(tmp_path):
     main = write(tmp_path / "main.comp", "#version 450\nlayout(local_size_x = TILE) in;\nvoid main() {}\n")
     assert run("-V", "--target-env", "vulkan1.2", "-DTILE=64", "-o", str(tmp_path / "a.spv"), main).returncode == 0
     assert run("-V", "--target-env", "vulkan1.2", "-o", str(tmp_path / "b.spv"), main).returncode == 1
+
+
+COOPMAT2_PRODUCT = """#version 450
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+layout(local_size_x = 128) in;
+layout(binding = 0) buffer A { float16_t a[]; };
+layout(binding = 1) buffer C { float c[]; };
+void main() {
+    tensorLayoutNV<2> layout_a = setTensorLayoutDimensionNV(createTensorLayoutNV(2), 64, 64);
+    tensorLayoutNV<2> layout_c = setTensorLayoutDimensionNV(createTensorLayoutNV(2), 64, 64);
+    coopmat<float16_t, gl_ScopeWorkgroup, 64, 16, gl_MatrixUseA> x;
+    coopmat<float16_t, gl_ScopeWorkgroup, 16, 64, gl_MatrixUseB> y;
+    coopmat<float, gl_ScopeWorkgroup, 64, 64, gl_MatrixUseAccumulator> sum =
+        coopmat<float, gl_ScopeWorkgroup, 64, 64, gl_MatrixUseAccumulator>(0.0);
+    coopMatLoadTensorNV(x, a, 0, sliceTensorLayoutNV(layout_a, 0, 64, 0, 16));
+    coopMatLoadTensorNV(y, a, 0, sliceTensorLayoutNV(layout_a, 0, 16, 0, 64));
+    sum = coopMatMulAdd(x, y, sum);
+    coopMatStoreTensorNV(sum, c, 0, sliceTensorLayoutNV(layout_c, 0, 64, 0, 64));
+}
+"""
+
+
+def test_it_knows_nv_cooperative_matrix_2(tmp_path):
+    """A workgroup-scope product with tensor layouts (GL_NV_cooperative_matrix2, the extension
+    llama.cpp's Vulkan matmul uses on NVIDIA; Debian's glslc 2023.2 refuses it) compiles for
+    Vulkan 1.3 to SPIR-V 1.6 that the validator passes, with the tensor-addressing capabilities."""
+    library = library_or_skip()
+    out = str(tmp_path / "coopmat2.spv")
+    result = run("-V", "--target-env", "vulkan1.3", "-o", out, write(tmp_path / "coopmat2.comp", COOPMAT2_PRODUCT))
+    assert result.returncode == 0, result.stderr
+    assert spirv_words(out)[0][1] == 0x00010600
+    text = disassembly(library, out)
+    for capability in ("CooperativeMatrixKHR", "CooperativeMatrixTensorAddressingNV", "TensorAddressingNV"):
+        assert f"OpCapability {capability}\n" in text
+    assert 'OpExtension "SPV_NV_cooperative_matrix2"' in text
