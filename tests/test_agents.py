@@ -364,7 +364,8 @@ class ActionLog(gym.Wrapper):
                                          (SAC, SACConfig(**SMALL, overlap_updates=True))], ids=["td3", "sac"])
 def test_overlapped_rounds_left_running_give_the_actions_of_rounds_read_at_each_step(device, cls, config):
     """overlap_updates without a callback: each step's actions are launched while the round
-    before runs, and the next round is queued before they are read. The environment gets the
+    before runs, and the next round is queued before they are read (SAC's, before the round
+    before is read: on its update's twin). The environment gets the
     actions of a run whose callback reads every round before the next step's actions (whose
     actions are the actor's before each round: the test above): a round queued ahead of the
     actions it follows, or running into them, would change them."""
@@ -374,6 +375,8 @@ def test_overlapped_rounds_left_running_give_the_actions_of_rounds_read_at_each_
         agent = cls(env, config, seed=0, device=device)
         agent.learn(200, callback=callback)
         actions[callback is None] = np.array(env.actions)
+        if callback is None and cls is SAC:  # one variant: each round launched while the one before ran, alternately
+            assert agent._twin_steps[True].traces == 1 and agent._steps[True].traces == 1
     assert actions[True].shape == (200, 1)
     np.testing.assert_array_equal(actions[True], actions[False])
 

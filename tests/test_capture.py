@@ -552,6 +552,67 @@ def test_a_launched_call_gives_what_a_call_gives(device):
     assert opt.state[id(model.parameters()["0.W"])]["step"] == len(batches)
 
 
+def test_a_step_launched_while_another_runs_takes_the_step_after_it(device):
+    """Two captures of one Adam step, launched in turn so that each is launched before the one
+    before it is read (a launch at a time per function): the same weights and step counts as
+    calling the step, since each launch takes the bias correction of the step after those still
+    running (counted only once they finish), not of the last one counted."""
+    batches = _batches(6, seed=5)
+    called_model, called_opt = _model(lr=1e-2)
+    called = rc.capture_step(lambda x, y: rc.mse_loss(called_model(x), y), called_model.parameters(), called_opt)
+    called_losses = [called(x=x, y=y)[0] for x, y in batches]
+    model, opt = _model(lr=1e-2)
+    twins = [rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt) for _ in range(2)]
+    running, losses = None, []
+    for k, (x, y) in enumerate(batches):
+        launched = twins[k % 2].captured.launch(x=x, y=y)
+        if running is not None:
+            losses.append(float(np.asarray(running.result()[0]).reshape(-1)[0]))
+        running = launched
+    losses.append(float(np.asarray(running.result()[0]).reshape(-1)[0]))
+    np.testing.assert_allclose(losses, called_losses, rtol=1e-6)
+    for name, value in called_model.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert opt.state[id(model.parameters()["0.W"])]["step"] == len(batches)
+    assert opt._step_to_take(model.parameters()["0.W"]) == len(batches) + 1  # nothing left running
+
+
+class _FailingLaunch:
+    """A native program whose launch fails (as a lost device's would); the rest is the program's."""
+
+    def __init__(self, native):
+        self.native = native
+
+    def launch(self, values):
+        raise RuntimeError("the launch failed")
+
+    def __getattr__(self, name):
+        return getattr(self.native, name)
+
+
+def test_a_launch_that_fails_leaves_no_step_counted_as_running(device):
+    """A launch that fails after the optimizer counted it as running takes that count back: the
+    steps after it take the coefficients they would have taken without it."""
+    batches = _batches(3, seed=6)
+    called_model, called_opt = _model(lr=1e-2)
+    called = rc.capture_step(lambda x, y: rc.mse_loss(called_model(x), y), called_model.parameters(), called_opt)
+    for x, y in batches:
+        called(x=x, y=y)
+    model, opt = _model(lr=1e-2)
+    step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)
+    step(x=batches[0][0], y=batches[0][1])
+    program = next(iter(step.captured._programs.values()))
+    program.native = _FailingLaunch(program.native)
+    with pytest.raises(RuntimeError, match="^the launch failed$"):
+        step.captured.launch(x=batches[1][0], y=batches[1][1])
+    program.native = program.native.native
+    assert opt._step_to_take(model.parameters()["0.W"]) == 2
+    for x, y in batches[1:]:
+        step(x=x, y=y)
+    for name, value in called_model.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
 def test_a_launch_is_read_before_its_function_runs_again(device):
     model, opt = _model(lr=1e-2)
     step = rc.capture_step(lambda x, y: rc.mse_loss(model(x), y), model.parameters(), opt)

@@ -223,7 +223,8 @@ class OffPolicyAgent:
         self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
         self._actions_ready: tuple | None = None  # (observations, deterministic, actions) a train round computed
-        self._pending_round: tuple | None = None  # overlap_updates: (launched step, its variant, the round's scalars)
+        self._pending_round: tuple | None = None  # overlap_updates: (launched step, its variant, the round's scalars,
+        #                                             the captured update launched)
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
@@ -377,6 +378,8 @@ class OffPolicyAgent:
         actions the agent's ``_explore`` asks ``_policy`` for."""
         self._explore_deterministic = deterministic
         self._steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
+        # the same updates again, for overlap_updates: one is launched while the other still runs
+        self._twin_steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
         self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
             *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
 
@@ -392,29 +395,50 @@ class OffPolicyAgent:
 
     def _launch_round(self, act_on) -> None:
         """A round of gradient steps under ``overlap_updates``: first the actions for ``act_on``
-        from the policy as it is (queued after a round still running), kept for the ``_policy``
-        call that comes next; then the round, its last step launched: it runs on the device
-        while the environment steps, and ``_finish_round`` reads it. The round is queued before
-        the actions are read, so that the device goes from the actions to the round without
-        waiting for the host to read them (each program opens with a barrier, so the round's
-        writes still come after the actions' reads)."""
+        from the policy as it is (queued after the round before, which may still run), kept for
+        the ``_policy`` call that comes next; then the round, its last step launched: it runs on
+        the device while the environment steps, and ``_finish_round`` reads it. The round is
+        queued before the actions are read, and a round of one step before the round before is
+        read, so that the device goes from that round to the actions and on to this round
+        without waiting for the host (each program opens with a barrier, so the round's writes
+        still come after the actions' reads and the round before's)."""
         deterministic = self._explore_deterministic
         acting = self._acting_function(deterministic).launch(**policy_inputs(act_on))  # the weights before this round
         try:
-            self._finish_round()  # the round before ran ahead of those actions
-            scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
-            variant = self._next_variant()
-            self._pending_round = (self._steps[variant].launch(stored=self._stored_count()), variant, scalars)
+            scalars = {}
+            if self.config.gradient_steps > 1:
+                self._finish_round()  # the round before ran ahead of those actions
+                scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
+            before, self._pending_round = self._pending_round, None
+            try:
+                self._pending_round = self._launch_update(scalars, running=before)
+            finally:
+                self._finish(before)
         finally:
             actions = acting.result()  # read even where the round failed: the policy can run again
         self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
 
+    def _launch_update(self, scalars: dict[str, float], running: tuple | None) -> tuple:
+        """Launches the next gradient step: the captured update of its variant, or that update's
+        twin where the ``running`` round (launched, not read) is that update, since a captured
+        function runs one launch at a time. Returns what ``_pending_round`` holds."""
+        variant = self._next_variant()
+        update = self._steps[variant]
+        if running is not None and running[3] is update:
+            update = self._twin_steps[variant]
+        return update.launch(stored=self._stored_count()), variant, scalars, update
+
     def _finish_round(self) -> None:
         """Waits for a launched round's last gradient step and logs the round's scalars."""
-        if self._pending_round is None:
+        pending, self._pending_round = self._pending_round, None
+        self._finish(pending)
+
+    def _finish(self, round_: tuple | None) -> None:
+        """Waits for ``round_`` (what ``_launch_update`` returned, or None: nothing to wait for)
+        and logs its scalars."""
+        if round_ is None:
             return
-        pending, variant, scalars = self._pending_round
-        self._pending_round = None
+        pending, variant, scalars, _ = round_
         scalars.update(self._update_scalars(pending.result(), variant))
         self._train_scalars.update(scalars)
 

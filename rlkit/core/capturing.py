@@ -46,6 +46,7 @@ class Capture:
         self.extra_outputs: list[Tensor] = []
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
         self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
+        self.while_running: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (at submission, once over)
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
         # None: grad_scale is the gradients' factor; a number: grad_scale is their sum of squares,
         # and the update computes the factor that clips them to this norm (0: no clipping)
@@ -65,6 +66,13 @@ class Capture:
         sending the columns a buffer staged on the host since the last replay."""
         if prepare not in self.before_replay:
             self.before_replay.append(prepare)
+
+    def count_running(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        """Calls ``begin()`` as each replay of the program is submitted (after the host inputs
+        are computed) and ``end()`` once it has finished or failed, before the work after it: how
+        an optimizer counts its steps in flight, so that a replay launched while another still
+        runs takes the coefficients of the step after that one."""
+        self.while_running.append((begin, end))
 
     def check_input(self, t: Tensor, check: Callable[[np.ndarray], None]) -> None:
         """Calls ``check(values)`` on the host values given for ``t`` before every replay, when
@@ -144,26 +152,51 @@ class _CapturedProgram:
     """One captured program (``native``) and what its replays need."""
 
     def __init__(self, native, names, dtypes, placeholders, input_checks, host_inputs, outputs, n_user_outputs,
-                 rebuild, before_replay, after_replay):
+                 rebuild, before_replay, after_replay, while_running):
         self.native, self.names, self.dtypes, self.placeholders = native, names, dtypes, placeholders
         self.input_checks = input_checks  # (input name, check of its values)
         self.host_inputs, self.outputs = host_inputs, outputs
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
+        self.while_running = while_running
 
     def replay(self, arrays: dict[str, np.ndarray]):
         """Runs the program on the named input arrays (converted to the dtypes it was captured
         for) and returns the captured function's outputs, in the structure it returned them."""
-        return self._outputs(self.native.replay(self._inputs(arrays)))
+        values = self._inputs(arrays)
+        self._begin()
+        try:
+            results = self.native.replay(values)
+        finally:
+            self._end()
+        return self._outputs(results)
 
     def launch(self, arrays: dict[str, np.ndarray]) -> None:
         """Starts :meth:`replay` (on the GPU it returns while the program runs); :meth:`finish`
         completes it."""
-        self.native.launch(self._inputs(arrays))
+        values = self._inputs(arrays)
+        self._begin()
+        try:
+            self.native.launch(values)
+        except BaseException:
+            self._end()
+            raise
 
     def finish(self):
         """The outputs of the launched replay, once it has run (what :meth:`replay` returns)."""
-        return self._outputs(self.native.finish())
+        try:
+            results = self.native.finish()
+        finally:
+            self._end()
+        return self._outputs(results)
+
+    def _begin(self) -> None:
+        for begin, _ in self.while_running:
+            begin()
+
+    def _end(self) -> None:
+        for _, end in self.while_running:
+            end()
 
     def _inputs(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The program's input arrays, in order, after the inputs' checks and the work each replay
@@ -285,7 +318,7 @@ class CapturedFunction:
                         for name, p in zip(names, placeholders) if p._impl is impl]
         return _CapturedProgram(native, names, [signature[n][1] for n in names], placeholders, input_checks,
                                 active.host_inputs, all_outputs, len(outputs), rebuild, active.before_replay,
-                                active.after_replay)
+                                active.after_replay, active.while_running)
 
 
 _NOT_READ = object()  # a PendingReplay's outputs before result() reads them

@@ -116,6 +116,7 @@ class Optimizer:
             self.state[id(p)] = {"step": 0, **{slot: _zeros_like(target) for slot in self.slots}}
             self.state[id(target)] = self.state[id(p)]  # the update rules look the state up by what they update
         self._pending = 0  # calls of step() accumulated so far
+        self._running: dict[int, int] = {}  # captured updates launched and not finished, by the parameter's id
         self._sums: dict[int, Tensor] = {}
 
     def _check(self, name: str, value) -> float:
@@ -284,7 +285,7 @@ class Optimizer:
             if len({self.state[id(p)]["step"] for p in members}) > 1:
                 raise runtime.CaptureError("capture: the parameters of a group must share their step count")
             hyper = capture.host_input((update_hyper_size, 1), lambda group=group, first=members[0], earlier=earlier:
-                                     np.array(self._coefficients(group, self.state[id(first)]["step"] + 1 + earlier),
+                                     np.array(self._coefficients(group, self._step_to_take(first) + earlier),
                                               np.float32))  # at the step the replay takes
             self._check_dtypes(members)
             self._apply_update([self.master.get(id(p), p) for p in members], [current[id(p)] for p in members],
@@ -302,8 +303,25 @@ class Optimizer:
             if self._scaling.mode == "dynamic":  # halve after a skipped step, grow after clean ones
                 self._scaling.update(finite)
 
+        def begin(updated=updated):
+            for p in updated:
+                self._running[id(p)] = self._running.get(id(p), 0) + 1
+
+        def end(updated=updated):
+            for p in updated:
+                self._running[id(p)] -= 1
+
+        capture.count_running(begin, end)
         capture.extra_output(scale, count_steps)  # the factor, or the sum of squares: finite alike
         return True
+
+    def _step_to_take(self, p: Tensor) -> int:
+        """The step (1-based) that the next replay updating ``p`` takes: after its counted steps
+        and those of replays still running (launched, not finished). Where one of those is
+        skipped (a non-finite gradient), the replay launched after it has taken the
+        coefficients of one step further (bias correction, for Adam), as a device that counts
+        steps only once they finish cannot know sooner."""
+        return self.state[id(p)]["step"] + self._running.get(id(p), 0) + 1
 
     def _coefficients(self, group: dict, t: int) -> list[float]:
         """The update op's update_hyper_size coefficients for ``group``'s parameters taking their
