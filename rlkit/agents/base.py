@@ -377,9 +377,13 @@ class OffPolicyAgent:
         policy's ``deterministic`` (or sampled) actions for observations given as inputs: the
         actions the agent's ``_explore`` asks ``_policy`` for."""
         self._explore_deterministic = deterministic
-        self._steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
+
+        def captured_update(v):
+            return rc.capture(lambda stored: self._update(stored, v), params)
+
+        self._steps = {v: captured_update(v) for v in variants}
         # the same updates again, for overlap_updates: one is launched while the other still runs
-        self._twin_steps = {v: rc.capture(lambda stored, v=v: self._update(stored, v), params) for v in variants}
+        self._twin_steps = {v: captured_update(v) for v in variants}
         self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
             *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
 
