@@ -46,7 +46,7 @@ class Capture:
         self.extra_outputs: list[Tensor] = []
         self.after_replay: list[Callable[[list[np.ndarray]], None]] = []
         self.before_replay: list[Callable[[], None]] = []  # host work a replay depends on
-        self.while_running: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (at submission, once over)
+        self.while_running: list[tuple[Callable[[], None], Callable[[], None]]] = []  # (at launch, once over)
         self.grad_scale: Tensor | None = None  # set by capture_step for the optimizer's update
         # None: grad_scale is the gradients' factor; a number: grad_scale is their sum of squares,
         # and the update computes the factor that clips them to this norm (0: no clipping)
@@ -68,10 +68,11 @@ class Capture:
             self.before_replay.append(prepare)
 
     def count_running(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
-        """Calls ``begin()`` as each replay of the program is submitted (after the host inputs
+        """Calls ``begin()`` as each launch of the program is submitted (after the host inputs
         are computed) and ``end()`` once it has finished or failed, before the work after it: how
         an optimizer counts its steps in flight, so that a replay launched while another still
-        runs takes the coefficients of the step after that one."""
+        runs takes the coefficients of the step after that one. (A call, which returns once the
+        program has run, is never in flight when another replay's inputs are computed.)"""
         self.while_running.append((begin, end))
 
     def check_input(self, t: Tensor, check: Callable[[np.ndarray], None]) -> None:
@@ -163,13 +164,9 @@ class _CapturedProgram:
     def replay(self, arrays: dict[str, np.ndarray]):
         """Runs the program on the named input arrays (converted to the dtypes it was captured
         for) and returns the captured function's outputs, in the structure it returned them."""
-        values = self._inputs(arrays)
-        self._begin()
-        try:
-            results = self.native.replay(values)
-        finally:
-            self._end()
-        return self._outputs(results)
+        # no begin / end (count_running) here: no other replay's host inputs are computed while
+        # this one runs, so it is never seen running
+        return self._outputs(self.native.replay(self._inputs(arrays)))
 
     def launch(self, arrays: dict[str, np.ndarray]) -> None:
         """Starts :meth:`replay` (on the GPU it returns while the program runs); :meth:`finish`
