@@ -239,6 +239,18 @@ PYBIND11_MODULE(_native, m) {
         py::arg("op"), py::arg("inputs"), py::arg("ints") = std::vector<int64_t>{},
         py::arg("floats") = std::vector<double>{}, py::arg("device") = "cpu");
 
+    m.def(
+        "check_inputs",
+        [](int op, const std::vector<TensorPtr>& inputs, std::vector<int64_t> ints, std::vector<double> floats) {
+            if (op < 0 || op >= int(Op::count)) throw std::invalid_argument("check_inputs: unknown op id " + std::to_string(op));
+            Device device = Device::cpu;
+            check_inputs(Op(op), inputs, OpAttrs{std::move(ints), std::move(floats)}, device);
+        },
+        py::arg("op"), py::arg("inputs"), py::arg("ints") = std::vector<int64_t>{},
+        py::arg("floats") = std::vector<double>{},
+        "Raises what apply would raise for these inputs, without running the op (a composed form "
+        "of an op checks its arguments as the op does).");
+
     py::class_<Graph>(m, "Graph")
         .def(py::init<>())
         .def("__enter__", [](Graph& g) {

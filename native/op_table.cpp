@@ -122,7 +122,7 @@ void execute(Op op, const Inputs& inputs, const OpAttrs& attrs, TensorImpl& out)
     be.run(Op::cast, {wide_out}, OpAttrs{{int64_t(out.dtype)}, {}}, out);
 }
 
-TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device) {
+OutSpec check_inputs(Op op, const Inputs& inputs, const OpAttrs& attrs, Device& device) {
     const OpInfo& info = op_info(op);
     if (info.n_inputs != kVariadic && int(inputs.size()) != info.n_inputs)
         throw std::invalid_argument(std::string(info.name) + ": expected " + std::to_string(info.n_inputs) +
@@ -143,6 +143,12 @@ TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device
         for (const auto& t : inputs) shapes += (shapes.empty() ? "" : ", ") + t->shape_str();
         throw SizeError(std::string(info.name) + ": " + e.what() + (inputs.empty() ? "" : " (inputs " + shapes + ")"));
     }
+    return spec;
+}
+
+TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device) {
+    const OpInfo& info = op_info(op);
+    const OutSpec spec = check_inputs(op, inputs, attrs, device);
     if (Graph* g = recording_graph()) {
         TensorPtr out = make_pending(spec.ne, spec.ndim, spec.dtype, device, info.name);
         g->record(Node{op, inputs, attrs, out});

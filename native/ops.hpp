@@ -83,6 +83,10 @@ inline bool draws_random(Op op) {
     return op == Op::rand || op == Op::randn || op == Op::randint || op == Op::sample_categorical;
 }
 
+// The checks apply makes before it runs an op: the number of inputs, one device (set into
+// `device` from the inputs), the op's shape rule. Returns the output's spec; throws what apply would.
+OutSpec check_inputs(Op op, const Inputs& inputs, const OpAttrs& attrs, Device& device);
+
 // Validates and then runs (or records) one op on its inputs' device (`device` for ops
 // without inputs).
 TensorPtr apply(Op op, const Inputs& inputs, const OpAttrs& attrs, Device device = Device::cpu);

@@ -1,7 +1,7 @@
-"""The recurrent blocks, nn.MambaBlock and nn.RWKVBlock: the step-by-step recurrent mode against
-the whole-sequence pass, states carried between chunks, causality, gradients against finite
-differences (float64), the GPU against the CPU, learning beyond a memoryless map, and bad
-arguments."""
+"""The recurrent blocks, nn.MambaBlock (by its recurrence and by its chunked form) and
+nn.RWKVBlock: the step-by-step recurrent mode against the whole-sequence pass, states carried
+between chunks, causality, gradients against finite differences (float64), the GPU against the
+CPU, learning beyond a memoryless map, and bad arguments."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from rlkit.core import nn
 
 BLOCKS = {
     "mamba": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1),
+    "mamba_chunked": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1, chunk_size=3),
     "rwkv": lambda: nn.RWKVBlock(d_model=6, head_size=3),
 }
 
@@ -141,7 +142,9 @@ def test_a_block_learns_what_needs_memory(kind):
     moving average of the input far better than the best memoryless map can (a least-squares
     fit of y_t from x_t alone)."""
     rc.manual_seed(1)
-    block = nn.MambaBlock(d_model=8, d_state=4, d_conv=3, head_dim=4) if kind == "mamba" else nn.RWKVBlock(8, head_size=4)
+    chunk_size = 4 if kind == "mamba_chunked" else None
+    block = nn.MambaBlock(d_model=8, d_state=4, d_conv=3, head_dim=4, chunk_size=chunk_size) if kind.startswith("mamba") \
+        else nn.RWKVBlock(8, head_size=4)
     embed, readout = nn.Linear(6, 8), nn.Linear(8, 6)
     params = {f"{part}.{name}": p for part, module in (("embed", embed), ("block", block), ("readout", readout))
               for name, p in module.parameters().items()}
@@ -173,6 +176,7 @@ def test_a_block_learns_what_needs_memory(kind):
     (dict(d_model=8, d_state=4, head_dim=4, n_groups=3), "n_heads = 4 is not a multiple of n_groups = 3"),
     (dict(d_model=0, d_state=4), "d_model must be a positive int"),
     (dict(d_model=4, d_state=4, dt_min=0.1, dt_max=0.01), "0 < dt_min <= dt_max"),
+    (dict(d_model=4, d_state=4, chunk_size=0), "chunk_size must be a positive int"),
 ])
 def test_bad_mamba_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):

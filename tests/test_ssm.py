@@ -250,6 +250,109 @@ def test_ssm_scan_refuses_bad_ids_and_dtypes():
         rc.ssm_scan(*tensors)
 
 
+def chunked_and_recurrent(arrays, ids, chunk_size, dtype, weights):
+    """(recurrence, chunked form): y, the final states and every gradient of
+    sum(w_y y) + sum(w_s final), each as a list of arrays, in ``dtype`` on the default device."""
+    results = []
+    for size in (None, chunk_size):
+        params = [rc.param(np.asfortranarray(a), dtype=dtype) for a in arrays.values()]
+        with rc.grad_tape():
+            y, final = rc.ssm_scan(*params, ids=ids, chunk_size=size)
+            loss = rc.add(rc.sum(rc.mul(y, rc.tensor(weights[0], dtype=dtype))),
+                          rc.sum(rc.mul(final, rc.tensor(weights[1], dtype=dtype))))
+        grads = rc.backward(loss)
+        results.append([y.numpy(), final.numpy()] + [np.asarray(grads[p]) for p in params])
+    return results
+
+
+CHUNKED_CASES = [  # d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, chunk_size
+    (8, 4, 2, 10, 2, 1, 2, 4),    # the last chunk short
+    (8, 4, 4, 16, 3, 2, 3, 4),    # groups of two heads; chunks fill the sequence
+    (6, 3, 2, 7, 1, 2, 1, 16),    # one chunk longer than the sequence; a group per head
+    (16, 8, 3, 33, 2, 3, 4, 8),   # states picked by ids among four
+    (4, 2, 2, 5, 2, 1, 2, 1),     # chunks of one token
+]
+
+
+@pytest.mark.parametrize("d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, chunk_size", CHUNKED_CASES)
+def test_ssm_scan_chunked_is_the_recurrence_in_float64(d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, chunk_size):
+    """Mamba-2's chunked form computes the recurrence's function: in float64 its outputs and
+    every gradient (the initial states', through ids, included) agree to rounding."""
+    rng = np.random.default_rng(n_tok)
+    arrays = scan_inputs(rng, d_state, head_dim, n_head, n_tok, n_seqs, n_group)
+    arrays["s"] = rng.normal(size=(d_state, head_dim, n_head, n_rs))
+    ids = rng.integers(0, n_rs, size=n_seqs).astype(np.int32)
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=(d_state, head_dim, n_head, n_seqs))
+    recurrent, chunked = chunked_and_recurrent(arrays, ids, chunk_size, "f64", weights)
+    ref_y, ref_final = np_ssm_scan(*arrays.values(), ids=ids)
+    np.testing.assert_allclose(chunked[0], ref_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(chunked[1], ref_final, rtol=1e-12, atol=1e-12)
+    for name, a, b in zip(["y", "final state"] + [f"grad {k}" for k in arrays], recurrent, chunked):
+        np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11 * np.abs(a).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, chunk_size", CHUNKED_CASES[:4])
+def test_ssm_scan_chunked_in_float32_is_as_close_to_float64_as_the_recurrence(
+        device, d_state, head_dim, n_head, n_tok, n_seqs, n_group, n_rs, chunk_size):
+    """In float32 the chunked form sums in another order: its error against the float64
+    recurrence stays within a few times the f32 recurrence's own, outputs and gradients alike."""
+    rng = np.random.default_rng(n_tok + 1)
+    arrays = scan_inputs(rng, d_state, head_dim, n_head, n_tok, n_seqs, n_group)
+    arrays["s"] = rng.normal(size=(d_state, head_dim, n_head, n_rs))
+    ids = rng.integers(0, n_rs, size=n_seqs).astype(np.int32)
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=(d_state, head_dim, n_head, n_seqs))
+    previous = rc.device("cpu")
+    try:
+        exact, _ = chunked_and_recurrent(arrays, ids, chunk_size, "f64", weights)
+    finally:
+        rc.device(previous)
+    recurrent, chunked = chunked_and_recurrent(arrays, ids, chunk_size, "f32", weights)
+    for name, e, a, b in zip(["y", "final state"] + [f"grad {k}" for k in arrays], exact, recurrent, chunked):
+        scale = np.abs(e).max()
+        recurrent_error, chunked_error = np.abs(a - e).max() / scale, np.abs(b - e).max() / scale
+        assert chunked_error < max(4 * recurrent_error, 1e-6), f"{name}: {chunked_error:.1e} against {recurrent_error:.1e}"
+
+
+def test_ssm_scan_chunked_where_the_decay_underflows(device):
+    """Decays of exp(-2e4) within and between chunks: 0 in float32 and in float64, never an
+    overflow (the masked differences stay at or below 0) nor a NaN."""
+    rng = np.random.default_rng(5)
+    arrays = {k: v.astype(np.float32) for k, v in scan_inputs(rng, 4, 2, 2, 9, 1).items()}
+    arrays["A"] = np.full((1, 2), -1e4, np.float32)
+    arrays["dt"] = np.full((2, 9, 1), 2.0, np.float32)
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=arrays["s"].shape)
+    recurrent, chunked = chunked_and_recurrent(arrays, np.zeros(1, np.int32), 4, "f32", weights)
+    for name, a, b in zip(["y", "final state"] + [f"grad {k}" for k in arrays], recurrent, chunked):
+        assert np.isfinite(b).all(), name
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(a).max()), err_msg=name)
+
+
+def test_ssm_scan_chunked_propagates_nan(device):
+    """A NaN in one token's step is never hidden: it reaches every output of its head in its
+    sequence and that head's final state (the products multiply it by the zeros above the
+    diagonal, so tokens before it too, where the recurrence reaches the later ones only), and
+    nothing of the other heads and sequences."""
+    arrays = {k: v.astype(np.float32) for k, v in scan_inputs(np.random.default_rng(6), 4, 2, 2, 12, 2).items()}
+    arrays["dt"][1, 6, 0] = np.nan  # head 1, token 6 of sequence 0
+    y, final = (t.numpy() for t in rc.ssm_scan(*[rc.tensor(np.asfortranarray(a)) for a in arrays.values()], chunk_size=4))
+    assert np.isnan(y[:, 1, :, 0]).all() and np.isnan(final[:, :, 1, 0]).all()
+    assert np.isfinite(y[:, 0]).all() and np.isfinite(y[:, :, :, 1]).all()
+    assert np.isfinite(final[:, :, 0]).all() and np.isfinite(final[:, :, :, 1]).all()
+
+
+@pytest.mark.parametrize("change, chunk_size, error, message", [
+    (dict(A=-np.ones((4, 2))), 4, ValueError, "the chunked form needs Mamba-2's A \\[1, n_head\\] .* got A with 4 rows"),
+    ({}, 0, ValueError, "chunk_size must be at least 1"),
+    ({}, 2.5, TypeError, "chunk_size must be an int"),
+    (dict(C=np.zeros((4, 1, 6, 2))), 4, ValueError, "C must be like B"),  # the recurrence's own checks
+])
+def test_ssm_scan_chunked_refuses_bad_arguments(change, chunk_size, error, message):
+    arrays = scan_inputs(np.random.default_rng(0), 4, 2, 2, 5, 2)
+    arrays.update(change)
+    with pytest.raises(error, match=message):
+        rc.ssm_scan(*[rc.tensor(np.asfortranarray(a, dtype=np.float32)) for a in arrays.values()], chunk_size=chunk_size)
+
+
 def test_mamba_train_demo_small_trains_and_the_backends_agree():
     """The seed demo at its small sizes: the verdict against predicting zero is OK on every
     backend run, and (with a GPU) the CPU and Vulkan loss curves agree."""

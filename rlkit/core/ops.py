@@ -693,7 +693,7 @@ def _ne4(t: Tensor) -> tuple[int, int, int, int]:
     return tuple(t.shape) + (1,) * (4 - len(t.shape))
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
+def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
     """Mamba's selective scan, as ggml_ssm_scan (shapes in ne order):
 
     - ``s`` [d_state, head_dim, n_head, n_rs]: initial states; sequence q starts from s[..., ids[q]]
@@ -705,7 +705,17 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
 
     Per token: S = S * exp(softplus(dt) A) + B (x softplus(dt)), y = C . S. Returns
     (y like x, final states [d_state, head_dim, n_head, n_seqs]); differentiable in every float
-    input, the initial states included."""
+    input, the initial states included.
+
+    ``chunk_size`` None (the default) runs the exact recurrence, token by token. An int runs
+    Mamba-2's chunked form (SSD) for A [1, n_head]: within each chunk of that many tokens the
+    outputs are products of [chunk, chunk] matrices (C^T B times the decays between tokens),
+    and only the chunks' states pass from chunk to chunk, so the work is matrix products rather
+    than a loop over tokens. The same function in another order of sums: within a few f32
+    roundings of the recurrence (tests/test_ssm.py bounds both against float64). A NaN or an
+    infinity in one token reaches every output of its head in its sequence (the products
+    multiply it by the zeros above the diagonal), where the recurrence reaches the later tokens
+    only: never hidden, but no pointer to the token either."""
     x = as_tensor(x, op="ssm_scan", arg="x")
     s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
                       ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
@@ -716,10 +726,99 @@ def ssm_scan(s, x, dt, A, B, C, ids=None) -> tuple[Tensor, Tensor]:
                              f"got {n_rs}; pass ids to pick states")
         ids = reshape(cast(arange(n_seqs, device=x.device), "i32"), (n_seqs,))  # on the device: traceable
     ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
+    if chunk_size is not None:
+        _native.check_inputs(_OP_ID["ssm_scan"], [t._impl for t in (s, x, dt, A, B, C, ids)])
+        return _ssd_scan(s, x, dt, A, B, C, ids, chunk_size)
     packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state
+
+
+def _lower_triangle(n: int, like: Tensor) -> Tensor:
+    """[n, n] of like's dtype and device: 1 where row >= column, else 0 (made on the device)."""
+    steps = arange(n, device=like.device)  # [n, 1]
+    mask = ge(steps, reshape(steps, (1, n)))  # [n, n]
+    return mask if like.dtype == "f32" else cast(mask, like.dtype)
+
+
+def _decays(cumulative: Tensor, mask: Tensor) -> Tensor:
+    """exp(cumulative[t] - cumulative[s]) at [t, s] for t >= s, 0 above the diagonal, for the
+    inclusive sums of log decays down the rows of cumulative [n, batch...]: [n, n, batch...], the
+    decay from step s to step t. The difference is masked before the exp, so the upper triangle
+    is exp(0) times 0, never an overflow times 0."""
+    n, batch = cumulative.shape[0], cumulative.shape[1:]
+    between = sub(reshape(cumulative, (n, 1) + batch), reshape(cumulative, (1, n) + batch))  # [t, s, batch...]
+    mask = reshape(mask, (n, n) + (1,) * len(batch))
+    return mul(exp(mul(between, mask)), mask)
+
+
+def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
+    """ssm_scan in chunks (Mamba-2's state-space duality), from the differentiable ops above: the
+    tape gives its backward pass. Layouts name their dims in ne order; L is the chunk length, c
+    the number of chunks, cN the (chunk, sequence) batch with the chunk fastest."""
+    d_state, n_group = _ne4(B)[:2]
+    head_dim, n_head, n_tok, n_seqs = _ne4(x)
+    chunk_size = _int_arg(chunk_size, "ssm_scan", "chunk_size")
+    if chunk_size < 1:
+        raise ValueError(f"ssm_scan: chunk_size must be at least 1 (or None for the recurrence), got {chunk_size}")
+    if _ne4(A)[0] != 1:
+        raise ValueError(f"ssm_scan: the chunked form needs Mamba-2's A [1, n_head] (one decay per head), got A with "
+                         f"{_ne4(A)[0]} rows (Mamba-1's decay per state); pass chunk_size=None for the recurrence")
+    L = min(chunk_size, n_tok)
+    c = -(-n_tok // L)
+    pad = c * L - n_tok  # zero tokens at the end: no decay, no input, so the final state is exact
+    cN = c * n_seqs
+
+    def tokens_padded(t: Tensor, per_token: int) -> Tensor:
+        """t [..., n_tok, n_seqs] with ``pad`` zero tokens after each sequence's last."""
+        flat = reshape(t, (per_token * n_tok, n_seqs))
+        return reshape(pad_rows(flat, 0, per_token * pad), (per_token * (n_tok + pad), n_seqs)) if pad else flat
+
+    step = softplus(reshape(dt, (n_head, n_tok, n_seqs)))  # [H, T, N]
+    log_decay = mul(step, reshape(A, (n_head, 1, 1)))  # [H, T, N]
+    inputs = mul(x, reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]: x softplus(dt)
+    # tokens into rows: [H, L, cN] -> [L, H, cN]; [P*H, L, cN] -> [L, P*H, cN]; [D*G, L, cN] -> [L, D*G, cN]
+    log_decay = transpose(reshape(tokens_padded(log_decay, n_head), (n_head, L, cN)))
+    inputs = reshape(transpose(reshape(tokens_padded(inputs, head_dim * n_head), (head_dim * n_head, L, cN))),
+                     (L, head_dim, n_head, cN))
+    B, C = (reshape(transpose(reshape(tokens_padded(t, d_state * n_group), (d_state * n_group, L, cN))),
+                    (L, d_state, n_group, cN)) for t in (B, C))
+    if n_group not in (1, n_head):  # head h reads group h // (n_head // n_group): repeat each group's
+        repeats = n_head // n_group
+        B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
+                        (L, d_state, n_head, cN)) for t in (B, C))
+
+    mask = _lower_triangle(L, x)
+    cumulative = reshape(matmul(mask, reshape(log_decay, (L, -1))), (L, n_head, cN))  # inclusive sums
+    decay = _decays(cumulative, mask)  # [L, L, H, cN]
+    scores = matmul(C, B, transpose_b=True)  # [L, L, G, cN]: C_t . B_s
+    y_within = matmul(mul(scores, decay), inputs)  # [L, P, H, cN]
+
+    # each chunk's own contribution to the state at its end, then the states passed between chunks
+    to_end = slice_rows(decay, L - 1, 1)  # [1, L, H, cN]: decay from token s to the chunk's end
+    weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
+    chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
+    E = d_state * head_dim
+    chunk_states = transpose(reshape(chunk_states, (E * n_head, c, n_seqs)))  # [c, E*H, N]
+    first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: each sequence's initial state
+    states = reshape(concat_rows(reshape(first, (1, -1)), reshape(chunk_states, (c, -1))), (c + 1, E, n_head, n_seqs))
+    chunk_log_decay = transpose(reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs)))  # [c, H, N]
+    chunk_log_decay = pad_rows(reshape(chunk_log_decay, (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
+    chunk_mask = _lower_triangle(c + 1, x)
+    chunk_cumulative = reshape(matmul(chunk_mask, chunk_log_decay), (c + 1, n_head, n_seqs))
+    passed = matmul(_decays(chunk_cumulative, chunk_mask), states)  # [c+1, E, H, N]: the state before each chunk, then the final
+    final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
+    starts = transpose(reshape(slice_rows(passed, 0, c), (c, E * n_head, n_seqs)))  # [E*H, c, N]
+    starts = reshape(starts, (d_state, head_dim, n_head, cN))
+    from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
+    y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
+
+    y = transpose(reshape(add(y_within, y_before), (L, head_dim * n_head, cN)))  # [P*H, L, cN]
+    y = reshape(y, (head_dim * n_head * (n_tok + pad), n_seqs))
+    if pad:
+        y = slice_rows(y, 0, head_dim * n_head * n_tok)
+    return reshape(y, x.shape), final_state
 
 
 def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:

@@ -85,10 +85,14 @@ class MambaBlock(_RecurrentBlock):
     recurrent modules do; ``state`` None starts from zeros. ``step(x_t, state)`` runs one token
     x_t [d_model, batch] for acting; carrying the state through steps gives the same outputs as
     the whole sequence at once.
+
+    ``chunk_size`` None scans token by token (the exact recurrence); an int runs the scan in
+    Mamba-2's chunked form with chunks of that many tokens (:func:`rlkit.core.ssm_scan`): matrix
+    products in place of the loop over tokens, for long sequences on a GPU.
     """
 
     def __init__(self, d_model: int, d_state: int, d_conv: int = 4, expand: int = 2, head_dim: int | None = None,
-                 n_groups: int = 1, dt_min: float = 0.001, dt_max: float = 0.1):
+                 n_groups: int = 1, dt_min: float = 0.001, dt_max: float = 0.1, chunk_size: int | None = None):
         super().__init__()
         self.d_model = positive_int(d_model, "MambaBlock: d_model")
         self.d_state = positive_int(d_state, "MambaBlock: d_state")
@@ -96,6 +100,7 @@ class MambaBlock(_RecurrentBlock):
         self.d_inner = positive_int(expand, "MambaBlock: expand") * self.d_model
         self.head_dim = positive_int(min(64, self.d_inner) if head_dim is None else head_dim, "MambaBlock: head_dim")
         self.n_groups = positive_int(n_groups, "MambaBlock: n_groups")
+        self.chunk_size = None if chunk_size is None else positive_int(chunk_size, "MambaBlock: chunk_size")
         if self.d_inner % self.head_dim:
             raise ValueError(f"MambaBlock: d_inner = expand * d_model = {self.d_inner} is not a multiple of head_dim = {self.head_dim}")
         self.n_heads = self.d_inner // self.head_dim
@@ -135,7 +140,7 @@ class MambaBlock(_RecurrentBlock):
         dt = ops.add(ops.matmul(self.W_dt, xc), self.dt_bias)  # [n_heads, seq, batch], softplus inside the scan
         A = ops.neg(ops.exp(self.A_log))  # [1, n_heads]
         x_heads = ops.reshape(xc, (self.head_dim, self.n_heads, seq, batch))
-        y, ssm_state = ops.ssm_scan(state.ssm, x_heads, dt, A, B, C)
+        y, ssm_state = ops.ssm_scan(state.ssm, x_heads, dt, A, B, C, chunk_size=self.chunk_size)
         y = ops.add(ops.reshape(y, (d, seq, batch)), ops.mul(xc, self.D))  # [d_inner, seq, batch]
         out = ops.matmul(self.W_out, ops.mul(y, ops.silu(z)))  # [d_model, seq, batch]
         conv_state = ops.slice_rows(sx, seq, self.d_conv - 1)  # the last d_conv - 1 inputs
@@ -143,7 +148,8 @@ class MambaBlock(_RecurrentBlock):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_state={self.d_state}, d_conv={self.d_conv}, d_inner={self.d_inner}, "
-                f"head_dim={self.head_dim}, n_heads={self.n_heads}, n_groups={self.n_groups}")
+                f"head_dim={self.head_dim}, n_heads={self.n_heads}, n_groups={self.n_groups}"
+                + (f", chunk_size={self.chunk_size}" if self.chunk_size is not None else ""))
 
 
 class RWKVState(NamedTuple):
