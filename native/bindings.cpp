@@ -10,6 +10,7 @@
 #include "backend.hpp"
 #include "blas.hpp"
 #include "elementwise_chain.hpp"
+#include "host_cache.hpp"
 #include "ops.hpp"
 #include "program.hpp"
 #include "random.hpp"
@@ -396,6 +397,18 @@ PYBIND11_MODULE(_native, m) {
        "(a recorded program reading it must re-record).");
     m.def("provoke_validation_error", &provoke_validation_error,
           "Tests: the validation errors one deliberately invalid Vulkan call draws (-1: the layer is off).");
+    m.def("host_cache_stats", [] {
+        const HostCacheStats s = host_cache_stats();
+        py::dict d;
+        d["budget_bytes"] = s.budget_bytes;
+        d["kept_bytes"] = s.kept_bytes;
+        d["kept_blocks"] = s.kept_blocks;
+        d["reused_blocks"] = s.reused_blocks;
+        return d;
+    }, "Freed host blocks of at least 1 MiB kept for the next tensor of their size (native/host_cache.hpp).");
+    m.def("host_cache_clear", &host_cache_clear, "Frees every kept host block.");
+    m.def("set_host_poison", &set_host_poison, py::arg("on"),
+          "Tests: new host tensor memory filled with 0xff bytes (NaN), so unwritten outputs show.");
     m.def("submit", [](const std::string& device) {
         backend(device == "gpu" ? Device::gpu : Device::cpu).submit();
     }, py::arg("device"), "Starts the recorded GPU work without waiting for it.");

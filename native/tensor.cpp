@@ -1,12 +1,14 @@
 #include "tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include <unistd.h>
 
+#include "host_cache.hpp"
 #include "ops.hpp"
 
 namespace rk {
@@ -92,6 +94,12 @@ Extent checked_extent(const char* what, const Shape& ne, int ndim, DType dtype) 
     return {numel, size_t(nbytes)};
 }
 
+namespace {
+std::atomic<bool> host_poison{false};
+}  // namespace
+
+void set_host_poison(bool on) { host_poison.store(on); }
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
     constexpr size_t kAlign = 64;
     size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
@@ -102,15 +110,18 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, bool zero) {
     if (rounded > physical)
         throw OutOfMemory("out of host memory: a tensor of " + std::to_string(rounded >> 20) + " MiB is larger than "
                           "this machine's " + std::to_string(physical >> 20) + " MiB of memory");
-    void* p = std::aligned_alloc(kAlign, rounded);
+    void* p = host_block_acquire(rounded);
     if (!p)
         throw OutOfMemory("out of host memory: could not allocate " + std::to_string(rounded >> 20) +
                           " MiB for a tensor; free tensors or buffers, or use smaller ones");
-    if (zero) std::memset(p, 0, rounded);
+    if (zero)
+        std::memset(p, 0, rounded);
+    else if (host_poison.load(std::memory_order_relaxed))
+        std::memset(p, 0xff, rounded);  // NaN in every float dtype: what a kernel leaves unwritten shows
     auto s = std::make_shared<Storage>();
     s->data = p;
     s->nbytes = nbytes;
-    s->keep_alive = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    s->keep_alive = std::shared_ptr<void>(p, [rounded](void* q) { host_block_release(q, rounded); });
     return s;
 }
 

@@ -94,6 +94,10 @@ struct TensorImpl {
 };
 using TensorPtr = std::shared_ptr<TensorImpl>;
 
+// Tests: fill every new host block that is not zeroed with 0xff bytes (NaN in every float dtype),
+// so that output elements a CPU kernel leaves unwritten show, whether the block is new or reused.
+void set_host_poison(bool on);
+
 // A new tensor with its own storage (uninitialised unless `zero`).
 TensorPtr make_tensor(const Shape& ne, int ndim, DType dtype, bool zero = false);
 // A new pending tensor (storage assigned later by a graph). Every tensor is made here: its shape

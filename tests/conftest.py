@@ -8,7 +8,9 @@ lists the GPU cases as skipped rather than leaving them out; ``AVAILABLE_DEVICES
 that compares the backends it finds. The ``device`` fixture runs a test once per backend;
 ``on_gpu`` makes the GPU the default device with new GPU memory poisoned. With the Vulkan
 validation layer on (RLKIT_VK_VALIDATION=1, as CI runs), any validation error reported during
-the session fails it.
+the session fails it. New host tensor memory is poisoned for the whole session (0xff bytes, NaN
+in every float dtype), so an output element a CPU kernel leaves unwritten shows, whether its
+block is new or a freed one reused (native/host_cache.hpp).
 
 ``--gpu-tests-only`` runs only what can touch the GPU: the tests marked ``requires_gpu`` and
 every test of a file that names the GPU otherwise (``AVAILABLE_DEVICES``, ``GPU_UNAVAILABLE`` or
@@ -27,6 +29,7 @@ from rlkit.core import runtime
 GPU_UNAVAILABLE = _native.gpu_unavailable_reason()  # why the GPU cannot be used here; "" where it can
 if GPU_UNAVAILABLE and os.environ.get("RLKIT_REQUIRE_GPU") == "1":
     raise RuntimeError(f"RLKIT_REQUIRE_GPU=1 but the GPU backend is unavailable: {GPU_UNAVAILABLE}")
+_native.set_host_poison(True)
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.requires_gpu)]
 AVAILABLE_DEVICES = ["cpu"] + ([] if GPU_UNAVAILABLE else ["gpu"])
 
