@@ -1,6 +1,8 @@
 // Layout and indexing ops: transpose, reshape, row slices, padding and concatenation, gather,
 // one_hot, get_rows (columns by index) and its adjoint scatter_cols.
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstring>
 
 #include "kernel_util.hpp"
@@ -67,6 +69,78 @@ void cpu_transpose(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     });
 }
 
+namespace {
+
+// permute's dims, checked: a permutation of 0..ndim-1 that leaves the dims past ndim in place.
+std::array<int, kMaxDims> permute_dims(const TensorImpl& x, const OpAttrs& attrs) {
+    if (attrs.ints.size() != size_t(kMaxDims))
+        throw std::invalid_argument("permute: expected " + std::to_string(kMaxDims) + " dims, got " +
+                                    std::to_string(attrs.ints.size()));
+    std::array<int, kMaxDims> dims{};
+    std::array<bool, kMaxDims> seen{};
+    for (int d = 0; d < kMaxDims; ++d) {
+        const int64_t from = attrs.ints[d];
+        const bool in_range = d < x.ndim ? (from >= 0 && from < x.ndim) : from == d;
+        if (!in_range || seen[from])
+            throw std::invalid_argument("permute: dims must be a permutation of 0.." + std::to_string(x.ndim - 1) +
+                                        " for x " + x.shape_str() + ", got " + std::to_string(from) + " at " +
+                                        std::to_string(d));
+        seen[from] = true;
+        dims[d] = int(from);
+    }
+    return dims;
+}
+
+}  // namespace
+
+OutSpec shape_permute(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& x = *in[0];
+    const std::array<int, kMaxDims> dims = permute_dims(x, attrs);
+    OutSpec spec = same_as(x);
+    for (int d = 0; d < kMaxDims; ++d) spec.ne[d] = x.ne[dims[d]];
+    return spec;
+}
+
+namespace {
+
+// out's elements in tiles of kBlock x kBlock over its first two dims, each read from x through
+// `stride` (x's stride along each of out's dims): where x's dim 0 is out's dim 1 (a transpose
+// inside), a tile reads whole runs of x's rows as it writes runs of out's.
+template <typename T>
+void permute_elements(const T* x, T* out, const Shape& ne, const int64_t (&stride)[kMaxDims]) {
+    constexpr int64_t kBlock = 32;
+    const int64_t n0 = ne[0], n1 = ne[1], slices = ne[2] * ne[3];
+    const int64_t blocks0 = (n0 + kBlock - 1) / kBlock, blocks1 = (n1 + kBlock - 1) / kBlock;
+    parallel_for(slices * blocks1, std::max<int64_t>(1, kElementGrain / (kBlock * n0)), [&](int64_t lo, int64_t hi) {
+        for (int64_t w = lo; w < hi; ++w) {
+            const int64_t slice = w / blocks1, j0 = (w % blocks1) * kBlock, j1 = std::min(n1, j0 + kBlock);
+            const T* xs = x + (slice % ne[2]) * stride[2] + (slice / ne[2]) * stride[3];
+            T* os = out + slice * n0 * n1;
+            for (int64_t b0 = 0; b0 < blocks0; ++b0)
+                for (int64_t j = j0; j < j1; ++j)
+                    for (int64_t i = b0 * kBlock; i < std::min(n0, (b0 + 1) * kBlock); ++i)
+                        os[i + j * n0] = xs[i * stride[0] + j * stride[1]];
+        }
+    });
+}
+
+}  // namespace
+
+void cpu_permute(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    const std::array<int, kMaxDims> dims = permute_dims(x, attrs);
+    const int64_t x_stride[kMaxDims] = {1, x.ne[0], x.ne[0] * x.ne[1], x.ne[0] * x.ne[1] * x.ne[2]};
+    int64_t stride[kMaxDims];
+    for (int d = 0; d < kMaxDims; ++d) stride[d] = x_stride[dims[d]];
+    switch (dtype_size(x.dtype)) {
+        case 1: return permute_elements(static_cast<const uint8_t*>(x.data()), static_cast<uint8_t*>(out.data()), out.ne, stride);
+        case 2: return permute_elements(static_cast<const uint16_t*>(x.data()), static_cast<uint16_t*>(out.data()), out.ne, stride);
+        case 4: return permute_elements(static_cast<const uint32_t*>(x.data()), static_cast<uint32_t*>(out.data()), out.ne, stride);
+        case 8: return permute_elements(static_cast<const uint64_t*>(x.data()), static_cast<uint64_t*>(out.data()), out.ne, stride);
+    }
+    throw std::logic_error("permute: unexpected element size");
+}
+
 OutSpec shape_reshape(const Inputs& in, const OpAttrs& attrs) {
     const TensorImpl& x = *in[0];
     OutSpec spec = shape_from_attrs("reshape", attrs, 0, x.dtype);
@@ -86,7 +160,14 @@ OutSpec shape_reshape(const Inputs& in, const OpAttrs& attrs) {
 }
 
 void cpu_reshape(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    std::memcpy(out.data(), in[0]->data(), out.nbytes());
+    // in blocks of 256 KiB across the workers: one thread's memcpy is well below the memory's bandwidth
+    constexpr int64_t kBlockBytes = int64_t(1) << 18;
+    const int64_t n = int64_t(out.nbytes()), blocks = (n + kBlockBytes - 1) / kBlockBytes;
+    const char* px = bytes(*in[0]);
+    char* po = bytes(out);
+    parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+        std::memcpy(po + lo * kBlockBytes, px + lo * kBlockBytes, size_t(std::min(n, hi * kBlockBytes) - lo * kBlockBytes));
+    });
 }
 
 OutSpec shape_slice_rows(const Inputs& in, const OpAttrs& attrs) {

@@ -101,6 +101,7 @@ def _builders() -> dict:
     b["sum_to"] = lambda a, b_, c, d: ([((a, b_), F)], _shape5(c, d), [])
     b["expand"] = lambda a, b_, c, d: ([((1, a), F)], _shape5(b_, a, c, d), [])
     b.update(softmax=one, log_softmax=one, max=one, argmax=one, transpose=one, cumsum=one, sample_categorical=one)
+    b["permute"] = lambda a, b_, c, d: ([((a, b_, c, d), F)], [3, 1, 0, 2], [])
     b["reshape"] = lambda a, b_, c, d: ([((2, 3), F)], _shape5(a, b_, c, d), [])
     b["slice_rows"] = lambda a, b_, c, d: ([((a, b_), F)], [c, d], [])
     b["pad_rows"] = lambda a, b_, c, d: ([((a, b_), F)], [c, d], [])

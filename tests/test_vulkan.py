@@ -22,7 +22,7 @@ pytestmark = pytest.mark.requires_gpu
 TOLERANCE = {"default": (2e-5, 2e-5), "matmul": (1e-4, 1e-4), "pow": (1e-4, 1e-5), "softplus": (1e-4, 1e-5),
              "sum": (1e-4, 1e-4), "mean": (1e-4, 1e-5), "sum_to": (1e-4, 1e-4), "huber_loss": (1e-4, 1e-5),
              "softmax_cross_entropy_loss": (1e-4, 1e-5), "cross_entropy_loss": (1e-4, 1e-5),
-             "mse_loss": (1e-4, 1e-5), "conv2d": (1e-4, 1e-4), "expand": (0, 0), "transpose": (0, 0), "reshape": (0, 0)}
+             "mse_loss": (1e-4, 1e-5), "conv2d": (1e-4, 1e-4), "expand": (0, 0), "transpose": (0, 0), "permute": (0, 0), "reshape": (0, 0)}
 
 
 # Cases that make f64 tensors: f64 exists for float64 gradient checks on the CPU only.

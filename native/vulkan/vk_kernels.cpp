@@ -319,6 +319,25 @@ void vk_transpose(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record("transpose", p, groups(p.n), {span(x)}, {span(out)});
 }
 
+struct PermutePush {
+    uint64_t x, o;
+    uint32_t ne0, ne1, ne2, s0, s1, s2, s3, n;
+};
+
+void vk_permute(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl& x = *in[0];
+    if (dtype_size(x.dtype) != 4)
+        throw TypeError(std::string("permute: on the GPU x must be a 4-byte dtype (f32, i32; f16 and bf16 are widened), got ") +
+                        dtype_name(x.dtype));
+    const uint32_t n = u32(x.numel(), "permute");  // every index below is smaller
+    const uint32_t x_stride[kMaxDims] = {1, uint32_t(x.ne[0]), uint32_t(x.ne[0] * x.ne[1]), uint32_t(x.ne[0] * x.ne[1] * x.ne[2])};
+    uint32_t s[kMaxDims];
+    for (int d = 0; d < kMaxDims; ++d) s[d] = x_stride[attrs.ints[d]];  // checked by shape_permute
+    PermutePush p{x.address(), out.address(), uint32_t(out.ne[0]), uint32_t(out.ne[1]), uint32_t(out.ne[2]),
+                  s[0], s[1], s[2], s[3], n};
+    record("permute", p, groups(p.n), {span(x)}, {span(out)});
+}
+
 void vk_reshape(const Inputs& in, const OpAttrs&, TensorImpl& out) { ctx().copy(*in[0], out); }
 
 void vk_slice_rows(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {

@@ -16,7 +16,8 @@ from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
     abs, add, arange, argmax, as_tensor, cast, conv2d, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, leaky_relu, log,
     gated_linear_attn, rwkv_wkv6,
-    linear, log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, polyak_update, pow, put_cols,
+    linear, log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, permute, polyak_update, pow,
+    put_cols,
     rand, randn, relu,
     reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
     softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, where, zeros,
@@ -36,7 +37,7 @@ __all__ = [
     "device", "devices", "dtype", "set_num_threads", "get_num_threads", "manual_seed", "get_rng_state", "set_rng_state", "transfer_stats",
     "add", "sub", "mul", "div", "minimum", "maximum", "ge", "gt", "neg", "relu", "leaky_relu", "sigmoid", "tanh", "softplus",
     "silu", "exp", "log", "sqrt", "square", "abs", "sign", "scale", "pow", "clamp", "cast", "matmul", "linear", "sum",
-    "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "reshape",
+    "sum_squares", "mean", "sum_to", "expand", "softmax", "log_softmax", "max", "argmax", "transpose", "permute", "reshape",
     "slice_rows", "pad_rows", "concat_rows", "cumsum", "searchsorted", "gather", "one_hot", "get_rows", "scatter_cols", "rand", "randn",
     "sample_categorical", "sample_normal", "ssm_conv", "ssm_scan", "rwkv_wkv6", "rwkv_wkv7", "gated_linear_attn",
     "conv2d", "max_pool2d",

@@ -365,6 +365,18 @@ def transpose(x) -> Tensor:
     return apply("transpose", (as_tensor(x, op="transpose"),))
 
 
+def permute(x, dims) -> Tensor:
+    """x with its dimensions reordered, as torch.permute: out.shape[d] = x.shape[dims[d]], dims a
+    permutation of 0 .. x.ndim - 1 (ne order). One pass over the elements."""
+    x = as_tensor(x, op="permute")
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"permute: dims must be a tuple of ints, got {dims!r}")
+    dims = tuple(int(d) for d in dims)
+    if sorted(dims) != list(range(x.ndim)):
+        raise ValueError(f"permute: dims must be a permutation of 0..{x.ndim - 1} for x {x.shape}, got {dims}")
+    return apply("permute", (x,), ints=dims + tuple(range(x.ndim, 4)), dims=dims)
+
+
 def reshape(x, shape) -> Tensor:
     """The same values (column-major order) in a new shape of 1 to 4 sizes; one -1 is inferred."""
     x = as_tensor(x, op="reshape")
@@ -770,20 +782,20 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     pad = c * L - n_tok  # zero tokens at the end: no decay, no input, so the final state is exact
     cN = c * n_seqs
 
-    def tokens_padded(t: Tensor, per_token: int) -> Tensor:
-        """t [..., n_tok, n_seqs] with ``pad`` zero tokens after each sequence's last."""
-        flat = reshape(t, (per_token * n_tok, n_seqs))
-        return reshape(pad_rows(flat, 0, per_token * pad), (per_token * (n_tok + pad), n_seqs)) if pad else flat
+    def in_chunks(t: Tensor, *sizes: int) -> Tensor:
+        """t [*sizes, n_tok, n_seqs] as [*sizes, L, cN], after ``pad`` zero tokens at the end of
+        each sequence."""
+        if pad:
+            t = pad_rows(reshape(t, (math.prod(sizes) * n_tok, n_seqs)), 0, math.prod(sizes) * pad)
+        return reshape(t, sizes + (L, cN))
 
     step = softplus(reshape(dt, (n_head, n_tok, n_seqs)))  # [H, T, N]
     log_decay = mul(step, reshape(A, (n_head, 1, 1)))  # [H, T, N]
     inputs = mul(x, reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]: x softplus(dt)
-    # tokens into rows: [H, L, cN] -> [L, H, cN]; [P*H, L, cN] -> [L, P*H, cN]; [D*G, L, cN] -> [L, D*G, cN]
-    log_decay = transpose(reshape(tokens_padded(log_decay, n_head), (n_head, L, cN)))
-    inputs = reshape(transpose(reshape(tokens_padded(inputs, head_dim * n_head), (head_dim * n_head, L, cN))),
-                     (L, head_dim, n_head, cN))
-    B, C = (reshape(transpose(reshape(tokens_padded(t, d_state * n_group), (d_state * n_group, L, cN))),
-                    (L, d_state, n_group, cN)) for t in (B, C))
+    # tokens into rows: [H, L, cN] -> [L, H, cN]; [P, H, L, cN] -> [L, P, H, cN]; [D, G, L, cN] -> [L, D, G, cN]
+    log_decay = transpose(in_chunks(log_decay, n_head))
+    inputs = permute(in_chunks(inputs, head_dim, n_head), (2, 0, 1, 3))
+    B, C = (permute(in_chunks(t, d_state, n_group), (2, 0, 1, 3)) for t in (B, C))
     if n_group not in (1, n_head):  # head h reads group h // (n_head // n_group): repeat each group's
         repeats = n_head // n_group
         B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
@@ -800,24 +812,23 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
     chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
     E = d_state * head_dim
-    chunk_states = transpose(reshape(chunk_states, (E * n_head, c, n_seqs)))  # [c, E*H, N]
+    chunk_states = permute(reshape(chunk_states, (E, n_head, c, n_seqs)), (2, 0, 1, 3))  # [c, E, H, N]
     first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: each sequence's initial state
-    states = reshape(concat_rows(reshape(first, (1, -1)), reshape(chunk_states, (c, -1))), (c + 1, E, n_head, n_seqs))
+    states = concat_rows(reshape(first, (1, E, n_head, n_seqs)), chunk_states)  # [c+1, E, H, N]
     chunk_log_decay = transpose(reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs)))  # [c, H, N]
     chunk_log_decay = pad_rows(reshape(chunk_log_decay, (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
     chunk_mask = _lower_triangle(c + 1, x)
     chunk_cumulative = reshape(matmul(chunk_mask, chunk_log_decay), (c + 1, n_head, n_seqs))
     passed = matmul(_decays(chunk_cumulative, chunk_mask), states)  # [c+1, E, H, N]: the state before each chunk, then the final
     final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
-    starts = transpose(reshape(slice_rows(passed, 0, c), (c, E * n_head, n_seqs)))  # [E*H, c, N]
+    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [E, H, c, N]
     starts = reshape(starts, (d_state, head_dim, n_head, cN))
     from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
     y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
 
-    y = transpose(reshape(add(y_within, y_before), (L, head_dim * n_head, cN)))  # [P*H, L, cN]
-    y = reshape(y, (head_dim * n_head * (n_tok + pad), n_seqs))
-    if pad:
-        y = slice_rows(y, 0, head_dim * n_head * n_tok)
+    y = permute(add(y_within, y_before), (1, 2, 0, 3))  # [P, H, L, cN]
+    if pad:  # the padding's outputs dropped
+        y = slice_rows(reshape(y, (head_dim * n_head * (n_tok + pad), n_seqs)), 0, head_dim * n_head * n_tok)
     return reshape(y, x.shape), final_state
 
 

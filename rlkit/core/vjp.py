@@ -141,6 +141,7 @@ VJP = {
         ops.mul(ops.log_softmax(logits), ops.scale(g, -1.0 / logits.shape[1])),
     ),
     "transpose": lambda g, out, x: (ops.transpose(g),),
+    "permute": lambda g, out, x, dims: (ops.permute(g, tuple(sorted(range(len(dims)), key=dims.__getitem__))),),
     "reshape": lambda g, out, x: (ops.reshape(g, x.shape),),
     "slice_rows": lambda g, out, x, start, n: (ops.pad_rows(g, start, x.shape[0] - start - n),),
     "pad_rows": lambda g, out, x, before, after: (ops.slice_rows(g, before, x.shape[0]),),
