@@ -227,6 +227,8 @@ CASES: list[Case] = [
     Case("permute_3d", "permute", lambda x: rc.permute(x, (1, 2, 0)), lambda x: np.transpose(x, (1, 2, 0)).copy(),
          ((N(3, 4, 5),), (N(40, 1, 37),)), int_ok=True),
     Case("permute_2d", "permute", lambda x: rc.permute(x, (1, 0)), lambda x: x.T.copy(), ((N(3, 4),), (N(1, 5),)), int_ok=True),
+    Case("permute_method", "permute", lambda x: x.permute(1, 2, 0), lambda x: np.transpose(x, (1, 2, 0)).copy(),
+         ((N(2, 3, 4),), (N(5, 1, 2),)), int_ok=True),
     Case("permute_identity", "permute", lambda x: rc.permute(x, (0, 1, 2)), lambda x: x.copy(), ((N(3, 4, 2),), (N(1, 5, 3),)), int_ok=True),
     Case("reshape", "reshape", lambda x: rc.reshape(x, (2, 6)), np_reshape((2, 6)), ((N(3, 4),), (N(12, 1),)), int_ok=True),
     Case("reshape_infer", "reshape", lambda x: rc.reshape(x, (-1, 2)), np_reshape((-1, 2)), ((N(3, 4),), (N(2, 3, 2),)), int_ok=True),

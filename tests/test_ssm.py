@@ -340,6 +340,16 @@ def test_ssm_scan_chunked_propagates_nan(device):
     assert np.isfinite(final[:, :, 0]).all() and np.isfinite(final[:, :, :, 1]).all()
 
 
+def test_ssm_scan_chunked_in_a_capture_gives_the_eager_values(device):
+    """The chunked form's masks are made on the device: a captured function replays it."""
+    arrays = {k: np.asfortranarray(v.astype(np.float32)) for k, v in scan_inputs(np.random.default_rng(7), 8, 4, 2, 10, 2).items()}
+    captured = rc.capture(lambda s, x, dt, A, B, C: rc.ssm_scan(s, x, dt, A, B, C, chunk_size=4))
+    eager = rc.ssm_scan(*[rc.tensor(a) for a in arrays.values()], chunk_size=4)
+    for _ in range(2):  # the trace, then a replay
+        for replayed, expected in zip(captured(**arrays), eager):
+            np.testing.assert_array_equal(np.asarray(replayed), expected.numpy())
+
+
 @pytest.mark.parametrize("change, chunk_size, error, message", [
     (dict(A=-np.ones((4, 2))), 4, ValueError, "the chunked form needs Mamba-2's A \\[1, n_head\\] .* got A with 4 rows"),
     ({}, 0, ValueError, "chunk_size must be at least 1"),

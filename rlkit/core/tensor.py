@@ -210,6 +210,11 @@ class Tensor:
         """The transpose (dims 0 and 1 swapped)."""
         return ops.transpose(self)
 
+    def permute(self, *dims) -> "Tensor":
+        """The dims reordered, as torch.Tensor.permute: ``x.permute(2, 0, 1)`` or
+        ``x.permute((2, 0, 1))`` (:func:`rlkit.core.permute`)."""
+        return ops.permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
+
 
 def _to_fortran(data, dtype: str | None) -> np.ndarray:
     """Converts array-like data to a Fortran-ordered array of an rlkit dtype (no copy when it
