@@ -1,4 +1,4 @@
-// Layout and indexing ops: transpose, reshape, row slices, padding and concatenation, gather,
+// Layout and indexing ops: transpose, permute, reshape, row slices, padding and concatenation, gather,
 // one_hot, get_rows (columns by index) and its adjoint scatter_cols.
 #include <algorithm>
 #include <array>
@@ -91,18 +91,6 @@ std::array<int, kMaxDims> permute_dims(const TensorImpl& x, const OpAttrs& attrs
     return dims;
 }
 
-}  // namespace
-
-OutSpec shape_permute(const Inputs& in, const OpAttrs& attrs) {
-    const TensorImpl& x = *in[0];
-    const std::array<int, kMaxDims> dims = permute_dims(x, attrs);
-    OutSpec spec = same_as(x);
-    for (int d = 0; d < kMaxDims; ++d) spec.ne[d] = x.ne[dims[d]];
-    return spec;
-}
-
-namespace {
-
 // out's elements in tiles of kBlock x kBlock over its first two dims, each read from x through
 // `stride` (x's stride along each of out's dims): where x's dim 0 is out's dim 1 (a transpose
 // inside), a tile reads whole runs of x's rows as it writes runs of out's.
@@ -125,6 +113,14 @@ void permute_elements(const T* x, T* out, const Shape& ne, const int64_t (&strid
 }
 
 }  // namespace
+
+OutSpec shape_permute(const Inputs& in, const OpAttrs& attrs) {
+    const TensorImpl& x = *in[0];
+    const std::array<int, kMaxDims> dims = permute_dims(x, attrs);
+    OutSpec spec = same_as(x);
+    for (int d = 0; d < kMaxDims; ++d) spec.ne[d] = x.ne[dims[d]];
+    return spec;
+}
 
 void cpu_permute(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl& x = *in[0];

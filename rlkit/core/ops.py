@@ -811,18 +811,9 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     to_end = slice_rows(decay, L - 1, 1)  # [1, L, H, cN]: decay from token s to the chunk's end
     weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
     chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
-    E = d_state * head_dim
-    chunk_states = permute(reshape(chunk_states, (E, n_head, c, n_seqs)), (2, 0, 1, 3))  # [c, E, H, N]
-    first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: each sequence's initial state
-    states = concat_rows(reshape(first, (1, E, n_head, n_seqs)), chunk_states)  # [c+1, E, H, N]
-    chunk_log_decay = transpose(reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs)))  # [c, H, N]
-    chunk_log_decay = pad_rows(reshape(chunk_log_decay, (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
-    chunk_mask = _lower_triangle(c + 1, x)
-    chunk_cumulative = reshape(matmul(chunk_mask, chunk_log_decay), (c + 1, n_head, n_seqs))
-    passed = matmul(_decays(chunk_cumulative, chunk_mask), states)  # [c+1, E, H, N]: the state before each chunk, then the final
-    final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
-    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [E, H, c, N]
-    starts = reshape(starts, (d_state, head_dim, n_head, cN))
+    first = get_rows(reshape(s, (d_state * head_dim * n_head, _ne4(s)[3])), ids)  # [D*P*H, N]: initial states
+    chunk_log_decay = reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs))  # [H, c, N]: each chunk's
+    starts, final_state = _states_between_chunks(chunk_states, first, chunk_log_decay)
     from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
     y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
 
@@ -830,6 +821,26 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     if pad:  # the padding's outputs dropped
         y = slice_rows(reshape(y, (head_dim * n_head * (n_tok + pad), n_seqs)), 0, head_dim * n_head * n_tok)
     return reshape(y, x.shape), final_state
+
+
+def _states_between_chunks(chunk_states: Tensor, first: Tensor, chunk_log_decay: Tensor) -> tuple[Tensor, Tensor]:
+    """The chunked scan's state before each chunk and after the last, from each chunk's own
+    state chunk_states [D, P, H, cN] (its inputs decayed to its end), each sequence's initial
+    state first [D*P*H, N] and each chunk's log decay [H, c, N]: one product with the decays
+    between chunks, [c+1, c+1] per head and sequence. Returns (starts [D, P, H, cN], final
+    [D, P, H, N])."""
+    d_state, head_dim, n_head, cN = chunk_states.shape
+    c, n_seqs = chunk_log_decay.shape[1], cN // chunk_log_decay.shape[1]
+    E = d_state * head_dim
+    chunk_states = permute(reshape(chunk_states, (E, n_head, c, n_seqs)), (2, 0, 1, 3))  # [c, E, H, N]
+    states = concat_rows(reshape(first, (1, E, n_head, n_seqs)), chunk_states)  # [c+1, E, H, N]
+    log_decay = pad_rows(reshape(transpose(chunk_log_decay), (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
+    mask = _lower_triangle(c + 1, chunk_states)
+    cumulative = reshape(matmul(mask, log_decay), (c + 1, n_head, n_seqs))
+    passed = matmul(_decays(cumulative, mask), states)  # [c+1, E, H, N]: the state before each chunk, then the final
+    final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
+    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [E, H, c, N]
+    return reshape(starts, (d_state, head_dim, n_head, cN)), final_state
 
 
 def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:
