@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -91,6 +92,9 @@ public:
         for (void* data : freed) std::free(data);
     }
 
+    void lock() { mutex_.lock(); }
+    void unlock() { mutex_.unlock(); }
+
     HostCacheStats stats() {
         std::lock_guard<std::mutex> lock(mutex_);
         return {budget(), kept_bytes_, order_.size(), reused_};
@@ -126,9 +130,19 @@ private:
     bool budget_read_ = false;
 };
 
+HostCache& cache();
+
+void lock_for_fork() { cache().lock(); }
+void unlock_after_fork() { cache().unlock(); }
+
 // Never destroyed: tensors freed while the process exits still give their blocks back to it.
 HostCache& cache() {
-    static HostCache* instance = new HostCache;
+    static HostCache* instance = [] {
+        auto* created = new HostCache;
+        // a fork while another thread holds the lock would leave the child's copy of it locked for good
+        pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+        return created;
+    }();
     return *instance;
 }
 

@@ -4,6 +4,7 @@ block holds no stale values where a kernel writes, and RLKIT_HOST_CACHE_MIB sets
 (0 keeps nothing; a bad value is refused with what was expected)."""
 
 import gc
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -120,3 +121,17 @@ def test_a_budget_of_zero_keeps_nothing_and_a_bad_one_is_refused():
     bad = _run("import rlkit.core as rc; rc.full((1 << 20, 1), 1.0, device='cpu')", "lots")
     assert bad.returncode != 0
     assert "RLKIT_HOST_CACHE_MIB must be a whole number of MiB (0 keeps no freed host memory), got 'lots'" in bad.stderr
+
+
+def _child_sum(n: int) -> float:
+    return float(rc.sum(rc.full((n, 1), 1.0, device="cpu")).item())
+
+
+def test_a_forked_child_allocates_large_tensors():
+    """The cache's lock is taken around a fork and released on both sides, so a child process
+    (gymnasium's vector environments, multiprocessing) allocates as its parent does."""
+    kept = rc.full((MIB, 1), 1.0, device="cpu")
+    del kept
+    gc.collect()  # a kept block, inherited by the child
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_child_sum, (MIB,)) == MIB
