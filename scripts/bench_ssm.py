@@ -1,13 +1,14 @@
 """Speed of the state-space and RWKV recurrences against the memory-bandwidth floor, and of the
 Mamba demo, on each device present.
 
-    python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N] [--chunk-size N]
+    python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N] [--chunk-size N] [--gla-chunk-size N]
 
 For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) and rwkv_wkv7
 (head size 64, 32 heads, 4 sequences): the median time of the forward op, and of the forward op
 plus its backward helper (every gradient); then ssm_scan as a user runs it, by its recurrence
 and by its chunked form (Mamba-2's SSD), the forward alone and the forward on a tape plus
-backward(). Each beside its floor: the bytes an ideal kernel must move (inputs read once,
+backward(), and gated_linear_attn (head size 64, 32 heads, 4 sequences) the same way. Each
+beside its floor: the bytes an ideal kernel must move (inputs read once,
 outputs and true gradients written once; no scratch) over the copy bandwidth measured on the
 same device in the same run (a large elementwise op that reads and writes every element).
 "of floor" = floor time / measured time. Then the Mamba demo
@@ -77,24 +78,25 @@ def time_op(op: str, inputs: list, description: str) -> dict:
     }
 
 
-def time_scan_on_tape(inputs: list, ids, chunk_size: int | None, description: str) -> dict:
-    """ssm_scan as a user runs it: the forward alone (no tape), and the forward on a tape plus
-    backward() for the gradient of every float input (the recurrence's backward op and the sums
-    of its per-token gradients; the chunked form's composed backward)."""
+def time_on_tape(run, inputs: list, outputs_numel: int, description: str) -> dict:
+    """A recurrence as a user runs it, ``run(*params)`` giving (y, final state): the forward
+    alone (no tape), and the forward on a tape plus backward() for the gradient of every float
+    input (the recurrence's backward op and the sums of its per-token gradients; a chunked
+    form's composed backward)."""
     params = [rc.param(t) for t in inputs]
 
     def forward():
         with rc.no_grad():
-            rc.ssm_scan(*params, ids=ids, chunk_size=chunk_size)
+            run(*params)
 
     def forward_backward():
         with rc.grad_tape():
-            y, final = rc.ssm_scan(*params, ids=ids, chunk_size=chunk_size)
+            y, final = run(*params)
             loss = rc.add(rc.sum(y), rc.sum(final))
         rc.backward(loss)
 
     read = sum(t.numel for t in inputs) * F32
-    written = (inputs[1].numel + inputs[0].numel) * F32  # y like x, final states like s
+    written = outputs_numel * F32
     return {
         "op": description,
         "forward": median_seconds(forward),
@@ -121,9 +123,28 @@ def ssm_scan_inputs(rng, n_tok: int) -> tuple[list, object, str]:
 def bench_ssm_scan(rng, n_tok: int, chunk_size: int) -> list[dict]:
     """The recurrence's op and backward op, then the recurrence and the chunked form on a tape."""
     inputs, ids, shapes = ssm_scan_inputs(rng, n_tok)
-    return [time_op("ssm_scan", inputs + [ids], f"ssm_scan {shapes}"),
-            time_scan_on_tape(inputs, ids, None, "ssm_scan recurrence, on a tape"),
-            time_scan_on_tape(inputs, ids, chunk_size, f"ssm_scan chunk_size={chunk_size}, on a tape")]
+    outputs = inputs[1].numel + inputs[0].numel  # y like x, final states like s
+    return [time_op("ssm_scan", inputs + [ids], f"ssm_scan {shapes}")] + [
+        time_on_tape(lambda *p, size=size: rc.ssm_scan(*p, ids=ids, chunk_size=size), inputs, outputs,
+                     f"ssm_scan {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
+        for size in (None, chunk_size)]
+
+
+def bench_gated_linear_attn(rng, n_tok: int, chunk_size: int) -> list[dict]:
+    """gated_linear_attn (head size 64, 32 heads, 4 sequences, gates in [0.5, 1)), by its
+    recurrence and by its chunked form, on a tape."""
+    S, H, n_seqs = 64, 32, 4
+    t = tensors(rng, {
+        "k": ((S, H, n_tok * n_seqs), lambda r, s: r.normal(size=s) / 8), "v": ((S, H, n_tok * n_seqs), normal),
+        "q": ((S, H, n_tok * n_seqs), lambda r, s: r.normal(size=s) / 8),
+        "g": ((S, H, n_tok * n_seqs), lambda r, s: r.uniform(0.5, 1.0, size=s)),
+        "state": ((S * S * H, n_seqs), normal),
+    })
+    inputs = list(t.values())
+    outputs = inputs[1].numel + inputs[4].numel  # y like v, the final state like state
+    return [time_on_tape(lambda *p, size=size: rc.gated_linear_attn(*p, scale=0.125, chunk_size=size), inputs, outputs,
+                         f"gated_linear_attn {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
+            for size in (None, chunk_size)]
 
 
 def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
@@ -163,6 +184,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default: 256 CPU, 2048 GPU)")
     parser.add_argument("--demo-epochs", type=int, default=None, help="demo epochs timed (default: 3 CPU, 60 GPU)")
     parser.add_argument("--chunk-size", type=int, default=64, help="ssm_scan's chunked form: tokens per chunk")
+    parser.add_argument("--gla-chunk-size", type=int, default=16, help="gated_linear_attn's chunked form: tokens per chunk")
     args = parser.parse_args()
     present = [d["device"] for d in rc.devices()]
     devices = [d for d in ("cpu", "gpu") if d in present and args.device in (d, "all")]
@@ -174,7 +196,9 @@ def main() -> None:
             name = rc.devices()[present.index(device)]["name"]
             print(f"\n{device}: {name}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
             rng = np.random.default_rng(0)
-            for result in bench_ssm_scan(rng, n_tok, args.chunk_size) + [bench_rwkv_wkv7(rng, n_tok)]:
+            results = (bench_ssm_scan(rng, n_tok, args.chunk_size) + [bench_rwkv_wkv7(rng, n_tok)]
+                       + bench_gated_linear_attn(rng, n_tok, args.gla_chunk_size))
+            for result in results:
                 for kind in ("forward", "forward_backward"):
                     floor = result[f"bytes_{kind}"] / bandwidth
                     print(f"  {result['op']:<62} {kind.replace('_', '+'):<17} {result[kind] * 1e3:9.2f} ms"

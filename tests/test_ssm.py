@@ -313,6 +313,25 @@ def test_ssm_scan_chunked_in_float32_is_as_close_to_float64_as_the_recurrence(
         assert chunked_error < max(4 * recurrent_error, 1e-6), f"{name}: {chunked_error:.1e} against {recurrent_error:.1e}"
 
 
+def test_ssm_scan_chunked_keeps_float32_precision_over_long_strongly_decaying_sequences():
+    """512 tokens whose log decays sum to about -10^4 per sequence: the decay between two tokens
+    is a sum over the steps between them, not a difference of running sums (which would leave it
+    an absolute error of 10^4 float32 roundings, 1e-5 of the outputs here). The chunked form stays
+    within a few times the recurrence's own error, outputs and every gradient."""
+    rng = np.random.default_rng(8)
+    arrays = scan_inputs(rng, 16, 8, 2, 512, 1)
+    arrays["A"] = -np.array([[1.0, 16.0]])
+    arrays["dt"] = rng.normal(size=arrays["dt"].shape) + 1.0
+    weights = rng.normal(size=arrays["x"].shape), rng.normal(size=arrays["s"].shape)
+    ids = np.zeros(1, np.int32)
+    exact, _ = chunked_and_recurrent(arrays, ids, 64, "f64", weights)
+    recurrent, chunked = chunked_and_recurrent(arrays, ids, 64, "f32", weights)
+    for name, e, a, b in zip(["y", "final state"] + [f"grad {k}" for k in arrays], exact, recurrent, chunked):
+        scale = np.abs(e).max()
+        recurrent_error, chunked_error = np.abs(a - e).max() / scale, np.abs(b - e).max() / scale
+        assert chunked_error < max(4 * recurrent_error, 1e-6), f"{name}: {chunked_error:.1e} against {recurrent_error:.1e}"
+
+
 def test_ssm_scan_chunked_where_the_decay_underflows(device):
     """Decays of exp(-2e4) within and between chunks: 0 in float32 and in float64, never an
     overflow (the masked differences stay at or below 0) nor a NaN."""

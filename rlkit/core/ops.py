@@ -754,15 +754,25 @@ def _lower_triangle(n: int, like: Tensor) -> Tensor:
     return mask if like.dtype == "f32" else cast(mask, like.dtype)
 
 
-def _decays(cumulative: Tensor, mask: Tensor) -> Tensor:
-    """exp(cumulative[t] - cumulative[s]) at [t, s] for t >= s, 0 above the diagonal, for the
-    inclusive sums of log decays down the rows of cumulative [n, batch...]: [n, n, batch...], the
-    decay from step s to step t. The difference is masked before the exp, so the upper triangle
-    is exp(0) times 0, never an overflow times 0."""
-    n, batch = cumulative.shape[0], cumulative.shape[1:]
-    between = sub(reshape(cumulative, (n, 1) + batch), reshape(cumulative, (1, n) + batch))  # [t, s, batch...]
-    mask = reshape(mask, (n, n) + (1,) * len(batch))
-    return mul(exp(mul(between, mask)), mask)
+def _strictly_between(n: int, like: Tensor) -> Tensor:
+    """[n*n, n] of like's dtype and device: row t + n*s holds 1 at the columns r with
+    s < r <= t, the steps whose decays take a state from step s to step t."""
+    steps = arange(n, device=like.device)
+    inside = mul(ge(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
+                 gt(reshape(steps, (1, 1, n)), reshape(steps, (1, n, 1))))  # [t, s, r]
+    inside = reshape(inside, (n * n, n))
+    return inside if like.dtype == "f32" else cast(inside, like.dtype)
+
+
+def _decays(log_decay: Tensor) -> Tensor:
+    """[n, n, batch...] from the log decays of n steps [n, batch...]: at [t, s] the decay from
+    step s to step t, exp of the sum of log_decay over s < r <= t, for t >= s; 0 above the
+    diagonal. Each sum is its own product with a mask, not a difference of running sums:
+    those grow with the steps, and their difference would lose the digits a decay near 1 needs."""
+    n, batch = log_decay.shape[0], log_decay.shape[1:]
+    between = reshape(matmul(_strictly_between(n, log_decay), reshape(log_decay, (n, -1))), (n, n) + batch)
+    mask = reshape(_lower_triangle(n, log_decay), (n, n) + (1,) * len(batch))
+    return mul(exp(between), mask)  # between is 0 above the diagonal: exp(0) times 0
 
 
 def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
@@ -801,9 +811,8 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
         B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
                         (L, d_state, n_head, cN)) for t in (B, C))
 
-    mask = _lower_triangle(L, x)
-    cumulative = reshape(matmul(mask, reshape(log_decay, (L, -1))), (L, n_head, cN))  # inclusive sums
-    decay = _decays(cumulative, mask)  # [L, L, H, cN]
+    cumulative = reshape(matmul(_lower_triangle(L, x), reshape(log_decay, (L, -1))), (L, n_head, cN))  # inclusive sums
+    decay = _decays(log_decay)  # [L, L, H, cN]
     scores = matmul(C, B, transpose_b=True)  # [L, L, G, cN]: C_t . B_s
     y_within = matmul(mul(scores, decay), inputs)  # [L, P, H, cN]
 
@@ -835,9 +844,8 @@ def _states_between_chunks(chunk_states: Tensor, first: Tensor, chunk_log_decay:
     chunk_states = permute(reshape(chunk_states, (E, n_head, c, n_seqs)), (2, 0, 1, 3))  # [c, E, H, N]
     states = concat_rows(reshape(first, (1, E, n_head, n_seqs)), chunk_states)  # [c+1, E, H, N]
     log_decay = pad_rows(reshape(transpose(chunk_log_decay), (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
-    mask = _lower_triangle(c + 1, chunk_states)
-    cumulative = reshape(matmul(mask, log_decay), (c + 1, n_head, n_seqs))
-    passed = matmul(_decays(cumulative, mask), states)  # [c+1, E, H, N]: the state before each chunk, then the final
+    decays = _decays(reshape(log_decay, (c + 1, n_head, n_seqs)))  # [c+1, c+1, H, N]
+    passed = matmul(decays, states)  # [c+1, E, H, N]: the state before each chunk, then the final
     final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
     starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [E, H, c, N]
     return reshape(starts, (d_state, head_dim, n_head, cN)), final_state
@@ -870,19 +878,95 @@ def rwkv_wkv6(k, v, r, tf, td, state) -> tuple[Tensor, Tensor]:
     return tuple(_split_recurrence(apply("rwkv_wkv6", (k, v, r, tf, td, state)), state))
 
 
-def gated_linear_attn(k, v, q, g, state, scale: float) -> tuple[Tensor, Tensor]:
+def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
     """Gated linear attention, as ggml_gated_linear_attn: k, v, q, g are [S, H, T] (g the
     per-key-channel gate in linear space), state [S*S*H, n_seqs], shapes and sequences as in
     :func:`rwkv_wkv6`. Per sequence and head: ``S[i,j] = g_t[i] S[i,j] + k_t[i] v_t[j]``, then
     ``y_t[j] = scale * sum_i q_t[i] S[i,j]`` (the updated state). Returns (y [S*H, T], final
-    state); differentiable in every tensor (``scale`` is a constant)."""
+    state); differentiable in every tensor (``scale`` is a constant).
+
+    ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
+    (as flash-linear-attention's chunk_gla): within a chunk every pair of tokens is weighted
+    by its gates' product, exp of a difference of log-gate sums (never above 1, so strong gates
+    cannot overflow), the chunk's own state is one product, and the states pass between chunks
+    as one product per key channel. It takes log(g): gates must be positive (a gate of 0 is
+    taken as e^-80; a negative one gives NaN). Its memory grows with chunk_size times the
+    inputs', so chunks of 16 to 64 tokens."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"gated_linear_attn: scale must be finite, got {scale}")
     k, v, q, g, state = _recurrence_inputs("gated_linear_attn", ("k", "v", "q", "g", "state"), (k, v, q, g, state))
+    if chunk_size is not None:
+        _native.check_inputs(_OP_ID["gated_linear_attn"], [t._impl for t in (k, v, q, g, state)], floats=[float(scale)])
+        return _chunked_gla(k, v, q, g, state, float(scale), chunk_size)
     packed = apply("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),), scale=float(scale))
     return tuple(_split_recurrence(packed, state))
+
+
+def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
+    """gated_linear_attn in chunks, from the differentiable ops (the tape gives its backward).
+    Dims in ne order: S the head size (i a key channel, j a value channel), L the chunk length,
+    c the chunks per sequence, cN the (chunk, sequence) batch with the chunk fastest, B = H cN."""
+    S, H = _ne4(k)[:2]
+    n_seqs = state.shape[1]
+    n_tok = k.numel // (S * H * n_seqs)  # per sequence
+    chunk_size = _int_arg(chunk_size, "gated_linear_attn", "chunk_size")
+    if chunk_size < 1:
+        raise ValueError(f"gated_linear_attn: chunk_size must be at least 1 (or None for the recurrence), got {chunk_size}")
+    L = min(chunk_size, n_tok)
+    c = -(-n_tok // L)
+    pad = c * L - n_tok  # tokens of zero input and gate 1 at each sequence's end: the final state is exact
+    B = H * c * n_seqs
+
+    def in_chunks(t: Tensor) -> Tensor:
+        """[S, H, T] as [S, L, B] (tokens of a chunk along dim 1), after ``pad`` zero tokens."""
+        if pad:
+            t = pad_rows(reshape(t, (S * H * n_tok, n_seqs)), 0, S * H * pad)
+        return reshape(permute(reshape(t, (S, H, L, c * n_seqs)), (0, 2, 1, 3)), (S, L, B))
+
+    log_gate = in_chunks(maximum(log(g), -80.0))  # [S(i), L, B]
+    keys, queries = in_chunks(k), in_chunks(mul(q, scale))  # [S(i), L, B]
+    values = permute(in_chunks(v), (1, 0, 2))  # [L, S(j), B]
+    mask = _lower_triangle(L, k)  # [t, s]: 1 where s <= t
+    cumulative = matmul(log_gate, mask, transpose_b=True)  # [S, L, B]: log-gate sums through each token
+
+    # within the chunk: weights[t, s] = sum_i q_t[i] k_s[i] (the gates of s < r <= t, channel i), s <= t
+    between = reshape(matmul(log_gate, _strictly_between(L, k), transpose_b=True), (S, L, L, B))  # [S, L(t), L(s), B]
+    pair_gates = mul(exp(between), reshape(mask, (1, L, L, 1)))
+    pairs = mul(mul(reshape(queries, (S, L, 1, B)), reshape(keys, (S, 1, L, B))), pair_gates)
+    weights = reshape(sum_to(pairs, (1, L, L, B)), (L, L, B))  # [L(t), L(s), B]
+    y_within = matmul(weights, values)  # [L, S(j), B]
+
+    # each chunk's own state (transposed: [S(j), S(i)]), then the states passed between chunks
+    last = slice_rows(transpose(cumulative), L - 1, 1)  # [1, S, B]: the chunk's whole log gate
+    to_end = exp(matmul(log_gate, sub(1.0, mask), transpose_b=True))  # [S, L, B]: the gates after token s, to the end
+    chunk_states = matmul(values, mul(keys, to_end), transpose_a=True, transpose_b=True)  # [S(j), S(i), B]
+    starts, final_state = _gla_states_between_chunks(chunk_states, state, reshape(last, (S * H, c, n_seqs)))
+    y_before = matmul(mul(queries, exp(cumulative)), starts, transpose_a=True, transpose_b=True)  # [L, S(j), B]
+
+    y = permute(reshape(add(y_within, y_before), (L, S, H, c * n_seqs)), (1, 2, 0, 3))  # [S(j), H, L, cN]
+    y = reshape(y, (S * H * (n_tok + pad), n_seqs))
+    if pad:
+        y = slice_rows(y, 0, S * H * n_tok)
+    return reshape(y, (S * H, n_tok * n_seqs)), final_state
+
+
+def _gla_states_between_chunks(chunk_states: Tensor, state: Tensor, chunk_log_gate: Tensor) -> tuple[Tensor, Tensor]:
+    """The chunked GLA's state before each chunk (transposed, [S(j), S(i), B]) and after the
+    last (state's layout), from each chunk's own state chunk_states [S(j), S(i), B], the
+    initial states state [S*S*H, N] and each chunk's log gate [S*H, c, N] (key channel i
+    fastest): one product with the gates between chunks, [c+1, c+1] per key channel."""
+    S, n_seqs = chunk_states.shape[0], state.shape[1]
+    SH, c = chunk_log_gate.shape[0], chunk_log_gate.shape[1]
+    # [S(j), S(i)*H, c, N] -> [c, S(j), S(i)*H, N]; state [S*S*H, N] is [S(j), S(i)*H, N] already
+    chunk_states = permute(reshape(chunk_states, (S, SH, c, n_seqs)), (2, 0, 1, 3))
+    states = concat_rows(reshape(state, (1, S, SH, n_seqs)), chunk_states)  # [c+1, S(j), S(i)*H, N]
+    log_gate = pad_rows(reshape(transpose(chunk_log_gate), (c, SH * n_seqs)), 1, 0)  # [c+1, S*H*N]: none before the first
+    passed = matmul(_decays(reshape(log_gate, (c + 1, SH, n_seqs))), states)  # [c+1, S(j), S(i)*H, N]
+    final_state = reshape(slice_rows(passed, c, 1), state.shape)
+    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [S(j), S(i)*H, c, N]
+    return reshape(starts, (S, S, SH // S * c * n_seqs)), final_state
 
 
 def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
