@@ -775,6 +775,37 @@ def _decays(log_decay: Tensor) -> Tensor:
     return mul(exp(between), mask)  # between is 0 above the diagonal: exp(0) times 0
 
 
+def _in_chunks(t: Tensor, sizes: tuple[int, ...], n_tok: int, n_seqs: int, chunk: int) -> Tensor:
+    """t [*sizes, n_tok, n_seqs] (any shape of those elements) as [*sizes, chunk, c n_seqs], c the
+    chunks per sequence, the chunk index faster than the sequence's, after zero tokens at the end
+    of each sequence up to c * chunk."""
+    pad = -(-n_tok // chunk) * chunk - n_tok
+    if pad:
+        t = pad_rows(reshape(t, (math.prod(sizes) * n_tok, n_seqs)), 0, math.prod(sizes) * pad)
+    return reshape(t, sizes + (chunk, (n_tok + pad) // chunk * n_seqs))
+
+
+def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
+    """The inverse of _in_chunks for outputs of ``size`` elements per token: t with the padding's
+    tokens dropped, as [size * n_tok, n_seqs] (t itself where there was no padding)."""
+    padded = t.numel // (size * n_seqs)
+    return t if padded == n_tok else slice_rows(reshape(t, (size * padded, n_seqs)), 0, size * n_tok)
+
+
+def _pass_between_chunks(chunk_states: Tensor, first: Tensor, log_decay: Tensor) -> tuple[Tensor, Tensor]:
+    """A chunked recurrence's state before each chunk and after the last: from each chunk's own
+    state chunk_states [R, K, c, N] (its inputs decayed to its end), each sequence's initial state
+    first [R, K, N] and each chunk's log decay [K, c, N] (the decay varies along K and is shared
+    by the R rows), one product with the decays between chunks, [c+1, c+1] per (K, N). Returns
+    (starts [R, K, c, N], final [R, K, N])."""
+    R, K, c, n_seqs = _ne4(chunk_states)
+    states = concat_rows(reshape(first, (1, R, K, n_seqs)), permute(chunk_states, (2, 0, 1, 3)))  # [c+1, R, K, N]
+    log_decay = pad_rows(reshape(transpose(log_decay), (c, K * n_seqs)), 1, 0)  # [c+1, K*N]: none before the first
+    passed = matmul(_decays(reshape(log_decay, (c + 1, K, n_seqs))), states)  # [c+1, R, K, N]
+    final = reshape(slice_rows(passed, c, 1), (R, K, n_seqs))
+    return permute(slice_rows(passed, 0, c), (1, 2, 0, 3)), final
+
+
 def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     """ssm_scan in chunks (Mamba-2's state-space duality), from the differentiable ops above: the
     tape gives its backward pass. Layouts name their dims in ne order; L is the chunk length, c
@@ -788,24 +819,16 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
         raise ValueError(f"ssm_scan: the chunked form needs Mamba-2's A [1, n_head] (one decay per head), got A with "
                          f"{_ne4(A)[0]} rows (Mamba-1's decay per state); pass chunk_size=None for the recurrence")
     L = min(chunk_size, n_tok)
-    c = -(-n_tok // L)
-    pad = c * L - n_tok  # zero tokens at the end: no decay, no input, so the final state is exact
+    c = -(-n_tok // L)  # the last chunk padded with tokens of no decay and no input: the final state is exact
     cN = c * n_seqs
-
-    def in_chunks(t: Tensor, *sizes: int) -> Tensor:
-        """t [*sizes, n_tok, n_seqs] as [*sizes, L, cN], after ``pad`` zero tokens at the end of
-        each sequence."""
-        if pad:
-            t = pad_rows(reshape(t, (math.prod(sizes) * n_tok, n_seqs)), 0, math.prod(sizes) * pad)
-        return reshape(t, sizes + (L, cN))
 
     step = softplus(reshape(dt, (n_head, n_tok, n_seqs)))  # [H, T, N]
     log_decay = mul(step, reshape(A, (n_head, 1, 1)))  # [H, T, N]
     inputs = mul(x, reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]: x softplus(dt)
     # tokens into rows: [H, L, cN] -> [L, H, cN]; [P, H, L, cN] -> [L, P, H, cN]; [D, G, L, cN] -> [L, D, G, cN]
-    log_decay = transpose(in_chunks(log_decay, n_head))
-    inputs = permute(in_chunks(inputs, head_dim, n_head), (2, 0, 1, 3))
-    B, C = (permute(in_chunks(t, d_state, n_group), (2, 0, 1, 3)) for t in (B, C))
+    log_decay = transpose(_in_chunks(log_decay, (n_head,), n_tok, n_seqs, L))
+    inputs = permute(_in_chunks(inputs, (head_dim, n_head), n_tok, n_seqs, L), (2, 0, 1, 3))
+    B, C = (permute(_in_chunks(t, (d_state, n_group), n_tok, n_seqs, L), (2, 0, 1, 3)) for t in (B, C))
     if n_group not in (1, n_head):  # head h reads group h // (n_head // n_group): repeat each group's
         repeats = n_head // n_group
         B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
@@ -820,35 +843,17 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     to_end = slice_rows(decay, L - 1, 1)  # [1, L, H, cN]: decay from token s to the chunk's end
     weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
     chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
-    first = get_rows(reshape(s, (d_state * head_dim * n_head, _ne4(s)[3])), ids)  # [D*P*H, N]: initial states
+    E = d_state * head_dim
+    first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: the initial states
     chunk_log_decay = reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs))  # [H, c, N]: each chunk's
-    starts, final_state = _states_between_chunks(chunk_states, first, chunk_log_decay)
+    starts, final_state = _pass_between_chunks(reshape(chunk_states, (E, n_head, c, n_seqs)), first, chunk_log_decay)
+    starts = reshape(starts, (d_state, head_dim, n_head, cN))
+    final_state = reshape(final_state, (d_state, head_dim, n_head, n_seqs))
     from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
     y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
 
     y = permute(add(y_within, y_before), (1, 2, 0, 3))  # [P, H, L, cN]
-    if pad:  # the padding's outputs dropped
-        y = slice_rows(reshape(y, (head_dim * n_head * (n_tok + pad), n_seqs)), 0, head_dim * n_head * n_tok)
-    return reshape(y, x.shape), final_state
-
-
-def _states_between_chunks(chunk_states: Tensor, first: Tensor, chunk_log_decay: Tensor) -> tuple[Tensor, Tensor]:
-    """The chunked scan's state before each chunk and after the last, from each chunk's own
-    state chunk_states [D, P, H, cN] (its inputs decayed to its end), each sequence's initial
-    state first [D*P*H, N] and each chunk's log decay [H, c, N]: one product with the decays
-    between chunks, [c+1, c+1] per head and sequence. Returns (starts [D, P, H, cN], final
-    [D, P, H, N])."""
-    d_state, head_dim, n_head, cN = chunk_states.shape
-    c, n_seqs = chunk_log_decay.shape[1], cN // chunk_log_decay.shape[1]
-    E = d_state * head_dim
-    chunk_states = permute(reshape(chunk_states, (E, n_head, c, n_seqs)), (2, 0, 1, 3))  # [c, E, H, N]
-    states = concat_rows(reshape(first, (1, E, n_head, n_seqs)), chunk_states)  # [c+1, E, H, N]
-    log_decay = pad_rows(reshape(transpose(chunk_log_decay), (c, n_head * n_seqs)), 1, 0)  # [c+1, H*N]: none before the first
-    decays = _decays(reshape(log_decay, (c + 1, n_head, n_seqs)))  # [c+1, c+1, H, N]
-    passed = matmul(decays, states)  # [c+1, E, H, N]: the state before each chunk, then the final
-    final_state = reshape(slice_rows(passed, c, 1), (d_state, head_dim, n_head, n_seqs))
-    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [E, H, c, N]
-    return reshape(starts, (d_state, head_dim, n_head, cN)), final_state
+    return reshape(_out_of_chunks(y, head_dim * n_head, n_tok, n_seqs), x.shape), final_state
 
 
 def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:
@@ -915,15 +920,12 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     if chunk_size < 1:
         raise ValueError(f"gated_linear_attn: chunk_size must be at least 1 (or None for the recurrence), got {chunk_size}")
     L = min(chunk_size, n_tok)
-    c = -(-n_tok // L)
-    pad = c * L - n_tok  # tokens of zero input and gate 1 at each sequence's end: the final state is exact
+    c = -(-n_tok // L)  # the last chunk padded with tokens of no input and log gate 0: the final state is exact
     B = H * c * n_seqs
 
     def in_chunks(t: Tensor) -> Tensor:
-        """[S, H, T] as [S, L, B] (tokens of a chunk along dim 1), after ``pad`` zero tokens."""
-        if pad:
-            t = pad_rows(reshape(t, (S * H * n_tok, n_seqs)), 0, S * H * pad)
-        return reshape(permute(reshape(t, (S, H, L, c * n_seqs)), (0, 2, 1, 3)), (S, L, B))
+        """[S, H, T] as [S, L, B]: tokens of a chunk along dim 1."""
+        return reshape(permute(_in_chunks(t, (S, H), n_tok, n_seqs, L), (0, 2, 1, 3)), (S, L, B))
 
     log_gate = in_chunks(maximum(log(g), -80.0))  # [S(i), L, B]
     keys, queries = in_chunks(k), in_chunks(mul(q, scale))  # [S(i), L, B]
@@ -942,31 +944,13 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     last = slice_rows(transpose(cumulative), L - 1, 1)  # [1, S, B]: the chunk's whole log gate
     to_end = exp(matmul(log_gate, sub(1.0, mask), transpose_b=True))  # [S, L, B]: the gates after token s, to the end
     chunk_states = matmul(values, mul(keys, to_end), transpose_a=True, transpose_b=True)  # [S(j), S(i), B]
-    starts, final_state = _gla_states_between_chunks(chunk_states, state, reshape(last, (S * H, c, n_seqs)))
+    starts, final_state = _pass_between_chunks(reshape(chunk_states, (S, S * H, c, n_seqs)),
+                                               reshape(state, (S, S * H, n_seqs)), reshape(last, (S * H, c, n_seqs)))
+    starts = reshape(starts, (S, S, B))  # [S(j), S(i), B]
     y_before = matmul(mul(queries, exp(cumulative)), starts, transpose_a=True, transpose_b=True)  # [L, S(j), B]
 
     y = permute(reshape(add(y_within, y_before), (L, S, H, c * n_seqs)), (1, 2, 0, 3))  # [S(j), H, L, cN]
-    y = reshape(y, (S * H * (n_tok + pad), n_seqs))
-    if pad:
-        y = slice_rows(y, 0, S * H * n_tok)
-    return reshape(y, (S * H, n_tok * n_seqs)), final_state
-
-
-def _gla_states_between_chunks(chunk_states: Tensor, state: Tensor, chunk_log_gate: Tensor) -> tuple[Tensor, Tensor]:
-    """The chunked GLA's state before each chunk (transposed, [S(j), S(i), B]) and after the
-    last (state's layout), from each chunk's own state chunk_states [S(j), S(i), B], the
-    initial states state [S*S*H, N] and each chunk's log gate [S*H, c, N] (key channel i
-    fastest): one product with the gates between chunks, [c+1, c+1] per key channel."""
-    S, n_seqs = chunk_states.shape[0], state.shape[1]
-    SH, c = chunk_log_gate.shape[0], chunk_log_gate.shape[1]
-    # [S(j), S(i)*H, c, N] -> [c, S(j), S(i)*H, N]; state [S*S*H, N] is [S(j), S(i)*H, N] already
-    chunk_states = permute(reshape(chunk_states, (S, SH, c, n_seqs)), (2, 0, 1, 3))
-    states = concat_rows(reshape(state, (1, S, SH, n_seqs)), chunk_states)  # [c+1, S(j), S(i)*H, N]
-    log_gate = pad_rows(reshape(transpose(chunk_log_gate), (c, SH * n_seqs)), 1, 0)  # [c+1, S*H*N]: none before the first
-    passed = matmul(_decays(reshape(log_gate, (c + 1, SH, n_seqs))), states)  # [c+1, S(j), S(i)*H, N]
-    final_state = reshape(slice_rows(passed, c, 1), state.shape)
-    starts = permute(slice_rows(passed, 0, c), (1, 2, 0, 3))  # [S(j), S(i)*H, c, N]
-    return reshape(starts, (S, S, SH // S * c * n_seqs)), final_state
+    return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs)), reshape(final_state, state.shape)
 
 
 def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
