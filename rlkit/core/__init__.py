@@ -6,7 +6,8 @@ contract.
 """
 
 # The engine in reading order, each module importing only those above it (tensor and ops import
-# each other: Tensor's operators are ops): runtime, tape, tensor, ops, vjp, autograd, capturing.
+# each other: Tensor's operators are ops): runtime, tape, tensor, ops, recurrences, vjp, autograd,
+# capturing.
 from rlkit.core.runtime import (
     CaptureError, device, devices, dtype, get_num_threads, get_rng_state, gpu_stats, manual_seed, set_num_threads, set_rng_state,
     synchronize, transfer_stats,
@@ -15,13 +16,13 @@ from rlkit.core.tape import grad_tape, no_grad, tape_memory
 from rlkit.core.tensor import Tensor, param, tensor
 from rlkit.core.ops import (
     abs, add, arange, argmax, as_tensor, cast, conv2d, cumsum, full, searchsorted, clamp, concat_rows, div, exp, expand, gather, ge, get_rows, gt, leaky_relu, log,
-    gated_linear_attn, rwkv_wkv6,
     linear, log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, mul, neg, one_hot, ones, pad_rows, permute, polyak_update, pow,
     put_cols,
     rand, randn, relu,
-    reshape, rwkv_wkv7, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
-    softplus, sqrt, square, ssm_conv, ssm_scan, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, where, zeros,
+    reshape, sample_categorical, sample_normal, scale, scatter_cols, sigmoid, sign, silu, slice_rows, softmax,
+    softplus, sqrt, square, stop_gradient, sub, sum, sum_squares, sum_to, tanh, transpose, where, zeros,
 )
+from rlkit.core.recurrences import gated_linear_attn, rwkv_wkv6, rwkv_wkv7, ssm_conv, ssm_scan
 from rlkit.core.autograd import Gradients, backward
 from rlkit.core.capturing import capture, capture_step, update_step
 from rlkit.core.data import Batch, DataLoader

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlkit.core import runtime, ops
+from rlkit.core import ops, recurrences, runtime
 from rlkit.core.checks import positive_int
 from rlkit.core.nn.layers import LayerNorm, Module, _check_rows, _fan_in_uniform
 from rlkit.core.tensor import Tensor, param
@@ -134,13 +134,13 @@ class MambaBlock(_RecurrentBlock):
         xz = ops.matmul(self.W_in, x)  # [2 d_inner, seq, batch]
         x_in, z = ops.slice_rows(xz, 0, d), ops.slice_rows(xz, d, d)
         sx = ops.concat_rows(state.conv, ops.transpose(x_in))  # [d_conv - 1 + seq, d_inner, batch], time first
-        xc = ops.silu(ops.add(ops.ssm_conv(sx, self.conv_weight), self.conv_bias))  # [d_inner, seq, batch]
+        xc = ops.silu(ops.add(recurrences.ssm_conv(sx, self.conv_weight), self.conv_bias))  # [d_inner, seq, batch]
         B = ops.reshape(ops.matmul(self.W_B, xc), (self.d_state, self.n_groups, seq, batch))
         C = ops.reshape(ops.matmul(self.W_C, xc), (self.d_state, self.n_groups, seq, batch))
         dt = ops.add(ops.matmul(self.W_dt, xc), self.dt_bias)  # [n_heads, seq, batch], softplus inside the scan
         A = ops.neg(ops.exp(self.A_log))  # [1, n_heads]
         x_heads = ops.reshape(xc, (self.head_dim, self.n_heads, seq, batch))
-        y, ssm_state = ops.ssm_scan(state.ssm, x_heads, dt, A, B, C, chunk_size=self.chunk_size)
+        y, ssm_state = recurrences.ssm_scan(state.ssm, x_heads, dt, A, B, C, chunk_size=self.chunk_size)
         y = ops.add(ops.reshape(y, (d, seq, batch)), ops.mul(xc, self.D))  # [d_inner, seq, batch]
         out = ops.matmul(self.W_out, ops.mul(y, ops.silu(z)))  # [d_model, seq, batch]
         conv_state = ops.slice_rows(sx, seq, self.d_conv - 1)  # the last d_conv - 1 inputs
@@ -242,7 +242,7 @@ class RWKVBlock(_RecurrentBlock):
         kk = ops.reshape(ops.mul(k, self.k_k), heads)
         kk = ops.div(kk, ops.sqrt(ops.add(ops.sum(ops.square(kk), dim=0, keepdim=True), 1e-12)))  # unit per head
         k = ops.mul(k, ops.add(ops.mul(ops.sub(a, 1.0), self.k_a), 1.0))
-        y, wkv = ops.rwkv_wkv7(ops.reshape(r, heads), ops.reshape(w, heads), ops.reshape(k, heads),
+        y, wkv = recurrences.rwkv_wkv7(ops.reshape(r, heads), ops.reshape(w, heads), ops.reshape(k, heads),
                                ops.reshape(v, heads), ops.neg(kk), ops.mul(kk, ops.reshape(a, heads)), state.wkv)
         return ops.matmul(self.W_o, ops.mul(y, gate)), last, wkv  # y: [d, tokens]
 

@@ -1,0 +1,296 @@
+"""The state-space and RWKV recurrences, with ggml's shapes and argument order: Mamba's causal
+convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear attention. Each
+is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
+ssm_scan and gated_linear_attn have a chunked form beside the exact recurrence, composed of the
+differentiable ops of ops.py: matrix products within chunks of tokens and between them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from rlkit.core.ops import (
+    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, concat_rows, exp,
+    expand, ge, get_rows, gt, log, matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus, sub, sum_to,
+    transpose,
+)
+from rlkit.core.tensor import Tensor
+
+
+def ssm_conv(sx, c) -> Tensor:
+    """Mamba's causal depthwise convolution, as ggml_ssm_conv: ``sx`` [d_conv - 1 + n_t,
+    d_inner, n_s] is each sequence's conv state followed by its n_t steps along dim 0, ``c``
+    [d_conv, d_inner] one filter per channel; out[i, t, s] = sum_k sx[t + k, i, s] c[k, i],
+    shaped [d_inner, n_t, n_s]. Differentiable in both. (The new conv state is the last
+    d_conv - 1 steps of sx; the caller adds the bias and the activation.)"""
+    sx = as_tensor(sx, op="ssm_conv", arg="sx")
+    return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
+
+
+def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """Mamba's selective scan, as ggml_ssm_scan (shapes in ne order):
+
+    - ``s`` [d_state, head_dim, n_head, n_rs]: initial states; sequence q starts from s[..., ids[q]]
+    - ``x`` [head_dim, n_head, n_tok, n_seqs], ``dt`` [n_head, n_tok, n_seqs] (raw: softplus is
+      applied inside, ``dt`` > 20 taken as is)
+    - ``A`` [1, n_head] (Mamba-2: one decay rate per head) or [d_state, n_head] (Mamba-1)
+    - ``B``, ``C`` [d_state, n_group, n_tok, n_seqs]; head h reads group h // (n_head // n_group)
+    - ``ids`` i32 [n_seqs]; None means sequence q starts from state q (then n_rs = n_seqs)
+
+    Per token: S = S * exp(softplus(dt) A) + B (x softplus(dt)), y = C . S. Returns
+    (y like x, final states [d_state, head_dim, n_head, n_seqs]); differentiable in every float
+    input, the initial states included.
+
+    ``chunk_size`` None (the default) runs the exact recurrence, token by token. An int runs
+    Mamba-2's chunked form (SSD) for A [1, n_head]: within each chunk of that many tokens the
+    outputs are products of [chunk, chunk] matrices (C^T B times the decays between tokens),
+    and only the chunks' states pass from chunk to chunk, so the work is matrix products rather
+    than a loop over tokens. The same function in another order of sums: within a few f32
+    roundings of the recurrence (tests/test_ssm.py bounds both against float64). A NaN or an
+    infinity in one token reaches every output of its head in its sequence (the products
+    multiply it by the zeros above the diagonal), where the recurrence reaches the later tokens
+    only: never hidden, but no pointer to the token either."""
+    x = as_tensor(x, op="ssm_scan", arg="x")
+    s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
+                      ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
+    d_state, (head_dim, n_head, _, n_seqs), n_rs = _ne4(B)[0], _ne4(x), _ne4(s)[3]
+    if ids is None:
+        if n_rs != n_seqs:
+            raise ValueError(f"ssm_scan: without ids, s must hold one state per sequence (s.shape[3] = {n_seqs}), "
+                             f"got {n_rs}; pass ids to pick states")
+        ids = reshape(cast(arange(n_seqs, device=x.device), "i32"), (n_seqs,))  # on the device: traceable
+    ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
+    if chunk_size is not None:
+        check_inputs("ssm_scan", (s, x, dt, A, B, C, ids))
+        return _ssd_scan(s, x, dt, A, B, C, ids, chunk_size)
+    packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
+    n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
+    y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
+    return y, final_state
+
+
+def _lower_triangle(n: int, like: Tensor) -> Tensor:
+    """[n, n] of like's dtype and device: 1 where row >= column, else 0 (made on the device)."""
+    steps = arange(n, device=like.device)  # [n, 1]
+    mask = ge(steps, reshape(steps, (1, n)))  # [n, n]
+    return mask if like.dtype == "f32" else cast(mask, like.dtype)
+
+
+def _strictly_between(n: int, like: Tensor) -> Tensor:
+    """[n*n, n] of like's dtype and device: row t + n*s holds 1 at the columns r with
+    s < r <= t, the steps whose decays take a state from step s to step t."""
+    steps = arange(n, device=like.device)
+    inside = mul(ge(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
+                 gt(reshape(steps, (1, 1, n)), reshape(steps, (1, n, 1))))  # [t, s, r]
+    inside = reshape(inside, (n * n, n))
+    return inside if like.dtype == "f32" else cast(inside, like.dtype)
+
+
+def _decays(log_decay: Tensor) -> Tensor:
+    """[n, n, batch...] from the log decays of n steps [n, batch...]: at [t, s] the decay from
+    step s to step t, exp of the sum of log_decay over s < r <= t, for t >= s; 0 above the
+    diagonal. Each sum is its own product with a mask, not a difference of running sums:
+    those grow with the steps, and their difference would lose the digits a decay near 1 needs."""
+    n, batch = log_decay.shape[0], log_decay.shape[1:]
+    between = reshape(matmul(_strictly_between(n, log_decay), reshape(log_decay, (n, -1))), (n, n) + batch)
+    mask = reshape(_lower_triangle(n, log_decay), (n, n) + (1,) * len(batch))
+    return mul(exp(between), mask)  # between is 0 above the diagonal: exp(0) times 0
+
+
+def _chunks(op: str, chunk_size, n_tok: int) -> tuple[int, int]:
+    """(tokens per chunk, chunks per sequence) for a chunked form's ``chunk_size`` argument; the
+    last chunk is padded with tokens that leave the state as it is, so the final state is exact."""
+    chunk_size = _int_arg(chunk_size, op, "chunk_size")
+    if chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be at least 1 (or None for the recurrence), got {chunk_size}")
+    chunk = min(chunk_size, n_tok)
+    return chunk, -(-n_tok // chunk)
+
+
+def _in_chunks(t: Tensor, sizes: tuple[int, ...], n_tok: int, n_seqs: int, chunk: int) -> Tensor:
+    """t [*sizes, n_tok, n_seqs] (any shape of those elements) as [*sizes, chunk, c n_seqs], c the
+    chunks per sequence, the chunk index faster than the sequence's, after zero tokens at the end
+    of each sequence up to c * chunk."""
+    pad = -(-n_tok // chunk) * chunk - n_tok
+    if pad:
+        t = pad_rows(reshape(t, (math.prod(sizes) * n_tok, n_seqs)), 0, math.prod(sizes) * pad)
+    return reshape(t, sizes + (chunk, (n_tok + pad) // chunk * n_seqs))
+
+
+def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
+    """The inverse of _in_chunks for outputs of ``size`` elements per token: t with the padding's
+    tokens dropped, as [size * n_tok, n_seqs] (t itself where there was no padding)."""
+    padded = t.numel // (size * n_seqs)
+    return t if padded == n_tok else slice_rows(reshape(t, (size * padded, n_seqs)), 0, size * n_tok)
+
+
+def _pass_between_chunks(chunk_states: Tensor, first: Tensor, log_decay: Tensor) -> tuple[Tensor, Tensor]:
+    """A chunked recurrence's state before each chunk and after the last: from each chunk's own
+    state chunk_states [R, K, c, N] (its inputs decayed to its end), each sequence's initial state
+    first [R, K, N] and each chunk's log decay [K, c, N] (the decay varies along K and is shared
+    by the R rows), one product with the decays between chunks, [c+1, c+1] per (K, N). Returns
+    (starts [R, K, c, N], final [R, K, N])."""
+    R, K, c, n_seqs = _ne4(chunk_states)
+    states = concat_rows(reshape(first, (1, R, K, n_seqs)), permute(chunk_states, (2, 0, 1, 3)))  # [c+1, R, K, N]
+    log_decay = pad_rows(reshape(transpose(log_decay), (c, K * n_seqs)), 1, 0)  # [c+1, K*N]: none before the first
+    passed = matmul(_decays(reshape(log_decay, (c + 1, K, n_seqs))), states)  # [c+1, R, K, N]
+    final = reshape(slice_rows(passed, c, 1), (R, K, n_seqs))
+    return permute(slice_rows(passed, 0, c), (1, 2, 0, 3)), final
+
+
+def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
+    """ssm_scan in chunks (Mamba-2's state-space duality), from the differentiable ops above: the
+    tape gives its backward pass. Layouts name their dims in ne order; L is the chunk length, c
+    the number of chunks, cN the (chunk, sequence) batch with the chunk fastest."""
+    d_state, n_group = _ne4(B)[:2]
+    head_dim, n_head, n_tok, n_seqs = _ne4(x)
+    if _ne4(A)[0] != 1:
+        raise ValueError(f"ssm_scan: the chunked form needs Mamba-2's A [1, n_head] (one decay per head), got A with "
+                         f"{_ne4(A)[0]} rows (Mamba-1's decay per state); pass chunk_size=None for the recurrence")
+    L, c = _chunks("ssm_scan", chunk_size, n_tok)  # the last padded with tokens of no decay and no input
+    cN = c * n_seqs
+
+    step = softplus(reshape(dt, (n_head, n_tok, n_seqs)))  # [H, T, N]
+    log_decay = mul(step, reshape(A, (n_head, 1, 1)))  # [H, T, N]
+    inputs = mul(x, reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]: x softplus(dt)
+    # tokens into rows: [H, L, cN] -> [L, H, cN]; [P, H, L, cN] -> [L, P, H, cN]; [D, G, L, cN] -> [L, D, G, cN]
+    log_decay = transpose(_in_chunks(log_decay, (n_head,), n_tok, n_seqs, L))
+    inputs = permute(_in_chunks(inputs, (head_dim, n_head), n_tok, n_seqs, L), (2, 0, 1, 3))
+    B, C = (permute(_in_chunks(t, (d_state, n_group), n_tok, n_seqs, L), (2, 0, 1, 3)) for t in (B, C))
+    if n_group not in (1, n_head):  # head h reads group h // (n_head // n_group): repeat each group's
+        repeats = n_head // n_group
+        B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
+                        (L, d_state, n_head, cN)) for t in (B, C))
+
+    cumulative = reshape(matmul(_lower_triangle(L, x), reshape(log_decay, (L, -1))), (L, n_head, cN))  # inclusive sums
+    decay = _decays(log_decay)  # [L, L, H, cN]
+    scores = matmul(C, B, transpose_b=True)  # [L, L, G, cN]: C_t . B_s
+    y_within = matmul(mul(scores, decay), inputs)  # [L, P, H, cN]
+
+    # each chunk's own contribution to the state at its end, then the states passed between chunks
+    to_end = slice_rows(decay, L - 1, 1)  # [1, L, H, cN]: decay from token s to the chunk's end
+    weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
+    chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
+    E = d_state * head_dim
+    first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: the initial states
+    chunk_log_decay = reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs))  # [H, c, N]: each chunk's
+    starts, final_state = _pass_between_chunks(reshape(chunk_states, (E, n_head, c, n_seqs)), first, chunk_log_decay)
+    starts = reshape(starts, (d_state, head_dim, n_head, cN))
+    final_state = reshape(final_state, (d_state, head_dim, n_head, n_seqs))
+    from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
+    y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
+
+    y = permute(add(y_within, y_before), (1, 2, 0, 3))  # [P, H, L, cN]
+    return reshape(_out_of_chunks(y, head_dim * n_head, n_tok, n_seqs), x.shape), final_state
+
+
+def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:
+    """[y [S*H, T], the new state shaped like ``state``] from a recurrence's packed output
+    [S*H, T + S*n_seqs]."""
+    rows = packed.shape[0]
+    n_y = packed.numel - state.numel
+    return _unpack_columns(packed, [(n_y, (rows, n_y // rows)), (state.numel, state.shape)])
+
+
+def _recurrence_inputs(op: str, names: tuple[str, ...], args: tuple) -> tuple[Tensor, ...]:
+    """The arguments of a recurrence as tensors of the first one's dtype and device."""
+    first = as_tensor(args[0], op=op, arg=names[0])
+    return (first,) + tuple(as_tensor(x, like=first, op=op, arg=name) for name, x in zip(names[1:], args[1:]))
+
+
+def rwkv_wkv6(k, v, r, tf, td, state) -> tuple[Tensor, Tensor]:
+    """RWKV-6's time mixing, as ggml_rwkv_wkv6. k, v, r, td are [S, H, T] (head size S, H heads,
+    T tokens of n_seqs sequences of equal length, sequence b owning tokens [b*T/n_seqs,
+    (b+1)*T/n_seqs)), td the per-token decay in linear space, tf [S, H] the bonus u, state
+    [S*S*H, n_seqs] (head h's S x S matrix at ``h*S*S + i*S + j``). Per sequence and head:
+    ``y_t[j] = sum_i r_t[i] (u[i] k_t[i] v_t[j] + S[i,j])``, then
+    ``S[i,j] = td_t[i] S[i,j] + k_t[i] v_t[j]``. Returns (y [S*H, T], final state like
+    ``state``), differentiable in every input."""
+    k, v, r, tf, td, state = _recurrence_inputs("rwkv_wkv6", ("k", "v", "r", "tf", "td", "state"),
+                                                (k, v, r, tf, td, state))
+    return tuple(_split_recurrence(apply("rwkv_wkv6", (k, v, r, tf, td, state)), state))
+
+
+def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """Gated linear attention, as ggml_gated_linear_attn: k, v, q, g are [S, H, T] (g the
+    per-key-channel gate in linear space), state [S*S*H, n_seqs], shapes and sequences as in
+    :func:`rwkv_wkv6`. Per sequence and head: ``S[i,j] = g_t[i] S[i,j] + k_t[i] v_t[j]``, then
+    ``y_t[j] = scale * sum_i q_t[i] S[i,j]`` (the updated state). Returns (y [S*H, T], final
+    state); differentiable in every tensor (``scale`` is a constant).
+
+    ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
+    (as flash-linear-attention's chunk_gla): within a chunk every pair of tokens is weighted
+    by its gates' product, exp of a difference of log-gate sums (never above 1, so strong gates
+    cannot overflow), the chunk's own state is one product, and the states pass between chunks
+    as one product per key channel. It takes log(g): gates must be positive (a gate of 0 is
+    taken as e^-80; a negative one gives NaN). Its memory grows with chunk_size times the
+    inputs', so chunks of 16 to 64 tokens."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"gated_linear_attn: scale must be finite, got {scale}")
+    k, v, q, g, state = _recurrence_inputs("gated_linear_attn", ("k", "v", "q", "g", "state"), (k, v, q, g, state))
+    if chunk_size is not None:
+        check_inputs("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),))
+        return _chunked_gla(k, v, q, g, state, float(scale), chunk_size)
+    packed = apply("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),), scale=float(scale))
+    return tuple(_split_recurrence(packed, state))
+
+
+def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
+    """gated_linear_attn in chunks, from the differentiable ops (the tape gives its backward).
+    Dims in ne order: S the head size (i a key channel, j a value channel), L the chunk length,
+    c the chunks per sequence, cN the (chunk, sequence) batch with the chunk fastest, B = H cN."""
+    S, H = _ne4(k)[:2]
+    n_seqs = state.shape[1]
+    n_tok = k.numel // (S * H * n_seqs)  # per sequence
+    L, c = _chunks("gated_linear_attn", chunk_size, n_tok)  # the last padded with tokens of no input and log gate 0
+    B = H * c * n_seqs
+
+    def in_chunks(t: Tensor) -> Tensor:
+        """[S, H, T] as [S, L, B]: tokens of a chunk along dim 1."""
+        return reshape(permute(_in_chunks(t, (S, H), n_tok, n_seqs, L), (0, 2, 1, 3)), (S, L, B))
+
+    log_gate = in_chunks(maximum(log(g), -80.0))  # [S(i), L, B]
+    keys, queries = in_chunks(k), in_chunks(mul(q, scale))  # [S(i), L, B]
+    values = permute(in_chunks(v), (1, 0, 2))  # [L, S(j), B]
+    mask = _lower_triangle(L, k)  # [t, s]: 1 where s <= t
+    cumulative = matmul(log_gate, mask, transpose_b=True)  # [S, L, B]: log-gate sums through each token
+
+    # within the chunk: weights[t, s] = sum_i q_t[i] k_s[i] (the gates of s < r <= t, channel i), s <= t
+    between = reshape(matmul(log_gate, _strictly_between(L, k), transpose_b=True), (S, L, L, B))  # [S, L(t), L(s), B]
+    pair_gates = mul(exp(between), reshape(mask, (1, L, L, 1)))
+    pairs = mul(mul(reshape(queries, (S, L, 1, B)), reshape(keys, (S, 1, L, B))), pair_gates)
+    weights = reshape(sum_to(pairs, (1, L, L, B)), (L, L, B))  # [L(t), L(s), B]
+    y_within = matmul(weights, values)  # [L, S(j), B]
+
+    # each chunk's own state (transposed: [S(j), S(i)]), then the states passed between chunks
+    last = slice_rows(transpose(cumulative), L - 1, 1)  # [1, S, B]: the chunk's whole log gate
+    to_end = exp(matmul(log_gate, sub(1.0, mask), transpose_b=True))  # [S, L, B]: the gates after token s, to the end
+    chunk_states = matmul(values, mul(keys, to_end), transpose_a=True, transpose_b=True)  # [S(j), S(i), B]
+    starts, final_state = _pass_between_chunks(reshape(chunk_states, (S, S * H, c, n_seqs)),
+                                               reshape(state, (S, S * H, n_seqs)), reshape(last, (S * H, c, n_seqs)))
+    starts = reshape(starts, (S, S, B))  # [S(j), S(i), B]
+    y_before = matmul(mul(queries, exp(cumulative)), starts, transpose_a=True, transpose_b=True)  # [L, S(j), B]
+
+    y = permute(reshape(add(y_within, y_before), (L, S, H, c * n_seqs)), (1, 2, 0, 3))  # [S(j), H, L, cN]
+    return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs)), reshape(final_state, state.shape)
+
+
+def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
+    """RWKV-7's recurrence, as ggml_rwkv_wkv7. ``r, w, k, v, a, b`` are [S, H, T]: head size S,
+    H heads, T tokens of n_seqs equal sequences (sequence s owns tokens [s T/n_seqs, (s+1)
+    T/n_seqs)); ``w`` is the decay in linear space. ``state`` [S*S*H, n_seqs] holds each
+    sequence's H matrices S x S, head h's at h*S*S + i*S + j (i the value row, j the key
+    column). Per token and head::
+
+        sa[i]  = sum_j a[j] S[i, j]
+        S[i,j] = S[i,j] w[j] + v[i] k[j] + sa[i] b[j]
+        y[i]   = sum_j S[i, j] r[j]
+
+    Returns (y [S*H, T], final_state [S*S*H, n_seqs]), differentiable in every input."""
+    r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
+                                                 (r, w, k, v, a, b, state))
+    packed = apply("rwkv_wkv7", (r, w, k, v, a, b, state))  # [S*H, T + S*n_seqs]
+    return tuple(_split_recurrence(packed, state))
