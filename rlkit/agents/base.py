@@ -12,6 +12,7 @@ import os
 import time
 import warnings
 from dataclasses import asdict, fields
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -149,6 +150,15 @@ class AgentPolicy:
         return f"AgentPolicy({self.name} of {self._agent.algo})"
 
 
+class LaunchedUpdate(NamedTuple):
+    """A gradient step that ``overlap_updates`` launched and has not read yet."""
+
+    pending: rc.capturing.PendingReplay  # its replay, running or done
+    variant: object  # the variant of the update it runs
+    scalars: dict  # the scalars of its round's earlier steps, logged with its own
+    update: rc.capturing.CapturedFunction  # the captured update launched: busy until read
+
+
 class OffPolicyAgent:
     """The environment loop, logging and saving of an off-policy agent.
 
@@ -223,8 +233,7 @@ class OffPolicyAgent:
         self.skipped_updates = 0
         self._acting: dict[bool, rc.capturing.CapturedFunction] = {}  # the captured policy, by determinism
         self._actions_ready: tuple | None = None  # (observations, deterministic, actions) a train round computed
-        self._pending_round: tuple | None = None  # overlap_updates: (launched step, its variant, the round's scalars,
-        #                                             the captured update launched)
+        self._pending_round: LaunchedUpdate | None = None  # overlap_updates: the round's last step, launched
         self._rng = np.random.default_rng(seed)
         self.log_path: str | None = None  # the run folder of the latest learn call, when logging
         with self.on_device():
@@ -422,29 +431,27 @@ class OffPolicyAgent:
             actions = acting.result()  # read even where the round failed: the policy can run again
         self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
 
-    def _launch_update(self, scalars: dict[str, float], running: tuple | None) -> tuple:
+    def _launch_update(self, scalars: dict[str, float], running: LaunchedUpdate | None) -> LaunchedUpdate:
         """Launches the next gradient step: the captured update of its variant, or that update's
         twin where the ``running`` round (launched, not read) is that update, since a captured
-        function runs one launch at a time. Returns what ``_pending_round`` holds."""
+        function runs one launch at a time."""
         variant = self._next_variant()
         update = self._steps[variant]
-        if running is not None and running[3] is update:
+        if running is not None and running.update is update:
             update = self._twin_steps[variant]
-        return update.launch(stored=self._stored_count()), variant, scalars, update
+        return LaunchedUpdate(update.launch(stored=self._stored_count()), variant, scalars, update)
 
     def _finish_round(self) -> None:
         """Waits for a launched round's last gradient step and logs the round's scalars."""
         pending, self._pending_round = self._pending_round, None
         self._finish(pending)
 
-    def _finish(self, round_: tuple | None) -> None:
-        """Waits for ``round_`` (what ``_launch_update`` returned, or None: nothing to wait for)
-        and logs its scalars."""
+    def _finish(self, round_: LaunchedUpdate | None) -> None:
+        """Waits for ``round_`` (None: nothing to wait for) and logs its scalars."""
         if round_ is None:
             return
-        pending, variant, scalars, _ = round_
-        scalars.update(self._update_scalars(pending.result(), variant))
-        self._train_scalars.update(scalars)
+        round_.scalars.update(self._update_scalars(round_.pending.result(), round_.variant))
+        self._train_scalars.update(round_.scalars)
 
     def _state_objects(self) -> dict:
         """{name: object with state_dict()} that save writes and load restores."""
