@@ -8,11 +8,11 @@ For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) a
 plus its backward helper (every gradient); then ssm_scan as a user runs it, by its recurrence
 and by its chunked form (Mamba-2's SSD), the forward alone and the forward on a tape plus
 backward(), and gated_linear_attn (head size 64, 32 heads, 4 sequences) the same way. Each
-beside its floor: the bytes an ideal kernel must move (inputs read once,
-outputs and true gradients written once; no scratch) over the copy bandwidth measured on the
-same device in the same run (a large elementwise op that reads and writes every element).
-"of floor" = floor time / measured time. Then the Mamba demo
-(scripts/mamba_train_demo.py, default sizes) trained for a few epochs: seconds per epoch.
+beside its floor: the bytes an ideal kernel must move (inputs read once, outputs and true
+gradients written once; no scratch) over the copy bandwidth measured on the same device in the
+same run (a large elementwise op that reads and writes every element). "of floor" = floor time
+/ measured time. Then the Mamba demo (scripts/mamba_train_demo.py, default sizes) trained for a
+few epochs: seconds per epoch.
 """
 
 from __future__ import annotations
@@ -61,21 +61,26 @@ def normal(rng, shape):
     return rng.normal(size=shape)
 
 
-def time_op(op: str, inputs: list, description: str) -> dict:
-    """The forward op's time and the forward op's plus its backward helper's, with the bytes an
-    ideal kernel moves: forward, the float inputs in and the output out; backward, the output's
-    gradient and the inputs in, a gradient per float input out."""
-    out = ops.apply(op, tuple(inputs))
-    grad = rc.full(out.shape, 1.0)
-    read = sum(t.numel for t in inputs if t.dtype != "i32") * F32
-    written = out.numel * F32
+def timed(description: str, forward, forward_backward, read: int, written: int) -> dict:
+    """The median times of ``forward()`` and ``forward_backward()``, with the bytes an ideal
+    kernel moves: forward, the float inputs in (``read``) and the outputs out (``written``);
+    backward, the outputs' gradients and the inputs in, a gradient per float input out."""
     return {
         "op": description,
-        "forward": median_seconds(lambda: ops.apply(op, tuple(inputs))),
-        "forward_backward": median_seconds(lambda: (ops.apply(op, tuple(inputs)), ops.apply(f"{op}_back", (grad, *inputs)))),
+        "forward": median_seconds(forward),
+        "forward_backward": median_seconds(forward_backward),
         "bytes_forward": read + written,
         "bytes_forward_backward": (read + written) + (written + read) + read,
     }
+
+
+def time_op(op: str, inputs: list, description: str) -> dict:
+    """The forward op alone, and the forward op plus its backward helper (every gradient)."""
+    out = ops.apply(op, tuple(inputs))
+    grad = rc.full(out.shape, 1.0)
+    return timed(description, lambda: ops.apply(op, tuple(inputs)),
+                 lambda: (ops.apply(op, tuple(inputs)), ops.apply(f"{op}_back", (grad, *inputs))),
+                 sum(t.numel for t in inputs if t.dtype != "i32") * F32, out.numel * F32)
 
 
 def time_on_tape(run, inputs: list, outputs_numel: int, description: str) -> dict:
@@ -95,15 +100,7 @@ def time_on_tape(run, inputs: list, outputs_numel: int, description: str) -> dic
             loss = rc.add(rc.sum(y), rc.sum(final))
         rc.backward(loss)
 
-    read = sum(t.numel for t in inputs) * F32
-    written = outputs_numel * F32
-    return {
-        "op": description,
-        "forward": median_seconds(forward),
-        "forward_backward": median_seconds(forward_backward),
-        "bytes_forward": read + written,
-        "bytes_forward_backward": (read + written) + (written + read) + read,
-    }
+    return timed(description, forward, forward_backward, sum(t.numel for t in inputs) * F32, outputs_numel * F32)
 
 
 def ssm_scan_inputs(rng, n_tok: int) -> tuple[list, object, str]:

@@ -61,6 +61,16 @@ def np_ssm_scan(s, x, dt, A, B, C, ids):
     return y, final
 
 
+def assert_chunked_within_recurrent_error(names, exact, recurrent, chunked):
+    """For each result (outputs, then gradients): the float32 chunked form's largest error
+    against the float64 ``exact`` one, relative to its largest value, is below 4x the float32
+    recurrence's (or 1e-6, where the recurrence is exact to rounding)."""
+    for name, e, a, b in zip(names, exact, recurrent, chunked):
+        scale = np.abs(e).max()
+        recurrent_error, chunked_error = np.abs(a - e).max() / scale, np.abs(b - e).max() / scale
+        assert chunked_error < max(4 * recurrent_error, 1e-6), f"{name}: {chunked_error:.1e} against {recurrent_error:.1e}"
+
+
 def packed(y, final):
     """Both results of a recurrent op as one column (rlkit tensors or numpy arrays)."""
     if isinstance(y, np.ndarray):
