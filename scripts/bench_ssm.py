@@ -2,11 +2,12 @@
 Mamba demo, on each device present.
 
     python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N] [--chunk-size N] [--gla-chunk-size N]
+                                [--wkv7-chunk-size N]
 
 For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) and rwkv_wkv7
 (head size 64, 32 heads, 4 sequences): the median time of the forward op, and of the forward op
-plus its backward helper (every gradient); then ssm_scan as a user runs it, by its recurrence
-and by its chunked form (Mamba-2's SSD), the forward alone and the forward on a tape plus
+plus its backward helper (every gradient); then each as a user runs it, by its recurrence and by
+its chunked form (ssm_scan's as Mamba-2's SSD), the forward alone and the forward on a tape plus
 backward(), and gated_linear_attn (head size 64, 32 heads, 4 sequences) the same way. Each
 beside its floor: the bytes an ideal kernel must move (inputs read once, outputs and true
 gradients written once; no scratch) over the copy bandwidth measured on the same device in the
@@ -144,7 +145,8 @@ def bench_gated_linear_attn(rng, n_tok: int, chunk_size: int) -> list[dict]:
             for size in (None, chunk_size)]
 
 
-def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
+def bench_rwkv_wkv7(rng, n_tok: int, chunk_size: int) -> list[dict]:
+    """rwkv_wkv7's op and backward op, then the recurrence and the chunked form on a tape."""
     S, H, n_seqs = 64, 32, 4
     T = n_tok * n_seqs
 
@@ -158,7 +160,12 @@ def bench_rwkv_wkv7(rng, n_tok: int) -> dict:
         "a": ((S, H, T), lambda r, s: -unit(r, s)), "b": ((S, H, T), unit),
         "state": ((S * S * H, n_seqs), normal),
     })
-    return time_op("rwkv_wkv7", list(t.values()), f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}")
+    inputs = list(t.values())
+    outputs = inputs[3].numel + inputs[6].numel  # y like v, the final state like state
+    return [time_op("rwkv_wkv7", inputs, f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}")] + [
+        time_on_tape(lambda *p, size=size: rc.rwkv_wkv7(*p, chunk_size=size), inputs, outputs,
+                     f"rwkv_wkv7 {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
+        for size in (None, chunk_size)]
 
 
 def bench_demo(device: str, epochs: int) -> float:
@@ -182,6 +189,7 @@ def main() -> None:
     parser.add_argument("--demo-epochs", type=int, default=None, help="demo epochs timed (default: 3 CPU, 60 GPU)")
     parser.add_argument("--chunk-size", type=int, default=64, help="ssm_scan's chunked form: tokens per chunk")
     parser.add_argument("--gla-chunk-size", type=int, default=16, help="gated_linear_attn's chunked form: tokens per chunk")
+    parser.add_argument("--wkv7-chunk-size", type=int, default=16, help="rwkv_wkv7's chunked form: tokens per chunk")
     args = parser.parse_args()
     present = [d["device"] for d in rc.devices()]
     devices = [d for d in ("cpu", "gpu") if d in present and args.device in (d, "all")]
@@ -193,7 +201,7 @@ def main() -> None:
             name = rc.devices()[present.index(device)]["name"]
             print(f"\n{device}: {name}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
             rng = np.random.default_rng(0)
-            results = (bench_ssm_scan(rng, n_tok, args.chunk_size) + [bench_rwkv_wkv7(rng, n_tok)]
+            results = (bench_ssm_scan(rng, n_tok, args.chunk_size) + bench_rwkv_wkv7(rng, n_tok, args.wkv7_chunk_size)
                        + bench_gated_linear_attn(rng, n_tok, args.gla_chunk_size))
             for result in results:
                 for kind in ("forward", "forward_backward"):

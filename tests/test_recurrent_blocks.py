@@ -1,5 +1,5 @@
-"""The recurrent blocks, nn.MambaBlock (by its recurrence and by its chunked form) and
-nn.RWKVBlock: the step-by-step recurrent mode against the whole-sequence pass, states carried
+"""The recurrent blocks, nn.MambaBlock and nn.RWKVBlock (each by its recurrence and by its
+chunked form): the step-by-step recurrent mode against the whole-sequence pass, states carried
 between chunks, causality, gradients against finite differences (float64), the GPU against the
 CPU, learning beyond a memoryless map, and bad arguments."""
 
@@ -14,6 +14,7 @@ BLOCKS = {
     "mamba": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1),
     "mamba_chunked": lambda: nn.MambaBlock(d_model=6, d_state=4, d_conv=3, expand=2, head_dim=4, n_groups=1, chunk_size=3),
     "rwkv": lambda: nn.RWKVBlock(d_model=6, head_size=3),
+    "rwkv_chunked": lambda: nn.RWKVBlock(d_model=6, head_size=3, chunk_size=3),
 }
 
 
@@ -142,9 +143,9 @@ def test_a_block_learns_what_needs_memory(kind):
     moving average of the input far better than the best memoryless map can (a least-squares
     fit of y_t from x_t alone)."""
     rc.manual_seed(1)
-    chunk_size = 4 if kind == "mamba_chunked" else None
+    chunk_size = 4 if kind.endswith("_chunked") else None
     block = nn.MambaBlock(d_model=8, d_state=4, d_conv=3, head_dim=4, chunk_size=chunk_size) if kind.startswith("mamba") \
-        else nn.RWKVBlock(8, head_size=4)
+        else nn.RWKVBlock(8, head_size=4, chunk_size=chunk_size)
     embed, readout = nn.Linear(6, 8), nn.Linear(8, 6)
     params = {f"{part}.{name}": p for part, module in (("embed", embed), ("block", block), ("readout", readout))
               for name, p in module.parameters().items()}
@@ -186,6 +187,8 @@ def test_bad_mamba_construction(kwargs, message):
 def test_bad_rwkv_construction():
     with pytest.raises(ValueError, match="d_model = 6 is not a multiple of head_size = 4"):
         nn.RWKVBlock(d_model=6, head_size=4)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        nn.RWKVBlock(d_model=6, head_size=3, chunk_size=0)
 
 
 def test_bad_inputs_and_states():

@@ -1,13 +1,15 @@
 """rwkv_wkv7 beyond the op table's cases: the recurrence against a numpy loop (head sizes that do
 and do not divide the GPU's 256 invocations, several sequences), float64 gradients of every input
 across the backward's checkpoint chunks, the GPU against the CPU at realistic sizes (forward and
-every gradient), a sequence run in two pieces carrying the state, and the shape and dtype errors."""
+every gradient), a sequence run in two pieces carrying the state, and the shape and dtype errors;
+then the chunked form against the recurrence (float64 to rounding, float32 within a few times the
+recurrence's error, decays that close, a capture, its own argument errors)."""
 
 import numpy as np
 import pytest
 
 import rlkit.core as rc
-from op_references import np_rwkv_wkv7, packed
+from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, packed
 
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 
@@ -166,3 +168,117 @@ def test_bad_dtypes_are_refused():
         rc.rwkv_wkv7(*[_t(4, 2, 6)] * 6, _t(32, 1, dtype="f64"))
     with pytest.raises(TypeError, match=r"^rwkv_wkv7: k must be a float tensor"):
         rc.rwkv_wkv7(_t(4, 2, 6), _t(4, 2, 6), rc.tensor(np.ones((4, 2, 6), np.int32)), *[_t(4, 2, 6)] * 3, _t(32, 1))
+
+
+@pytest.mark.parametrize("bad, exc, message", [
+    (0, ValueError, r"chunk_size must be at least 1"),
+    ("4", TypeError, r"chunk_size must be an int"),
+])
+def test_bad_chunk_sizes_are_refused(bad, exc, message):
+    with pytest.raises(exc, match=r"^rwkv_wkv7: " + message):
+        rc.rwkv_wkv7(*[_t(4, 2, 6)] * 6, _t(32, 1), chunk_size=bad)
+
+
+def test_the_chunked_form_checks_its_inputs_as_the_recurrence():
+    with pytest.raises(ValueError, match=r"^rwkv_wkv7: v must be \[S, H, T\] like r \[4, 2, 6\], got \[4, 2, 5\]"):
+        rc.rwkv_wkv7(*[_t(4, 2, 6)] * 3, _t(4, 2, 5), *[_t(4, 2, 6)] * 2, _t(32, 1), chunk_size=2)
+
+
+NAMES = ["y", "final state", "r", "w", "k", "v", "a", "b", "state"]
+
+
+def _with_gradients(arrays, weights, chunk_size, dtype):
+    """y, the final state and every gradient of sum(wy y) + sum(ws state)."""
+    params = [rc.param(np.asfortranarray(x), dtype=dtype) for x in arrays]
+    with rc.grad_tape():
+        y, final = rc.rwkv_wkv7(*params, chunk_size=chunk_size)
+        loss = rc.add(rc.sum(rc.mul(y, rc.tensor(weights[0], dtype=dtype))),
+                      rc.sum(rc.mul(final, rc.tensor(weights[1], dtype=dtype))))
+    grads = rc.backward(loss)
+    return [y.numpy(), final.numpy()] + [np.asarray(grads[p]) for p in params]
+
+
+def _chunk_case(S, H, T, n_seqs, seed, w_low=0.5):
+    """Inputs for n_seqs sequences of T tokens (decays in [w_low, 1)) and the loss's weights."""
+    arrays = inputs(S, H, T * n_seqs, n_seqs, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    arrays[1] = rng.uniform(w_low, 1.0, size=arrays[1].shape)
+    return arrays, [rng.normal(size=(S * H, T * n_seqs)), rng.normal(size=arrays[6].shape)]
+
+
+CHUNKED_CASES = [  # S, H, tokens per sequence, n_seqs, chunk_size
+    (4, 2, 10, 2, 4),   # the last chunk short
+    (8, 3, 16, 1, 4),   # chunks fill the sequence
+    (3, 2, 7, 2, 16),   # one chunk longer than the sequence
+    (5, 2, 9, 3, 1),    # chunks of one token
+    (4, 1, 40, 1, 8),   # five chunks: the state passed four times, split and joined in halves
+]
+
+
+@pytest.mark.parametrize("S, H, T, n_seqs, chunk_size", CHUNKED_CASES)
+def test_chunked_form_is_the_recurrence_in_float64(S, H, T, n_seqs, chunk_size):
+    """In float64 the chunked form's outputs equal the numpy loop's, and its every gradient the
+    recurrence's, to rounding."""
+    arrays, weights = _chunk_case(S, H, T, n_seqs, seed=T + S)
+    recurrent = _with_gradients(arrays, weights, None, "f64")
+    chunked = _with_gradients(arrays, weights, chunk_size, "f64")
+    want_y, want_state = np_rwkv_wkv7(*arrays)
+    np.testing.assert_allclose(chunked[0], want_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(chunked[1], want_state, rtol=1e-12, atol=1e-12)
+    for name, a, b in zip(NAMES, recurrent, chunked):
+        np.testing.assert_allclose(b, a, rtol=1e-11, atol=1e-11 * np.abs(a).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("S, H, T, n_seqs, chunk_size, w_low", [
+    (4, 2, 10, 2, 4, 0.5), (8, 3, 16, 1, 4, 0.5), (3, 2, 7, 2, 16, 0.5),
+    (16, 2, 128, 1, 64, 0.5),  # long chunks: the powers of P_ab up to the 63rd
+    (16, 1, 96, 1, 32, 0.05),  # strong decays: log decays of -3 a token summed over 32
+])
+def test_chunked_form_in_float32_is_as_close_to_float64_as_the_recurrence(device, S, H, T, n_seqs, chunk_size, w_low):
+    arrays, weights = _chunk_case(S, H, T, n_seqs, seed=T + S + 1, w_low=w_low)
+    previous = rc.device("cpu")
+    try:
+        exact = _with_gradients(arrays, weights, None, "f64")
+    finally:
+        rc.device(previous)
+    recurrent = _with_gradients(arrays, weights, None, "f32")
+    chunked = _with_gradients(arrays, weights, chunk_size, "f32")
+    assert_chunked_within_recurrent_error(NAMES, exact, recurrent, chunked)
+
+
+def test_chunked_form_with_decays_that_close(device):
+    """Decays of 1e-30 and 0 inside a chunk of 8: no overflow (the pairs' decays are exp of sums
+    never above 0) and no NaN; 0 is taken as e^-80, so the outputs are the recurrence's to
+    float32's precision."""
+    arrays, weights = _chunk_case(4, 2, 12, 2, seed=4)
+    arrays[1][:, :, 3] = 1e-30
+    arrays[1][:, 1, 9] = 0.0
+    recurrent = _with_gradients(arrays, weights, None, "f32")
+    chunked = _with_gradients(arrays, weights, 8, "f32")
+    for name, a, b in zip(NAMES, recurrent, chunked):
+        if name == "w":  # w's gradient at 0: log's, see the docstring
+            continue
+        assert np.isfinite(b).all(), name
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(a).max()), err_msg=name)
+
+
+def test_chunked_form_in_a_capture_gives_the_eager_values(device):
+    arrays, _ = _chunk_case(4, 2, 10, 2, seed=5)
+    tensors = [np.asfortranarray(x, dtype=np.float32) for x in arrays]
+    captured = rc.capture(lambda r, w, k, v, a, b, state: rc.rwkv_wkv7(r, w, k, v, a, b, state, chunk_size=4))
+    eager = rc.rwkv_wkv7(*[rc.tensor(x) for x in tensors], chunk_size=4)
+    for _ in range(2):  # the trace, then a replay
+        for replayed, expected in zip(captured(**dict(zip("r w k v a b state".split(), tensors))), eager):
+            np.testing.assert_array_equal(np.asarray(replayed), expected.numpy())
+
+
+def test_chunked_form_keeps_a_nan_in_its_head_and_sequence():
+    """A NaN in one token's key reaches its head's outputs in its sequence (all of them: the
+    products within a chunk multiply it by zeros) and nothing else."""
+    arrays, _ = _chunk_case(4, 2, 8, 2, seed=6)
+    arrays[2][1, 1, 10] = np.nan  # head 1, sequence 1 (tokens 8..15)
+    y, final = (x.numpy() for x in rc.rwkv_wkv7(*[rc.tensor(np.asfortranarray(x)) for x in arrays], chunk_size=4))
+    bad = np.zeros((8, 16), bool)
+    bad[4:8, 8:16] = True  # rows of head 1, tokens of sequence 1
+    assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all()
+    assert np.isnan(final[16:32, 1]).all() and np.isfinite(final[:16]).all() and np.isfinite(final[16:32, 0]).all()

@@ -70,18 +70,20 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tupl
     return y, final_state
 
 
-def _lower_triangle(n: int, like: Tensor) -> Tensor:
-    """[n, n] of like's dtype and device: 1 where row >= column, else 0 (made on the device)."""
+def _lower_triangle(n: int, like: Tensor, strict: bool = False) -> Tensor:
+    """[n, n] of like's dtype and device: 1 where row >= column (row > column when strict),
+    else 0 (made on the device)."""
     steps = arange(n, device=like.device)  # [n, 1]
-    mask = ge(steps, reshape(steps, (1, n)))  # [n, n]
+    mask = (gt if strict else ge)(steps, reshape(steps, (1, n)))  # [n, n]
     return mask if like.dtype == "f32" else cast(mask, like.dtype)
 
 
-def _strictly_between(n: int, like: Tensor) -> Tensor:
+def _strictly_between(n: int, like: Tensor, through_last: bool = True) -> Tensor:
     """[n*n, n] of like's dtype and device: row t + n*s holds 1 at the columns r with
-    s < r <= t, the steps whose decays take a state from step s to step t."""
+    s < r <= t, the steps whose decays take a state from step s to step t (s < r < t when
+    not through_last: from step s to the state step t reads before its own)."""
     steps = arange(n, device=like.device)
-    inside = mul(ge(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
+    inside = mul((ge if through_last else gt)(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
                  gt(reshape(steps, (1, 1, n)), reshape(steps, (1, n, 1))))  # [t, s, r]
     inside = reshape(inside, (n * n, n))
     return inside if like.dtype == "f32" else cast(inside, like.dtype)
@@ -238,6 +240,36 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
     return tuple(_split_recurrence(packed, state))
 
 
+def _heads_in_chunks(t: Tensor, S: int, H: int, n_tok: int, n_seqs: int, L: int) -> Tensor:
+    """A head-major input [S, H, n_tok n_seqs] as [S, L, B]: the tokens of a chunk along dim 1,
+    B = H c n_seqs the (head, chunk, sequence) batch with the head fastest."""
+    return reshape(permute(_in_chunks(t, (S, H), n_tok, n_seqs, L), (0, 2, 1, 3)), (S, L, -1))
+
+
+def _heads_out_of_chunks(y: Tensor, S: int, H: int, n_tok: int, n_seqs: int) -> Tensor:
+    """The inverse of _heads_in_chunks for outputs with tokens in rows: y [L, S, B] as
+    [S H, n_tok n_seqs], the padding's tokens dropped."""
+    L = y.shape[0]
+    y = permute(reshape(y, (L, S, H, -1)), (1, 2, 0, 3))  # [S, H, L, cN]
+    return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs))
+
+
+def _pair_decays(log_decay: Tensor, through_last: bool = True) -> Tensor:
+    """[S, L(t), L(s), B] from log decays per channel [S, L, B]: exp of their sum over
+    s < r <= t where s <= t (over s < r < t where s < t, when not through_last), else 0.
+    Exponents are never above 0, so decays near 0 underflow rather than overflow."""
+    S, L, B = log_decay.shape
+    between = matmul(log_decay, _strictly_between(L, log_decay, through_last), transpose_b=True)  # [S, L*L, B]
+    mask = reshape(_lower_triangle(L, log_decay, strict=not through_last), (1, L, L, 1))
+    return mul(exp(reshape(between, (S, L, L, B))), mask)
+
+
+def _pair_sums(left: Tensor, right: Tensor) -> Tensor:
+    """[L(t), L(s), B] = sum over channels i of left[i, t, s, b] right[i, s, b]."""
+    S, L, _, B = left.shape
+    return reshape(sum_to(mul(left, reshape(right, (S, 1, L, B))), (1, L, L, B)), (L, L, B))
+
+
 def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
     """gated_linear_attn in chunks, from the differentiable ops (the tape gives its backward).
     Dims in ne order: S the head size (i a key channel, j a value channel), L the chunk length,
@@ -249,8 +281,7 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     B = H * c * n_seqs
 
     def in_chunks(t: Tensor) -> Tensor:
-        """[S, H, T] as [S, L, B]: tokens of a chunk along dim 1."""
-        return reshape(permute(_in_chunks(t, (S, H), n_tok, n_seqs, L), (0, 2, 1, 3)), (S, L, B))
+        return _heads_in_chunks(t, S, H, n_tok, n_seqs, L)  # [S, L, B]
 
     log_gate = in_chunks(maximum(log(g), -80.0))  # [S(i), L, B]
     keys, queries = in_chunks(k), in_chunks(mul(q, scale))  # [S(i), L, B]
@@ -259,10 +290,7 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     cumulative = matmul(log_gate, mask, transpose_b=True)  # [S, L, B]: log-gate sums through each token
 
     # within the chunk: weights[t, s] = sum_i q_t[i] k_s[i] (the gates of s < r <= t, channel i), s <= t
-    between = reshape(matmul(log_gate, _strictly_between(L, k), transpose_b=True), (S, L, L, B))  # [S, L(t), L(s), B]
-    pair_gates = mul(exp(between), reshape(mask, (1, L, L, 1)))
-    pairs = mul(mul(reshape(queries, (S, L, 1, B)), reshape(keys, (S, 1, L, B))), pair_gates)
-    weights = reshape(sum_to(pairs, (1, L, L, B)), (L, L, B))  # [L(t), L(s), B]
+    weights = _pair_sums(mul(reshape(queries, (S, L, 1, B)), _pair_decays(log_gate)), keys)  # [L(t), L(s), B]
     y_within = matmul(weights, values)  # [L, S(j), B]
 
     # each chunk's own state (transposed: [S(j), S(i)]), then the states passed between chunks
@@ -274,11 +302,10 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     starts = reshape(starts, (S, S, B))  # [S(j), S(i), B]
     y_before = matmul(mul(queries, exp(cumulative)), starts, transpose_a=True, transpose_b=True)  # [L, S(j), B]
 
-    y = permute(reshape(add(y_within, y_before), (L, S, H, c * n_seqs)), (1, 2, 0, 3))  # [S(j), H, L, cN]
-    return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs)), reshape(final_state, state.shape)
+    return _heads_out_of_chunks(add(y_within, y_before), S, H, n_tok, n_seqs), reshape(final_state, state.shape)
 
 
-def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
+def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
     """RWKV-7's recurrence, as ggml_rwkv_wkv7. ``r, w, k, v, a, b`` are [S, H, T]: head size S,
     H heads, T tokens of n_seqs equal sequences (sequence s owns tokens [s T/n_seqs, (s+1)
     T/n_seqs)); ``w`` is the decay in linear space. ``state`` [S*S*H, n_seqs] holds each
@@ -289,8 +316,106 @@ def rwkv_wkv7(r, w, k, v, a, b, state) -> tuple[Tensor, Tensor]:
         S[i,j] = S[i,j] w[j] + v[i] k[j] + sa[i] b[j]
         y[i]   = sum_j S[i, j] r[j]
 
-    Returns (y [S*H, T], final_state [S*S*H, n_seqs]), differentiable in every input."""
+    Returns (y [S*H, T], final_state [S*S*H, n_seqs]), differentiable in every input.
+
+    ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
+    (the WY form of flash-linear-attention's chunk_dplr): within a chunk the tokens' ``sa`` come
+    from one triangular solve of [chunk, chunk] products (pairs of tokens weighted by the decays
+    between them per key channel, never above 1), the outputs from products with the chunk's
+    start state, and only that state passes from chunk to chunk (a loop over the chunks, two
+    products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative
+    one gives NaN). Its memory grows with chunk_size times the inputs', so chunks of 16 to 64
+    tokens; a NaN in one token reaches every output of its head in its sequence."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))
+    if chunk_size is not None:
+        check_inputs("rwkv_wkv7", (r, w, k, v, a, b, state))
+        return _chunked_wkv7(r, w, k, v, a, b, state, chunk_size)
     packed = apply("rwkv_wkv7", (r, w, k, v, a, b, state))  # [S*H, T + S*n_seqs]
     return tuple(_split_recurrence(packed, state))
+
+
+def _split_chunks(t: Tensor, n: int) -> list[Tensor]:
+    """t [n X, 1] as n pieces [X, 1], cut in halves: each piece's gradient goes back through
+    log2(n) slices rather than one of t's whole size."""
+    if n == 1:
+        return [t]
+    half, size = n // 2, t.shape[0] // n
+    return (_split_chunks(slice_rows(t, 0, half * size), half)
+            + _split_chunks(slice_rows(t, half * size, (n - half) * size), n - half))
+
+
+def _join_chunks(pieces: list[Tensor]) -> Tensor:
+    """The inverse of _split_chunks: pieces [X, 1] as [n X, 1], joined in halves."""
+    if len(pieces) == 1:
+        return pieces[0]
+    half = len(pieces) // 2
+    return concat_rows(_join_chunks(pieces[:half]), _join_chunks(pieces[half:]))
+
+
+def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
+    """rwkv_wkv7 in chunks, from the differentiable ops (the tape gives its backward). In each
+    chunk, with Z = S^T the state [key, value] at its start and u_t = sa of token t:
+    u_t = (a_t decayed from the start)^T Z + sum_{s<t} (P_ab[t,s] u_s + P_ak[t,s] v_s), so
+    U = T (A0 Z + P_ak V) with T = (I - P_ab)^-1; y_t and the state at the chunk's end follow
+    from Z, U and V. Dims in ne order: S the head size, L the chunk length, c the chunks per
+    sequence, B = H c N the (head, chunk, sequence) batch with the head fastest."""
+    S, H = _ne4(k)[:2]
+    n_seqs = state.shape[1]
+    n_tok = k.numel // (S * H * n_seqs)  # per sequence
+    L, c = _chunks("rwkv_wkv7", chunk_size, n_tok)  # the last padded with tokens of decay 1 and no input
+    HN = H * n_seqs
+
+    def in_chunks(t: Tensor) -> Tensor:
+        return _heads_in_chunks(t, S, H, n_tok, n_seqs, L)  # [S, L, B]
+
+    def tokens_in_rows(t: Tensor) -> Tensor:
+        return permute(t, (1, 0, 2))  # [S, L, B] -> [L, S, B]
+
+    log_decay = in_chunks(maximum(log(w), -80.0))  # [S(key), L, B]
+    r, k, v, a, b = (in_chunks(t) for t in (r, k, v, a, b))  # [S, L, B]
+    through, before = _lower_triangle(L, k), _lower_triangle(L, k, strict=True)  # [t, s]: s <= t, s < t
+    from_start = exp(matmul(log_decay, through, transpose_b=True))  # [S, L, B]: the decays through token t
+    to_start = exp(matmul(log_decay, before, transpose_b=True))  # [S, L, B]: those before token t
+    to_end = exp(matmul(log_decay, sub(1.0, through), transpose_b=True))  # [S, L, B]: those after token s
+    chunk_decay = exp(sum_to(log_decay, (S, 1, log_decay.shape[2])))  # [S, 1, B]
+
+    # pairs within the chunk: what u_t reads of u_s and v_s (s < t), what y_t reads of them (s <= t)
+    a_decayed = mul(reshape(a, (S, L, 1, -1)), _pair_decays(log_decay, through_last=False))  # [S, L(t), L(s), B]
+    r_decayed = mul(reshape(r, (S, L, 1, -1)), _pair_decays(log_decay))  # [S, L(t), L(s), B]
+    P_ab, P_ak = _pair_sums(a_decayed, b), _pair_sums(a_decayed, k)  # [L, L, B]
+    Q_rb, Q_rk = _pair_sums(r_decayed, b), _pair_sums(r_decayed, k)  # [L, L, B]
+
+    # T = (I - P_ab)^-1 = (I + P)(I + P^2)(I + P^4)...: P_ab is strictly lower, so P^L = 0
+    solve, power, covered = add(sub(through, before), P_ab), P_ab, 2  # I + P: powers below 2
+    while covered < L:
+        power = matmul(power, power)
+        solve = add(solve, matmul(solve, power))
+        covered *= 2
+    values = tokens_in_rows(v)  # [L, S(value), B]
+    W = matmul(solve, tokens_in_rows(mul(a, to_start)))  # [L, S(key), B]: u's part from the start state
+    U_inputs = matmul(solve, matmul(P_ak, values))  # [L, S(value), B]: u's part from the chunk's values
+    BK = concat_rows(tokens_in_rows(mul(b, to_end)), tokens_in_rows(mul(k, to_end)))  # [2L, S(key), B]
+
+    # the states at each chunk's start, chunk after chunk: Z' = decay Z + BK^T [U; V], U = W Z + U_inputs
+    parts = [W, U_inputs, BK, values, chunk_decay]
+    sizes = [t.numel // (H * c * n_seqs) for t in parts]  # elements per (head, chunk, sequence)
+    offsets = [sum(sizes[:i]) for i in range(len(parts))]
+    packed = reshape(parts[0], (sizes[0], H, c, n_seqs))
+    for t, n in zip(parts[1:], sizes[1:]):
+        packed = concat_rows(packed, reshape(t, (n, H, c, n_seqs)))  # [X, H, c, N]
+    packed = reshape(permute(packed, (0, 1, 3, 2)), (-1, 1))  # [X H N c, 1]: each chunk's inputs together
+    Z, starts = reshape(state, (S, S, HN)), []  # [S(key), S(value), H N]
+    for chunk in _split_chunks(packed, c):
+        chunk = reshape(chunk, (sum(sizes), HN))
+        W_c, U_c, BK_c, V_c, decay_c = (reshape(slice_rows(chunk, offset, n), t.shape[:-1] + (HN,))
+                                        for offset, n, t in zip(offsets, sizes, parts))
+        starts.append(reshape(Z, (-1, 1)))
+        U = add(matmul(W_c, Z), U_c)  # [L, S(value), HN]
+        Z = add(mul(Z, decay_c), matmul(BK_c, concat_rows(U, V_c), transpose_a=True))  # [S, S, HN]
+    final_state = reshape(Z, state.shape)
+    Z_start = reshape(permute(reshape(_join_chunks(starts), (S * S, H, n_seqs, c)), (0, 1, 3, 2)), (S, S, -1))  # [S, S, B]
+
+    U = add(matmul(W, Z_start), U_inputs)  # [L, S(value), B]
+    y = add(matmul(tokens_in_rows(mul(r, from_start)), Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]
+    return _heads_out_of_chunks(y, S, H, n_tok, n_seqs), final_state

@@ -182,12 +182,16 @@ class RWKVBlock(_RecurrentBlock):
 
     ``forward(x, state=None)`` returns ``(y [d_model, seq, batch], new_state)``; ``step(x_t,
     state)`` runs one token x_t [d_model, batch], carrying the state as the whole sequence does.
+
+    ``chunk_size`` None runs rwkv_wkv7 token by token (the exact recurrence); an int runs its
+    chunked form with chunks of that many tokens (:func:`rlkit.core.rwkv_wkv7`).
     """
 
-    def __init__(self, d_model: int, head_size: int = 64):
+    def __init__(self, d_model: int, head_size: int = 64, chunk_size: int | None = None):
         super().__init__()
         self.d_model = positive_int(d_model, "RWKVBlock: d_model")
         self.head_size = min(positive_int(head_size, "RWKVBlock: head_size"), self.d_model)
+        self.chunk_size = None if chunk_size is None else positive_int(chunk_size, "RWKVBlock: chunk_size")
         if self.d_model % self.head_size:
             raise ValueError(f"RWKVBlock: d_model = {self.d_model} is not a multiple of head_size = {self.head_size}")
         self.n_heads = self.d_model // self.head_size
@@ -243,7 +247,8 @@ class RWKVBlock(_RecurrentBlock):
         kk = ops.div(kk, ops.sqrt(ops.add(ops.sum(ops.square(kk), dim=0, keepdim=True), 1e-12)))  # unit per head
         k = ops.mul(k, ops.add(ops.mul(ops.sub(a, 1.0), self.k_a), 1.0))
         y, wkv = recurrences.rwkv_wkv7(ops.reshape(r, heads), ops.reshape(w, heads), ops.reshape(k, heads),
-                               ops.reshape(v, heads), ops.neg(kk), ops.mul(kk, ops.reshape(a, heads)), state.wkv)
+                               ops.reshape(v, heads), ops.neg(kk), ops.mul(kk, ops.reshape(a, heads)), state.wkv,
+                               chunk_size=self.chunk_size)
         return ops.matmul(self.W_o, ops.mul(y, gate)), last, wkv  # y: [d, tokens]
 
     def _channel_mixing(self, h: Tensor, state: RWKVState, seq: int, batch: int):
@@ -254,5 +259,6 @@ class RWKVBlock(_RecurrentBlock):
         return ops.matmul(self.W_ffn_out, hidden), last
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, head_size={self.head_size}, n_heads={self.n_heads}"
+        return (f"d_model={self.d_model}, head_size={self.head_size}, n_heads={self.n_heads}"
+                + (f", chunk_size={self.chunk_size}" if self.chunk_size is not None else ""))
 
