@@ -420,6 +420,9 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_strided_products", &set_strided_products, py::arg("on"),
           "Tests: the CPU convolution's AVX-512 products on (where the CPU has them) or off (the BLAS); "
           "returns the previous setting.");
+    m.def("set_wide_elementwise", &set_wide_elementwise, py::arg("on"),
+          "Tests: the AVX2 + FMA loops of exp, sigmoid and silu on floats on (where the CPU has them) or off "
+          "(the baseline's); returns the previous setting.");
     m.def("nested_parallel_count", [](int64_t outer, int64_t inner) {
         std::vector<int64_t> counts(size_t(std::max<int64_t>(outer, 0)), 0);
         py::gil_scoped_release release;

@@ -1,7 +1,9 @@
 // Elementwise ops: the shape rules and CPU kernels of the ops of native/elementwise.def, and cast.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernel_util.hpp"
 
@@ -57,11 +59,29 @@ void binary_kernel(const TensorImpl& a, const TensorImpl& b, TensorImpl& out, F 
     });
 }
 
-template <typename T, typename F>
+// The unary ops whose loop over floats has an AVX2 + FMA build beside the baseline's, chosen at
+// run time: those that compute exp's polynomial (exp_of), 8 lanes with FMA against the
+// baseline's 4 (exp: 0.66 ns an element on a 2-core EPYC VM, 2.2 with 4 lanes, 3.5 for glibc's
+// expf per element). Nothing else in their values is a product added to something, so the two
+// builds differ only inside exp_of (both within 2 ulp).
+constexpr bool has_wide_build(Op op) { return op == Op::exp || op == Op::sigmoid || op == Op::silu; }
+
+template <typename F>
+__attribute__((target("avx2,fma"))) void map_floats_wide(const float* x, float* out, int64_t n, F f) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
+}
+
+const bool cpu_has_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+std::atomic<bool> wide_builds{cpu_has_avx2_fma};
+
+template <typename T, Op op, typename F>
 void unary_kernel(const TensorImpl& x, TensorImpl& out, F f) {
     const T* px = x.ptr<T>();
     T* po = out.ptr<T>();
     parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+        if constexpr (std::is_same_v<T, float> && has_wide_build(op)) {
+            if (wide_builds.load(std::memory_order_relaxed)) return map_floats_wide(px + lo, po + lo, hi - lo, f);
+        }
         for (int64_t i = lo; i < hi; ++i) po[i] = f(px[i]);
     });
 }
@@ -94,14 +114,14 @@ OutSpec elementwise_spec(const char* op, const Inputs& in, const OpAttrs& attrs,
 
 // Runs value(x, y, p0, p1) over every element (y: 0 for unary ops); p0, p1 are the float
 // attributes, 0 where the op takes fewer.
-template <ElementwiseKind kind, typename Value>
+template <ElementwiseKind kind, Op op, typename Value>
 void run_elementwise(const Inputs& in, const OpAttrs& attrs, TensorImpl& out, Value value) {
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
         const T p0 = attrs.floats.size() > 0 ? T(attrs.floats[0]) : T(0);
         const T p1 = attrs.floats.size() > 1 ? T(attrs.floats[1]) : T(0);
         if constexpr (kind == ElementwiseKind::unary)
-            unary_kernel<T>(*in[0], out, [=](T x) -> T { return value(x, T(0), p0, p1); });
+            unary_kernel<T, op>(*in[0], out, [=](T x) -> T { return value(x, T(0), p0, p1); });
         else
             binary_kernel<T>(*in[0], *in[1], out, [=](T x, T y) -> T { return value(x, y, p0, p1); });
     });
@@ -111,9 +131,12 @@ void run_elementwise(const Inputs& in, const OpAttrs& attrs, TensorImpl& out, Va
 namespace values {
 using std::abs;
 using std::clamp;
-using std::exp;
 using std::isnan;
 using std::max;
+template <typename T>
+T exp(T x) {
+    return exp_of(x);
+}
 #define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value) \
     template <typename T>                                        \
     T name##_value(T x, T y, T p0, T p1) {                       \
@@ -125,12 +148,14 @@ using std::max;
 
 }  // namespace
 
+bool set_wide_elementwise(bool on) { return wide_builds.exchange(on && cpu_has_avx2_fma); }
+
 #define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                                       \
     OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                                    \
         return elementwise_spec<ElementwiseKind::kind>(#name, in, attrs, n_floats);                   \
     }                                                                                                 \
     void cpu_##name(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {                        \
-        run_elementwise<ElementwiseKind::kind>(                                                       \
+        run_elementwise<ElementwiseKind::kind, Op::name>(                                             \
             in, attrs, out, [](auto x, auto y, auto p0, auto p1) { return values::name##_value(x, y, p0, p1); }); \
     }
 #include "elementwise.def"

@@ -148,6 +148,9 @@ class Graph {
 
 // The graph recording on this thread, or null (eager).
 Graph* recording_graph();
+// Tests: the AVX2 + FMA builds of the float loops of exp, sigmoid and silu on (where the CPU has
+// them) or off (the baseline's loops); returns the previous setting.
+bool set_wide_elementwise(bool on);
 void set_recording_graph(Graph* g);
 
 }  // namespace rk
