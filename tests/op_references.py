@@ -135,6 +135,22 @@ def np_rwkv_wkv7(r, w, k, v, a, b, state):
     return y, final
 
 
+def np_wkv7_chunk_states(W, U, B, K, V, decay, Z0):
+    """wkv7_chunk_states as a plain loop: per batch n and chunk q, T = W Z + U, then
+    Z = decay * Z + B^T T + K^T V (decay per key row). Returns the op's 1-D output: the state
+    before each chunk and after the last [S, S, N, c+1], then [L, S, N] zeros."""
+    L, S, N, c = W.shape
+    states = np.zeros((S, S, N, c + 1))
+    for n in range(N):
+        z = Z0[:, :, n]
+        states[:, :, n, 0] = z
+        for q in range(c):
+            sa = W[:, :, n, q] @ z + U[:, :, n, q]
+            z = decay[:, n, q][:, None] * z + B[:, :, n, q].T @ sa + K[:, :, n, q].T @ V[:, :, n, q]
+            states[:, :, n, q + 1] = z
+    return np.concatenate([states.reshape(-1, order="F"), np.zeros(L * S * N)])
+
+
 def WKV7(S, H, T, n_seqs):
     """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
     w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""

@@ -307,6 +307,9 @@ CASES: list[Case] = [
     # backward's 16-token checkpoint chunk
     Case("rwkv_wkv7", "rwkv_wkv7", lambda *a: packed(*rc.rwkv_wkv7(*a)), lambda *a: packed(*np_rwkv_wkv7(*a)),
          (WKV7(2, 2, 3, 1), WKV7(2, 1, 36, 2), WKV7(3, 2, 4, 2)), atol32=1e-5),
+    # its chunked form (chunks of 2 tokens, the last short where 5 tokens) through wkv7_chunk_states
+    Case("rwkv_wkv7_chunked", "rwkv_wkv7", lambda *a: packed(*rc.rwkv_wkv7(*a, chunk_size=2)),
+         lambda *a: packed(*np_rwkv_wkv7(*a)), (WKV7(2, 2, 5, 1), WKV7(3, 1, 8, 2)), atol32=1e-5),
     # images [W, H, C, N] and kernels [KW, KH, C_in, C_out]; stride, padding, dilation in PyTorch's (h, w) order
     Case("conv2d", "conv2d", rc.conv2d, np_conv2d,
          ((N(7, 5, 3, 3), N(3, 2, 3, 4)), (N(6, 6, 2, 1), N(1, 1, 2, 3)), (N(5, 4, 1, 2), N(5, 4, 1, 1)), (N(5, 6, 2), N(2, 3, 2, 2)))),

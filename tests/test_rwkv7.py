@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, packed
+from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, np_wkv7_chunk_states, packed
+from rlkit.core import ops
 
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 
@@ -282,3 +283,89 @@ def test_chunked_form_keeps_a_nan_in_its_head_and_sequence():
     bad[4:8, 8:16] = True  # rows of head 1, tokens of sequence 1
     assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all()
     assert np.isnan(final[16:32, 1]).all() and np.isfinite(final[:16]).all() and np.isfinite(final[16:32, 0]).all()
+
+
+# ---- wkv7_chunk_states: the op that passes the chunked form's state from chunk to chunk ----------
+
+def _chunk_states_inputs(L, S, N, c, seed=0):
+    rng = np.random.default_rng(seed)
+    blocks = [0.3 * rng.normal(size=(L, S, N, c)) for _ in range(5)]  # W, U, B, K, V
+    return blocks + [rng.uniform(0.5, 1.0, size=(S, N, c)), rng.normal(size=(S, S, N))]
+
+
+def _chunk_states(arrays, dtype="f32", device=None):
+    return ops.apply("wkv7_chunk_states", tuple(rc.tensor(np.asfortranarray(a), dtype=dtype, device=device)
+                                                for a in arrays))
+
+
+# (L, S, N, c): one chunk of one token; sizes that do not divide the GPU's 256 invocations; more
+# state (S S) than invocations; more chunk rows (L S) than invocations
+CHUNK_STATE_SHAPES = [(1, 5, 1, 1), (3, 4, 2, 3), (4, 3, 3, 2), (16, 20, 2, 5), (20, 17, 1, 3)]
+
+
+@pytest.mark.parametrize("shape", CHUNK_STATE_SHAPES)
+def test_chunk_states_match_the_numpy_loop(device, shape):
+    arrays = _chunk_states_inputs(*shape)
+    want = np_wkv7_chunk_states(*arrays)
+    for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
+        got = _chunk_states(arrays, dtype).numpy().ravel()
+        tol = 1e-12 if dtype == "f64" else 2e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", CHUNK_STATE_SHAPES[:4])
+def test_chunk_states_gradients_match_finite_differences(shape):
+    """Every input's gradient in float64, the states after every chunk weighted (the scratch's
+    zeros too: it depends on nothing)."""
+    arrays = _chunk_states_inputs(*shape, seed=1)
+    n_out = np_wkv7_chunk_states(*arrays).size
+    weight = rc.tensor(np.random.default_rng(2).normal(size=(n_out, 1)), dtype="f64")
+    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("wkv7_chunk_states", xs), (-1, 1)), weight),
+                        [np.asfortranarray(a) for a in arrays])
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4)])
+def test_chunk_states_gpu_matches_the_cpu(shape):
+    """Forward and every gradient, float32."""
+    arrays = [a.astype(np.float32) for a in _chunk_states_inputs(*shape, seed=3)]
+    n_out = np_wkv7_chunk_states(*arrays).size
+    weight = np.random.default_rng(4).normal(size=(n_out, 1)).astype(np.float32)
+
+    def run(device):
+        params = [rc.param(np.asfortranarray(a), device=device) for a in arrays]
+        with rc.grad_tape():
+            out = rc.reshape(ops.apply("wkv7_chunk_states", tuple(params)), (-1, 1))
+            loss = rc.sum(rc.mul(out, rc.tensor(weight, device=device)))
+        grads = rc.backward(loss)
+        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
+
+    for name, g, c in zip(["states", "W", "U", "B", "K", "V", "decay", "Z0"], run("gpu"), run("cpu")):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+
+
+def _f(*shape, dtype="f32"):
+    return rc.tensor(np.ones(shape), dtype=dtype)
+
+
+@pytest.mark.parametrize("args, exc, message", [
+    (lambda: [_f(2, 3, 2, 4)] * 4 + [_f(2, 3, 2, 5), _f(3, 2, 4), _f(3, 3, 2)], ValueError,
+     r"V must be \[L, S, N, c\] like W \[2, 3, 2, 4\], got \[2, 3, 2, 5\]"),
+    (lambda: [_f(2, 3, 2, 4)] * 5 + [_f(3, 2, 3), _f(3, 3, 2)], ValueError, r"decay must be \[S, N, c\] = \[3, 2, 4\], got \[3, 2, 3\]"),
+    (lambda: [_f(2, 3, 2, 4)] * 5 + [_f(3, 2, 4), _f(3, 2, 2)], ValueError, r"Z0 must be \[S, S, N\] = \[3, 3, 2\], got \[3, 2, 2\]"),
+    (lambda: [_f(2, 3, 2, 4)] * 5 + [_f(3, 2, 4), _f(3, 3, 2, dtype="f64")], TypeError, r"dtypes differ: W is f32 but Z0 is f64"),
+    (lambda: [rc.tensor(np.ones((2, 3, 2, 4), np.int32))] + [_f(2, 3, 2, 4)] * 4 + [_f(3, 2, 4), _f(3, 3, 2)], TypeError,
+     r"W must be a float tensor"),
+])
+def test_chunk_states_refuse_bad_inputs(args, exc, message):
+    with pytest.raises(exc, match=r"^wkv7_chunk_states: " + message):
+        ops.apply("wkv7_chunk_states", tuple(args()))
+
+
+def test_chunk_states_backward_checks_the_upstream_gradient():
+    inputs = [_f(2, 3, 2, 4)] * 5 + [_f(3, 2, 4), _f(3, 3, 2)]
+    out = ops.apply("wkv7_chunk_states", tuple(inputs))
+    with pytest.raises(ValueError, match=r"^wkv7_chunk_states_back: g \[7, 1\] is not the forward's output shape \[102\]"):
+        ops.apply("wkv7_chunk_states_back", (_f(7), *inputs, out))
+    with pytest.raises(TypeError, match=r"^wkv7_chunk_states_back: out and W have different dtypes"):
+        ops.apply("wkv7_chunk_states_back", (out, *inputs, rc.tensor(out.numpy(), dtype="f64")))

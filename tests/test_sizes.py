@@ -68,6 +68,11 @@ def _recurrence(n_vectors: int, back: bool, floats: list[float]):
     return build
 
 
+def _chunk_states_inputs(L, S, N, c):
+    """wkv7_chunk_states' inputs: W, U, B, K, V [L, S, N, c], decay [S, N, c], Z0 [S, S, N]."""
+    return [((L, S, N, c), F)] * 5 + [((S, N, c), F), ((S, S, N), F)]
+
+
 def _scan(back: bool):
     """Builder of ssm_scan (and its backward helper): d_state a, head_dim b, n_head c, n_tok d."""
     def build(a, b, c, d):
@@ -128,6 +133,10 @@ def _builders() -> dict:
     b["rwkv_wkv6"], b["rwkv_wkv6_back"] = _recurrence(5, False, []), _recurrence(5, True, [])
     b["gated_linear_attn"], b["gated_linear_attn_back"] = _recurrence(4, False, [0.5]), _recurrence(4, True, [0.5])
     b["rwkv_wkv7"], b["rwkv_wkv7_back"] = _recurrence(6, False, []), _recurrence(6, True, [])
+    b["wkv7_chunk_states"] = lambda a, b_, c, d: (_chunk_states_inputs(a, b_, c, d), [], [])
+    b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
+        [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)
+        + [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)], [], [])
     # images: x [W, H, C, N], kernels [KW, KH, C_in, C_out]; ints: stride, padding, dilation (w, h), then sizes
     b["conv2d"] = lambda a, b_, c, d: ([((a, b_, 2, 2), F), ((3, 2, 2, 3), F)], [c, d, d, c, 1, 2], [])
     b["conv2d_input_back"] = lambda a, b_, c, d: ([((1, 1, 3, 2), F), ((3, 2, 2, 3), F)], [a, b_, 0, 0, 1, 1, c, d], [])

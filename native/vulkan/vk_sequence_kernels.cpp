@@ -345,4 +345,59 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
+// ---- RWKV-7's chunked form: the state passed from chunk to chunk ----------------------------
+
+namespace {
+
+// wkv7_chunks.comp's loops per chunk at their largest trip counts: the forward's T (L S outputs
+// over S terms) and next state (S S outputs over L terms); the backward's T, dT and gV, its gB,
+// gK, gW and gdecay, and its walking gradient.
+double wkv7_chunks_loop_iterations(int64_t L, int64_t S, int64_t chunks, bool backward) {
+    const double LS = std::ceil(double(L * S) / 256.0), SS = std::ceil(double(S * S) / 256.0), s = double(S);
+    const double per_chunk = backward ? 2.0 * LS * (1.0 + s) + LS * (1.0 + s) + std::ceil(s / 256.0) * (1.0 + s) +
+                                            SS * (1.0 + double(L))
+                                      : LS * (1.0 + s) + SS * (1.0 + double(L));
+    return kLoopMargin * (double(chunks) * per_chunk + SS);
+}
+
+struct Wkv7ChunksPush {
+    uint64_t W, U, B, K, V, decay, Z0, o;
+    uint32_t L, S, N, c;
+};
+
+struct Wkv7ChunksBackPush {
+    uint64_t W, U, B, K, V, decay, Z0, o, g, Z;
+    uint32_t L, S, N, c;
+};
+
+}  // namespace
+
+// wkv7_chunk_states and its backward: one workgroup per batch; shapes checked by the shape rule.
+void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& W = *in[0];
+    const char* op = "wkv7_chunk_states";
+    Wkv7ChunksPush p{W.address(), in[1]->address(), in[2]->address(), in[3]->address(), in[4]->address(),
+                     in[5]->address(), in[6]->address(), out.address(), u32(W.ne[0], op), u32(W.ne[1], op),
+                     u32(W.ne[2], op), u32(W.ne[3], op)};
+    u32(out.numel(), op);  // every index in the shader is smaller
+    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], false));
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    record("wkv7_chunks_forward", p, uint64_t(p.N), reads, {span(out)});
+}
+
+void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const TensorImpl& W = *in[1];
+    const char* op = "wkv7_chunk_states_back";
+    Wkv7ChunksBackPush p{W.address(), in[2]->address(), in[3]->address(), in[4]->address(), in[5]->address(),
+                         in[6]->address(), in[7]->address(), out.address(), in[0]->address(), in[8]->address(),
+                         u32(W.ne[0], op), u32(W.ne[1], op), u32(W.ne[2], op), u32(W.ne[3], op)};
+    u32(out.numel(), op);
+    u32(in[0]->numel(), op);
+    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    record("wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
+}
+
 }  // namespace rk

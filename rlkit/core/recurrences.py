@@ -1,8 +1,9 @@
 """The state-space and RWKV recurrences, with ggml's shapes and argument order: Mamba's causal
 convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear attention. Each
 is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
-ssm_scan and gated_linear_attn have a chunked form beside the exact recurrence, composed of the
-differentiable ops of ops.py: matrix products within chunks of tokens and between them.
+ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence,
+composed of the differentiable ops of ops.py: matrix products within chunks of tokens and
+between them (rwkv_wkv7's state passed from chunk to chunk by an op of its own).
 """
 
 from __future__ import annotations
@@ -322,8 +323,8 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
     (the WY form of flash-linear-attention's chunk_dplr): within a chunk the tokens' ``sa`` come
     from one triangular solve of [chunk, chunk] products (pairs of tokens weighted by the decays
     between them per key channel, never above 1), the outputs from products with the chunk's
-    start state, and only that state passes from chunk to chunk (a loop over the chunks, two
-    products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative
+    start state, and only that state passes from chunk to chunk (one op, wkv7_chunk_states, whose
+    kernel loops over the chunks: two [chunk, S] x [S, S] products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative
     one gives NaN). Its memory grows with chunk_size times the inputs', so chunks of 16 to 64
     tokens; a NaN in one token reaches every output of its head in its sequence."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
@@ -333,24 +334,6 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
         return _chunked_wkv7(r, w, k, v, a, b, state, chunk_size)
     packed = apply("rwkv_wkv7", (r, w, k, v, a, b, state))  # [S*H, T + S*n_seqs]
     return tuple(_split_recurrence(packed, state))
-
-
-def _split_chunks(t: Tensor, n: int) -> list[Tensor]:
-    """t [n X, 1] as n pieces [X, 1], cut in halves: each piece's gradient goes back through
-    log2(n) slices rather than one of t's whole size."""
-    if n == 1:
-        return [t]
-    half, size = n // 2, t.shape[0] // n
-    return (_split_chunks(slice_rows(t, 0, half * size), half)
-            + _split_chunks(slice_rows(t, half * size, (n - half) * size), n - half))
-
-
-def _join_chunks(pieces: list[Tensor]) -> Tensor:
-    """The inverse of _split_chunks: pieces [X, 1] as [n X, 1], joined in halves."""
-    if len(pieces) == 1:
-        return pieces[0]
-    half = len(pieces) // 2
-    return concat_rows(_join_chunks(pieces[:half]), _join_chunks(pieces[half:]))
 
 
 def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
@@ -395,26 +378,19 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     values = tokens_in_rows(v)  # [L, S(value), B]
     W = matmul(solve, tokens_in_rows(mul(a, to_start)))  # [L, S(key), B]: u's part from the start state
     U_inputs = matmul(solve, matmul(P_ak, values))  # [L, S(value), B]: u's part from the chunk's values
-    BK = concat_rows(tokens_in_rows(mul(b, to_end)), tokens_in_rows(mul(k, to_end)))  # [2L, S(key), B]
 
-    # the states at each chunk's start, chunk after chunk: Z' = decay Z + BK^T [U; V], U = W Z + U_inputs
-    parts = [W, U_inputs, BK, values, chunk_decay]
-    sizes = [t.numel // (H * c * n_seqs) for t in parts]  # elements per (head, chunk, sequence)
-    offsets = [sum(sizes[:i]) for i in range(len(parts))]
-    packed = reshape(parts[0], (sizes[0], H, c, n_seqs))
-    for t, n in zip(parts[1:], sizes[1:]):
-        packed = concat_rows(packed, reshape(t, (n, H, c, n_seqs)))  # [X, H, c, N]
-    packed = reshape(permute(packed, (0, 1, 3, 2)), (-1, 1))  # [X H N c, 1]: each chunk's inputs together
-    Z, starts = reshape(state, (S, S, HN)), []  # [S(key), S(value), H N]
-    for chunk in _split_chunks(packed, c):
-        chunk = reshape(chunk, (sum(sizes), HN))
-        W_c, U_c, BK_c, V_c, decay_c = (reshape(slice_rows(chunk, offset, n), t.shape[:-1] + (HN,))
-                                        for offset, n, t in zip(offsets, sizes, parts))
-        starts.append(reshape(Z, (-1, 1)))
-        U = add(matmul(W_c, Z), U_c)  # [L, S(value), HN]
-        Z = add(mul(Z, decay_c), matmul(BK_c, concat_rows(U, V_c), transpose_a=True))  # [S, S, HN]
-    final_state = reshape(Z, state.shape)
-    Z_start = reshape(permute(reshape(_join_chunks(starts), (S * S, H, n_seqs, c)), (0, 1, 3, 2)), (S, S, -1))  # [S, S, B]
+    # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel):
+    # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs; the op wants the chunk slowest
+    def chunk_last(t: Tensor) -> Tensor:
+        """[..., B] with B = (H, c, N) as [..., H N, c]."""
+        rows = t.numel // (H * c * n_seqs)
+        return reshape(permute(reshape(t, (rows, H, c, n_seqs)), (0, 1, 3, 2)), t.shape[:-1] + (HN, c))
+
+    B_end, K_end = tokens_in_rows(mul(b, to_end)), tokens_in_rows(mul(k, to_end))  # [L, S(key), B]
+    states = apply("wkv7_chunk_states", tuple(chunk_last(t) for t in (W, U_inputs, B_end, K_end, values)) + (
+        reshape(chunk_last(chunk_decay), (S, HN, c)), reshape(state, (S, S, HN))))  # 1-D
+    Z_start, final_state = _unpack_columns(states, [(S * S * HN * c, (S * S, H, n_seqs, c)), (state.numel, state.shape)])
+    Z_start = reshape(permute(Z_start, (0, 1, 3, 2)), (S, S, -1))  # [S(key), S(value), B]
 
     U = add(matmul(W, Z_start), U_inputs)  # [L, S(value), B]
     y = add(matmul(tokens_in_rows(mul(r, from_start)), Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]

@@ -31,6 +31,12 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
 
 
+def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
+    # one helper op gives every gradient, packed in the inputs' order; it reads the forward's states
+    grads = ops.apply("wkv7_chunk_states_back", (g, W, U, B, K, V, decay, Z0, out))  # 1-D
+    return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (W, U, B, K, V, decay, Z0)]))
+
+
 def _linear(g, out, w, x, b, activation):
     # the activation's derivative from its output, then the matmul's and the bias's gradients
     if activation is not None:
@@ -154,6 +160,7 @@ VJP = {
     "rwkv_wkv6": _rwkv_wkv6,
     "gated_linear_attn": _gated_linear_attn,
     "rwkv_wkv7": _rwkv_wkv7,
+    "wkv7_chunk_states": _wkv7_chunk_states,
     "conv2d": _conv2d,
     "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }
