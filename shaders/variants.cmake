@@ -110,6 +110,7 @@ foreach(kind FORWARD BACKWARD)
   string(TOLOWER ${kind} name)
   rk_shader(wkv7_${name} wkv7.comp ${kind})
   rk_shader(wkv7_chunks_${name} wkv7_chunks.comp ${kind})
+  rk_shader(decayed_pairs_${name} decayed_pairs.comp ${kind})
 endforeach()
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)

@@ -303,6 +303,11 @@ CASES: list[Case] = [
     Case("gated_linear_attn", "gated_linear_attn", lambda *a: packed(*rc.gated_linear_attn(*a, scale=0.7)),
          lambda k, v, q, g, s: packed(*np_recurrence(k, v, q, g, s, scale=0.7)),
          tuple(RECURRENCE(*shape, bonus=False) for shape in RECURRENCE_SHAPES)),
+    # its chunked form (chunks of 4, through decayed_pairs); gates in [0.5, 2): positive, as log(g) needs
+    Case("gated_linear_attn_chunked", "gated_linear_attn",
+         lambda k, v, q, g, s: packed(*rc.gated_linear_attn(k, v, q, g, s, scale=0.7, chunk_size=4)),
+         lambda k, v, q, g, s: packed(*np_recurrence(k, v, q, g, s, scale=0.7)),
+         ((N(2, 2, 6), N(2, 2, 6), N(2, 2, 6), POS(2, 2, 6), N(8, 2)), (N(3, 1, 5), N(3, 1, 5), N(3, 1, 5), POS(3, 1, 5), N(9, 1)))),
     # RWKV-7: r, w, k, v, a, b [S, H, T], state [S*S*H, n_seqs]; 18 tokens per sequence cross the
     # backward's 16-token checkpoint chunk
     Case("rwkv_wkv7", "rwkv_wkv7", lambda *a: packed(*rc.rwkv_wkv7(*a)), lambda *a: packed(*np_rwkv_wkv7(*a)),

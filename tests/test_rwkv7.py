@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import rlkit.core as rc
-from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, np_wkv7_chunk_states, packed
 from rlkit.core import ops
+from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, np_wkv7_chunk_states, packed
 
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 

@@ -345,6 +345,54 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
+// ---- the chunked forms' pairs of tokens within a chunk ---------------------------------------
+
+namespace {
+
+// decayed_pairs.comp's loops per invocation at their largest trip counts: the forward's column
+// (zeroed, then each channel's pairs), the backward's channel (zeroed, each column's pairs and
+// suffix sums, the scratch zeroed).
+double decayed_pairs_loop_iterations(int64_t S, int64_t L, bool backward) {
+    const double l = double(L), s = double(S);
+    return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : l + s * (1.0 + l));
+}
+
+struct DecayedPairsPush {
+    uint64_t left, right, log_decay, o;
+    uint32_t S, L, B, through_last;
+};
+
+struct DecayedPairsBackPush {
+    uint64_t left, right, log_decay, o, g;
+    uint32_t S, L, B, through_last;
+};
+
+}  // namespace
+
+// decayed_pairs and its backward: an invocation per (chunk, column) or (chunk, channel); shapes
+// checked by the shape rule.
+void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl& left = *in[0];
+    const char* op = "decayed_pairs";
+    DecayedPairsPush p{left.address(), in[1]->address(), in[2]->address(), out.address(), u32(left.ne[0], op),
+                       u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
+    u32(out.numel(), op);
+    u32(left.numel(), op);  // every index in the shader is smaller
+    check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
+    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L), {span(left), span(*in[1]), span(*in[2])}, {span(out)});
+}
+
+void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TensorImpl& left = *in[1];
+    const char* op = "decayed_pairs_back";
+    DecayedPairsBackPush p{left.address(), in[2]->address(), in[3]->address(), out.address(), in[0]->address(),
+                           u32(left.ne[0], op), u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
+    u32(out.numel(), op);
+    check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], true));
+    record("decayed_pairs_backward", p, groups(uint64_t(p.B) * p.S), {span(*in[0]), span(left), span(*in[2]), span(*in[3])},
+           {span(out)});
+}
+
 // ---- RWKV-7's chunked form: the state passed from chunk to chunk ----------------------------
 
 namespace {

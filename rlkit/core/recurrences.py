@@ -79,12 +79,11 @@ def _lower_triangle(n: int, like: Tensor, strict: bool = False) -> Tensor:
     return mask if like.dtype == "f32" else cast(mask, like.dtype)
 
 
-def _strictly_between(n: int, like: Tensor, through_last: bool = True) -> Tensor:
+def _strictly_between(n: int, like: Tensor) -> Tensor:
     """[n*n, n] of like's dtype and device: row t + n*s holds 1 at the columns r with
-    s < r <= t, the steps whose decays take a state from step s to step t (s < r < t when
-    not through_last: from step s to the state step t reads before its own)."""
+    s < r <= t, the steps whose decays take a state from step s to step t."""
     steps = arange(n, device=like.device)
-    inside = mul((ge if through_last else gt)(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
+    inside = mul(ge(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
                  gt(reshape(steps, (1, 1, n)), reshape(steps, (1, n, 1))))  # [t, s, r]
     inside = reshape(inside, (n * n, n))
     return inside if like.dtype == "f32" else cast(inside, like.dtype)
@@ -224,11 +223,12 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
 
     ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
     (as flash-linear-attention's chunk_gla): within a chunk every pair of tokens is weighted
-    by its gates' product, exp of a difference of log-gate sums (never above 1, so strong gates
-    cannot overflow), the chunk's own state is one product, and the states pass between chunks
-    as one product per key channel. It takes log(g): gates must be positive (a gate of 0 is
-    taken as e^-80; a negative one gives NaN). Its memory grows with chunk_size times the
-    inputs', so chunks of 16 to 64 tokens."""
+    per key channel by its gates' product, exp of the sum of the log gates between them (never
+    above 1, so strong gates cannot overflow; one op, decayed_pairs, that keeps those weights out
+    of memory), the chunk's own state is one product, and the states pass between chunks as one
+    product per key channel. It takes log(g): gates must be positive (a gate of 0 is taken as
+    e^-80; a negative one gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches
+    every output of its head in its sequence."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
     if not math.isfinite(scale):
@@ -255,20 +255,13 @@ def _heads_out_of_chunks(y: Tensor, S: int, H: int, n_tok: int, n_seqs: int) -> 
     return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs))
 
 
-def _pair_decays(log_decay: Tensor, through_last: bool = True) -> Tensor:
-    """[S, L(t), L(s), B] from log decays per channel [S, L, B]: exp of their sum over
-    s < r <= t where s <= t (over s < r < t where s < t, when not through_last), else 0.
-    Exponents are never above 0, so decays near 0 underflow rather than overflow."""
-    S, L, B = log_decay.shape
-    between = matmul(log_decay, _strictly_between(L, log_decay, through_last), transpose_b=True)  # [S, L*L, B]
-    mask = reshape(_lower_triangle(L, log_decay, strict=not through_last), (1, L, L, 1))
-    return mul(exp(reshape(between, (S, L, L, B))), mask)
-
-
-def _pair_sums(left: Tensor, right: Tensor) -> Tensor:
-    """[L(t), L(s), B] = sum over channels i of left[i, t, s, b] right[i, s, b]."""
-    S, L, _, B = left.shape
-    return reshape(sum_to(mul(left, reshape(right, (S, 1, L, B))), (1, L, L, B)), (L, L, B))
+def _decayed_pairs(left: Tensor, right: Tensor, log_decay: Tensor, through_last: bool = True) -> Tensor:
+    """[L(t), L(s), B] from [S, L, B] each: the sum over channels j of left[j, t] right[j, s]
+    times exp of log_decay[j] summed over s < r <= t, for s <= t (over s < r < t, for s < t, when
+    not through_last); 0 elsewhere. One op (native/cpu_decayed_pairs.cpp): the [S, L, L] decays
+    are never written, and their exponents are never above 0."""
+    flag = bool(through_last)
+    return apply("decayed_pairs", (left, right, log_decay), ints=(int(flag),), through_last=flag)
 
 
 def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
@@ -291,7 +284,7 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     cumulative = matmul(log_gate, mask, transpose_b=True)  # [S, L, B]: log-gate sums through each token
 
     # within the chunk: weights[t, s] = sum_i q_t[i] k_s[i] (the gates of s < r <= t, channel i), s <= t
-    weights = _pair_sums(mul(reshape(queries, (S, L, 1, B)), _pair_decays(log_gate)), keys)  # [L(t), L(s), B]
+    weights = _decayed_pairs(queries, keys, log_gate)  # [L(t), L(s), B]
     y_within = matmul(weights, values)  # [L, S(j), B]
 
     # each chunk's own state (transposed: [S(j), S(i)]), then the states passed between chunks
@@ -322,11 +315,12 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
     ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
     (the WY form of flash-linear-attention's chunk_dplr): within a chunk the tokens' ``sa`` come
     from one triangular solve of [chunk, chunk] products (pairs of tokens weighted by the decays
-    between them per key channel, never above 1), the outputs from products with the chunk's
-    start state, and only that state passes from chunk to chunk (one op, wkv7_chunk_states, whose
-    kernel loops over the chunks: two [chunk, S] x [S, S] products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative
-    one gives NaN). Its memory grows with chunk_size times the inputs', so chunks of 16 to 64
-    tokens; a NaN in one token reaches every output of its head in its sequence."""
+    between them per key channel, never above 1: decayed_pairs, as gated_linear_attn's), the
+    outputs from products with the chunk's start state, and only that state passes from chunk to
+    chunk (one op, wkv7_chunk_states, whose kernel loops over the chunks: two [chunk, S] x [S, S]
+    products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative one
+    gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches every output of its head in
+    its sequence."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))
     if chunk_size is not None:
@@ -364,10 +358,8 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     chunk_decay = exp(sum_to(log_decay, (S, 1, log_decay.shape[2])))  # [S, 1, B]
 
     # pairs within the chunk: what u_t reads of u_s and v_s (s < t), what y_t reads of them (s <= t)
-    a_decayed = mul(reshape(a, (S, L, 1, -1)), _pair_decays(log_decay, through_last=False))  # [S, L(t), L(s), B]
-    r_decayed = mul(reshape(r, (S, L, 1, -1)), _pair_decays(log_decay))  # [S, L(t), L(s), B]
-    P_ab, P_ak = _pair_sums(a_decayed, b), _pair_sums(a_decayed, k)  # [L, L, B]
-    Q_rb, Q_rk = _pair_sums(r_decayed, b), _pair_sums(r_decayed, k)  # [L, L, B]
+    P_ab, P_ak = (_decayed_pairs(a, t, log_decay, through_last=False) for t in (b, k))  # [L(t), L(s), B]
+    Q_rb, Q_rk = (_decayed_pairs(r, t, log_decay) for t in (b, k))  # [L(t), L(s), B]
 
     # T = (I - P_ab)^-1 = (I + P)(I + P^2)(I + P^4)...: P_ab is strictly lower, so P^L = 0
     solve, power, covered = add(sub(through, before), P_ab), P_ab, 2  # I + P: powers below 2

@@ -31,6 +31,11 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
 
 
+def _decayed_pairs(g, out, left, right, log_decay, through_last):
+    grads = ops.apply("decayed_pairs_back", (g, left, right, log_decay), ints=(int(through_last),))  # 1-D, then scratch
+    return tuple(ops._unpack_columns(grads, [(left.numel, left.shape)] * 3))
+
+
 def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's states
     grads = ops.apply("wkv7_chunk_states_back", (g, W, U, B, K, V, decay, Z0, out))  # 1-D
@@ -161,6 +166,7 @@ VJP = {
     "gated_linear_attn": _gated_linear_attn,
     "rwkv_wkv7": _rwkv_wkv7,
     "wkv7_chunk_states": _wkv7_chunk_states,
+    "decayed_pairs": _decayed_pairs,
     "conv2d": _conv2d,
     "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }

@@ -1,0 +1,72 @@
+// decayed_pairs and its backward (native/cpu_decayed_pairs.cpp has the layouts and formulas):
+// a chunk's pairs of tokens weighted per channel by the decays between them. FORWARD: one
+// invocation per (chunk b, column s), which sums the channels in order into its column of the
+// output, each pair's decay a running sum of the log decays from s. BACKWARD: one invocation per
+// (chunk b, channel j), walking that channel's pairs in the CPU kernel's order; the gradients it
+// writes are its own elements (and its own scratch column for the suffix sums), so nothing is
+// shared and there are no atomics.
+#version 450
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Floats left;
+    Floats right;
+    Floats log_decay;
+    Floats o;
+#if defined(BACKWARD)
+    Floats g;
+#endif
+    uint S;
+    uint L;
+    uint B;
+    uint through_last;  // 1: s <= t, the steps s < r <= t; 0: s < t, the steps s < r < t
+} pc;
+
+// The last step of pair (t, s)'s range (its first is s + 1).
+int range_end(int t) { return pc.through_last == 1u ? t : t - 1; }
+
+void main() {
+    uint id = flat_invocation();
+    int L = int(pc.L);
+#if defined(FORWARD)
+    if (id >= pc.B * pc.L) return;
+    uint b = id / pc.L, chunk = b * pc.S * pc.L, column = b * pc.L * pc.L + (id % pc.L) * pc.L;  // [j, t] at chunk + j + t S
+    int s = int(id % pc.L), first = pc.through_last == 1u ? s : s + 1;
+    for (uint t = 0; t < pc.L; ++t) pc.o.v[column + t] = 0.0;
+    for (uint j = 0; j < pc.S; ++j) {
+        uint at = chunk + j;
+        float sum = 0.0, right_s = pc.right.v[at + uint(s) * pc.S];
+        for (int t = first; t < L; ++t) {
+            if (range_end(t) > s) sum += pc.log_decay.v[at + uint(range_end(t)) * pc.S];
+            pc.o.v[column + uint(t)] += pc.left.v[at + uint(t) * pc.S] * right_s * exp(sum);
+        }
+    }
+#elif defined(BACKWARD)
+    if (id >= pc.B * pc.S) return;
+    uint b = id / pc.S, at = b * pc.S * pc.L + id % pc.S, block = pc.S * pc.L * pc.B;
+    uint g_right = block, g_log_decay = 2 * block, x = 3 * block;  // x: this channel's scratch column
+    for (uint t = 0; t < pc.L; ++t) {
+        pc.o.v[at + t * pc.S] = 0.0;
+        pc.o.v[g_right + at + t * pc.S] = 0.0;
+        pc.o.v[g_log_decay + at + t * pc.S] = 0.0;
+    }
+    for (int s = 0; s < L; ++s) {
+        int first = pc.through_last == 1u ? s : s + 1;
+        float sum = 0.0, right_s = pc.right.v[at + uint(s) * pc.S];
+        for (int t = first; t < L; ++t) {
+            if (range_end(t) > s) sum += pc.log_decay.v[at + uint(range_end(t)) * pc.S];
+            float weight = pc.g.v[b * pc.L * pc.L + uint(t) + uint(s) * pc.L] * exp(sum);
+            float left_t = pc.left.v[at + uint(t) * pc.S];
+            pc.o.v[at + uint(t) * pc.S] += weight * right_s;
+            pc.o.v[g_right + at + uint(s) * pc.S] += weight * left_t;
+            pc.o.v[x + at + uint(t) * pc.S] = weight * left_t * right_s;
+        }
+        float suffix = 0.0;
+        for (int t = L - 1; t >= first; --t) {
+            suffix += pc.o.v[x + at + uint(t) * pc.S];
+            if (range_end(t) > s) pc.o.v[g_log_decay + at + uint(range_end(t)) * pc.S] += suffix;
+        }
+    }
+    for (uint t = 0; t < pc.L; ++t) pc.o.v[x + at + t * pc.S] = 0.0;  // the scratch: zeros on return
+#endif
+}
