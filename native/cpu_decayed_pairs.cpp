@@ -41,13 +41,10 @@ struct PairDims {
 PairDims pair_dims(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs) {
     if (attrs.ints.size() != 1 || (attrs.ints[0] != 0 && attrs.ints[0] != 1))
         throw std::invalid_argument(op_err(op, "expected one int attribute, through_last: 0 or 1"));
+    require_same_float_inputs(op, in, first, {kPairArgNames[0], kPairArgNames[1], kPairArgNames[2]});
     const TensorImpl& left = *in[first];
     for (size_t x = 0; x < 3; ++x) {
         const TensorImpl& t = *in[first + x];
-        require_float(op, t, kPairArgNames[x]);
-        if (t.dtype != left.dtype)
-            throw TypeError(op_err(op, std::string("dtypes differ: left is ") + dtype_name(left.dtype) + " but " +
-                                           kPairArgNames[x] + " is " + dtype_name(t.dtype)));
         if (t.ne != left.ne || t.ne[3] != 1)
             throw std::invalid_argument(op_err(op, std::string(kPairArgNames[x]) + " must be [S, L, B] like left " +
                                                        left.shape_str() + ", got " + t.shape_str()));

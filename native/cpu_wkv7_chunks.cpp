@@ -44,14 +44,8 @@ std::string dims_str(std::initializer_list<int64_t> dims) {
 
 // Checks the seven inputs starting at in[first] (see the top) and returns the sizes.
 ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first) {
+    require_same_float_inputs(op, in, first, {"W", "U", "B", "K", "V", "decay", "Z0"});
     const TensorImpl& W = *in[first];
-    for (size_t x = 0; x < 7; ++x) {
-        const TensorImpl& t = *in[first + x];
-        require_float(op, t, kChunkArgNames[x]);
-        if (t.dtype != W.dtype)
-            throw TypeError(op_err(op, std::string("dtypes differ: W is ") + dtype_name(W.dtype) + " but " +
-                                           kChunkArgNames[x] + " is " + dtype_name(t.dtype)));
-    }
     const ChunkDims d{W.ne[0], W.ne[1], W.ne[2], W.ne[3]};
     for (size_t x = 1; x < 5; ++x)
         if (in[first + x]->ne != W.ne)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "ops.hpp"
@@ -150,6 +151,20 @@ inline void require_same_float(const char* op, const TensorImpl& a, const Tensor
     if (a.dtype != b.dtype)
         throw TypeError(op_err(op, std::string("dtypes differ: ") + dtype_name(a.dtype) + " and " + dtype_name(b.dtype) +
                                        " (expected the same float dtype)"));
+}
+
+// The inputs in[first], in[first + 1], ... named `names`: each a float tensor of the first one's
+// dtype (TypeError naming the two that differ).
+inline void require_same_float_inputs(const char* op, const Inputs& in, size_t first, std::initializer_list<const char*> names) {
+    const TensorImpl& lead = *in[first];
+    size_t x = first;
+    for (const char* name : names) {
+        const TensorImpl& t = *in[x++];
+        require_float(op, t, name);
+        if (t.dtype != lead.dtype)
+            throw TypeError(op_err(op, std::string("dtypes differ: ") + *names.begin() + " is " + dtype_name(lead.dtype) +
+                                           " but " + name + " is " + dtype_name(t.dtype)));
+    }
 }
 
 inline void require_2d(const char* op, const TensorImpl& t, const char* arg) {
