@@ -16,7 +16,7 @@
 //   g_log_decay[j, r] = the sum of x over the pairs whose range holds r: per s, the suffix sums
 //                       over t of x[., s] (a pair (t', s) holds r = end(t) iff t' >= t).
 // The CPU loops run over the channels (consecutive in memory, so they vectorise); the GPU has an
-// invocation per (chunk, s) in the forward and per (chunk, channel) in the backward
+// invocation per pair of tokens in the forward and per (chunk, channel) in the backward
 // (shaders/decayed_pairs.comp). The backward's terms are summed in the same order on both; the
 // forward's channels in 8 lanes on the CPU (dot) and one by one on the GPU.
 #include <cmath>

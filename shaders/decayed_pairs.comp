@@ -1,10 +1,10 @@
 // decayed_pairs and its backward (native/cpu_decayed_pairs.cpp has the layouts and formulas):
 // a chunk's pairs of tokens weighted per channel by the decays between them. FORWARD: one
-// invocation per (chunk b, column s), which sums the channels in order into its column of the
-// output, each pair's decay a running sum of the log decays from s. BACKWARD: one invocation per
-// (chunk b, channel j), walking that channel's pairs in the CPU kernel's order; the gradients it
-// writes are its own elements (and its own scratch column for the suffix sums), so nothing is
-// shared and there are no atomics.
+// invocation per pair (t, s) of a chunk, which sums the channels in order in a register, each
+// channel's decay the sum of its log decays from s + 1 up. BACKWARD: one invocation per (chunk,
+// channel j), walking that channel's pairs in the CPU kernel's order; the gradients it writes are
+// its own elements (and its own scratch column for the suffix sums), so nothing is shared and
+// there are no atomics.
 #version 450
 #include "common.glsl"
 
@@ -29,18 +29,19 @@ void main() {
     uint id = flat_invocation();
     int L = int(pc.L);
 #if defined(FORWARD)
-    if (id >= pc.B * pc.L) return;
-    uint b = id / pc.L, chunk = b * pc.S * pc.L, column = b * pc.L * pc.L + (id % pc.L) * pc.L;  // [j, t] at chunk + j + t S
-    int s = int(id % pc.L), first = pc.through_last == 1u ? s : s + 1;
-    for (uint t = 0; t < pc.L; ++t) pc.o.v[column + t] = 0.0;
-    for (uint j = 0; j < pc.S; ++j) {
-        uint at = chunk + j;
-        float sum = 0.0, right_s = pc.right.v[at + uint(s) * pc.S];
-        for (int t = first; t < L; ++t) {
-            if (range_end(t) > s) sum += pc.log_decay.v[at + uint(range_end(t)) * pc.S];
-            pc.o.v[column + uint(t)] += pc.left.v[at + uint(t) * pc.S] * right_s * exp(sum);
+    if (id >= pc.B * pc.L * pc.L) return;
+    uint b = id / (pc.L * pc.L), chunk = b * pc.S * pc.L;  // [j, t] of chunk b at chunk + j + t S
+    int t = int(id % pc.L), s = int((id / pc.L) % pc.L);
+    float acc = 0.0;
+    if (pc.through_last == 1u ? s <= t : s < t) {
+        for (uint j = 0; j < pc.S; ++j) {
+            uint at = chunk + j;
+            float sum = 0.0;  // the range's log decays, added from s up as the CPU's running sum adds them
+            for (int r = s + 1; r <= range_end(t); ++r) sum += pc.log_decay.v[at + uint(r) * pc.S];
+            acc += pc.left.v[at + uint(t) * pc.S] * pc.right.v[at + uint(s) * pc.S] * exp(sum);
         }
     }
+    pc.o.v[id] = acc;  // [t, s, b] at t + L s + L L b
 #elif defined(BACKWARD)
     if (id >= pc.B * pc.S) return;
     uint b = id / pc.S, at = b * pc.S * pc.L + id % pc.S, block = pc.S * pc.L * pc.B;

@@ -349,12 +349,12 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 
 namespace {
 
-// decayed_pairs.comp's loops per invocation at their largest trip counts: the forward's column
-// (zeroed, then each channel's pairs), the backward's channel (zeroed, each column's pairs and
-// suffix sums, the scratch zeroed).
+// decayed_pairs.comp's loops per invocation at their largest trip counts: the forward's pair
+// (each channel, its range), the backward's channel (zeroed, each column's pairs and suffix sums,
+// the scratch zeroed).
 double decayed_pairs_loop_iterations(int64_t S, int64_t L, bool backward) {
     const double l = double(L), s = double(S);
-    return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : l + s * (1.0 + l));
+    return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : s * (1.0 + l));
 }
 
 struct DecayedPairsPush {
@@ -369,8 +369,8 @@ struct DecayedPairsBackPush {
 
 }  // namespace
 
-// decayed_pairs and its backward: an invocation per (chunk, column) or (chunk, channel); shapes
-// checked by the shape rule.
+// decayed_pairs and its backward: an invocation per pair of tokens of a chunk, or per (chunk,
+// channel); shapes checked by the shape rule.
 void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl& left = *in[0];
     const char* op = "decayed_pairs";
@@ -379,7 +379,8 @@ void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     u32(out.numel(), op);
     u32(left.numel(), op);  // every index in the shader is smaller
     check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
-    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L), {span(left), span(*in[1]), span(*in[2])}, {span(out)});
+    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L * p.L), {span(left), span(*in[1]), span(*in[2])},
+           {span(out)});
 }
 
 void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
