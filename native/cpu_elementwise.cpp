@@ -66,12 +66,17 @@ void binary_kernel(const TensorImpl& a, const TensorImpl& b, TensorImpl& out, F 
 // builds differ only inside exp_of (both within 2 ulp).
 constexpr bool has_wide_build(Op op) { return op == Op::exp || op == Op::sigmoid || op == Op::silu; }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RK_WIDE_ELEMENTWISE 1
 template <typename F>
 __attribute__((target("avx2,fma"))) void map_floats_wide(const float* x, float* out, int64_t n, F f) {
     for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
 }
 
 const bool cpu_has_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+const bool cpu_has_avx2_fma = false;  // other processors: the baseline's loops
+#endif
 std::atomic<bool> wide_builds{cpu_has_avx2_fma};
 
 template <typename T, Op op, typename F>
@@ -79,9 +84,11 @@ void unary_kernel(const TensorImpl& x, TensorImpl& out, F f) {
     const T* px = x.ptr<T>();
     T* po = out.ptr<T>();
     parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+#ifdef RK_WIDE_ELEMENTWISE
         if constexpr (std::is_same_v<T, float> && has_wide_build(op)) {
             if (wide_builds.load(std::memory_order_relaxed)) return map_floats_wide(px + lo, po + lo, hi - lo, f);
         }
+#endif
         for (int64_t i = lo; i < hi; ++i) po[i] = f(px[i]);
     });
 }
