@@ -18,14 +18,6 @@ namespace rk {
 
 namespace {
 
-void require_like(const char* op, const TensorImpl& t, const TensorImpl& first, const char* arg, const char* first_arg) {
-    if (t.dtype != first.dtype)
-        throw TypeError(op_err(op, std::string("dtypes differ: ") + first_arg + " is " + dtype_name(first.dtype) + " but " +
-                                       arg + " is " + dtype_name(t.dtype) + " (expected the same float dtype)"));
-}
-
-std::string sizes(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + "]"; }
-
 // The inputs of a forward op: the per-token vectors (k, v, r-or-q, td-or-g), the bonus u
 // (rwkv_wkv6 only) and the state.
 struct Operands {
@@ -39,7 +31,7 @@ RecurrenceDims checked_dims(const char* op, const Operands& o, const char* const
     if (o.u) {
         require_like(op, *o.u, *o.k, "tf", names[0]);
         if (o.u->ne[0] != d.S || o.u->ne[1] != d.H || o.u->ne[2] != 1 || o.u->ne[3] != 1)
-            throw std::invalid_argument(op_err(op, "tf must be [S, H] = " + sizes(d.S, d.H) + " (one bonus per key channel "
+            throw std::invalid_argument(op_err(op, "tf must be [S, H] = " + sizes({d.S, d.H}) + " (one bonus per key channel "
                                                    "and head), got " + o.u->shape_str()));
     }
     return d;
@@ -49,7 +41,7 @@ RecurrenceDims checked_dims(const char* op, const Operands& o, const char* const
 void require_packed_grad(const char* op, const TensorImpl& g, const RecurrenceDims& d) {
     if (g.ne[0] != d.token() || g.ne[1] != d.T + d.S * d.n_seqs || g.ne[2] != 1 || g.ne[3] != 1)
         throw std::invalid_argument(op_err(op, "the upstream gradient must be shaped like the forward output " +
-                                                   sizes(d.token(), d.T + d.S * d.n_seqs) + ", got " + g.shape_str()));
+                                                   sizes({d.token(), d.T + d.S * d.n_seqs}) + ", got " + g.shape_str()));
 }
 
 constexpr const char* kWkv6Names[] = {"k", "v", "r", "td"};

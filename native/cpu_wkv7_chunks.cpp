@@ -36,12 +36,6 @@ struct ChunkDims {
     int64_t matrix() const { return S * S; }
 };
 
-std::string dims_str(std::initializer_list<int64_t> dims) {
-    std::string s = "[";
-    for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
-    return s + "]";
-}
-
 // Checks the seven inputs starting at in[first] (see the top) and returns the sizes.
 ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first) {
     require_same_float_inputs(op, in, first, {"W", "U", "B", "K", "V", "decay", "Z0"});
@@ -53,10 +47,10 @@ ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first) {
                                                        W.shape_str() + ", got " + in[first + x]->shape_str()));
     const Shape decay{d.S, d.N, d.c, 1}, start{d.S, d.S, d.N, 1};
     if (in[first + 5]->ne != decay)
-        throw std::invalid_argument(op_err(op, "decay must be [S, N, c] = " + dims_str({d.S, d.N, d.c}) + ", got " +
+        throw std::invalid_argument(op_err(op, "decay must be [S, N, c] = " + sizes({d.S, d.N, d.c}) + ", got " +
                                                    in[first + 5]->shape_str()));
     if (in[first + 6]->ne != start)
-        throw std::invalid_argument(op_err(op, "Z0 must be [S, S, N] = " + dims_str({d.S, d.S, d.N}) + ", got " +
+        throw std::invalid_argument(op_err(op, "Z0 must be [S, S, N] = " + sizes({d.S, d.S, d.N}) + ", got " +
                                                    in[first + 6]->shape_str()));
     size_mul(d.S, d.S, d.N, d.c + 1);  // the output's sizes, checked before anything is computed
     return d;

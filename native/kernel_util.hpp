@@ -153,18 +153,27 @@ inline void require_same_float(const char* op, const TensorImpl& a, const Tensor
                                        " (expected the same float dtype)"));
 }
 
-// The inputs in[first], in[first + 1], ... named `names`: each a float tensor of the first one's
-// dtype (TypeError naming the two that differ).
+// t (named arg) has the dtype of `first` (named first_arg); TypeError naming both otherwise.
+inline void require_like(const char* op, const TensorImpl& t, const TensorImpl& first, const char* arg, const char* first_arg) {
+    if (t.dtype != first.dtype)
+        throw TypeError(op_err(op, std::string("dtypes differ: ") + first_arg + " is " + dtype_name(first.dtype) + " but " +
+                                       arg + " is " + dtype_name(t.dtype) + " (expected the same float dtype)"));
+}
+
+// The inputs in[first], in[first + 1], ... named `names`: each a float tensor of the first one's dtype.
 inline void require_same_float_inputs(const char* op, const Inputs& in, size_t first, std::initializer_list<const char*> names) {
-    const TensorImpl& lead = *in[first];
     size_t x = first;
     for (const char* name : names) {
-        const TensorImpl& t = *in[x++];
-        require_float(op, t, name);
-        if (t.dtype != lead.dtype)
-            throw TypeError(op_err(op, std::string("dtypes differ: ") + *names.begin() + " is " + dtype_name(lead.dtype) +
-                                           " but " + name + " is " + dtype_name(t.dtype)));
+        require_float(op, *in[x], name);
+        require_like(op, *in[x++], *in[first], name, *names.begin());
     }
+}
+
+// Sizes as error messages write shapes: "[a, b, ...]".
+inline std::string sizes(std::initializer_list<int64_t> dims) {
+    std::string s = "[";
+    for (int64_t d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+    return s + "]";
 }
 
 inline void require_2d(const char* op, const TensorImpl& t, const char* arg) {
