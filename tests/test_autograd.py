@@ -133,6 +133,32 @@ def test_broadcast_bias_gradient_is_summed_over_the_batch():
     np.testing.assert_allclose(grads["s"], 2 * residual.sum(keepdims=True), rtol=1e-10)
 
 
+def test_a_packed_outputs_gradient_is_passed_on_not_summed(monkeypatch):
+    """A recurrence packs its outputs into one 1-D tensor (n,) whose blocks are reshaped views of
+    (n, 1): their gradient reaches it with a shape that differs only by a trailing 1, which is no
+    broadcast. It had been summed back by sum_to, an op as large as the outputs (44 ms of a 68 ms
+    backward pass on the H200 at bench_ssm's sizes)."""
+    from rlkit.core import ops
+    summed_back = ops.sum_to
+
+    def sum_to(x, shape):
+        assert x.numel != int(np.prod(shape)), f"sum_to of {x.shape} to {shape} sums nothing"
+        return summed_back(x, shape)
+
+    monkeypatch.setattr(ops, "sum_to", sum_to)
+    rng = np.random.default_rng(0)
+    S, H, T = 4, 2, 6
+    r, w, k, v, a, b = (rng.normal(size=(S, H, T)) / 2 for _ in range(6))
+    w = rng.uniform(0.5, 1.0, size=(S, H, T))  # decays
+    inputs = [rc.param(x.astype(np.float32)) for x in (r, w, k, v, a, b)]
+    state = rc.param(rng.normal(size=(S * S * H, 2)).astype(np.float32))
+    with rc.grad_tape():
+        y, final = rc.rwkv_wkv7(*inputs, state, chunk_size=3)  # wkv7_chunk_states packs the states
+        loss = rc.add(rc.sum(y), rc.sum(final))
+    grads = rc.backward(loss)
+    assert grads[state].shape == (S * S * H, 2) and np.isfinite(grads[state]).all()
+
+
 def test_mlp_gradients_match_numpy():
     rng = np.random.default_rng(10)
     X = np.asfortranarray(rng.standard_normal((4, 16)))

@@ -231,6 +231,7 @@ struct SumToPush {
     uint32_t xne[4], one[4];
     uint32_t n_out, n_reduced;
     uint32_t inner, split_len;
+    uint32_t per_invocation;  // 1: an invocation per output (short sums), 0: a workgroup per output
 };
 
 // sum_to.comp's inner: where the dimensions x keeps form one block (those of size 1 aside), the
@@ -254,6 +255,10 @@ uint32_t sum_inner(const TensorImpl& x, const TensorImpl& out) {
 // 0.6 ms for 409600 elements on the H200); shorter ones are left whole, where the level the split
 // adds would cost more than it saves (conv2d's bias gradients in a DQN update: 1568 to 12800).
 constexpr uint64_t kSumTargetGroups = 512, kLongSum = 16384, kMinSumSlice = 2048;
+// Sums of at most kShortSum elements take an invocation each, in order: a workgroup per output
+// left 255 of its 256 invocations idle on a gradient as large as its input (a packed output's
+// 17.8M elements summed one by one: 44 ms on the H200) or a sum over a chunk's 16 tokens.
+constexpr uint64_t kShortSum = 64;
 
 void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& x = *in[0];
@@ -266,6 +271,11 @@ void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const uint64_t wanted = std::max<uint64_t>(1, kSumTargetGroups / p.n_out);
     const uint64_t splits = p.n_reduced <= kLongSum ? 1 : std::min<uint64_t>({wanted, p.n_reduced / kMinSumSlice, 65535});
     p.split_len = uint32_t((p.n_reduced + splits - 1) / splits);
+    if (p.n_reduced <= kShortSum) {
+        p.per_invocation = 1;
+        record("sum_to", p, groups(p.n_out), {span(x)}, {span(out)});
+        return;
+    }
     if (splits <= 1) {
         record("sum_to", p, p.n_out, {span(x)}, {span(out)});
         return;

@@ -135,7 +135,9 @@ def backward(loss: Tensor, grad=None) -> Gradients:
             for inp, gi in zip(node.inputs, input_grads):
                 if gi is None or not inp.requires_grad:
                     continue
-                if gi.shape != inp.shape:  # the one place broadcast gradients are summed back
+                # the one place broadcast gradients are summed back (a shape that differs only in
+                # trailing sizes of 1, such as a packed 1-D output's (n,) and (n, 1), is no broadcast)
+                if ops._ne4(gi) != ops._ne4(inp):
                     gi = ops.sum_to(gi, inp.shape)
                 previous = grads.get(id(inp))
                 grads[id(inp)] = gi if previous is None else ops.add(previous, gi)
