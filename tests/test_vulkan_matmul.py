@@ -169,6 +169,14 @@ def test_few_tiles_over_a_long_reduction_take_the_small_tiles():
         _native.gpu_matmul_kernel("f32", 4, 4, k=0)
 
 
+def test_a_batch_of_small_products_takes_tiles_it_fills():
+    # a chunked recurrence's products: 16384 chunks of [16, 64] @ [64, 16] and [64, 64] @ [64, 16]
+    assert "16x16" in _native.gpu_matmul_kernel("f32", 16, 16, k=64, batch=16384)
+    assert "16x16" in _native.gpu_matmul_kernel("f32", 64, 16, k=64, batch=16384)
+    assert "64x64" in _native.gpu_matmul_kernel("f32", 64, 64, k=16, batch=16384)
+    assert "128x128" in _native.gpu_matmul_kernel("f32", 100, 128, batch=256)  # padded to at most twice
+
+
 def test_the_kernel_choice_is_reported():
     # f32 operands never go to cooperative matrices (they take no f32 inputs): f32 stays exact
     for n in (1, 256, 4096):

@@ -46,7 +46,7 @@ struct CoopmatPush {
 
 // The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
 // for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
-// the output has enough of: 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
+// the output has enough of and fills (tiles_fit): 128 x 128 where that keeps a large GPU busy, 64 x 64, and 16 x 16 for
 // outputs that make fewer than kSmallTilesBelow 64 x 64 tiles (the layers of an RL network at a
 // small batch), or fewer than kLargeTilesWanted over a reduction of at least kLongReduction (each
 // of a few 64 x 64 tiles would walk all of it alone: NatureCNN's 3136 x 512 layer's input
@@ -88,12 +88,27 @@ bool on_cooperative_matrices(DType dtype) {
     return (dtype == DType::f16 && limits.cooperative_matrix_f16) || (dtype == DType::bf16 && limits.cooperative_matrix_bf16);
 }
 
+// Whether `kernel`'s tiles cover an [m, n] output with at most twice its elements: the many small
+// products of a batch (a chunked recurrence's 16 x 16 or 16 x 64 per chunk) would otherwise each
+// take a tile of 128 x 128, its work mostly on padding (a 16384-batch of [16, 64] @ [64, 16] took
+// about 1 ms on the H200 that way).
+bool tiles_fit(MatmulKernel kernel, int64_t m, int64_t n) {
+    const Tile tile = tile_shape(kernel);
+    const int64_t rows = (m + tile.rows - 1) / tile.rows * tile.rows;
+    const int64_t columns = (n + tile.columns - 1) / tile.columns * tile.columns;
+    return rows * columns <= 2 * m * n;
+}
+
 MatmulKernel choose_matmul(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch) {
     if (on_cooperative_matrices(dtype)) return MatmulKernel::coopmat;
-    if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted) return MatmulKernel::tiled_large;
+    if (tile_count(MatmulKernel::tiled_large, m, n, batch) >= kLargeTilesWanted &&
+        tiles_fit(MatmulKernel::tiled_large, m, n))
+        return MatmulKernel::tiled_large;
     const uint64_t tiles = tile_count(MatmulKernel::tiled, m, n, batch);
     const bool few_over_long_k = tiles < kLargeTilesWanted && k >= kLongReduction;
-    return tiles >= kSmallTilesBelow && !few_over_long_k ? MatmulKernel::tiled : MatmulKernel::tiled_small;
+    return tiles >= kSmallTilesBelow && !few_over_long_k && tiles_fit(MatmulKernel::tiled, m, n)
+               ? MatmulKernel::tiled
+               : MatmulKernel::tiled_small;
 }
 
 // matmul_small.comp's reduction per z slice for a product over k: k itself (one slice) unless its
