@@ -2,7 +2,7 @@
 Mamba demo, on each device present.
 
     python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N] [--chunk-size N] [--gla-chunk-size N]
-                                [--wkv7-chunk-size N]
+                                [--wkv7-chunk-size N] [--profile]
 
 For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) and rwkv_wkv7
 (head size 64, 32 heads, 4 sequences): the median time of the forward op, and of the forward op
@@ -13,7 +13,9 @@ beside its floor: the bytes an ideal kernel must move (inputs read once, outputs
 gradients written once; no scratch) over the copy bandwidth measured on the same device in the
 same run (a large elementwise op that reads and writes every element). "of floor" = floor time
 / measured time. Then the Mamba demo (scripts/mamba_train_demo.py, default sizes) trained for a
-few epochs: seconds per epoch.
+few epochs: seconds per epoch. ``--profile`` prints instead where each form's forward+backward
+spends its time, by kernel (captured, with a timestamp after every dependency level on the GPU,
+every node on the CPU).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
 import rlkit.core as rc
+from rlkit import _native
 from rlkit.core import ops
 
 F32 = 4  # bytes
@@ -84,24 +88,36 @@ def time_op(op: str, inputs: list, description: str) -> dict:
                  sum(t.numel for t in inputs if t.dtype != "i32") * F32, out.numel * F32)
 
 
-def time_on_tape(run, inputs: list, outputs_numel: int, description: str) -> dict:
-    """A recurrence as a user runs it, ``run(*params)`` giving (y, final state): the forward
-    alone (no tape), and the forward on a tape plus backward() for the gradient of every float
-    input (the recurrence's backward op and the sums of its per-token gradients; a chunked
-    form's composed backward)."""
-    params = [rc.param(t) for t in inputs]
+@dataclasses.dataclass
+class TapeCase:
+    """A recurrence as a user runs it: ``run(*params)`` gives (y, final state)."""
+    description: str
+    run: Callable
+    inputs: list
+    outputs_numel: int
+
+
+def forward_backward_step(run, params: list):
+    """``run(*params)`` on a tape, the sum of its outputs' backward(), the gradients returned."""
+    with rc.grad_tape():
+        y, final = run(*params)
+        loss = rc.add(rc.sum(y), rc.sum(final))
+    grads = rc.backward(loss)
+    return tuple(grads.tensor(p) for p in params)
+
+
+def time_on_tape(case: TapeCase) -> dict:
+    """The forward alone (no tape), and the forward on a tape plus backward() for the gradient
+    of every float input (the recurrence's backward op and the sums of its per-token gradients;
+    a chunked form's composed backward)."""
+    params = [rc.param(t) for t in case.inputs]
 
     def forward():
         with rc.no_grad():
-            run(*params)
+            case.run(*params)
 
-    def forward_backward():
-        with rc.grad_tape():
-            y, final = run(*params)
-            loss = rc.add(rc.sum(y), rc.sum(final))
-        rc.backward(loss)
-
-    return timed(description, forward, forward_backward, sum(t.numel for t in inputs) * F32, outputs_numel * F32)
+    return timed(case.description, forward, lambda: forward_backward_step(case.run, params),
+                 sum(t.numel for t in case.inputs) * F32, case.outputs_numel * F32)
 
 
 def ssm_scan_inputs(rng, n_tok: int) -> tuple[list, object, str]:
@@ -118,19 +134,20 @@ def ssm_scan_inputs(rng, n_tok: int) -> tuple[list, object, str]:
     return list(t.values()), ids, f"d_state {d_state}, head_dim {head_dim}, {n_head} heads, {n_tok} tokens x {n_seqs}"
 
 
-def bench_ssm_scan(rng, n_tok: int, chunk_size: int) -> list[dict]:
-    """The recurrence's op and backward op, then the recurrence and the chunked form on a tape."""
+def ssm_scan_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list[TapeCase]]:
+    """The recurrence's op (for its op and backward op), then the recurrence and the chunked
+    form as tape cases."""
     inputs, ids, shapes = ssm_scan_inputs(rng, n_tok)
     outputs = inputs[1].numel + inputs[0].numel  # y like x, final states like s
-    return [time_op("ssm_scan", inputs + [ids], f"ssm_scan {shapes}")] + [
-        time_on_tape(lambda *p, size=size: rc.ssm_scan(*p, ids=ids, chunk_size=size), inputs, outputs,
-                     f"ssm_scan {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
+    return [("ssm_scan", inputs + [ids], f"ssm_scan {shapes}")], [
+        TapeCase(f"ssm_scan {'recurrence' if size is None else f'chunk_size={size}'}, on a tape",
+                 lambda *p, size=size: rc.ssm_scan(*p, ids=ids, chunk_size=size), inputs, outputs)
         for size in (None, chunk_size)]
 
 
-def bench_gated_linear_attn(rng, n_tok: int, chunk_size: int) -> list[dict]:
+def gated_linear_attn_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list[TapeCase]]:
     """gated_linear_attn (head size 64, 32 heads, 4 sequences, gates in [0.5, 1)), by its
-    recurrence and by its chunked form, on a tape."""
+    recurrence and by its chunked form."""
     S, H, n_seqs = 64, 32, 4
     t = tensors(rng, {
         "k": ((S, H, n_tok * n_seqs), lambda r, s: r.normal(size=s) / 8), "v": ((S, H, n_tok * n_seqs), normal),
@@ -140,13 +157,13 @@ def bench_gated_linear_attn(rng, n_tok: int, chunk_size: int) -> list[dict]:
     })
     inputs = list(t.values())
     outputs = inputs[1].numel + inputs[4].numel  # y like v, the final state like state
-    return [time_on_tape(lambda *p, size=size: rc.gated_linear_attn(*p, scale=0.125, chunk_size=size), inputs, outputs,
-                         f"gated_linear_attn {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
-            for size in (None, chunk_size)]
+    return [], [TapeCase(f"gated_linear_attn {'recurrence' if size is None else f'chunk_size={size}'}, on a tape",
+                         lambda *p, size=size: rc.gated_linear_attn(*p, scale=0.125, chunk_size=size), inputs, outputs)
+                for size in (None, chunk_size)]
 
 
-def bench_rwkv_wkv7(rng, n_tok: int, chunk_size: int) -> list[dict]:
-    """rwkv_wkv7's op and backward op, then the recurrence and the chunked form on a tape."""
+def rwkv_wkv7_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list[TapeCase]]:
+    """rwkv_wkv7's op (for its op and backward op), then the recurrence and the chunked form."""
     S, H, n_seqs = 64, 32, 4
     T = n_tok * n_seqs
 
@@ -162,10 +179,47 @@ def bench_rwkv_wkv7(rng, n_tok: int, chunk_size: int) -> list[dict]:
     })
     inputs = list(t.values())
     outputs = inputs[3].numel + inputs[6].numel  # y like v, the final state like state
-    return [time_op("rwkv_wkv7", inputs, f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}")] + [
-        time_on_tape(lambda *p, size=size: rc.rwkv_wkv7(*p, chunk_size=size), inputs, outputs,
-                     f"rwkv_wkv7 {'recurrence' if size is None else f'chunk_size={size}'}, on a tape")
+    return [("rwkv_wkv7", inputs, f"rwkv_wkv7 head size {S}, {H} heads, {n_tok} tokens x {n_seqs}")], [
+        TapeCase(f"rwkv_wkv7 {'recurrence' if size is None else f'chunk_size={size}'}, on a tape",
+                 lambda *p, size=size: rc.rwkv_wkv7(*p, chunk_size=size), inputs, outputs)
         for size in (None, chunk_size)]
+
+
+def all_cases(rng, n_tok: int, args) -> tuple[list[tuple], list[TapeCase]]:
+    op_rows, tape_cases = [], []
+    for make, chunk_size in ((ssm_scan_cases, args.chunk_size), (rwkv_wkv7_cases, args.wkv7_chunk_size),
+                             (gated_linear_attn_cases, args.gla_chunk_size)):
+        ops_of, cases_of = make(rng, n_tok, chunk_size)
+        op_rows += ops_of
+        tape_cases += cases_of
+    return op_rows, tape_cases
+
+
+def kernel_profile(case: TapeCase, device: str, replays: int = 10, top: int = 12) -> str:
+    """Where ``case``'s forward+backward spends its time: captured, replayed with a timestamp
+    after every dependency level (GPU) or node (CPU), the mean microseconds summed by kernel,
+    the costliest ``top`` first."""
+    params = [rc.param(t) for t in case.inputs]
+    set_profiling = _native.set_cpu_profiling if device == "cpu" else _native.set_gpu_profiling
+    if set_profiling(True) is False:
+        return f"  {case.description}: this device cannot time its queue"
+    try:
+        step = rc.capture(lambda: forward_backward_step(case.run, params), params)
+        for _ in range(replays):
+            step()
+        rc.synchronize()
+    finally:
+        set_profiling(False)
+    spent: dict[str, list[float]] = {}
+    for program in step._programs.values():
+        for us, label in program.native.level_times():
+            spent.setdefault(label, []).append(us)
+    total = sum(sum(times) for times in spent.values())
+    lines = [f"  {case.description}: {total / 1e3:.2f} ms captured, {sum(map(len, spent.values()))} levels"]
+    for label in sorted(spent, key=lambda label: -sum(spent[label]))[:top]:
+        lines.append(f"    {sum(spent[label]) / 1e3:8.3f} ms {100 * sum(spent[label]) / max(total, 1e-9):5.1f}%"
+                     f"  x{len(spent[label]):<4} {label}")
+    return "\n".join(lines)
 
 
 def bench_demo(device: str, epochs: int) -> float:
@@ -190,6 +244,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="ssm_scan's chunked form: tokens per chunk")
     parser.add_argument("--gla-chunk-size", type=int, default=16, help="gated_linear_attn's chunked form: tokens per chunk")
     parser.add_argument("--wkv7-chunk-size", type=int, default=16, help="rwkv_wkv7's chunked form: tokens per chunk")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the timings: each form's forward+backward by kernel (captured, timestamped)")
     args = parser.parse_args()
     present = [d["device"] for d in rc.devices()]
     devices = [d for d in ("cpu", "gpu") if d in present and args.device in (d, "all")]
@@ -201,8 +257,13 @@ def main() -> None:
             name = rc.devices()[present.index(device)]["name"]
             print(f"\n{device}: {name}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
             rng = np.random.default_rng(0)
-            results = (bench_ssm_scan(rng, n_tok, args.chunk_size) + bench_rwkv_wkv7(rng, n_tok, args.wkv7_chunk_size)
-                       + bench_gated_linear_attn(rng, n_tok, args.gla_chunk_size))
+            op_rows, tape_cases = all_cases(rng, n_tok, args)
+            if args.profile:
+                for case in tape_cases:
+                    print(kernel_profile(case, device))
+                continue
+            results = ([time_op(*row) for row in op_rows]
+                       + [time_on_tape(case) for case in tape_cases])
             for result in results:
                 for kind in ("forward", "forward_backward"):
                     floor = result[f"bytes_{kind}"] / bandwidth
