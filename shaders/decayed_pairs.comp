@@ -1,11 +1,16 @@
 // decayed_pairs and its backward (native/cpu_decayed_pairs.cpp has the layouts and formulas):
 // a chunk's pairs of tokens weighted per channel by the decays between them. FORWARD: one
 // invocation per pair (t, s) of a chunk, which sums the channels in order in a register, each
-// channel's decay the sum of its log decays from s + 1 up. BACKWARD: one invocation per (chunk,
-// channel j), walking that channel's pairs in the CPU kernel's order; the gradients it writes are
-// its own elements (and its own scratch column for the suffix sums), so nothing is shared and
-// there are no atomics.
+// channel's decay the sum of its log decays from s + 1 up. FORWARD_STAGED (chunks of at most 64
+// tokens): the same sums, one workgroup per chunk, the channels a block at a time through shared
+// memory: the block's inputs read once (coalesced), each range's running sum from s made once and
+// its exp kept for every pair that ends in it, then each pair adds the block's channels in order:
+// FORWARD's sums in FORWARD's order. BACKWARD: one invocation per (chunk, channel j),
+// walking that channel's pairs in the CPU kernel's order; the gradients it writes are its own
+// elements (and its own scratch column for the suffix sums), so nothing is shared and there are
+// no atomics.
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(push_constant) uniform Push {
@@ -25,6 +30,57 @@ layout(push_constant) uniform Push {
 // The last step of pair (t, s)'s range (its first is s + 1).
 int range_end(int t) { return pc.through_last == 1u ? t : t - 1; }
 
+#if defined(FORWARD_STAGED)
+const uint MAX_L = 64, DECAYS = 4352;  // DECAYS: floats of the block's decays, [channel][s][t] with rows of L + 1
+const uint PAIRS_EACH = MAX_L * MAX_L / 256;
+shared float decays[DECAYS];
+shared float lefts[1024], rights[1024], logs[1024];  // the block's inputs, [channel][token] with rows of L + 1
+
+// Channels per block: its decays (L + 1 floats per pair row) and inputs fit.
+uint block_channels() { return max(1u, min(pc.S, min(DECAYS / (pc.L * (pc.L + 1)), 1024u / (pc.L + 1)))); }
+
+void main() {
+    uint b = flat_group(), tid = gl_LocalInvocationID.x, L = pc.L, row = L + 1;
+    if (b >= pc.B) return;  // a whole workgroup of the folded grid's padding
+    uint chunk = b * pc.S * L, CB = block_channels();
+    float acc[PAIRS_EACH];
+    [[unroll]] for (uint m = 0; m < PAIRS_EACH; ++m) acc[m] = 0.0;
+    for (uint j0 = 0; j0 < pc.S; j0 += CB) {
+        uint cb = min(CB, pc.S - j0);
+        for (uint e = tid; e < cb * L; e += 256) {  // consecutive invocations, consecutive channels
+            uint jj = e % cb, t = e / cb, at = chunk + j0 + jj + t * pc.S;
+            lefts[jj * row + t] = pc.left.v[at];
+            rights[jj * row + t] = pc.right.v[at];
+            logs[jj * row + t] = pc.log_decay.v[at];
+        }
+        barrier();
+        for (uint e = tid; e < cb * L; e += 256) {  // range (channel jj, from s): its running sum, each end's exp
+            uint s = e % L, jj = e / L;
+            int first = pc.through_last == 1u ? int(s) : int(s) + 1;
+            float sum = 0.0;
+            for (int t = first; t < int(L); ++t) {
+                if (range_end(t) > int(s)) sum += logs[jj * row + uint(range_end(t))];
+                decays[(jj * L + s) * row + uint(t)] = exp(sum);
+            }
+        }
+        barrier();
+        [[unroll]] for (uint m = 0; m < PAIRS_EACH; ++m) {
+            uint e = tid + 256 * m, t = e % L, s = e / L;
+            if (e < L * L && (pc.through_last == 1u ? s <= t : s < t)) {
+                float a = acc[m];
+                for (uint jj = 0; jj < cb; ++jj)
+                    a += lefts[jj * row + t] * rights[jj * row + s] * decays[(jj * L + s) * row + t];
+                acc[m] = a;
+            }
+        }
+        barrier();
+    }
+    [[unroll]] for (uint m = 0; m < PAIRS_EACH; ++m) {
+        uint e = tid + 256 * m;
+        if (e < L * L) pc.o.v[b * L * L + e] = acc[m];  // [t, s, b] at t + L s + L L b
+    }
+}
+#else
 void main() {
     uint id = flat_invocation();
     int L = int(pc.L);
@@ -71,3 +127,4 @@ void main() {
     for (uint t = 0; t < pc.L; ++t) pc.o.v[x + at + t * pc.S] = 0.0;  // the scratch: zeros on return
 #endif
 }
+#endif

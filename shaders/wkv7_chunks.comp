@@ -3,7 +3,14 @@
 // batch n walks the chunks in order (FORWARD) or from the end (BACKWARD); within a chunk, each
 // product's outputs are spread over the invocations (e = tid + 256 m), each summing its terms in
 // the CPU kernel's order, so there are no atomics and the results are deterministic. The S x S
-// states live in global memory, so any head size fits.
+// states live in global memory, so any head size fits. FORWARD_STAGED (the sizes
+// staged_chunk_states_fit allows): the same sums in the same order, one workgroup per batch n
+// and block of value columns j (the state's columns pass from chunk to chunk on their own), the
+// block's state, the chunk's W, B, K and the block's T and V in shared memory, rows padded to
+// an odd length so that invocations reading down a column hit different banks. BACKWARD_STAGED
+// (the sizes staged_chunk_states_back_fits allows): BACKWARD's sums in BACKWARD's order, one
+// workgroup per batch n, the walking gradient D, the chunk's W (rows padded), T and dT in shared
+// memory, the rest read from the inputs (coalesced, cached) rather than from coherent storage.
 #version 450
 #include "common.glsl"
 
@@ -39,7 +46,7 @@ uint n, LS, SS;
 uint block_at(uint q) { return (n + pc.N * q) * LS; }
 uint state_at(uint q) { return (n + pc.N * q) * SS; }
 
-#if defined(FORWARD)
+#if !defined(BACKWARD)
 float state(uint at) { return pc.o.v[at]; }
 #else
 float state(uint at) { return pc.Z.v[at]; }
@@ -55,6 +62,126 @@ void sa_of_chunk(uint b, uint z, uint scratch) {
     }
 }
 
+#if defined(BACKWARD_STAGED)
+const uint STATE_MAX = 4096, W_MAX = 2112, T_MAX = 2048;  // as native/vulkan/vk_sequence_kernels.cpp
+shared float Ds[STATE_MAX];             // [i + S j]: the gradient of the state after the chunk
+shared float Ws[W_MAX];                 // [l + (L + 1) i]: the chunk's W
+shared float Ts[T_MAX], dTs[T_MAX];     // [l + L j]: its T (recomputed) and dT
+
+void main() {
+    n = flat_group();
+    if (n >= pc.N) return;  // a whole workgroup of the folded grid's padding
+    uint L = pc.L, S = pc.S, tid = gl_LocalInvocationID.x, rowW = L + 1;
+    LS = L * S;
+    SS = S * S;
+    uint block = LS * pc.N * pc.c;  // one of gW, gU, gB, gK, gV
+    uint gU = block, gB = 2 * block, gK = 3 * block, gV = 4 * block, gdecay = 5 * block;
+    uint gZ0 = gdecay + S * pc.N * pc.c + n * SS;
+    uint scratch = gdecay + S * pc.N * pc.c + SS * pc.N + n * LS;
+    for (uint e = tid; e < SS; e += 256) Ds[e] = pc.g.v[state_at(pc.c) + e];
+    for (uint q = pc.c; q-- > 0;) {
+        uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
+        for (uint e = tid; e < LS; e += 256) Ws[e % L + rowW * (e / L)] = pc.W.v[b + e];
+        barrier();
+        for (uint e = tid; e < LS; e += 256) {  // T = W Z + U; dT = B D (gU), gV = K D
+            uint l = e % L, j = e / L;
+            float t = pc.U.v[b + e];
+            for (uint i = 0; i < S; ++i) t += Ws[l + rowW * i] * pc.Z.v[z + i + j * S];
+            Ts[e] = t;
+            float dt = 0.0, v = 0.0;
+            for (uint i = 0; i < S; ++i) {
+                float d = Ds[i + j * S];
+                dt += pc.B.v[b + l + i * L] * d;
+                v += pc.K.v[b + l + i * L] * d;
+            }
+            dTs[e] = dt;
+            pc.o.v[gU + b + e] = dt;
+            pc.o.v[gV + b + e] = v;
+        }
+        barrier();
+        for (uint e = tid; e < LS; e += 256) {  // gB = T D^T, gK = V D^T, gW = dT Z^T
+            uint l = e % L, i = e / L;
+            float gb = 0.0, gk = 0.0, gw = 0.0;
+            for (uint j = 0; j < S; ++j) {
+                float d = Ds[i + j * S];
+                gb += Ts[l + j * L] * d;
+                gk += pc.V.v[b + l + j * L] * d;
+                gw += dTs[l + j * L] * pc.Z.v[z + i + j * S];
+            }
+            pc.o.v[gB + b + e] = gb;
+            pc.o.v[gK + b + e] = gk;
+            pc.o.v[b + e] = gw;
+        }
+        for (uint i = tid; i < S; i += 256) {  // gdecay[i] = sum_j D[i, j] Z[i, j]
+            float gd = 0.0;
+            for (uint j = 0; j < S; ++j) gd += Ds[i + j * S] * pc.Z.v[z + i + j * S];
+            pc.o.v[gdecay + gamma + i] = gd;
+        }
+        barrier();
+        for (uint e = tid; e < SS; e += 256) {  // D = decay D + g_q + W^T dT
+            uint i = e % S, j = e / S;
+            float acc = pc.decay.v[gamma + i] * Ds[e] + pc.g.v[z + e];
+            for (uint l = 0; l < L; ++l) acc += Ws[l + rowW * i] * dTs[l + j * L];
+            Ds[e] = acc;
+        }
+        barrier();
+    }
+    for (uint e = tid; e < SS; e += 256) pc.o.v[gZ0 + e] = Ds[e];
+    for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;  // unused here: zeros
+}
+#elif defined(FORWARD_STAGED)
+const uint INPUT_MAX = 2112, SMALL_MAX = 544, BLOCK_COLUMNS = 16;  // as native/vulkan/vk_sequence_kernels.cpp
+shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's
+shared float Zs[INPUT_MAX];                                 // [jj + (cb + 1) i]: the block's state
+shared float Ts[SMALL_MAX], Vs[SMALL_MAX];                  // [l + (L + 1) jj]: the block's T and V
+
+void main() {
+    uint L = pc.L, S = pc.S, CB = min(BLOCK_COLUMNS, S), blocks = (S + CB - 1) / CB, g = flat_group();
+    if (g >= pc.N * blocks) return;  // a whole workgroup of the folded grid's padding
+    n = g % pc.N;
+    LS = L * S;
+    SS = S * S;
+    uint j0 = (g / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x, rowL = L + 1, rowZ = cb + 1;
+    for (uint e = tid; e < S * cb; e += 256) {  // i fastest: coalesced reads and writes
+        uint i = e % S, jj = e / S;
+        float z = pc.Z0.v[n * SS + i + (j0 + jj) * S];
+        Zs[jj + rowZ * i] = z;
+        pc.o.v[state_at(0) + i + (j0 + jj) * S] = z;
+    }
+    for (uint q = 0; q < pc.c; ++q) {
+        uint b = block_at(q), next = state_at(q + 1), gamma = (n + pc.N * q) * S;
+        for (uint e = tid; e < LS; e += 256) {
+            uint l = e % L, i = e / L;
+            Ws[l + rowL * i] = pc.W.v[b + e];
+            Bs[l + rowL * i] = pc.B.v[b + e];
+            Ks[l + rowL * i] = pc.K.v[b + e];
+        }
+        for (uint e = tid; e < L * cb; e += 256) Vs[e % L + rowL * (e / L)] = pc.V.v[b + j0 * L + e];
+        barrier();
+        for (uint e = tid; e < L * cb; e += 256) {  // T = W Z + U, the block's columns
+            uint l = e % L, jj = e / L;
+            float t = pc.U.v[b + l + (j0 + jj) * L];
+            for (uint i = 0; i < S; ++i) t += Ws[l + rowL * i] * Zs[jj + rowZ * i];
+            Ts[l + rowL * jj] = t;
+        }
+        barrier();
+        for (uint e = tid; e < S * cb; e += 256) {  // Z_{q+1} = decay Z + B^T T + K^T V, jj fastest
+            uint jj = e % cb, i = e / cb;
+            float acc = pc.decay.v[gamma + i] * Zs[jj + rowZ * i];
+            for (uint l = 0; l < L; ++l)
+                acc += Bs[l + rowL * i] * Ts[l + rowL * jj] + Ks[l + rowL * i] * Vs[l + rowL * jj];
+            Zs[jj + rowZ * i] = acc;
+        }
+        barrier();
+        for (uint e = tid; e < S * cb; e += 256) {  // the state after the chunk out, i fastest
+            uint i = e % S, jj = e / S;
+            pc.o.v[next + i + (j0 + jj) * S] = Zs[jj + rowZ * i];
+        }
+    }
+    uint scratch = SS * pc.N * (pc.c + 1) + n * LS;  // the output's scratch, unused here: zeros
+    for (uint e = tid; e < L * cb; e += 256) pc.o.v[scratch + j0 * L + e] = 0.0;
+}
+#else
 void main() {
     n = flat_group();
     LS = pc.L * pc.S;
@@ -131,3 +258,4 @@ void main() {
     for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;
 #endif
 }
+#endif

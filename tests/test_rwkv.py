@@ -337,10 +337,11 @@ def test_decayed_pairs_gradients_match_finite_differences(shape, through_last):
 
 @pytest.mark.requires_gpu
 @pytest.mark.parametrize("through_last", [True, False])
-@pytest.mark.parametrize("shape", [(3, 5, 2), (64, 16, 5), (300, 4, 2), (8, 64, 2)])
+@pytest.mark.parametrize("shape", [(3, 5, 2), (64, 16, 5), (300, 4, 2), (8, 64, 2), (3, 70, 2)])
 def test_decayed_pairs_gpu_matches_the_cpu(shape, through_last):
     """Forward and the three gradients, float32; 300 channels take the backward past 256
-    invocations."""
+    invocations, and blocks of channels the staged forward; 70 tokens take the forward without
+    staging (chunks of more than 64)."""
     arrays = [a.astype(np.float32) for a in _pair_inputs(*shape, seed=3)]
     S, L, B = shape
     weight = np.random.default_rng(4).normal(size=(L, L, B)).astype(np.float32)

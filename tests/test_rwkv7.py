@@ -325,9 +325,10 @@ def test_chunk_states_gradients_match_finite_differences(shape):
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4)])
+@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4), (40, 64, 1, 2)])
 def test_chunk_states_gpu_matches_the_cpu(shape):
-    """Forward and every gradient, float32."""
+    """Forward and every gradient, float32: the staged kernels (shared memory), and at 40 x 64
+    the kernels that keep the state in device memory (their chunk does not fit)."""
     arrays = [a.astype(np.float32) for a in _chunk_states_inputs(*shape, seed=3)]
     n_out = np_wkv7_chunk_states(*arrays).size
     weight = np.random.default_rng(4).normal(size=(n_out, 1)).astype(np.float32)

@@ -357,6 +357,16 @@ double decayed_pairs_loop_iterations(int64_t S, int64_t L, bool backward) {
     return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : s * (1.0 + l));
 }
 
+// decayed_pairs.comp's FORWARD_STAGED: chunks of at most kStagedPairsTokens tokens, each a
+// workgroup; per block of channels its loads, ranges (each up to L steps) and pairs (16 each).
+constexpr int64_t kStagedPairsTokens = 64;
+
+double staged_pairs_loop_iterations(int64_t S, int64_t L) {
+    const int64_t channels = std::max<int64_t>(1, std::min({S, 4352 / (L * (L + 1)), 1024 / (L + 1)}));  // the shader's
+    const double blocks = std::ceil(double(S) / double(channels)), rounds = std::ceil(double(channels * L) / 256.0);
+    return kLoopMargin * blocks * (rounds * (2.0 + double(L)) + 16.0 * double(channels));
+}
+
 struct DecayedPairsPush {
     uint64_t left, right, log_decay, o;
     uint32_t S, L, B, through_last;
@@ -369,8 +379,9 @@ struct DecayedPairsBackPush {
 
 }  // namespace
 
-// decayed_pairs and its backward: an invocation per pair of tokens of a chunk, or per (chunk,
-// channel); shapes checked by the shape rule.
+// decayed_pairs and its backward: a workgroup per chunk (chunks of at most 64 tokens) or an
+// invocation per pair of tokens of a chunk, and an invocation per (chunk, channel); shapes
+// checked by the shape rule.
 void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const TensorImpl& left = *in[0];
     const char* op = "decayed_pairs";
@@ -378,9 +389,14 @@ void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
                        u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
     u32(out.numel(), op);
     u32(left.numel(), op);  // every index in the shader is smaller
+    const std::vector<vk::Range> reads{span(left), span(*in[1]), span(*in[2])};
+    if (left.ne[1] <= kStagedPairsTokens) {
+        check_loop_budget(op, left.ne[1], staged_pairs_loop_iterations(left.ne[0], left.ne[1]));
+        record("decayed_pairs_forward_staged", p, uint64_t(p.B), reads, {span(out)});
+        return;
+    }
     check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
-    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L * p.L), {span(left), span(*in[1]), span(*in[2])},
-           {span(out)});
+    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L * p.L), reads, {span(out)});
 }
 
 void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
@@ -409,6 +425,34 @@ double wkv7_chunks_loop_iterations(int64_t L, int64_t S, int64_t chunks, bool ba
     return kLoopMargin * (double(chunks) * per_chunk + SS);
 }
 
+// wkv7_chunks.comp's FORWARD_STAGED: a workgroup per batch and block of kStagedBlockColumns value
+// columns, its shared arrays of kStagedInputFloats (the chunk's W, B, K with rows of L + 1, the
+// block's state with rows of columns + 1) and kStagedSmallFloats (the block's T and V).
+constexpr int64_t kStagedBlockColumns = 16, kStagedInputFloats = 2112, kStagedSmallFloats = 544;
+
+bool staged_chunk_states_fit(int64_t L, int64_t S) {
+    const int64_t columns = std::min(kStagedBlockColumns, S);
+    return (L + 1) * S <= kStagedInputFloats && S * (columns + 1) <= kStagedInputFloats &&
+           (L + 1) * columns <= kStagedSmallFloats;
+}
+
+// Its loops per invocation at their largest trip counts: per chunk the loads, T (S terms each),
+// the next state (L terms each) and its write.
+double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
+    const int64_t columns = std::min(kStagedBlockColumns, S);
+    const double LS = std::ceil(double(L * S) / 256.0), LC = std::ceil(double(L * columns) / 256.0),
+                 SC = std::ceil(double(S * columns) / 256.0);
+    return kLoopMargin * (double(chunks) * (LS + LC * (2.0 + double(S)) + SC * (2.0 + double(L))) + SC + LC);
+}
+
+// wkv7_chunks.comp's BACKWARD_STAGED: a workgroup per batch, its shared arrays of
+// kStagedStateFloats (D), kStagedWFloats (W, rows of L + 1) and kStagedTFloats (T and dT each).
+constexpr int64_t kStagedStateFloats = 4096, kStagedWFloats = 2112, kStagedTFloats = 2048;
+
+bool staged_chunk_states_back_fits(int64_t L, int64_t S) {
+    return S * S <= kStagedStateFloats && (L + 1) * S <= kStagedWFloats && L * S <= kStagedTFloats;
+}
+
 struct Wkv7ChunksPush {
     uint64_t W, U, B, K, V, decay, Z0, o;
     uint32_t L, S, N, c;
@@ -421,7 +465,9 @@ struct Wkv7ChunksBackPush {
 
 }  // namespace
 
-// wkv7_chunk_states and its backward: one workgroup per batch; shapes checked by the shape rule.
+// wkv7_chunk_states and its backward: a workgroup per batch (and block of value columns, where
+// the staged forward fits), staged in shared memory where that fits; shapes checked by the shape
+// rule.
 void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& W = *in[0];
     const char* op = "wkv7_chunk_states";
@@ -429,9 +475,15 @@ void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                      in[5]->address(), in[6]->address(), out.address(), u32(W.ne[0], op), u32(W.ne[1], op),
                      u32(W.ne[2], op), u32(W.ne[3], op)};
     u32(out.numel(), op);  // every index in the shader is smaller
-    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], false));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
+    if (staged_chunk_states_fit(W.ne[0], W.ne[1])) {
+        check_loop_budget(op, W.ne[0] * W.ne[3], staged_chunk_states_loop_iterations(W.ne[0], W.ne[1], W.ne[3]));
+        const uint64_t blocks = uint64_t((W.ne[1] + kStagedBlockColumns - 1) / kStagedBlockColumns);
+        record("wkv7_chunks_forward_staged", p, uint64_t(p.N) * blocks, reads, {span(out)});
+        return;
+    }
+    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], false));
     record("wkv7_chunks_forward", p, uint64_t(p.N), reads, {span(out)});
 }
 
@@ -446,7 +498,8 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
-    record("wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
+    const bool staged = staged_chunk_states_back_fits(W.ne[0], W.ne[1]);  // the same loops, bounded alike
+    record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
 
 }  // namespace rk
