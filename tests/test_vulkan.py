@@ -208,6 +208,18 @@ def test_module_to_moves_parameters_in_place(on_gpu):
     np.testing.assert_allclose(layer(rc.tensor(x, device="gpu")).numpy(), w_before @ x + layer.b.numpy(), rtol=1e-6)
 
 
+def test_tensors_of_more_than_2_gib_go_to_the_device_and_back(on_gpu):
+    # uploads and downloads pass through staging memory in pieces: one staging buffer of the
+    # whole 2.2 GiB was past lavapipe's allocation, and reading the tensor back crashed
+    n = 590_000_000
+    x = np.empty((n, 1), np.float32)
+    x[::4096] = np.arange(0, n, 4096, dtype=np.float32)[:, None]  # marks, and whatever memory held between
+    t = rc.tensor(x)
+    assert t._impl.nbytes > 2 << 30
+    back = t.numpy()
+    assert np.array_equal(back[::4096], x[::4096]) and np.array_equal(back[-5:], x[-5:], equal_nan=True)
+
+
 def test_tensors_beyond_one_binding_range(on_gpu):
     # 160 MiB, more than lavapipe's 128 MiB storage-buffer range: shaders address memory by
     # device address, so no binding limits a tensor's size.

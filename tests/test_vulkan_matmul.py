@@ -169,6 +169,26 @@ def test_few_tiles_over_a_long_reduction_take_the_small_tiles():
         _native.gpu_matmul_kernel("f32", 4, 4, k=0)
 
 
+def test_more_batched_products_than_one_dispatch_runs(poisoned_gpu_memory):
+    # a dispatch counts at most 65535 batch slices (NVIDIA's and lavapipe's limit): more go in
+    # several dispatches, each from its own slice on (the last one short); B broadcast along the
+    # batch. About 15 s on lavapipe, a workgroup per slice.
+    m, k, n, batch = 2, 3, 2, 65537
+    rng = np.random.default_rng(batch)
+    a = rng.standard_normal((k, m, batch)).astype(np.float32)
+    b = rng.standard_normal((k, n, 1)).astype(np.float32)
+    got = rc.matmul(rc.tensor(a, device="gpu"), rc.tensor(b, device="gpu"), transpose_a=True).numpy()
+    expected = np.einsum("kib,kj->ijb", a.astype(np.float64), b[:, :, 0])
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_past_one_dispatch_along_two_dims_is_refused():
+    a = rc.tensor(np.ones((2, 3, 300, 300), np.float32), device="gpu")
+    b = rc.tensor(np.ones((3, 2, 300, 300), np.float32), device="gpu")
+    with pytest.raises(ValueError, match="90000 batched products along dims 2 and 3"):
+        rc.matmul(a, b)
+
+
 def test_a_batch_of_small_products_takes_tiles_it_fills():
     # a chunked recurrence's products: 16384 chunks of [16, 64] @ [64, 16] and [64, 64] @ [64, 16]
     assert "16x16" in _native.gpu_matmul_kernel("f32", 16, 16, k=64, batch=16384)

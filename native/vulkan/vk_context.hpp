@@ -47,6 +47,7 @@ struct Limits {
     uint32_t max_shared_memory = 0;
     uint32_t max_push_constants = 0;
     uint32_t max_group_count_x = 0;
+    uint32_t max_group_count_z = 0;  // a dispatch's z, which batched kernels count their batch slices in
     uint64_t max_allocation = 0;
     // Cooperative matrices with f16 inputs, f32 accumulators, 16x16x16 subgroup-scope fragments and
     // 32-invocation subgroups: what matmul_coopmat.comp assumes. The extension is the one the
@@ -127,6 +128,7 @@ class Context {
     // on the H200, the same bytes every time).
     TensorPtr table(const void* data, uint64_t bytes);
 
+    // Host data in and out through staging memory, in pieces of at most 64 MiB.
     void upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size);
     void download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size);
     // Submits what is recorded without waiting (the GPU starts while the host goes on).
@@ -139,6 +141,8 @@ class Context {
     uint64_t take_stream_slot();
 
   private:
+    void upload_piece(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size);
+    void download_piece(const TensorImpl& src, uint64_t offset, void* host, uint64_t size);
     friend class RecordedCommands;
     // A program's recording (between begin_program and end_program): the recorder's calls go into
     // the program's command buffer instead of the eager ones, with no early submits and no host

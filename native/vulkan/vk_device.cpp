@@ -246,6 +246,7 @@ void Context::init(std::string* why) {
     limits_.max_shared_memory = lim.maxComputeSharedMemorySize;
     limits_.max_push_constants = lim.maxPushConstantsSize;
     limits_.max_group_count_x = lim.maxComputeWorkGroupCount[0];
+    limits_.max_group_count_z = lim.maxComputeWorkGroupCount[2];
     if (lim.maxPushConstantsSize < kPushConstantBytes) {
         *why = device_name_ + " offers " + std::to_string(lim.maxPushConstantsSize) + " bytes of push constants; rlkit needs 128";
         return;

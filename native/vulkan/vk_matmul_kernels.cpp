@@ -180,8 +180,19 @@ void record_split_small(const MatmulPush& p, const TensorImpl* bias, uint32_t ac
     vk::record_sum_splits(*partials, uint32_t(splits), {bias, p.m, 1, activation}, out, op);
 }
 
+// The push constants of batch slices z0 .. z0 + count - 1 of a product whose batch lies along dim 2
+// alone: its operands' and output's addresses moved to slice z0, and count slices along dim 2.
+MatmulPush batch_slices(MatmulPush p, uint32_t z0, uint32_t count, size_t element_bytes) {
+    p.a += uint64_t(z0) * p.sa2 * element_bytes;
+    p.b += uint64_t(z0) * p.sb2 * element_bytes;
+    p.c += uint64_t(z0) * p.m * p.n * element_bytes;
+    p.ne2 = count;
+    return p;
+}
+
 // Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
-// dtype, device and shape call for.
+// dtype, device and shape call for; a batch of more slices than a dispatch's z may count (65535
+// on NVIDIA's driver) in several dispatches.
 void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
                    uint32_t activation, TensorImpl& out, const char* op) {
     const int64_t k = ta ? a.ne[0] : a.ne[1];
@@ -204,13 +215,23 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
     if (bias) reads.push_back(span(*bias));
     const bool chunked_a = reads_in_chunks(a), chunked_b = reads_in_chunks(b);
     const std::string shader = matmul_shader(kernel, bias != nullptr, ta, tb, chunked_a && chunked_b, a.dtype);
-    if (kernel == MatmulKernel::coopmat) {
-        const CoopmatPush p{linear, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
-        record(shader, p, tiles, reads, {span(out)}, batches);
-    } else if (bias) {
-        record(shader, linear, tiles, reads, {span(out)}, batches);
-    } else {
-        record(shader, linear.matmul, tiles, reads, {span(out)}, batches);
+    const uint32_t per_dispatch = ctx().limits().max_group_count_z;
+    if (batches > per_dispatch && out.ne[3] != 1)
+        throw std::invalid_argument(std::string(op) + ": " + std::to_string(batches) + " batched products along dims 2 "
+                                    "and 3 exceed the " + std::to_string(per_dispatch) + " slices one GPU dispatch "
+                                    "runs; put the batch in dim 2 alone (reshape)");
+    for (uint32_t z0 = 0; z0 < batches; z0 += per_dispatch) {
+        const uint32_t count = std::min(per_dispatch, batches - z0);
+        LinearPush part = linear;
+        if (count != batches) part.matmul = batch_slices(linear.matmul, z0, count, dtype_size(out.dtype));
+        if (kernel == MatmulKernel::coopmat) {
+            const CoopmatPush p{part, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
+            record(shader, p, tiles, reads, {span(out)}, count);
+        } else if (bias) {
+            record(shader, part, tiles, reads, {span(out)}, count);
+        } else {
+            record(shader, part.matmul, tiles, reads, {span(out)}, count);
+        }
     }
 }
 
@@ -263,7 +284,8 @@ void vk_matmul_relu_mask(const Inputs& in, const OpAttrs& attrs, TensorImpl& out
     const int64_t k = ta ? a.ne[0] : a.ne[1];
     const int64_t batches = out.ne[2] * out.ne[3];
     const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], k, batches);
-    if (kernel == MatmulKernel::tiled_small && small_split_k(out.ne[0], out.ne[1], k, batches) >= k) {
+    if (kernel == MatmulKernel::tiled_small && small_split_k(out.ne[0], out.ne[1], k, batches) >= k &&
+        batches <= int64_t(ctx().limits().max_group_count_z)) {
         uint64_t tiles = 0;
         const MaskPush p{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), y.address()};
         record("matmul_small_relu_mask", p, tiles, {span(a), span(b), span(y)}, {span(out)},

@@ -18,6 +18,10 @@ constexpr uint32_t kMaxRecorded = 4096;      // dispatches recorded before an ea
 constexpr size_t kMaxUnsynced = 256;         // ranges tracked between barriers
 constexpr uint64_t kMaxUpdateBytes = 65536;  // vkCmdUpdateBuffer's limit per command
 constexpr uint64_t kMaxInFlightStaging = uint64_t(256) << 20;
+// Uploads and downloads go through staging memory in pieces of at most this many bytes: one
+// staging buffer as large as a tensor of more than 2 GiB was past what lavapipe allocates, and
+// reading such a tensor back crashed the process.
+constexpr uint64_t kMaxTransferPiece = uint64_t(64) << 20;
 
 }  // namespace
 
@@ -114,6 +118,9 @@ void Context::dispatch(const std::string& shader, const void* push, uint32_t pus
                        const std::vector<Range>& reads, const std::vector<Range>& writes, uint32_t groups_z) {
     if (push_size > kPushConstantBytes) throw std::logic_error(shader + ": push constants exceed 128 bytes");
     if (groups == 0) return;
+    if (groups_z > limits_.max_group_count_z)
+        throw std::invalid_argument(shader + ": " + std::to_string(groups_z) + " batch slices in one dispatch; " +
+                                    device_name_ + " runs at most " + std::to_string(limits_.max_group_count_z));
     VkPipeline p = pipeline(shader);
     const uint64_t max_x = limits_.max_group_count_x;
     const uint32_t gx = uint32_t(std::min<uint64_t>(groups, max_x));
@@ -197,6 +204,13 @@ void Context::write_range(VkBuffer buffer, uint64_t offset, uint64_t address, co
 
 void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
     if (program_) throw std::logic_error("upload while a program records its command buffer");
+    for (uint64_t done = 0; done < size; done += kMaxTransferPiece) {
+        const uint64_t n = std::min(kMaxTransferPiece, size - done);
+        upload_piece(dst, offset + done, static_cast<const uint8_t*>(host) + done, n);
+    }
+}
+
+void Context::upload_piece(const TensorImpl& dst, uint64_t offset, const void* host, uint64_t size) {
     auto staging = staging_pool_->allocate(size);
     std::memcpy(staging_pool_->host(*staging), host, size);
     const auto [db, doff] = locate(dst);
@@ -213,6 +227,13 @@ void Context::upload(const TensorImpl& dst, uint64_t offset, const void* host, u
 
 void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
     if (program_) throw std::logic_error("download while a program records its command buffer");
+    for (uint64_t done = 0; done < size; done += kMaxTransferPiece) {
+        const uint64_t n = std::min(kMaxTransferPiece, size - done);
+        download_piece(src, offset + done, static_cast<uint8_t*>(host) + done, n);
+    }
+}
+
+void Context::download_piece(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
     auto staging = staging_pool_->allocate(size);
     const auto [sb, so] = locate(src);
     const uint64_t begin = src.address() + offset;
