@@ -20,7 +20,7 @@ layout(push_constant) uniform Push {
     // they do not (each element's index decoded dimension by dimension)
     uint inner;
     uint split_len;  // reduced elements per z slice
-    uint per_invocation;  // 1: an invocation per output (sums of at most 64 elements)
+    uint per_invocation;  // 1: an invocation per output (short sums: native/vulkan/vk_kernels.cpp)
 } pc;
 
 shared float partial[256];

@@ -240,9 +240,11 @@ def test_tensors_beyond_one_binding_range(on_gpu):
     ((3000, 40), (1, 40)),               # the reduced dimension leads
     ((20, 20, 32, 32), (1, 1, 32, 1)),   # conv2d's bias gradient: reduced on both sides of the kept one
     ((7, 3000, 5), (7, 1, 5)),           # ... at an awkward size, split
-    ((64, 16, 300), (64, 1, 300)),       # short sums (an invocation per output): a chunk's tokens, decoded
-    ((3, 64, 1000), (1, 1, 1000)),       # ... the longest short sum, the reduced elements in one block
-    ((65, 777), (1, 777)),               # ... the shortest left to a workgroup per output
+    ((64, 16, 300), (64, 1, 300)),       # short sums over many outputs (an invocation each): decoded
+    ((2, 32, 5000), (1, 1, 5000)),       # ... the longest (64), the reduced elements in one block
+    ((65, 5000), (1, 5000)),             # ... the shortest left to a workgroup per output
+    ((256, 64), (256, 1)),               # a bias gradient over a batch of 64, few outputs: workgroups
+    ((8, 300), (1, 300)),                # a tiny sum: an invocation each however few outputs
     ((300000, 1), (300000, 1)),          # nothing to sum: each output its element
 ])
 def test_sum_to_matches_numpy_in_every_layout(x_shape, out_shape, on_gpu):

@@ -255,10 +255,13 @@ uint32_t sum_inner(const TensorImpl& x, const TensorImpl& out) {
 // 0.6 ms for 409600 elements on the H200); shorter ones are left whole, where the level the split
 // adds would cost more than it saves (conv2d's bias gradients in a DQN update: 1568 to 12800).
 constexpr uint64_t kSumTargetGroups = 512, kLongSum = 16384, kMinSumSlice = 2048;
-// Sums of at most kShortSum elements take an invocation each, in order: a workgroup per output
-// left 255 of its 256 invocations idle on a gradient as large as its input (a packed output's
-// 17.8M elements summed one by one: 44 ms on the H200) or a sum over a chunk's 16 tokens.
-constexpr uint64_t kShortSum = 64;
+// Short sums take an invocation each, adding their elements in order: those of at most
+// kTinySum elements, and those of at most kShortSum where there are at least kManySums outputs. A
+// workgroup per output left 255 of its 256 invocations idle on a gradient as large as its input
+// (a packed output's 17.8M elements summed one by one: 44 ms on the H200) or on a sum over each
+// chunk's 16 tokens; an invocation walking 64 elements alone, one read after another, made a
+// DQN update's bias gradients (256 sums over a batch of 64) slower (157 -> 196 us a update).
+constexpr uint64_t kTinySum = 8, kShortSum = 64, kManySums = 4096;
 
 void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& x = *in[0];
@@ -271,7 +274,7 @@ void vk_sum_to(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const uint64_t wanted = std::max<uint64_t>(1, kSumTargetGroups / p.n_out);
     const uint64_t splits = p.n_reduced <= kLongSum ? 1 : std::min<uint64_t>({wanted, p.n_reduced / kMinSumSlice, 65535});
     p.split_len = uint32_t((p.n_reduced + splits - 1) / splits);
-    if (p.n_reduced <= kShortSum) {
+    if (p.n_reduced <= kTinySum || (p.n_reduced <= kShortSum && p.n_out >= kManySums)) {
         p.per_invocation = 1;
         record("sum_to", p, groups(p.n_out), {span(x)}, {span(out)});
         return;
