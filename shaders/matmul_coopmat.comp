@@ -45,6 +45,7 @@ layout(push_constant) uniform Push {
     uint ne2;              // output batch size along dim 2
     uint sa2, sa3, sb2, sb3;  // element strides between batch slices (0 where broadcast)
     uint groups_m;         // tiles along m
+    uint split_k;          // matmul_small.comp's (the host's MatmulPush), unused here
     Halfs bias;            // LINEAR only
     uint activation;       // LINEAR only: 0 none, 1 relu, 2 tanh, 3 sigmoid
     uint chunked;          // bit 0: A, bit 1: B may be read as whole 16-byte chunks (aligned, lda % 8 == 0)

@@ -2,6 +2,7 @@
 // bf16 where the device has them, else f32 SIMT tiles sized to the output), its shader variant and
 // its push constants.
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "backend.hpp"
@@ -37,12 +38,18 @@ struct MaskPush {
     uint64_t mask;
 };
 
-// matmul_coopmat.comp's: the linear op's (bias unused by plain matmul), then which operands may be
-// read in whole 16-byte chunks.
+// matmul_coopmat.comp's: the linear op's fields (bias unused by plain matmul), then which operands
+// may be read in whole 16-byte chunks, right after the activation as the shader's std430 block
+// has it (a LinearPush member would put it after that struct's 4 bytes of tail padding, where the
+// shader read the padding instead).
 struct CoopmatPush {
-    LinearPush linear;
+    MatmulPush matmul;
+    uint64_t bias;
+    uint32_t activation;
     uint32_t chunked;
 };
+static_assert(offsetof(CoopmatPush, bias) == 80 && offsetof(CoopmatPush, chunked) == 92,
+              "CoopmatPush must match matmul_coopmat.comp's push constants");
 
 // The matmul kernel for a product: cooperative matrices for f16 or bf16 where the device has them
 // for that dtype, else the f32 SIMT kernel (16-bit operands widened first) with the largest tiles
@@ -225,7 +232,8 @@ void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, c
         LinearPush part = linear;
         if (count != batches) part.matmul = batch_slices(linear.matmul, z0, count, dtype_size(out.dtype));
         if (kernel == MatmulKernel::coopmat) {
-            const CoopmatPush p{part, uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
+            const CoopmatPush p{part.matmul, part.bias, part.activation,
+                                uint32_t(chunked_a) | uint32_t(chunked_b) << 1};
             record(shader, p, tiles, reads, {span(out)}, count);
         } else if (bias) {
             record(shader, part, tiles, reads, {span(out)}, count);
