@@ -115,6 +115,8 @@ endforeach()
 rk_shader(decayed_pairs_forward_staged decayed_pairs.comp FORWARD_STAGED)  # chunks of at most 64 tokens
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
+rk_shader(chunk_scan_forward chunk_scan.comp FORWARD)
+rk_shader(chunk_scan_backward chunk_scan.comp BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)

@@ -165,6 +165,18 @@ def np_wkv7_chunk_states(W, U, B, K, V, decay, Z0):
     return np.concatenate([states.reshape(-1, order="F"), np.zeros(L * S * N)])
 
 
+def np_chunk_scan(X, first, decay):
+    """chunk_scan as a plain loop: Z_0 = first, Z_{q+1} = decay_q Z_q + X_q (decay [K, c, N] the
+    same for the R rows). Returns the op's 1-D output: Z_0 .. Z_{c-1} [R, K, c, N], then Z_c."""
+    R, K, c, N = X.shape
+    starts = np.zeros((R, K, c, N))
+    z = first.astype(np.float64)
+    for q in range(c):
+        starts[:, :, q, :] = z
+        z = decay[None, :, q, :] * z + X[:, :, q, :]
+    return np.concatenate([starts.reshape(-1, order="F"), z.reshape(-1, order="F")])
+
+
 def WKV7(S, H, T, n_seqs):
     """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
     w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""

@@ -34,6 +34,7 @@ BACKWARD_HELPER_OF = {
     "rwkv_wkv7_back": "rwkv_wkv7",
     "wkv7_chunk_states_back": "wkv7_chunk_states",
     "decayed_pairs_back": "decayed_pairs",
+    "chunk_scan_back": "chunk_scan",
     "conv2d_input_back": "conv2d",
     "conv2d_weight_back": "conv2d",
     "max_pool2d_back": "max_pool2d",
@@ -42,7 +43,8 @@ BACKWARD_HELPER_OF = {
 # Native ops reached through a public function of another name.
 PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss", "huber": "huber_loss",
                   "wkv7_chunk_states": "rwkv_wkv7",  # rwkv_wkv7's chunked form
-                  "decayed_pairs": "gated_linear_attn"}  # the chunked forms of gated_linear_attn and rwkv_wkv7
+                  "decayed_pairs": "gated_linear_attn",  # the chunked forms of gated_linear_attn and rwkv_wkv7
+                  "chunk_scan": "gated_linear_attn"}  # the chunked forms of gated_linear_attn and ssm_scan
 
 NATIVE_OPS = list(_native.op_names())
 NOT_DIFFERENTIABLE = {name for i, name in enumerate(NATIVE_OPS) if not _native.op_differentiable(i)}

@@ -139,6 +139,9 @@ def _builders() -> dict:
     b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
         [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)
         + [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)], [], [])
+    b["chunk_scan"] = lambda a, b_, c, d: ([((a, b_, c, d), F), ((a, b_, d), F), ((b_, c, d), F)], [], [])
+    b["chunk_scan_back"] = lambda a, b_, c, d: ([((a * b_ * c * d + a * b_ * d,), F), ((a, b_, d), F), ((b_, c, d), F)],
+                                                [], [])
     # images: x [W, H, C, N], kernels [KW, KH, C_in, C_out]; ints: stride, padding, dilation (w, h), then sizes
     b["conv2d"] = lambda a, b_, c, d: ([((a, b_, 2, 2), F), ((3, 2, 2, 3), F)], [c, d, d, c, 1, 2], [])
     b["conv2d_input_back"] = lambda a, b_, c, d: ([((1, 1, 3, 2), F), ((3, 2, 2, 3), F)], [a, b_, 0, 0, 1, 1, c, d], [])

@@ -16,7 +16,7 @@ import rlkit.core as rc
 from rlkit.core import ops
 
 from conftest import AVAILABLE_DEVICES
-from op_references import assert_chunked_within_recurrent_error, np_ssm_scan
+from op_references import assert_chunked_within_recurrent_error, np_chunk_scan, np_ssm_scan
 
 
 def test_ssm_conv_chunks_with_carried_state_match_the_whole_sequence(device):
@@ -340,15 +340,84 @@ def test_ssm_scan_chunked_where_the_decay_underflows(device):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(a).max()), err_msg=name)
 
 
+# ---- chunk_scan: the chunked forms' states passed from chunk to chunk ---------------------------
+
+def _chunk_scan_inputs(R, K, c, N, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(R, K, c, N)), rng.normal(size=(R, K, N)), rng.uniform(0.05, 1.0, size=(K, c, N))]
+
+
+# (R, K, c, N): one chunk of one element; awkward sizes; more rows than a workgroup's invocations
+SCAN_SHAPES = [(1, 1, 1, 1), (3, 2, 5, 2), (64, 5, 17, 3), (300, 3, 4, 2)]
+
+
+@pytest.mark.parametrize("shape", SCAN_SHAPES)
+def test_chunk_scan_matches_the_numpy_loop(device, shape):
+    arrays = _chunk_scan_inputs(*shape)
+    want = np_chunk_scan(*arrays)
+    for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
+        got = ops.apply("chunk_scan", tuple(rc.tensor(np.asfortranarray(a), dtype=dtype) for a in arrays)).numpy()
+        tol = 1e-12 if dtype == "f64" else 1e-5
+        np.testing.assert_allclose(got.ravel(), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", SCAN_SHAPES[:3])
+def test_chunk_scan_gradients_match_finite_differences(shape):
+    """Every input's gradient in float64, the states before every chunk and the final one weighted."""
+    arrays = _chunk_scan_inputs(*shape, seed=1)
+    weight = rc.tensor(np.random.default_rng(2).normal(size=(np_chunk_scan(*arrays).size, 1)), dtype="f64")
+    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("chunk_scan", xs), (-1, 1)), weight),
+                        [np.asfortranarray(a) for a in arrays])
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("shape", SCAN_SHAPES)
+def test_chunk_scan_gpu_matches_the_cpu(shape):
+    """Forward and every gradient, float32."""
+    arrays = [a.astype(np.float32) for a in _chunk_scan_inputs(*shape, seed=3)]
+    weight = np.random.default_rng(4).normal(size=(np_chunk_scan(*arrays).size, 1)).astype(np.float32)
+
+    def run(device):
+        params = [rc.param(np.asfortranarray(a), device=device) for a in arrays]
+        with rc.grad_tape():
+            out = rc.reshape(ops.apply("chunk_scan", tuple(params)), (-1, 1))
+            loss = rc.sum(rc.mul(out, rc.tensor(weight, device=device)))
+        grads = rc.backward(loss)
+        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
+
+    for name, g, c in zip(["states", "X", "first", "decay"], run("gpu"), run("cpu")):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ([(2, 3, 4, 2), (2, 3, 2), (3, 5, 2)], r"X must be \[R, K, c, N\] = \[2, 3, 5, 2\]"),
+    ([(2, 3, 4, 2), (2, 3, 2), (4, 4, 2)], r"first must be \[R, K, N\] and decay \[K, c, N\]"),
+    ([(2, 3, 4, 2), (2, 3, 1), (3, 4, 2)], r"first must be \[R, K, N\] and decay \[K, c, N\]"),
+])
+def test_chunk_scan_refuses_bad_shapes(arrays, message):
+    with pytest.raises(ValueError, match=r"^chunk_scan: " + message):
+        ops.apply("chunk_scan", tuple(rc.tensor(np.ones(s, np.float32)) for s in arrays))
+
+
+def test_chunk_scan_refuses_mixed_dtypes_and_a_wrong_gradient():
+    X, first, decay = (rc.tensor(np.ones(s, np.float32)) for s in [(2, 3, 4, 2), (2, 3, 2), (3, 4, 2)])
+    with pytest.raises(TypeError, match=r"^chunk_scan: dtypes differ"):
+        ops.apply("chunk_scan", (X, first, rc.tensor(np.ones((3, 4, 2)), dtype="f64")))
+    with pytest.raises(ValueError, match=r"^chunk_scan_back: g \[\d+(, 1)?\] is not the forward's output shape \[60\]"):
+        ops.apply("chunk_scan_back", (rc.tensor(np.ones((59, 1), np.float32)), first, decay))
+
+
 def test_ssm_scan_chunked_propagates_nan(device):
     """A NaN in one token's step is never hidden: it reaches every output of its head in its
-    sequence and that head's final state (the products multiply it by the zeros above the
-    diagonal, so tokens before it too, where the recurrence reaches the later ones only), and
-    nothing of the other heads and sequences."""
+    sequence from its chunk's first token on, and that head's final state (the products within
+    the chunk multiply it by the zeros above the diagonal, so the chunk's tokens before it too,
+    where the recurrence reaches the later ones only), and nothing before its chunk or of the
+    other heads and sequences."""
     arrays = {k: v.astype(np.float32) for k, v in scan_inputs(np.random.default_rng(6), 4, 2, 2, 12, 2).items()}
-    arrays["dt"][1, 6, 0] = np.nan  # head 1, token 6 of sequence 0
+    arrays["dt"][1, 6, 0] = np.nan  # head 1, token 6 of sequence 0: the second chunk of 4
     y, final = (t.numpy() for t in rc.ssm_scan(*[rc.tensor(np.asfortranarray(a)) for a in arrays.values()], chunk_size=4))
-    assert np.isnan(y[:, 1, :, 0]).all() and np.isnan(final[:, :, 1, 0]).all()
+    assert np.isnan(y[:, 1, 4:, 0]).all() and np.isnan(final[:, :, 1, 0]).all()
+    assert np.isfinite(y[:, 1, :4, 0]).all()
     assert np.isfinite(y[:, 0]).all() and np.isfinite(y[:, :, :, 1]).all()
     assert np.isfinite(final[:, :, 0]).all() and np.isfinite(final[:, :, :, 1]).all()
 

@@ -502,4 +502,35 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
 
+// ---- the states passed between chunks (gated_linear_attn's and ssm_scan's chunked forms) ------
+
+namespace {
+
+struct ChunkScanPush {
+    uint64_t a, first, decay, o;
+    uint32_t R, K, c, N;
+};
+
+// chunk_scan and its backward: an invocation per element of a state, walking the c chunks.
+void record_chunk_scan(const char* op, const char* shader, const Inputs& in, const TensorImpl& first,
+                       const TensorImpl& decay, TensorImpl& out) {
+    ChunkScanPush p{in[0]->address(), first.address(), decay.address(), out.address(), u32(first.ne[0], op),
+                    u32(first.ne[1], op), u32(decay.ne[1], op), u32(first.ne[2], op)};
+    u32(out.numel(), op);  // every index in the shader is smaller
+    check_loop_budget(op, decay.ne[1], kLoopMargin * double(decay.ne[1]));
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    record(shader, p, groups(uint64_t(p.R) * p.K * p.N), reads, {span(out)});
+}
+
+}  // namespace
+
+void vk_chunk_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    record_chunk_scan("chunk_scan", "chunk_scan_forward", in, *in[1], *in[2], out);
+}
+
+void vk_chunk_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    record_chunk_scan("chunk_scan_back", "chunk_scan_backward", in, *in[1], *in[2], out);
+}
+
 }  // namespace rk

@@ -2,8 +2,8 @@
 convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear attention. Each
 is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
 ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence,
-composed of the differentiable ops of ops.py: matrix products within chunks of tokens and
-between them (rwkv_wkv7's state passed from chunk to chunk by an op of its own).
+composed of the differentiable ops of ops.py: matrix products within chunks of tokens, and the
+states passed from chunk to chunk by ops of their own (chunk_scan; rwkv_wkv7's wkv7_chunk_states).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import numbers
 
 from rlkit.core.ops import (
-    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, concat_rows, exp,
+    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, exp,
     expand, ge, get_rows, gt, log, matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus, sub, sum_to,
     transpose,
 )
@@ -49,9 +49,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tupl
     and only the chunks' states pass from chunk to chunk, so the work is matrix products rather
     than a loop over tokens. The same function in another order of sums: within a few f32
     roundings of the recurrence (tests/test_ssm.py bounds both against float64). A NaN or an
-    infinity in one token reaches every output of its head in its sequence (the products
-    multiply it by the zeros above the diagonal), where the recurrence reaches the later tokens
-    only: never hidden, but no pointer to the token either."""
+    infinity in one token reaches every output of its head in its sequence from its chunk's first
+    token on (the products within a chunk multiply it by the zeros above the diagonal), where the
+    recurrence reaches the later tokens only: never hidden, but no pointer to the token either."""
     x = as_tensor(x, op="ssm_scan", arg="x")
     s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
                       ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
@@ -130,15 +130,13 @@ def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
 def _pass_between_chunks(chunk_states: Tensor, first: Tensor, log_decay: Tensor) -> tuple[Tensor, Tensor]:
     """A chunked recurrence's state before each chunk and after the last: from each chunk's own
     state chunk_states [R, K, c, N] (its inputs decayed to its end), each sequence's initial state
-    first [R, K, N] and each chunk's log decay [K, c, N] (the decay varies along K and is shared
-    by the R rows), one product with the decays between chunks, [c+1, c+1] per (K, N). Returns
-    (starts [R, K, c, N], final [R, K, N])."""
+    first (R K N elements) and each chunk's log decay [K, c, N] (the decay varies along K and is
+    shared by the R rows), one op (chunk_scan) that walks the chunks: Z_{q+1} = exp(log_decay_q)
+    Z_q + chunk_states_q. Returns (starts [R, K, c, N], final [R, K, N])."""
     R, K, c, n_seqs = _ne4(chunk_states)
-    states = concat_rows(reshape(first, (1, R, K, n_seqs)), permute(chunk_states, (2, 0, 1, 3)))  # [c+1, R, K, N]
-    log_decay = pad_rows(reshape(transpose(log_decay), (c, K * n_seqs)), 1, 0)  # [c+1, K*N]: none before the first
-    passed = matmul(_decays(reshape(log_decay, (c + 1, K, n_seqs))), states)  # [c+1, R, K, N]
-    final = reshape(slice_rows(passed, c, 1), (R, K, n_seqs))
-    return permute(slice_rows(passed, 0, c), (1, 2, 0, 3)), final
+    passed = apply("chunk_scan", (chunk_states, reshape(first, (R, K, n_seqs)), exp(log_decay)))  # 1-D
+    starts, final = _unpack_columns(passed, [(chunk_states.numel, (R, K, c, n_seqs)), (R * K * n_seqs, (R, K, n_seqs))])
+    return starts, final
 
 
 def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
@@ -225,10 +223,10 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
     (as flash-linear-attention's chunk_gla): within a chunk every pair of tokens is weighted
     per key channel by its gates' product, exp of the sum of the log gates between them (never
     above 1, so strong gates cannot overflow; one op, decayed_pairs, that keeps those weights out
-    of memory), the chunk's own state is one product, and the states pass between chunks as one
-    product per key channel. It takes log(g): gates must be positive (a gate of 0 is taken as
-    e^-80; a negative one gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches
-    every output of its head in its sequence."""
+    of memory), the chunk's own state is one product, and the states pass from chunk to chunk
+    by one op (chunk_scan) that walks the chunks. It takes log(g): gates must be positive (a
+    gate of 0 is taken as e^-80; a negative one gives NaN). Chunks of 16 to 64 tokens; a NaN in
+    one token reaches every output of its head in its sequence from its chunk's first token on."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
     if not math.isfinite(scale):
@@ -320,7 +318,7 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
     chunk (one op, wkv7_chunk_states, whose kernel loops over the chunks: two [chunk, S] x [S, S]
     products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative one
     gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches every output of its head in
-    its sequence."""
+    its sequence from its chunk's first token on."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))
     if chunk_size is not None:

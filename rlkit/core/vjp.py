@@ -42,6 +42,17 @@ def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (W, U, B, K, V, decay, Z0)]))
 
 
+def _chunk_scan(g, out, X, first, decay):
+    # the states' gradient walked back by the helper op; the decay's, per chunk, sums over the rows
+    # of gX_q Z_q (Z_q: the forward's state before chunk q)
+    grads = ops.apply("chunk_scan_back", (g, first, decay))  # 1-D [gX, gfirst]
+    g_x, g_first = ops._unpack_columns(grads, [(X.numel, X.shape), (first.numel, first.shape)])
+    starts = ops._unpack_columns(out, [(X.numel, X.shape)])[0]
+    rows = X.shape[0]
+    products = ops.reshape(ops.mul(g_x, starts), (rows, X.numel // rows))  # [R, K c N]
+    return g_x, g_first, ops.reshape(ops.sum_to(products, (1, X.numel // rows)), decay.shape)
+
+
 def _linear(g, out, w, x, b, activation):
     # the activation's derivative from its output, then the matmul's and the bias's gradients
     if activation is not None:
@@ -167,6 +178,7 @@ VJP = {
     "rwkv_wkv7": _rwkv_wkv7,
     "wkv7_chunk_states": _wkv7_chunk_states,
     "decayed_pairs": _decayed_pairs,
+    "chunk_scan": _chunk_scan,
     "conv2d": _conv2d,
     "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }
