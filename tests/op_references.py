@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.core import ops
 
 # ---- input generators: each takes a numpy Generator and returns an array -------------------------
 
@@ -163,6 +164,23 @@ def np_wkv7_chunk_states(W, U, B, K, V, decay, Z0):
             z = decay[:, n, q][:, None] * z + B[:, :, n, q].T @ sa + K[:, :, n, q].T @ V[:, :, n, q]
             states[:, :, n, q + 1] = z
     return np.concatenate([states.reshape(-1, order="F"), np.zeros(L * S * N)])
+
+
+def assert_gpu_matches_cpu(op: str, arrays: list, names: list[str]) -> None:
+    """A packed-output op on both backends in float32: its output and the gradient of a random
+    weighting of it for every input, the GPU's against the CPU's (names: the output's, then
+    each input's, for the messages)."""
+    def run(device):
+        params = [rc.param(np.asfortranarray(a.astype(np.float32)), device=device) for a in arrays]
+        with rc.grad_tape():
+            out = rc.reshape(ops.apply(op, tuple(params)), (-1, 1))
+            w = rc.tensor(np.random.default_rng(4).normal(size=(out.shape[0], 1)).astype(np.float32), device=device)
+            loss = rc.sum(rc.mul(out, w))
+        grads = rc.backward(loss)
+        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
+
+    for name, g, c in zip(names, run("gpu"), run("cpu")):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
 
 
 def np_chunk_scan(X, first, decay):

@@ -10,7 +10,8 @@ import pytest
 
 import rlkit.core as rc
 from rlkit.core import ops
-from op_references import assert_chunked_within_recurrent_error, np_rwkv_wkv7, np_wkv7_chunk_states, packed
+from op_references import (assert_chunked_within_recurrent_error, assert_gpu_matches_cpu, np_rwkv_wkv7, np_wkv7_chunk_states,
+                           packed)
 
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 
@@ -329,20 +330,8 @@ def test_chunk_states_gradients_match_finite_differences(shape):
 def test_chunk_states_gpu_matches_the_cpu(shape):
     """Forward and every gradient, float32: the staged kernels (shared memory), and at 40 x 64
     the kernels that keep the state in device memory (their chunk does not fit)."""
-    arrays = [a.astype(np.float32) for a in _chunk_states_inputs(*shape, seed=3)]
-    n_out = np_wkv7_chunk_states(*arrays).size
-    weight = np.random.default_rng(4).normal(size=(n_out, 1)).astype(np.float32)
-
-    def run(device):
-        params = [rc.param(np.asfortranarray(a), device=device) for a in arrays]
-        with rc.grad_tape():
-            out = rc.reshape(ops.apply("wkv7_chunk_states", tuple(params)), (-1, 1))
-            loss = rc.sum(rc.mul(out, rc.tensor(weight, device=device)))
-        grads = rc.backward(loss)
-        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
-
-    for name, g, c in zip(["states", "W", "U", "B", "K", "V", "decay", "Z0"], run("gpu"), run("cpu")):
-        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+    assert_gpu_matches_cpu("wkv7_chunk_states", _chunk_states_inputs(*shape, seed=3),
+                           ["states", "W", "U", "B", "K", "V", "decay", "Z0"])
 
 
 def _f(*shape, dtype="f32"):

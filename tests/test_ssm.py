@@ -16,7 +16,7 @@ import rlkit.core as rc
 from rlkit.core import ops
 
 from conftest import AVAILABLE_DEVICES
-from op_references import assert_chunked_within_recurrent_error, np_chunk_scan, np_ssm_scan
+from op_references import assert_chunked_within_recurrent_error, assert_gpu_matches_cpu, np_chunk_scan, np_ssm_scan
 
 
 def test_ssm_conv_chunks_with_carried_state_match_the_whole_sequence(device):
@@ -374,19 +374,7 @@ def test_chunk_scan_gradients_match_finite_differences(shape):
 @pytest.mark.parametrize("shape", SCAN_SHAPES)
 def test_chunk_scan_gpu_matches_the_cpu(shape):
     """Forward and every gradient, float32."""
-    arrays = [a.astype(np.float32) for a in _chunk_scan_inputs(*shape, seed=3)]
-    weight = np.random.default_rng(4).normal(size=(np_chunk_scan(*arrays).size, 1)).astype(np.float32)
-
-    def run(device):
-        params = [rc.param(np.asfortranarray(a), device=device) for a in arrays]
-        with rc.grad_tape():
-            out = rc.reshape(ops.apply("chunk_scan", tuple(params)), (-1, 1))
-            loss = rc.sum(rc.mul(out, rc.tensor(weight, device=device)))
-        grads = rc.backward(loss)
-        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
-
-    for name, g, c in zip(["states", "X", "first", "decay"], run("gpu"), run("cpu")):
-        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+    assert_gpu_matches_cpu("chunk_scan", _chunk_scan_inputs(*shape, seed=3), ["states", "X", "first", "decay"])
 
 
 @pytest.mark.parametrize("arrays, message", [
