@@ -26,6 +26,9 @@ constexpr uint64_t kMaxTransferPiece = uint64_t(64) << 20;
 }  // namespace
 
 std::shared_ptr<Storage> Context::allocate(uint64_t nbytes, bool poison) {
+    if (nbytes > device_memory_)  // the driver may still hand it out (lavapipe did), against the spec
+        throw OutOfMemory("out of GPU memory: a tensor of " + std::to_string(nbytes) + " bytes is larger than " +
+                          device_name_ + "'s memory (" + std::to_string(device_memory_) + " bytes)");
     auto a = device_pool_->allocate(nbytes);
     if (poison_ && poison) fill_range(device_pool_->buffer(*a), a->offset, device_pool_->address(*a), a->size, 0x7fc00000u);
     auto s = std::make_shared<Storage>();

@@ -357,9 +357,13 @@ double decayed_pairs_loop_iterations(int64_t S, int64_t L, bool backward) {
     return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : s * (1.0 + l));
 }
 
+// Whether a staged kernel's shared arrays of `floats` fit the device's shared memory (lavapipe
+// offers 32 KiB, NVIDIA's Vulkan driver 48 KiB, Vulkan promises 16 KiB).
+bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().limits().max_shared_memory; }
+
 // decayed_pairs.comp's FORWARD_STAGED: chunks of at most kStagedPairsTokens tokens, each a
 // workgroup; per block of channels its loads, ranges (each up to L steps) and pairs (16 each).
-constexpr int64_t kStagedPairsTokens = 64;
+constexpr int64_t kStagedPairsTokens = 64, kStagedPairsFloats = 4352 + 3 * 1024;  // the shader's shared arrays
 
 double staged_pairs_loop_iterations(int64_t S, int64_t L) {
     const int64_t channels = std::max<int64_t>(1, std::min({S, 4352 / (L * (L + 1)), 1024 / (L + 1)}));  // the shader's
@@ -390,7 +394,7 @@ void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     u32(out.numel(), op);
     u32(left.numel(), op);  // every index in the shader is smaller
     const std::vector<vk::Range> reads{span(left), span(*in[1]), span(*in[2])};
-    if (left.ne[1] <= kStagedPairsTokens) {
+    if (left.ne[1] <= kStagedPairsTokens && shared_memory_holds(kStagedPairsFloats)) {
         check_loop_budget(op, left.ne[1], staged_pairs_loop_iterations(left.ne[0], left.ne[1]));
         record("decayed_pairs_forward_staged", p, uint64_t(p.B), reads, {span(out)});
         return;
@@ -426,14 +430,17 @@ double wkv7_chunks_loop_iterations(int64_t L, int64_t S, int64_t chunks, bool ba
 }
 
 // wkv7_chunks.comp's FORWARD_STAGED: a workgroup per batch and block of kStagedBlockColumns value
-// columns, its shared arrays of kStagedInputFloats (the chunk's W, B, K with rows of L + 1, the
-// block's state with rows of columns + 1) and kStagedSmallFloats (the block's T and V).
-constexpr int64_t kStagedBlockColumns = 16, kStagedInputFloats = 2112, kStagedSmallFloats = 544;
+// columns, its shared arrays of kStagedInputFloats (the chunk's W, B, K with rows of L + 1),
+// kStagedBlockStateFloats (the block's state with rows of columns + 1) and kStagedSmallFloats
+// (the block's T and V): 28 KiB, within lavapipe's 32.
+constexpr int64_t kStagedBlockColumns = 16, kStagedInputFloats = 1632, kStagedBlockStateFloats = 1088,
+                  kStagedSmallFloats = 544;
 
 bool staged_chunk_states_fit(int64_t L, int64_t S) {
     const int64_t columns = std::min(kStagedBlockColumns, S);
-    return (L + 1) * S <= kStagedInputFloats && S * (columns + 1) <= kStagedInputFloats &&
-           (L + 1) * columns <= kStagedSmallFloats;
+    return (L + 1) * S <= kStagedInputFloats && S * (columns + 1) <= kStagedBlockStateFloats &&
+           (L + 1) * columns <= kStagedSmallFloats &&
+           shared_memory_holds(3 * kStagedInputFloats + kStagedBlockStateFloats + 2 * kStagedSmallFloats);
 }
 
 // Its loops per invocation at their largest trip counts: per chunk the loads, T (S terms each),
@@ -446,11 +453,13 @@ double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks)
 }
 
 // wkv7_chunks.comp's BACKWARD_STAGED: a workgroup per batch, its shared arrays of
-// kStagedStateFloats (D), kStagedWFloats (W, rows of L + 1) and kStagedTFloats (T and dT each).
-constexpr int64_t kStagedStateFloats = 4096, kStagedWFloats = 2112, kStagedTFloats = 2048;
+// kStagedStateFloats (D), kStagedWFloats (W, rows of L + 1) and kStagedTFloats (T and dT each):
+// 28 KiB, within lavapipe's 32.
+constexpr int64_t kStagedStateFloats = 4096, kStagedWFloats = 1088, kStagedTFloats = 1024;
 
 bool staged_chunk_states_back_fits(int64_t L, int64_t S) {
-    return S * S <= kStagedStateFloats && (L + 1) * S <= kStagedWFloats && L * S <= kStagedTFloats;
+    return S * S <= kStagedStateFloats && (L + 1) * S <= kStagedWFloats && L * S <= kStagedTFloats &&
+           shared_memory_holds(kStagedStateFloats + kStagedWFloats + 2 * kStagedTFloats);
 }
 
 struct Wkv7ChunksPush {
