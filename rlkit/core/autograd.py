@@ -135,10 +135,14 @@ def backward(loss: Tensor, grad=None) -> Gradients:
             for inp, gi in zip(node.inputs, input_grads):
                 if gi is None or not inp.requires_grad:
                     continue
-                # the one place broadcast gradients are summed back (a shape that differs only in
-                # trailing sizes of 1, such as a packed 1-D output's (n,) and (n, 1), is no broadcast)
+                # the one place broadcast gradients are summed back; a shape that differs only in
+                # trailing sizes of 1 is no broadcast: reshaped where the input's shape has more
+                # than one size (a parameter's [5, 6, 2] against [5, 6, 2, 1]), a 1-D one such as a
+                # packed output's (n,) taken as it is (its reshape would give (n, 1) again)
                 if ops._ne4(gi) != ops._ne4(inp):
                     gi = ops.sum_to(gi, inp.shape)
+                elif gi.shape != inp.shape and len(inp.shape) > 1:
+                    gi = ops.reshape(gi, inp.shape)
                 previous = grads.get(id(inp))
                 grads[id(inp)] = gi if previous is None else ops.add(previous, gi)
                 if inp._node is None:
