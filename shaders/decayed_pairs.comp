@@ -32,6 +32,7 @@ int range_end(int t) { return pc.through_last == 1u ? t : t - 1; }
 
 #if defined(FORWARD_STAGED)
 const uint MAX_L = 64, DECAYS = 4352;  // DECAYS: floats of the block's decays, [channel][s][t] with rows of L + 1
+                                       // (as native/vulkan/vk_sequence_kernels.cpp, kStagedPairs*)
 const uint PAIRS_EACH = MAX_L * MAX_L / 256;
 shared float decays[DECAYS];
 shared float lefts[1024], rights[1024], logs[1024];  // the block's inputs, [channel][token] with rows of L + 1

@@ -363,10 +363,14 @@ bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().
 
 // decayed_pairs.comp's FORWARD_STAGED: chunks of at most kStagedPairsTokens tokens, each a
 // workgroup; per block of channels its loads, ranges (each up to L steps) and pairs (16 each).
-constexpr int64_t kStagedPairsTokens = 64, kStagedPairsFloats = 4352 + 3 * 1024;  // the shader's shared arrays
+// Its shared arrays: kStagedPairsDecays floats of a block's decays and kStagedPairsInputs of each
+// of its three inputs.
+constexpr int64_t kStagedPairsTokens = 64, kStagedPairsDecays = 4352, kStagedPairsInputs = 1024;
+constexpr int64_t kStagedPairsFloats = kStagedPairsDecays + 3 * kStagedPairsInputs;
 
 double staged_pairs_loop_iterations(int64_t S, int64_t L) {
-    const int64_t channels = std::max<int64_t>(1, std::min({S, 4352 / (L * (L + 1)), 1024 / (L + 1)}));  // the shader's
+    const int64_t channels = std::max<int64_t>(  // the shader's block_channels()
+        1, std::min({S, kStagedPairsDecays / (L * (L + 1)), kStagedPairsInputs / (L + 1)}));
     const double blocks = std::ceil(double(S) / double(channels)), rounds = std::ceil(double(channels * L) / 256.0);
     return kLoopMargin * blocks * (rounds * (2.0 + double(L)) + 16.0 * double(channels));
 }
