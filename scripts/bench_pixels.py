@@ -47,7 +47,7 @@ import gymnasium as gym  # noqa: E402
 
 import rlkit.core as rc  # noqa: E402
 from rlkit.agents import DQN  # noqa: E402
-from rlkit.agents.base import default_device  # noqa: E402
+from rlkit.agents.acting import default_device  # noqa: E402
 from rlkit.agents.dqn import UPDATES_PER_PROGRAM, DQNConfig  # noqa: E402
 from rlkit.envs import ATARI_DQN_DEFAULTS  # noqa: E402
 

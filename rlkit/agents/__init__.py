@@ -4,7 +4,8 @@ observed tasks (rlkit.envs), one file each; ``ALGOS`` names them for the command
 
 import rlkit.envs  # noqa: F401  (registers the partially observed tasks)
 
-from rlkit.agents.base import AgentPolicy, OffPolicyAgent
+from rlkit.agents.acting import AgentPolicy
+from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.callbacks import (
     BaseCallback, CallbackList, CheckpointCallback, EvalCallback, EveryNTimesteps, FunctionCallback, StepEvent,
     StopTrainingOnMaxEpisodes, StopTrainingOnNoModelImprovement, StopTrainingOnRewardThreshold,

@@ -1,54 +1,38 @@
-"""The base of the off-policy agents: the environment loop, logging, saving and loading, and
-acting on the agent's device.
+"""The base of the off-policy agents: the environment loop, acting and logging.
 
 An agent subclasses :class:`OffPolicyAgent` and supplies its networks (``_build``), how it
-explores (``_explore``) and acts (``_act``), its gradient steps (``_train``) and what it
-saves (``_state_objects``); everything between the environment and those pieces is here.
+explores (``_explore``) and acts (``_act``), its gradient steps (``_train``, or the captured
+updates of update_rounds.py) and what it saves (``_state_objects``, written by saving.py);
+everything between the environment and those pieces is here.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
-from dataclasses import asdict, fields
-from typing import NamedTuple
+from dataclasses import asdict
 
 import gymnasium as gym
 import numpy as np
 
 import rlkit.core as rc
+from rlkit.agents.acting import AgentPolicy, default_device, policy_input, policy_inputs
 from rlkit.agents.callbacks import BaseCallback, StepEvent, convert_callback
 from rlkit.agents.episodes import EpisodeStats
 from rlkit.agents.keywords import DEVICE_NAMES, config_from_keywords, split_policy_and_env
-from rlkit.agents.lanes import EnvLanes, env_module
+from rlkit.agents.lanes import EnvLanes
 from rlkit.agents.dict_observations import check_dict_space
 from rlkit.agents.flat_observations import FlatObservationLayout
 from rlkit.agents.observations import ObservationLayout
 from rlkit.agents.onnx_export import export_policy
 from rlkit.agents.recorder import Recorder
+from rlkit.agents.saving import Saving
+from rlkit.agents.update_rounds import LaunchedUpdate, UpdateRounds
 from rlkit.buffers import HerReplayBuffer, ReplayBuffer
 from rlkit.buffers.her import env_compute_reward
-from rlkit.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from rlkit.core.checks import positive_int
 from rlkit.core.tensor import Tensor
 from rlkit.logger import SummaryWriter, run_dir
-
-
-class default_device:
-    """Makes ``device`` the default device for the block (ops without inputs, captures). A
-    class rather than a generator function: entered at every host-acting step, where a
-    generator-based context manager's overhead is a microsecond. Reusable and reentrant."""
-
-    def __init__(self, device: str):
-        self.device = device
-        self._previous: list[str] = []  # the device each open block replaced, innermost last
-
-    def __enter__(self) -> None:
-        self._previous.append(rc.device(self.device))
-
-    def __exit__(self, *exc_info) -> None:
-        rc.device(self._previous.pop())
 
 
 def env_id_of(env) -> str | None:
@@ -104,63 +88,10 @@ def stack_steps(steps: list) -> np.ndarray | dict[str, np.ndarray]:
     return np.stack(steps)
 
 
-def policy_inputs(batch: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch of observations (rows [n, ...], or a dict of them) as the named inputs of a
-    captured policy: ``obs`` [..., n], or for a dict an input per key (named ``obs.<key>``)."""
-    if isinstance(batch, dict):
-        return {f"obs.{key}": values.T for key, values in batch.items()}
-    return {"obs": batch.T}
-
-
-def policy_input(inputs: dict) -> Tensor | dict[str, Tensor]:
-    """The observations ``policy_inputs`` named, as a captured policy's function receives them:
-    the tensor, or the dict of each key's."""
-    if "obs" in inputs:
-        return inputs["obs"]
-    return {name[len("obs."):]: tensor for name, tensor in inputs.items()}
-
-
-class AgentPolicy:
-    """``agent.policy``, as SB3's ``model.policy``: what acts. Its ``predict`` is the agent's
-    policy alone (SB3's ``model.policy.predict``: no DQN epsilon); ``name`` is the policy name
-    the agent was made with ("MlpPolicy" unless another of SB3's names was given)."""
-
-    def __init__(self, agent: OffPolicyAgent):
-        self._agent = agent
-
-    @property
-    def name(self) -> str:
-        return self._agent.policy_name
-
-    @property
-    def observation_space(self):
-        return self._agent.observation_space
-
-    @property
-    def action_space(self):
-        return self._agent.action_space
-
-    def predict(self, observation, state: tuple[np.ndarray, ...] | None = None,
-                episode_start: np.ndarray | None = None,
-                deterministic: bool = False) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
-        """``(actions, state)`` as the agent's predict, without its exploration."""
-        return self._agent._predict(observation, state, episode_start, deterministic)
-
-    def __repr__(self) -> str:
-        return f"AgentPolicy({self.name} of {self._agent.algo})"
-
-
-class LaunchedUpdate(NamedTuple):
-    """A gradient step that ``overlap_updates`` launched and has not read yet."""
-
-    pending: rc.capturing.PendingReplay  # its replay, running or done
-    variant: object  # the variant of the update it runs
-    scalars: dict  # the scalars of its round's earlier steps, logged with its own
-    update: rc.capturing.CapturedFunction  # the captured update launched: busy until read
-
-
-class OffPolicyAgent:
-    """The environment loop, logging and saving of an off-policy agent.
+class OffPolicyAgent(UpdateRounds, Saving):
+    """The environment loop, acting and logging of an off-policy agent; its gradient steps'
+    rounds come from UpdateRounds (update_rounds.py), its parameters and files from Saving
+    (saving.py).
 
     Subclasses set ``algo`` and ``config_class`` (an OffPolicyConfig subclass) and define ``_build`` (networks, optimizers,
     the replay buffer ``self.buffer`` and the captured updates), ``_explore`` (actions while
@@ -344,114 +275,6 @@ class OffPolicyAgent:
         what ``predict(obs, deterministic=True)`` returns (rlkit/agents/onnx_export.py)."""
         with self.on_device():
             export_policy(self, path, opset)
-
-    def _train(self, gradient_steps: int, act_on=None) -> dict[str, float]:
-        """Runs gradient steps; returns the scalars to log (SB3's train/ tags). Here, for an agent
-        that ``acts_in_updates``: each step the replay of ``self._steps[self._next_variant()]``,
-        the last one's acting twin where ``act_on`` is given (see ``acts_in_updates``). Other
-        agents supply their own."""
-        stored = self._stored_count()
-        scalars = {}
-        for step in range(gradient_steps):
-            variant = self._next_variant()
-            outputs = self._replay_update(variant, stored, act_on if step == gradient_steps - 1 else None)
-            scalars.update(self._update_scalars(outputs, variant))
-        return scalars
-
-    def _next_variant(self):
-        """For an agent that ``acts_in_updates``: counts one more gradient step and returns the
-        variant of the captured update it takes (a key of ``self._steps``)."""
-        raise NotImplementedError
-
-    def _update_scalars(self, outputs: list[np.ndarray], variant) -> dict[str, float]:
-        """For an agent that ``acts_in_updates``: the scalars to log of one gradient step, from its
-        program's outputs (counting its skipped updates)."""
-        raise NotImplementedError
-
-    def _stored_count(self) -> np.ndarray:
-        """The transitions the replay buffer holds, as the captured updates' ``stored`` input."""
-        return np.array([[len(self.buffer)]], np.float32)
-
-    acts_in_updates = False
-    """Whether ``_train(gradient_steps, act_on=batch)`` also computes, in the program of its last
-    gradient step, the policy's exploring actions for ``batch`` (the lanes' next observations)
-    with the updated weights, and keeps them (``_replay_update``) for the ``_policy`` call that
-    acts on that batch next: one replay per environment step instead of two, and on the GPU one
-    wait for the device instead of two. The actions are those a separate call would compute
-    (the same weights; SAC's noise is drawn on the device either way)."""
-
-    def _capture_updates(self, variants: tuple, params: list, deterministic: bool) -> None:
-        """For an agent that ``acts_in_updates``: ``self._steps[v]``, the captured ``_update(stored,
-        v)`` of each variant v, and ``self._acting_steps[v]``, the same update followed by the
-        policy's ``deterministic`` (or sampled) actions for observations given as inputs: the
-        actions the agent's ``_explore`` asks ``_policy`` for."""
-        self._explore_deterministic = deterministic
-
-        def captured_update(v):
-            return rc.capture(lambda stored: self._update(stored, v), params)
-
-        self._steps = {v: captured_update(v) for v in variants}
-        # the same updates again, for overlap_updates: one is launched while the other still runs
-        self._twin_steps = {v: captured_update(v) for v in variants}
-        self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
-            *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
-
-    def _replay_update(self, variant, stored: np.ndarray, act_on) -> list:
-        """One gradient step: the outputs of ``self._steps[variant]``, or where ``act_on`` (an
-        observation batch) is given, of its acting twin, whose actions are kept for the
-        ``_policy(act_on, ...)`` call that comes next."""
-        if act_on is None:
-            return list(self._steps[variant](stored=stored))
-        *outputs, actions = self._acting_steps[variant](stored=stored, **policy_inputs(act_on))
-        self._actions_ready = (act_on, self._explore_deterministic, actions.T)  # [n, actions]
-        return outputs
-
-    def _launch_round(self, act_on) -> None:
-        """A round of gradient steps under ``overlap_updates``: first the actions for ``act_on``
-        from the policy as it is (queued after the round before, which may still run), kept for
-        the ``_policy`` call that comes next; then the round, its last step launched: it runs on
-        the device while the environment steps, and ``_finish_round`` reads it. The round is
-        queued before the actions are read, and a round of one step before the round before is
-        read, so that the device goes from that round to the actions and on to this round
-        without waiting for the host (each program opens with a barrier, so the round's writes
-        still come after the actions' reads and the round before's)."""
-        deterministic = self._explore_deterministic
-        acting = self._acting_function(deterministic).launch(**policy_inputs(act_on))  # the weights before this round
-        try:
-            scalars = {}
-            if self.config.gradient_steps > 1:
-                self._finish_round()  # the round before ran ahead of those actions
-                scalars = self._train(self.config.gradient_steps - 1)  # the round's steps before its last
-            before, self._pending_round = self._pending_round, None
-            try:
-                self._pending_round = self._launch_update(scalars, running=before)
-            finally:
-                self._finish(before)
-        finally:
-            actions = acting.result()  # read even where the round failed: the policy can run again
-        self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
-
-    def _launch_update(self, scalars: dict[str, float], running: LaunchedUpdate | None) -> LaunchedUpdate:
-        """Launches the next gradient step: the captured update of its variant, or that update's
-        twin where the ``running`` round (launched, not read) is that update, since a captured
-        function runs one launch at a time."""
-        variant = self._next_variant()
-        update = self._steps[variant]
-        if running is not None and running.update is update:
-            update = self._twin_steps[variant]
-        return LaunchedUpdate(update.launch(stored=self._stored_count()), variant, scalars, update)
-
-    def _finish_round(self) -> None:
-        """Waits for a launched round's last gradient step and logs the round's scalars."""
-        pending, self._pending_round = self._pending_round, None
-        self._finish(pending)
-
-    def _finish(self, round_: LaunchedUpdate | None) -> None:
-        """Waits for ``round_`` (None: nothing to wait for) and logs its scalars."""
-        if round_ is None:
-            return
-        round_.scalars.update(self._update_scalars(round_.pending.result(), round_.variant))
-        self._train_scalars.update(round_.scalars)
 
     def _state_objects(self) -> dict:
         """{name: object with state_dict()} that save writes and load restores."""
@@ -791,111 +614,3 @@ class OffPolicyAgent:
             self._last_obs = None
             self._episode_stats = None
             self._restart_lanes()
-
-    def get_parameters(self) -> dict[str, dict]:
-        """``{name: state_dict}`` of every network and optimizer (what save writes), arrays
-        copied: rlkit's names ("q", "target", "optimizer" for DQN; "actor", "critic", ... for the
-        actor-critic agents), not SB3's ("policy", "policy.optimizer")."""
-        return {name: obj.state_dict() for name, obj in self._state_objects().items()}
-
-    def set_parameters(self, load_path_or_dict, exact_match: bool = True, device: str = "auto") -> None:
-        """Loads what ``get_parameters`` returned, or the networks and optimizers of a saved
-        agent's file. ``exact_match``: every object (and, in each network, every parameter) must
-        be given; False loads a subset of the objects. All are written or none (a bad entry
-        restores what was loaded before it). ``device`` is accepted as SB3's and unused: the
-        parameters go to the agent's device."""
-        if isinstance(load_path_or_dict, (str, os.PathLike)):
-            given = read_checkpoint(os.fspath(load_path_or_dict))["states"]
-        elif isinstance(load_path_or_dict, dict):
-            given = load_path_or_dict
-        else:
-            raise TypeError(f"{self.algo}.set_parameters: expected a dict from get_parameters or a path to a saved "
-                            f"agent, got {type(load_path_or_dict).__name__}")
-        objects = self._state_objects()
-        unknown = sorted(set(given) - set(objects))
-        missing = sorted(set(objects) - set(given)) if exact_match else []
-        if unknown or missing:
-            raise ValueError(f"{self.algo}.set_parameters: the names do not match the agent's {sorted(objects)}"
-                             + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else ""))
-        before = {name: objects[name].state_dict() for name in given}
-        try:
-            for name, state in given.items():
-                self._load_state(objects[name], state, exact_match)
-        except BaseException:
-            for name, state in before.items():
-                objects[name].load_state_dict(state)
-            raise
-
-    @staticmethod
-    def _load_state(obj, state: dict, strict: bool) -> None:
-        """A network's state (strict or not) or an optimizer's (always whole)."""
-        if isinstance(obj, rc.nn.Module):
-            obj.load_state_dict(state, strict=strict)
-        else:
-            obj.load_state_dict(state)
-
-    # ---- saving -----------------------------------------------------------------------------------
-
-    def save_replay_buffer(self, path: str) -> None:
-        """Writes the replay buffer to the folder ``path`` (ReplayBuffer.save: chunked, swapped in
-        whole; ``path`` must be absent or an earlier buffer save, anything else is refused)."""
-        self.buffer.save(path)
-
-    def load_replay_buffer(self, path: str) -> None:
-        """Replaces the replay buffer with the one saved at ``path``, which must have the same
-        layout; the captured updates are traced anew to read it."""
-        loaded = type(self.buffer).load(path, device=self.device)
-        mine, theirs = self.buffer._settings(), loaded._settings()
-        mine.pop("state"), theirs.pop("state")
-        if mine != theirs:
-            raise ValueError(f"{self.algo}.load_replay_buffer: {path!r} holds a buffer laid out as {theirs}, "
-                             f"this agent's is {mine}")
-        if isinstance(loaded, HerReplayBuffer):  # the one thing a save cannot hold
-            loaded.compute_reward = self.buffer.compute_reward
-        self.buffer = loaded
-        for captured in self._captured_programs():
-            captured.reset()
-
-    def _captured_programs(self) -> list:
-        """Every captured program the agent holds (attributes, or values of dict attributes)."""
-        found = []
-        for value in vars(self).values():
-            for item in value.values() if isinstance(value, dict) else (value,):
-                if isinstance(item, rc.capturing.CapturedStep):
-                    item = item.captured
-                if isinstance(item, rc.capturing.CapturedFunction):
-                    found.append(item)
-        return found
-
-    def save(self, path: str) -> None:
-        """Networks and optimizers (safetensors) with the config and the algorithm (JSON)."""
-        meta = {"algo": self.algo, "config": asdict(self.config), "env": self.lanes.env_id,
-                "num_timesteps": self.num_timesteps}
-        save_checkpoint(path, self._state_objects(), metadata=meta)
-
-    @classmethod
-    def load(cls, path: str, env=None, device: str | None = None, *, allow_env_import: bool = False):
-        """An agent that acts exactly as the saved one, on ``env`` (default: the environment id
-        saved in the file). A saved id with a module prefix (``"package.module:Env-v0"``) would
-        make Gymnasium import that module, running code that the file names (its checksum is no
-        signature): such an id is refused with a ValueError unless ``allow_env_import`` is True,
-        or ``env`` is passed (the saved id is then not used)."""
-        meta = read_checkpoint(path)["metadata"]
-        if meta.get("algo") != cls.algo:
-            raise ValueError(f"{cls.algo}.load: {path!r} holds a {meta.get('algo')!r} agent, not {cls.algo}")
-        if env is None:
-            env = meta.get("env")
-            if not isinstance(env, str) or not env:
-                raise ValueError(f"{cls.algo}.load: {path!r} names no environment id; pass env=")
-            module = env_module(env)
-            if module is not None and not allow_env_import:
-                raise ValueError(f"{cls.algo}.load: {path!r} names the environment {env!r}, which would import the "
-                                 f"module {module!r}; pass env= (that id or another), or allow_env_import=True to "
-                                 "run that module's code")
-        tuples = {f.name for f in fields(cls.config_class) if isinstance(f.default, tuple)}
-        config = cls.config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v
-                                     for k, v in meta["config"].items()})  # JSON made the tuples lists
-        agent = cls(env, config, device=device)
-        load_checkpoint(path, agent._state_objects())
-        agent.num_timesteps = meta["num_timesteps"]
-        return agent

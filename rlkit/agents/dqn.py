@@ -17,7 +17,8 @@ from typing import ClassVar
 import numpy as np
 
 import rlkit.core as rc
-from rlkit.agents.base import OffPolicyAgent, default_device, policy_input, policy_inputs
+from rlkit.agents.acting import default_device, policy_input, policy_inputs
+from rlkit.agents.base import OffPolicyAgent
 from rlkit.agents.config import OffPolicyConfig, check_in_range, check_positive_number
 from rlkit.agents.exploration import EpsilonGreedy
 from rlkit.agents.networks import encoded_mlp, mlp
