@@ -5,10 +5,10 @@
 //   X [R, K, c, N]:  each chunk's own contribution to the state at its end
 //   first [R, K, N]: the state before the first chunk
 //   decay [K, c, N]: each chunk's decay of the state (linear space), the same for the R rows
-// Per (r, k, n): Z_0 = first, Z_{q+1} = decay_q Z_q + X_q. Output 1-D: the states before each
+// Per (r, k, n): Z_0 = first, Z_{q+1} = decay_q Z_q + X_q. Output one column: the states before each
 // chunk, Z_0 .. Z_{c-1} [R, K, c, N], then the final state Z_c [R, K, N].
 //
-// chunk_scan_back (g like the output, first, decay; first gives the sizes and is not read) -> 1-D
+// chunk_scan_back (g like the output, first, decay; first gives the sizes and is not read) -> a column
 // [gX [R, K, c, N], gfirst [R, K, N]]: from the end, D_c = g's final block, and per chunk back
 // gX_q = D_{q+1}, D_q = g_q + decay_q D_{q+1}; gfirst = D_0. The decay's gradient, the sum over the
 // rows of gX_q Z_q, is the vjp rule's (rlkit/core/vjp.py).
@@ -59,7 +59,7 @@ ScanDims forward_dims(const Inputs& in) {
 
 OutSpec shape_chunk_scan(const Inputs& in, const OpAttrs&) {
     const ScanDims d = forward_dims(in);
-    return OutSpec{{d.starts() + d.finals(), 1, 1, 1}, 1, in[0]->dtype};
+    return OutSpec{{d.starts() + d.finals(), 1, 1, 1}, 2, in[0]->dtype};
 }
 
 void cpu_chunk_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
@@ -94,7 +94,7 @@ OutSpec shape_chunk_scan_back(const Inputs& in, const OpAttrs&) {
     if (g.numel() != d.starts() + d.finals() || g.ne[1] != 1)
         throw std::invalid_argument(op_err(op, "g " + g.shape_str() + " is not the forward's output shape [" +
                                                    std::to_string(d.starts() + d.finals()) + "]"));
-    return OutSpec{{d.starts() + d.finals(), 1, 1, 1}, 1, in[1]->dtype};
+    return OutSpec{{d.starts() + d.finals(), 1, 1, 1}, 2, in[1]->dtype};
 }
 
 void cpu_chunk_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {

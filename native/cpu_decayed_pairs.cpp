@@ -9,7 +9,7 @@
 // Each range's sum is its own running sum from s (never a difference of two running sums, which
 // would lose the digits of a decay near 1 over long chunks), so exponents are never above 0.
 //
-// decayed_pairs_back (g [L, L, B], left, right, log_decay; the same int) -> 1-D [g_left, g_right,
+// decayed_pairs_back (g [L, L, B], left, right, log_decay; the same int) -> a column [g_left, g_right,
 // g_log_decay, scratch], each [S, L, B] (the scratch, the GPU's, zeros on return): with
 // x[t, s] = g[t, s] left[j, t] right[j, s] exp(...) per channel j,
 //   g_left[j, t] = sum_s g[t, s] right[j, s] exp(...), g_right[j, s] likewise,
@@ -133,7 +133,7 @@ OutSpec shape_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs) {
         throw std::invalid_argument(op_err("decayed_pairs_back", "g " + g.shape_str() + " is not the forward's output shape [" +
                                                                      std::to_string(d.L) + ", " + std::to_string(d.L) +
                                                                      ", " + std::to_string(d.B) + "]"));
-    return OutSpec{{size_mul(4, d.S, d.L, d.B), 1, 1, 1}, 1, g.dtype};
+    return OutSpec{{size_mul(4, d.S, d.L, d.B), 1, 1, 1}, 2, g.dtype};
 }
 
 void cpu_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {

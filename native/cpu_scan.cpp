@@ -208,7 +208,7 @@ ScanDims scan_dims(const char* op, const Inputs& in, size_t first) {
 
 OutSpec shape_ssm_scan(const Inputs& in, const OpAttrs&) {
     const ScanDims d = scan_dims("ssm_scan", in, 0);
-    return OutSpec{{d.y_size() + d.final_size(), 1, 1, 1}, 1, in[1]->dtype};
+    return OutSpec{{d.y_size() + d.final_size(), 1, 1, 1}, 2, in[1]->dtype};
 }
 
 void cpu_ssm_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
@@ -239,7 +239,7 @@ OutSpec shape_ssm_scan_back(const Inputs& in, const OpAttrs&) {
                                                                 std::to_string(d.y_size() + d.final_size()) + " " +
                                                                 dtype_name(in[2]->dtype) + " elements, got " + g.shape_str() +
                                                                 " " + dtype_name(g.dtype)));
-    return OutSpec{{d.backward_size(), 1, 1, 1}, 1, g.dtype};
+    return OutSpec{{d.backward_size(), 1, 1, 1}, 2, g.dtype};
 }
 
 void cpu_ssm_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {

@@ -8,11 +8,11 @@
 // Per batch n and chunk q, from Z = Z_q:
 //   T       = W_q Z + U_q                          [L, S]  (the chunk's sa, from its start state)
 //   Z_{q+1} = decay_q * Z + B_q^T T + K_q^T V_q    (decay scales each key row)
-// Output 1-D: Z_q for q = 0 .. c [S, S, N, c+1] (the state before each chunk, then after the
+// Output one column: Z_q for q = 0 .. c [S, S, N, c+1] (the state before each chunk, then after the
 // last), then [L, S, N] of scratch: the GPU's T, zeros on return (so nothing depends on it).
 //
 // wkv7_chunk_states_back (g like the output, W, U, B, K, V, decay, Z0, the forward's output):
-// 1-D [gW, gU, gB, gK, gV, gdecay, gZ0, scratch [L, S, N]] (zeros on return). From the end, with D the gradient of
+// a column [gW, gU, gB, gK, gV, gdecay, gZ0, scratch [L, S, N]] (zeros on return). From the end, with D the gradient of
 // Z_{q+1} (the final's gradient first) and T recomputed from Z_q:
 //   dT = B_q D;  gU_q = dT;  gV_q = K_q D;  gB_q = T D^T;  gK_q = V_q D^T;  gW_q = dT Z_q^T;
 //   gdecay_q[i] = sum_j D[i, j] Z_q[i, j];  D = decay_q * D + W_q^T dT + g_q
@@ -102,7 +102,7 @@ struct ChunkAt {
 
 OutSpec shape_wkv7_chunk_states(const Inputs& in, const OpAttrs&) {
     const ChunkDims d = chunk_dims("wkv7_chunk_states", in, 0);
-    return OutSpec{{forward_numel(d), 1, 1, 1}, 1, in[0]->dtype};
+    return OutSpec{{forward_numel(d), 1, 1, 1}, 2, in[0]->dtype};
 }
 
 void cpu_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
@@ -155,7 +155,7 @@ OutSpec shape_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&) {
                                                        " is not the forward's output shape [" + std::to_string(n) + "]"));
     }
     const int64_t total = size_add(size_mul(5, d.block()), size_mul(d.S, d.N, d.c), size_mul(d.matrix(), d.N), d.scratch());
-    return OutSpec{{total, 1, 1, 1}, 1, in[1]->dtype};
+    return OutSpec{{total, 1, 1, 1}, 2, in[1]->dtype};
 }
 
 void cpu_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {

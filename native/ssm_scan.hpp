@@ -6,9 +6,9 @@
 //   A   [1, n_head] (Mamba-2: one decay per head) or [d_state, n_head] (Mamba-1: one per state)
 //   B,C [d_state, n_group, n_tok, n_seqs]   head h reads group h / (n_head / n_group)
 //   ids i32 [n_seqs]
-// Forward output, 1-D: y [head_dim, n_head, n_tok, n_seqs], then the final states
+// Forward output, one column: y [head_dim, n_head, n_tok, n_seqs], then the final states
 // [d_state, head_dim, n_head, n_seqs].
-// Backward output, 1-D, in this order:
+// Backward output, one column, in this order:
 //   gs0 [d_state, head_dim, n_head, n_seqs]  gradient of each sequence's initial state
 //   gx  like x,  gdt like dt
 //   gA, gB, gC [d_state, n_head, n_tok, n_seqs]: per head and token (sums over heads, tokens and

@@ -68,11 +68,11 @@ int64_t size_mul(int64_t a, int64_t b) {
 Extent checked_extent(const char* what, const Shape& ne, int ndim, DType dtype) {
     std::ostringstream shape;
     shape << "[";
-    for (int d = 0; d < std::min(std::max(ndim, 1), kMaxDims); ++d) shape << (d ? ", " : "") << ne[d];
+    for (int d = 0; d < std::min(std::max(ndim, 2), kMaxDims); ++d) shape << (d ? ", " : "") << ne[d];
     shape << "]";
     const std::string prefix = std::string(what) + ": shape " + shape.str() + " of " + dtype_name(dtype);
-    if (ndim < 1 || ndim > kMaxDims)
-        throw SizeError(prefix + ": a tensor has 1 to 4 dimensions, got ndim " + std::to_string(ndim));
+    if (ndim < 2 || ndim > kMaxDims)  // a vector is one column: outputs and views have one shape for it
+        throw SizeError(prefix + ": a tensor has 2 to 4 dimensions, got ndim " + std::to_string(ndim));
     for (int d = 0; d < kMaxDims; ++d) {
         if (ne[d] < 1) throw SizeError(prefix + ": every size must be at least 1, got " + std::to_string(ne[d]));
         if (d >= ndim && ne[d] != 1)

@@ -49,8 +49,8 @@ int64_t size_mul(int64_t a, int64_t b, More... more) { return size_mul(size_mul(
 
 size_t dtype_size(DType dtype);
 
-// The element and byte counts of a tensor [ne[0], ..., ne[ndim - 1]] of `dtype`, checked: ndim 1..4
-// (packed outputs are 1-D), every size at least 1 (1 beyond ndim), the bytes at most kMaxTensorBytes.
+// The element and byte counts of a tensor [ne[0], ..., ne[ndim - 1]] of `dtype`, checked: ndim 2..4
+// (a vector is one column), every size at least 1 (1 beyond ndim), the bytes at most kMaxTensorBytes.
 // Throws SizeError naming `what` (an op) and the shape.
 struct Extent {
     int64_t numel;

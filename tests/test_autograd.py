@@ -134,10 +134,10 @@ def test_broadcast_bias_gradient_is_summed_over_the_batch():
 
 
 def test_a_packed_outputs_gradient_is_passed_on_not_summed(monkeypatch):
-    """A recurrence packs its outputs into one 1-D tensor (n,) whose blocks are reshaped views of
-    (n, 1): their gradient reaches it with a shape that differs only by a trailing 1, which is no
-    broadcast. It had been summed back by sum_to, an op as large as the outputs (44 ms of a 68 ms
-    backward pass on the H200 at bench_ssm's sizes)."""
+    """A recurrence packs its outputs into one column whose blocks are reshaped views of it:
+    their gradient reaches it with the same elements, which is no broadcast. It had been summed
+    back by sum_to, an op as large as the outputs (44 ms of a 68 ms backward pass on the H200 at
+    bench_ssm's sizes), while the packed outputs were 1-D (n,) against their views' (n, 1)."""
     from rlkit.core import ops
     summed_back = ops.sum_to
 

@@ -136,12 +136,11 @@ def backward(loss: Tensor, grad=None) -> Gradients:
                 if gi is None or not inp.requires_grad:
                     continue
                 # the one place broadcast gradients are summed back; a shape that differs only in
-                # trailing sizes of 1 is no broadcast: reshaped where the input's shape has more
-                # than one size (a parameter's [5, 6, 2] against [5, 6, 2, 1]), a 1-D one such as a
-                # packed output's (n,) taken as it is (its reshape would give (n, 1) again)
+                # trailing sizes of 1 (a parameter's [5, 6, 2] against [5, 6, 2, 1]) is no
+                # broadcast: reshaped, not summed
                 if ops._ne4(gi) != ops._ne4(inp):
                     gi = ops.sum_to(gi, inp.shape)
-                elif gi.shape != inp.shape and len(inp.shape) > 1:
+                elif gi.shape != inp.shape:
                     gi = ops.reshape(gi, inp.shape)
                 previous = grads.get(id(inp))
                 grads[id(inp)] = gi if previous is None else ops.add(previous, gi)

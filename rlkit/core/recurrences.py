@@ -65,7 +65,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tupl
     if chunk_size is not None:
         check_inputs("ssm_scan", (s, x, dt, A, B, C, ids))
         return _ssd_scan(s, x, dt, A, B, C, ids, chunk_size)
-    packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # 1-D [y, final states]
+    packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # one column [y, final states]
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state
@@ -134,7 +134,7 @@ def _pass_between_chunks(chunk_states: Tensor, first: Tensor, log_decay: Tensor)
     shared by the R rows), one op (chunk_scan) that walks the chunks: Z_{q+1} = exp(log_decay_q)
     Z_q + chunk_states_q. Returns (starts [R, K, c, N], final [R, K, N])."""
     R, K, c, n_seqs = _ne4(chunk_states)
-    passed = apply("chunk_scan", (chunk_states, reshape(first, (R, K, n_seqs)), exp(log_decay)))  # 1-D
+    passed = apply("chunk_scan", (chunk_states, reshape(first, (R, K, n_seqs)), exp(log_decay)))  # one column
     starts, final = _unpack_columns(passed, [(chunk_states.numel, (R, K, c, n_seqs)), (R * K * n_seqs, (R, K, n_seqs))])
     return starts, final
 
@@ -378,7 +378,7 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
 
     B_end, K_end = tokens_in_rows(mul(b, to_end)), tokens_in_rows(mul(k, to_end))  # [L, S(key), B]
     states = apply("wkv7_chunk_states", tuple(chunk_last(t) for t in (W, U_inputs, B_end, K_end, values)) + (
-        reshape(chunk_last(chunk_decay), (S, HN, c)), reshape(state, (S, S, HN))))  # 1-D
+        reshape(chunk_last(chunk_decay), (S, HN, c)), reshape(state, (S, S, HN))))  # one column
     Z_start, final_state = _unpack_columns(states, [(S * S * HN * c, (S * S, H, n_seqs, c)), (state.numel, state.shape)])
     Z_start = reshape(permute(Z_start, (0, 1, 3, 2)), (S, S, -1))  # [S(key), S(value), B]
 

@@ -32,20 +32,20 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
 
 
 def _decayed_pairs(g, out, left, right, log_decay, through_last):
-    grads = ops.apply("decayed_pairs_back", (g, left, right, log_decay), ints=(int(through_last),))  # 1-D, then scratch
+    grads = ops.apply("decayed_pairs_back", (g, left, right, log_decay), ints=(int(through_last),))  # a column, then scratch
     return tuple(ops._unpack_columns(grads, [(left.numel, left.shape)] * 3))
 
 
 def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's states
-    grads = ops.apply("wkv7_chunk_states_back", (g, W, U, B, K, V, decay, Z0, out))  # 1-D
+    grads = ops.apply("wkv7_chunk_states_back", (g, W, U, B, K, V, decay, Z0, out))  # a column
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (W, U, B, K, V, decay, Z0)]))
 
 
 def _chunk_scan(g, out, X, first, decay):
     # the states' gradient walked back by the helper op; the decay's, per chunk, sums over the rows
     # of gX_q Z_q (Z_q: the forward's state before chunk q)
-    grads = ops.apply("chunk_scan_back", (g, first, decay))  # 1-D [gX, gfirst]
+    grads = ops.apply("chunk_scan_back", (g, first, decay))  # a column [gX, gfirst]
     g_x, g_first = ops._unpack_columns(grads, [(X.numel, X.shape), (first.numel, first.shape)])
     starts = ops._unpack_columns(out, [(X.numel, X.shape)])[0]
     rows = X.shape[0]
@@ -71,7 +71,7 @@ def _ssm_scan(g, out, s, x, dt, A, B, C, ids):
     d_state, n_group = B.shape[0], B.shape[1]
     head_dim, n_head, n_tok, n_seqs = ops._ne4(x)
     n_rs, columns = ops._ne4(s)[3], n_tok * n_seqs
-    grads = ops.apply("ssm_scan_back", (g, s, x, dt, A, B, C, ids))  # 1-D
+    grads = ops.apply("ssm_scan_back", (g, s, x, dt, A, B, C, ids))  # a column
     per_head = (d_state, n_head // n_group, n_group, columns)  # [d_state, n_head, n_tok, n_seqs]
     g_initial, g_x, g_dt, g_a, g_b, g_c = ops._unpack_columns(grads, [
         (d_state * head_dim * n_head * n_seqs, (d_state * head_dim * n_head, n_seqs)),  # a column per sequence
