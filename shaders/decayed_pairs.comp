@@ -12,6 +12,7 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
+#include "staged_arrays.def"
 
 layout(push_constant) uniform Push {
     Floats left;
@@ -31,14 +32,13 @@ layout(push_constant) uniform Push {
 int range_end(int t) { return pc.through_last == 1u ? t : t - 1; }
 
 #if defined(FORWARD_STAGED)
-const uint MAX_L = 64, DECAYS = 4352;  // DECAYS: floats of the block's decays, [channel][s][t] with rows of L + 1
-                                       // (as native/vulkan/vk_sequence_kernels.cpp, kStagedPairs*)
+const uint MAX_L = RK_STAGED_PAIRS_TOKENS, DECAYS = RK_STAGED_PAIRS_DECAYS, INPUTS = RK_STAGED_PAIRS_INPUTS;
 const uint PAIRS_EACH = MAX_L * MAX_L / 256;
-shared float decays[DECAYS];
-shared float lefts[1024], rights[1024], logs[1024];  // the block's inputs, [channel][token] with rows of L + 1
+shared float decays[DECAYS];  // the block's decays, [channel][s][t] with rows of L + 1
+shared float lefts[INPUTS], rights[INPUTS], logs[INPUTS];  // the block's inputs, [channel][token] with rows of L + 1
 
 // Channels per block: its decays (L + 1 floats per pair row) and inputs fit.
-uint block_channels() { return max(1u, min(pc.S, min(DECAYS / (pc.L * (pc.L + 1)), 1024u / (pc.L + 1)))); }
+uint block_channels() { return max(1u, min(pc.S, min(DECAYS / (pc.L * (pc.L + 1)), INPUTS / (pc.L + 1)))); }
 
 void main() {
     uint b = flat_group(), tid = gl_LocalInvocationID.x, L = pc.L, row = L + 1;

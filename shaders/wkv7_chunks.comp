@@ -13,6 +13,7 @@
 // memory, the rest read from the inputs (coalesced, cached) rather than from coherent storage.
 #version 450
 #include "common.glsl"
+#include "staged_arrays.def"
 
 // Storage that invocations of one workgroup write and then read from one another.
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Shared { float v[]; };
@@ -63,7 +64,7 @@ void sa_of_chunk(uint b, uint z, uint scratch) {
 }
 
 #if defined(BACKWARD_STAGED)
-const uint STATE_MAX = 4096, W_MAX = 1088, T_MAX = 1024;  // as native/vulkan/vk_sequence_kernels.cpp
+const uint STATE_MAX = RK_WKV7_BACKWARD_STATE, W_MAX = RK_WKV7_BACKWARD_W, T_MAX = RK_WKV7_BACKWARD_T;
 shared float Ds[STATE_MAX];             // [i + S j]: the gradient of the state after the chunk
 shared float Ws[W_MAX];                 // [l + (L + 1) i]: the chunk's W
 shared float Ts[T_MAX], dTs[T_MAX];     // [l + L j]: its T (recomputed) and dT
@@ -130,7 +131,8 @@ void main() {
     for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;  // unused here: zeros
 }
 #elif defined(FORWARD_STAGED)
-const uint INPUT_MAX = 1632, BLOCK_STATE_MAX = 1088, SMALL_MAX = 544, BLOCK_COLUMNS = 16;  // as vk_sequence_kernels.cpp
+const uint INPUT_MAX = RK_WKV7_FORWARD_INPUTS, BLOCK_STATE_MAX = RK_WKV7_FORWARD_BLOCK_STATE,
+           SMALL_MAX = RK_WKV7_FORWARD_SMALL, BLOCK_COLUMNS = RK_WKV7_FORWARD_BLOCK_COLUMNS;
 shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's
 shared float Zs[BLOCK_STATE_MAX];                           // [jj + (cb + 1) i]: the block's state
 shared float Ts[SMALL_MAX], Vs[SMALL_MAX];                  // [l + (L + 1) jj]: the block's T and V

@@ -7,6 +7,7 @@
 #include "kernel_util.hpp"
 #include "recurrence.hpp"
 #include "ssm_scan.hpp"
+#include "staged_arrays.def"
 #include "vulkan/vk_kernels.hpp"
 #include "vulkan/vk_record.hpp"
 
@@ -363,9 +364,10 @@ bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().
 
 // decayed_pairs.comp's FORWARD_STAGED: chunks of at most kStagedPairsTokens tokens, each a
 // workgroup; per block of channels its loads, ranges (each up to L steps) and pairs (16 each).
-// Its shared arrays: kStagedPairsDecays floats of a block's decays and kStagedPairsInputs of each
-// of its three inputs.
-constexpr int64_t kStagedPairsTokens = 64, kStagedPairsDecays = 4352, kStagedPairsInputs = 1024;
+// Its shared arrays (staged_arrays.def): kStagedPairsDecays floats of a block's decays and
+// kStagedPairsInputs of each of its three inputs.
+constexpr int64_t kStagedPairsTokens = RK_STAGED_PAIRS_TOKENS, kStagedPairsDecays = RK_STAGED_PAIRS_DECAYS,
+                  kStagedPairsInputs = RK_STAGED_PAIRS_INPUTS;
 constexpr int64_t kStagedPairsFloats = kStagedPairsDecays + 3 * kStagedPairsInputs;
 
 double staged_pairs_loop_iterations(int64_t S, int64_t L) {
@@ -436,9 +438,9 @@ double wkv7_chunks_loop_iterations(int64_t L, int64_t S, int64_t chunks, bool ba
 // wkv7_chunks.comp's FORWARD_STAGED: a workgroup per batch and block of kStagedBlockColumns value
 // columns, its shared arrays of kStagedInputFloats (the chunk's W, B, K with rows of L + 1),
 // kStagedBlockStateFloats (the block's state with rows of columns + 1) and kStagedSmallFloats
-// (the block's T and V): 28 KiB, within lavapipe's 32.
-constexpr int64_t kStagedBlockColumns = 16, kStagedInputFloats = 1632, kStagedBlockStateFloats = 1088,
-                  kStagedSmallFloats = 544;
+// (the block's T and V): 28 KiB, within lavapipe's 32 (staged_arrays.def).
+constexpr int64_t kStagedBlockColumns = RK_WKV7_FORWARD_BLOCK_COLUMNS, kStagedInputFloats = RK_WKV7_FORWARD_INPUTS,
+                  kStagedBlockStateFloats = RK_WKV7_FORWARD_BLOCK_STATE, kStagedSmallFloats = RK_WKV7_FORWARD_SMALL;
 
 bool staged_chunk_states_fit(int64_t L, int64_t S) {
     const int64_t columns = std::min(kStagedBlockColumns, S);
@@ -458,8 +460,9 @@ double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks)
 
 // wkv7_chunks.comp's BACKWARD_STAGED: a workgroup per batch, its shared arrays of
 // kStagedStateFloats (D), kStagedWFloats (W, rows of L + 1) and kStagedTFloats (T and dT each):
-// 28 KiB, within lavapipe's 32.
-constexpr int64_t kStagedStateFloats = 4096, kStagedWFloats = 1088, kStagedTFloats = 1024;
+// 28 KiB, within lavapipe's 32 (staged_arrays.def).
+constexpr int64_t kStagedStateFloats = RK_WKV7_BACKWARD_STATE, kStagedWFloats = RK_WKV7_BACKWARD_W,
+                  kStagedTFloats = RK_WKV7_BACKWARD_T;
 
 bool staged_chunk_states_back_fits(int64_t L, int64_t S) {
     return S * S <= kStagedStateFloats && (L + 1) * S <= kStagedWFloats && L * S <= kStagedTFloats &&
