@@ -377,6 +377,16 @@ def test_chunk_scan_gpu_matches_the_cpu(shape):
     assert_gpu_matches_cpu("chunk_scan", _chunk_scan_inputs(*shape, seed=3), ["states", "X", "first", "decay"])
 
 
+@pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
+def test_chunk_scan_on_lavapipe_refuses_more_chunks_than_its_loops_run():
+    """lavapipe ends an invocation's loops after 65535 iterations; 40000 chunks would be cut short
+    there. Refused with a message in chunks (the op's own unit); 1000 chunks still match the CPU."""
+    arrays = [rc.tensor(np.ones(s, np.float32), device="gpu") for s in [(1, 1, 40000, 1), (1, 1, 1), (1, 40000, 1)]]
+    with pytest.raises(RuntimeError, match=r"^chunk_scan: 40000 chunks per sequence need about .*llvmpipe"):
+        ops.apply("chunk_scan", tuple(arrays)).numpy()
+    assert_gpu_matches_cpu("chunk_scan", _chunk_scan_inputs(2, 1, 1000, 1, seed=4), ["states", "X", "first", "decay"])
+
+
 @pytest.mark.parametrize("arrays, message", [
     ([(2, 3, 4, 2), (2, 3, 2), (3, 5, 2)], r"X must be \[R, K, c, N\] = \[2, 3, 5, 2\]"),
     ([(2, 3, 4, 2), (2, 3, 2), (4, 4, 2)], r"first must be \[R, K, N\] and decay \[K, c, N\]"),

@@ -30,10 +30,10 @@ constexpr double kLoopMargin = 2.0;
 // Refuses a dispatch whose invocations would run more loop iterations than the device lets a
 // shader invocation run before it ends its loops early (lavapipe: Limits::loop_iterations), which
 // would give wrong numbers without an error. `iterations` bounds one invocation's from above.
-void check_loop_budget(const char* op, int64_t tokens, double iterations) {
+void check_loop_budget(const char* op, int64_t count, const char* unit, double iterations) {
     const uint64_t budget = ctx().limits().loop_iterations;
     if (budget == 0 || iterations <= double(budget)) return;
-    throw std::runtime_error(std::string(op) + ": " + std::to_string(tokens) + " tokens per sequence need about " +
+    throw std::runtime_error(std::string(op) + ": " + std::to_string(count) + " " + unit + " need about " +
                              std::to_string(int64_t(iterations)) + " loop iterations in one shader invocation; " +
                              ctx().device_name() + " ends a shader's loops after " + std::to_string(budget) +
                              " and would give wrong numbers. Run it on the CPU (rc.device('cpu')), or in shorter "
@@ -200,7 +200,7 @@ void ssm_scan_op(const char* pass, const Inputs& in, size_t first, const TensorI
     const ScanDims d = scan_dims(pass, in, first);
     u32(out.numel(), pass);  // the shader indexes the whole output with 32-bit offsets
     const ScanPlan plan = scan_plan(d, g != nullptr);
-    check_loop_budget(pass, d.n_tok, plan.loop_iterations);
+    check_loop_budget(pass, d.n_tok, "tokens per sequence", plan.loop_iterations);
     const TensorImpl &s = *in[first], &x = *in[first + 1], &dt = *in[first + 2], &a = *in[first + 3],
                      &b = *in[first + 4], &c = *in[first + 5], &ids = *in[first + 6];
     const SsmScanPush p{s.address(), x.address(), dt.address(), a.address(), b.address(), c.address(), ids.address(),
@@ -266,7 +266,8 @@ void recurrence(const char* kind, bool backward, const Inputs& in, size_t first,
     const double per = double((d.S + 15) / 16), tiles = double((d.S + 63) / 64), lanes = double(std::min<int64_t>(d.S, 16));
     const double forward = 1.0 + per + per * per + tiles * (1.0 + per + per * per + lanes);
     const int64_t tokens = d.T / d.n_seqs;
-    check_loop_budget(kind, tokens, kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward));
+    check_loop_budget(kind, tokens, "tokens per sequence",
+                      kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward));
     record(shader, p, uint64_t(d.n_seqs * d.H), reads, {span(out)});
 }
 
@@ -324,7 +325,8 @@ void vk_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                in[5]->address(), state.address(), out.address(), u32(r.ne[0], "rwkv_wkv7"), u32(r.ne[1], "rwkv_wkv7"),
                u32(r.ne[2], "rwkv_wkv7"), u32(state.ne[1], "rwkv_wkv7")};
     u32(out.numel(), "rwkv_wkv7");
-    check_loop_budget("rwkv_wkv7", r.ne[2] / state.ne[1], wkv7_loop_iterations(r.ne[0], r.ne[2] / state.ne[1], false));
+    check_loop_budget("rwkv_wkv7", r.ne[2] / state.ne[1], "tokens per sequence",
+                      wkv7_loop_iterations(r.ne[0], r.ne[2] / state.ne[1], false));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     record("wkv7_forward", p, uint64_t(p.H) * p.n_seqs, reads, {span(out)});
@@ -340,7 +342,7 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                    u32(S, "rwkv_wkv7_back"), u32(H, "rwkv_wkv7_back"), u32(T, "rwkv_wkv7_back"),
                    u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kRecurrenceChunk)};
     u32(out.numel(), "rwkv_wkv7_back");
-    check_loop_budget("rwkv_wkv7_back", T / n_seqs, wkv7_loop_iterations(S, T / n_seqs, true));
+    check_loop_budget("rwkv_wkv7_back", T / n_seqs, "tokens per sequence", wkv7_loop_iterations(S, T / n_seqs, true));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
@@ -401,11 +403,11 @@ void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     u32(left.numel(), op);  // every index in the shader is smaller
     const std::vector<vk::Range> reads{span(left), span(*in[1]), span(*in[2])};
     if (left.ne[1] <= kStagedPairsTokens && shared_memory_holds(kStagedPairsFloats)) {
-        check_loop_budget(op, left.ne[1], staged_pairs_loop_iterations(left.ne[0], left.ne[1]));
+        check_loop_budget(op, left.ne[1], "tokens per chunk", staged_pairs_loop_iterations(left.ne[0], left.ne[1]));
         record("decayed_pairs_forward_staged", p, uint64_t(p.B), reads, {span(out)});
         return;
     }
-    check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
+    check_loop_budget(op, left.ne[1], "tokens per chunk", decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
     record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L * p.L), reads, {span(out)});
 }
 
@@ -415,7 +417,7 @@ void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
     DecayedPairsBackPush p{left.address(), in[2]->address(), in[3]->address(), out.address(), in[0]->address(),
                            u32(left.ne[0], op), u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
     u32(out.numel(), op);
-    check_loop_budget(op, left.ne[1], decayed_pairs_loop_iterations(left.ne[0], left.ne[1], true));
+    check_loop_budget(op, left.ne[1], "tokens per chunk", decayed_pairs_loop_iterations(left.ne[0], left.ne[1], true));
     record("decayed_pairs_backward", p, groups(uint64_t(p.B) * p.S), {span(*in[0]), span(left), span(*in[2]), span(*in[3])},
            {span(out)});
 }
@@ -494,12 +496,14 @@ void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     if (staged_chunk_states_fit(W.ne[0], W.ne[1])) {
-        check_loop_budget(op, W.ne[0] * W.ne[3], staged_chunk_states_loop_iterations(W.ne[0], W.ne[1], W.ne[3]));
+        check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
+                          staged_chunk_states_loop_iterations(W.ne[0], W.ne[1], W.ne[3]));
         const uint64_t blocks = uint64_t((W.ne[1] + kStagedBlockColumns - 1) / kStagedBlockColumns);
         record("wkv7_chunks_forward_staged", p, uint64_t(p.N) * blocks, reads, {span(out)});
         return;
     }
-    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], false));
+    check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
+                          wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], false));
     record("wkv7_chunks_forward", p, uint64_t(p.N), reads, {span(out)});
 }
 
@@ -511,7 +515,8 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
                          u32(W.ne[0], op), u32(W.ne[1], op), u32(W.ne[2], op), u32(W.ne[3], op)};
     u32(out.numel(), op);
     u32(in[0]->numel(), op);
-    check_loop_budget(op, W.ne[0] * W.ne[3], wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
+    check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
+                          wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     const bool staged = staged_chunk_states_back_fits(W.ne[0], W.ne[1]);  // the same loops, bounded alike
@@ -533,7 +538,7 @@ void record_chunk_scan(const char* op, const char* shader, const Inputs& in, con
     ChunkScanPush p{in[0]->address(), first.address(), decay.address(), out.address(), u32(first.ne[0], op),
                     u32(first.ne[1], op), u32(decay.ne[1], op), u32(first.ne[2], op)};
     u32(out.numel(), op);  // every index in the shader is smaller
-    check_loop_budget(op, decay.ne[1], kLoopMargin * double(decay.ne[1]));
+    check_loop_budget(op, decay.ne[1], "chunks per sequence", kLoopMargin * double(decay.ne[1]));
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
     record(shader, p, groups(uint64_t(p.R) * p.K * p.N), reads, {span(out)});
