@@ -26,6 +26,8 @@ RLKIT_HOME = os.path.dirname(os.path.dirname(os.path.abspath(rc.__file__)))  # t
 def mpi_run(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs a script as n ranks, as `rlkit launch` does, with the rlkit under test importable."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [RLKIT_HOME, os.environ.get("PYTHONPATH")])))
+    # Open MPI's mpiexec refuses to start as root (a container's user) unless told; MPICH ignores these
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     command = cli.mpiexec_command(n, script, list(args))
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 
