@@ -1,5 +1,5 @@
 // chunk_scan: a chunked recurrence's states passed from chunk to chunk (rlkit/core/recurrences.py,
-// _pass_between_chunks: gated_linear_attn's and ssm_scan's chunked forms), one step per chunk,
+// _pass_between_chunks: ssm_scan's chunked form), one step per chunk,
 // where a product with the [c+1, c+1] decays between every pair of chunks had done it in c^2.
 // Shapes in ne order, R rows sharing each decay, K decays, c chunks, N sequences:
 //   X [R, K, c, N]:  each chunk's own contribution to the state at its end

@@ -117,6 +117,8 @@ rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what st
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
 rk_shader(chunk_scan_forward chunk_scan.comp FORWARD)
 rk_shader(chunk_scan_backward chunk_scan.comp BACKWARD)
+rk_shader(gla_chunks_forward gla_chunks.comp FORWARD)
+rk_shader(gla_chunks_backward gla_chunks.comp BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)

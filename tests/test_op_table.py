@@ -35,6 +35,7 @@ BACKWARD_HELPER_OF = {
     "wkv7_chunk_states_back": "wkv7_chunk_states",
     "decayed_pairs_back": "decayed_pairs",
     "chunk_scan_back": "chunk_scan",
+    "gla_chunks_back": "gla_chunks",
     "conv2d_input_back": "conv2d",
     "conv2d_weight_back": "conv2d",
     "max_pool2d_back": "max_pool2d",
@@ -43,8 +44,9 @@ BACKWARD_HELPER_OF = {
 # Native ops reached through a public function of another name.
 PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss", "huber": "huber_loss",
                   "wkv7_chunk_states": "rwkv_wkv7",  # rwkv_wkv7's chunked form
-                  "decayed_pairs": "gated_linear_attn",  # the chunked forms of gated_linear_attn and rwkv_wkv7
-                  "chunk_scan": "gated_linear_attn"}  # the chunked forms of gated_linear_attn and ssm_scan
+                  "decayed_pairs": "rwkv_wkv7",  # rwkv_wkv7's chunked form
+                  "chunk_scan": "ssm_scan",  # ssm_scan's chunked form (SSD)
+                  "gla_chunks": "gated_linear_attn"}  # gated_linear_attn's chunked form
 
 NATIVE_OPS = list(_native.op_names())
 NOT_DIFFERENTIABLE = {name for i, name in enumerate(NATIVE_OPS) if not _native.op_differentiable(i)}

@@ -297,13 +297,18 @@ CASES: list[Case] = [
          ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),  # Mamba-2
           (N(4, 1, 3, 1), N(1, 3, 5, 1), N(3, 5, 1), DECAY(4, 3), N(4, 1, 5, 1), N(4, 1, 5, 1), IDX(0)),  # Mamba-1
           (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
+    # its chunked form (SSD, Mamba-2's A only; chunks of 3, the last short, through chunk_scan)
+    Case("ssm_scan_chunked", "ssm_scan", lambda *a: packed(*rc.ssm_scan(*a, chunk_size=3)),
+         lambda *a: packed(*np_ssm_scan(*a)),
+         ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),
+          (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
     Case("rwkv_wkv6", "rwkv_wkv6", lambda *a: packed(*rc.rwkv_wkv6(*a)),
          lambda k, v, r, tf, td, s: packed(*np_recurrence(k, v, r, td, s, u=tf)),
          tuple(RECURRENCE(*shape, bonus=True) for shape in RECURRENCE_SHAPES)),
     Case("gated_linear_attn", "gated_linear_attn", lambda *a: packed(*rc.gated_linear_attn(*a, scale=0.7)),
          lambda k, v, q, g, s: packed(*np_recurrence(k, v, q, g, s, scale=0.7)),
          tuple(RECURRENCE(*shape, bonus=False) for shape in RECURRENCE_SHAPES)),
-    # its chunked form (chunks of 4, through decayed_pairs); gates in [0.5, 2): positive, as log(g) needs
+    # its chunked form (chunks of 4, one op: gla_chunks); gates in [0.5, 2): positive, as log(g) needs
     Case("gated_linear_attn_chunked", "gated_linear_attn",
          lambda k, v, q, g, s: packed(*rc.gated_linear_attn(k, v, q, g, s, scale=0.7, chunk_size=4)),
          lambda k, v, q, g, s: packed(*np_recurrence(k, v, q, g, s, scale=0.7)),

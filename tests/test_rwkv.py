@@ -287,6 +287,58 @@ def test_chunked_gla_in_a_capture_gives_the_eager_values(device):
             np.testing.assert_array_equal(np.asarray(replayed), expected.numpy())
 
 
+def _gla_chunks_grads(arrays, chunk, dtype, device, weights):
+    """gla_chunks' whole output (y, the final state, every chunk's start state) and the gradients of
+    its weighted sum for k, v, q, log_gate and state."""
+    params = [rc.param(np.asfortranarray(a), dtype=dtype, device=device) for a in arrays]
+    with rc.grad_tape():
+        out = ops.apply("gla_chunks", tuple(params), ints=(chunk,), floats=(SCALE,), chunk=chunk, scale=SCALE)
+        loss = rc.sum(rc.mul(out, rc.tensor(weights, dtype=dtype, device=device)))
+    grads = rc.backward(loss)
+    return [out.numpy()] + [np.asarray(grads[p]) for p in params]
+
+
+@pytest.mark.parametrize("S, H, T, n_seqs, chunk", [(3, 2, 7, 1, 3), (2, 1, 8, 2, 4), (4, 2, 5, 1, 8)])
+def test_gla_chunks_gradients_match_finite_differences(S, H, T, n_seqs, chunk):
+    """The op alone in float64, its whole output weighted: the start states' gradient too (no
+    caller reads them, but the backward op adds theirs), and the log gates' through every decay
+    that spans them."""
+    rng = np.random.default_rng(S + T)
+    arrays, _ = _gla_arrays(rng, S, H, T, n_seqs)
+    arrays[3] = np.log(arrays[3])
+    n_out = S * H * T * n_seqs + S * S * H * n_seqs * (1 + -(-T // chunk))  # T tokens per sequence
+    weights = rc.tensor(rng.normal(size=(n_out, 1)), dtype="f64")
+    assert rc.gradcheck(lambda *xs: rc.mul(ops.apply("gla_chunks", xs, ints=(chunk,), floats=(SCALE,), chunk=chunk,
+                                                     scale=SCALE), weights), [np.asfortranarray(a) for a in arrays])
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("S, H, T, n_seqs, chunk", [(3, 2, 7, 1, 3), (5, 3, 12, 2, 4), (16, 2, 40, 1, 16)])
+def test_gla_chunks_gpu_matches_the_cpu(S, H, T, n_seqs, chunk):
+    """Forward and every gradient in float32, the start states' gradient too."""
+    rng = np.random.default_rng(S * T)
+    arrays, _ = _gla_arrays(rng, S, H, T, n_seqs)
+    arrays = [a.astype(np.float32) for a in arrays[:3]] + [np.log(arrays[3]).astype(np.float32), arrays[4].astype(np.float32)]
+    n_out = S * H * T * n_seqs + S * S * H * n_seqs * (1 + -(-T // chunk))  # T tokens per sequence
+    weights = rng.normal(size=(n_out, 1)).astype(np.float32)
+    names = ["output", "k", "v", "q", "log_gate", "state"]
+    for name, g, c in zip(names, _gla_chunks_grads(arrays, chunk, "f32", "gpu", weights),
+                          _gla_chunks_grads(arrays, chunk, "f32", "cpu", weights)):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+
+
+def test_gla_chunks_refuse_bad_attributes_and_gradients():
+    arrays = [_f32(2, 3, 4)] * 4 + [_f32(12, 2)]
+    with pytest.raises(ValueError, match=r"^gla_chunks: expected one int attribute: the chunk length L >= 1"):
+        ops.apply("gla_chunks", tuple(arrays), ints=(0,), floats=(1.0,))
+    with pytest.raises(ValueError, match=r"^gla_chunks: expected one finite float attribute: scale"):
+        ops.apply("gla_chunks", tuple(arrays), ints=(2,), floats=(float("nan"),))
+    out = ops.apply("gla_chunks", tuple(arrays), ints=(1,), floats=(1.0,))  # y 24, final 24, starts 2 x 24
+    assert out.shape == (96, 1)
+    with pytest.raises(ValueError, match=r"^gla_chunks_back: g \[95, 1\] is not the forward's output shape \[96, 1\]"):
+        ops.apply("gla_chunks_back", (_f32(95, 1), *arrays, out), ints=(1,), floats=(1.0,))
+
+
 def test_backward_helpers_check_the_upstream_gradient():
     from rlkit.core import ops
 

@@ -68,6 +68,19 @@ def _recurrence(n_vectors: int, back: bool, floats: list[float]):
     return build
 
 
+def _gla_chunks(back: bool):
+    """gla_chunks: k, v, q, log_gate [S, H, T], state [S*S*H, n_seqs], chunks of 2 tokens; the
+    backward helper takes g first and the forward's output last, each one column [y, final, starts]."""
+    def build(s, h, t, n):
+        inputs = [((s, h, t), F)] * 4 + [((s * s * h, n), F)]
+        if back:
+            n_tok = t // n if n and t % n == 0 else max(1, t)
+            total = s * h * t + s * s * h * n * (1 + -(-n_tok // 2))
+            inputs = [((total,), F)] + inputs + [((total,), F)]
+        return inputs, [2], [0.5]
+    return build
+
+
 def _chunk_states_inputs(L, S, N, c):
     """wkv7_chunk_states' inputs: W, U, B, K, V [L, S, N, c], decay [S, N, c], Z0 [S, S, N]."""
     return [((L, S, N, c), F)] * 5 + [((S, N, c), F), ((S, S, N), F)]
@@ -139,6 +152,7 @@ def _builders() -> dict:
     b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
         [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)
         + [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)], [], [])
+    b["gla_chunks"], b["gla_chunks_back"] = _gla_chunks(False), _gla_chunks(True)
     b["chunk_scan"] = lambda a, b_, c, d: ([((a, b_, c, d), F), ((a, b_, d), F), ((b_, c, d), F)], [], [])
     b["chunk_scan_back"] = lambda a, b_, c, d: ([((a * b_ * c * d + a * b_ * d,), F), ((a, b_, d), F), ((b_, c, d), F)],
                                                 [], [])

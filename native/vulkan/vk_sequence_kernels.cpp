@@ -523,7 +523,7 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
 
-// ---- the states passed between chunks (gated_linear_attn's and ssm_scan's chunked forms) ------
+// ---- the states passed between chunks (ssm_scan's chunked form) ---------------------------------
 
 namespace {
 
@@ -552,6 +552,84 @@ void vk_chunk_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 
 void vk_chunk_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record_chunk_scan("chunk_scan_back", "chunk_scan_backward", in, *in[1], *in[2], out);
+}
+
+// ---- gated linear attention in chunks, one workgroup per (sequence, head) (gla_chunks) ----------
+
+namespace {
+
+struct GlaChunkSizes {
+    int64_t S, H, n_tok, n_seqs, L, c;
+};
+
+// The sizes of gla_chunks' inputs k [S, H, T] and state [S*S*H, n_seqs] (the shape rule checked
+// them) and its chunk length, as cpu_gla_chunks.cpp takes it.
+GlaChunkSizes gla_chunk_sizes(const TensorImpl& k, const TensorImpl& state, const OpAttrs& attrs) {
+    const int64_t n_seqs = state.ne[1], n_tok = k.ne[2] / n_seqs;
+    const int64_t L = std::min(attrs.ints[0], std::max<int64_t>(1, n_tok));
+    return {k.ne[0], k.ne[1], n_tok, n_seqs, L, (n_tok + L - 1) / L};
+}
+
+// Scratch floats per workgroup (gla_chunks.comp): D, E and A; the backward's dA, ZY, ZV, W and the
+// walking gradient's two slots besides.
+int64_t gla_scratch_per_head(const GlaChunkSizes& z, bool backward) {
+    const int64_t LL = z.L * z.L, LS = z.L * z.S;
+    return backward ? size_add(size_mul(LL, z.S), 3 * LS, 2 * LL, z.S, size_mul(2, z.S, z.S))
+                    : size_add(size_mul(LL, z.S), LS, LL);
+}
+
+// An invocation's loop iterations at their largest trip counts, every chunk.
+double gla_chunks_loop_iterations(const GlaChunkSizes& z, bool backward) {
+    auto rounds = [](int64_t n) { return std::ceil(double(n) / 256.0); };
+    const double L = double(z.L), S = double(z.S);
+    double chunk = rounds(z.S) * L + rounds(z.L * z.S) * L + rounds(z.L * z.L) * S;  // decays, pairs
+    if (!backward) chunk += rounds(z.L * z.S) * (S + L) + rounds(z.S * z.S) * L;
+    else chunk += rounds(z.L * z.L) * S + rounds(z.L * z.S) * (2 * S + 4 * L + L * L) + rounds(z.S) * S +
+                  rounds(z.S * z.S) * L;
+    return kLoopMargin * (double(z.c) * chunk + rounds(z.S * z.S));
+}
+
+void record_gla_chunks(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs, TensorImpl& out) {
+    const bool backward = first == 1;
+    const TensorImpl &k = *in[first], &state = *in[first + 4];
+    const GlaChunkSizes z = gla_chunk_sizes(k, state, attrs);
+    const int64_t heads = z.n_seqs * z.H;
+    TensorPtr scratch = make_on(Device::gpu, {size_mul(heads, gla_scratch_per_head(z, backward)), 1, 1, 1}, 2, DType::f32);
+    u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
+    check_loop_budget(op, z.c, "chunks per sequence", gla_chunks_loop_iterations(z, backward));
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> writes{span(out), span(*scratch)};
+    const uint32_t sizes[6] = {u32(z.S, op), u32(z.H, op), u32(z.n_tok, op), u32(z.L, op), u32(z.c, op),
+                               u32(z.n_seqs, op)};
+    const float scale = float(attrs.floats[0]);
+    if (!backward) {
+        struct {
+            uint64_t state, k, v, q, lg, o, scratch;
+            uint32_t sizes[6];
+            float scale;
+        } p{state.address(), k.address(), in[1]->address(), in[2]->address(), in[3]->address(), out.address(),
+            scratch->address(), {sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]}, scale};
+        record("gla_chunks_forward", p, uint64_t(heads), reads, writes);
+    } else {
+        struct {
+            uint64_t g, fwd, k, v, q, lg, o, scratch;
+            uint32_t sizes[6];
+            float scale;
+        } p{in[0]->address(), in[6]->address(), k.address(), in[2]->address(), in[3]->address(), in[4]->address(),
+            out.address(), scratch->address(), {sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]}, scale};
+        record("gla_chunks_backward", p, uint64_t(heads), reads, writes);
+    }
+}
+
+}  // namespace
+
+void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    record_gla_chunks("gla_chunks", in, 0, attrs, out);
+}
+
+void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    record_gla_chunks("gla_chunks_back", in, 1, attrs, out);
 }
 
 }  // namespace rk

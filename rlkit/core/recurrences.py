@@ -1,9 +1,10 @@
 """The state-space and RWKV recurrences, with ggml's shapes and argument order: Mamba's causal
 convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear attention. Each
 is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
-ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence,
-composed of the differentiable ops of ops.py: matrix products within chunks of tokens, and the
-states passed from chunk to chunk by ops of their own (chunk_scan; rwkv_wkv7's wkv7_chunk_states).
+ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence:
+gated_linear_attn's one op of its own (gla_chunks), the others composed of the differentiable ops
+of ops.py, matrix products within chunks of tokens, and the states passed from chunk to chunk by
+ops of their own (ssm_scan's chunk_scan, rwkv_wkv7's wkv7_chunk_states).
 """
 
 from __future__ import annotations
@@ -220,13 +221,15 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
     state); differentiable in every tensor (``scale`` is a constant).
 
     ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
-    (as flash-linear-attention's chunk_gla): within a chunk every pair of tokens is weighted
-    per key channel by its gates' product, exp of the sum of the log gates between them (never
-    above 1, so strong gates cannot overflow; one op, decayed_pairs, that keeps those weights out
-    of memory), the chunk's own state is one product, and the states pass from chunk to chunk
-    by one op (chunk_scan) that walks the chunks. It takes log(g): gates must be positive (a
-    gate of 0 is taken as e^-80; a negative one gives NaN). Chunks of 16 to 64 tokens; a NaN in
-    one token reaches every output of its head in its sequence from its chunk's first token on."""
+    (as flash-linear-attention's fused_chunk_gla), one op and its backward op (gla_chunks,
+    native/cpu_gla_chunks.cpp and shaders/gla_chunks.comp: per sequence and head the chunks in
+    order, the state carried between them): within a chunk every pair of tokens is weighted per
+    key channel by its gates' product, exp of the sum of the log gates between them (never above
+    1, so strong gates cannot overflow), and the outputs read the chunk's start state and its
+    tokens. It takes log(g): gates must be positive (a gate of 0 is taken as e^-80; a negative
+    one gives NaN). Chunks of 16 to 64 tokens (the GPU's backward pass grows with the cube of the
+    chunk length); a NaN in one token reaches every output of its head in its sequence from its
+    chunk's first token on."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
     if not math.isfinite(scale):
@@ -237,6 +240,18 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
         return _chunked_gla(k, v, q, g, state, float(scale), chunk_size)
     packed = apply("gated_linear_attn", (k, v, q, g, state), floats=(float(scale),), scale=float(scale))
     return tuple(_split_recurrence(packed, state))
+
+
+def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
+    """gated_linear_attn in chunks: one op (gla_chunks), its output [y, final state, the state at
+    every chunk's start] (the last for its backward op)."""
+    S, H = _ne4(k)[:2]
+    n_tok = k.numel // (S * H * state.shape[1])
+    L, _ = _chunks("gated_linear_attn", chunk_size, n_tok)
+    log_gate = maximum(log(g), -80.0)  # [S, H, T]
+    packed = apply("gla_chunks", (k, v, q, log_gate, state), ints=(L,), floats=(scale,), chunk=L, scale=scale)
+    y, final = _unpack_columns(packed, [(v.numel, (S * H, v.numel // (S * H))), (state.numel, state.shape)])
+    return y, final
 
 
 def _heads_in_chunks(t: Tensor, S: int, H: int, n_tok: int, n_seqs: int, L: int) -> Tensor:
@@ -260,41 +275,6 @@ def _decayed_pairs(left: Tensor, right: Tensor, log_decay: Tensor, through_last:
     are never written, and their exponents are never above 0."""
     flag = bool(through_last)
     return apply("decayed_pairs", (left, right, log_decay), ints=(int(flag),), through_last=flag)
-
-
-def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, Tensor]:
-    """gated_linear_attn in chunks, from the differentiable ops (the tape gives its backward).
-    Dims in ne order: S the head size (i a key channel, j a value channel), L the chunk length,
-    c the chunks per sequence, cN the (chunk, sequence) batch with the chunk fastest, B = H cN."""
-    S, H = _ne4(k)[:2]
-    n_seqs = state.shape[1]
-    n_tok = k.numel // (S * H * n_seqs)  # per sequence
-    L, c = _chunks("gated_linear_attn", chunk_size, n_tok)  # the last padded with tokens of no input and log gate 0
-    B = H * c * n_seqs
-
-    def in_chunks(t: Tensor) -> Tensor:
-        return _heads_in_chunks(t, S, H, n_tok, n_seqs, L)  # [S, L, B]
-
-    log_gate = in_chunks(maximum(log(g), -80.0))  # [S(i), L, B]
-    keys, queries = in_chunks(k), in_chunks(mul(q, scale))  # [S(i), L, B]
-    values = permute(in_chunks(v), (1, 0, 2))  # [L, S(j), B]
-    mask = _lower_triangle(L, k)  # [t, s]: 1 where s <= t
-    cumulative = matmul(log_gate, mask, transpose_b=True)  # [S, L, B]: log-gate sums through each token
-
-    # within the chunk: weights[t, s] = sum_i q_t[i] k_s[i] (the gates of s < r <= t, channel i), s <= t
-    weights = _decayed_pairs(queries, keys, log_gate)  # [L(t), L(s), B]
-    y_within = matmul(weights, values)  # [L, S(j), B]
-
-    # each chunk's own state (transposed: [S(j), S(i)]), then the states passed between chunks
-    last = slice_rows(transpose(cumulative), L - 1, 1)  # [1, S, B]: the chunk's whole log gate
-    to_end = exp(matmul(log_gate, sub(1.0, mask), transpose_b=True))  # [S, L, B]: the gates after token s, to the end
-    chunk_states = matmul(values, mul(keys, to_end), transpose_a=True, transpose_b=True)  # [S(j), S(i), B]
-    starts, final_state = _pass_between_chunks(reshape(chunk_states, (S, S * H, c, n_seqs)),
-                                               reshape(state, (S, S * H, n_seqs)), reshape(last, (S * H, c, n_seqs)))
-    starts = reshape(starts, (S, S, B))  # [S(j), S(i), B]
-    y_before = matmul(mul(queries, exp(cumulative)), starts, transpose_a=True, transpose_b=True)  # [L, S(j), B]
-
-    return _heads_out_of_chunks(add(y_within, y_before), S, H, n_tok, n_seqs), reshape(final_state, state.shape)
 
 
 def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:

@@ -53,6 +53,12 @@ def _chunk_scan(g, out, X, first, decay):
     return g_x, g_first, ops.reshape(ops.sum_to(products, (1, X.numel // rows)), decay.shape)
 
 
+def _gla_chunks(g, out, k, v, q, log_gate, state, chunk, scale):
+    # one helper op gives every gradient, packed in the inputs' order; it reads the forward's start states
+    grads = ops.apply("gla_chunks_back", (g, k, v, q, log_gate, state, out), ints=(chunk,), floats=(scale,))
+    return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (k, v, q, log_gate, state)]))
+
+
 def _linear(g, out, w, x, b, activation):
     # the activation's derivative from its output, then the matmul's and the bias's gradients
     if activation is not None:
@@ -179,6 +185,7 @@ VJP = {
     "wkv7_chunk_states": _wkv7_chunk_states,
     "decayed_pairs": _decayed_pairs,
     "chunk_scan": _chunk_scan,
+    "gla_chunks": _gla_chunks,
     "conv2d": _conv2d,
     "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }
