@@ -277,6 +277,23 @@ def test_chunked_gla_with_gates_that_close(device):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(a).max()), err_msg=name)
 
 
+@pytest.mark.parametrize("which", [0, 1, 3])  # k, v, the gate
+def test_chunked_gla_propagates_nan_as_the_recurrence(device, which):
+    """A NaN in one token of one head is never hidden: it reaches that head's outputs from that
+    token on (within its chunk too) and its final state, and nothing before it or of the other
+    heads and sequences, as in the recurrence."""
+    arrays, _ = _gla_arrays(np.random.default_rng(8), 3, 2, 12, 2)
+    arrays = [a.astype(np.float32) for a in arrays]
+    arrays[which][:, 1, 6] = np.nan  # head 1, token 6 of sequence 0: inside the second chunk of 4
+    y, final = (t.numpy() for t in rc.gated_linear_attn(*[rc.tensor(np.asfortranarray(a)) for a in arrays],
+                                                         scale=SCALE, chunk_size=4))
+    y = y.reshape(3, 2, 24, order="F")  # [S, H, T]
+    assert np.isnan(y[:, 1, 6:12]).all() and np.isfinite(y[:, 1, :6]).all()
+    assert np.isfinite(y[:, 0]).all() and np.isfinite(y[:, :, 12:]).all()
+    final = final.reshape(9, 2, 2, order="F")  # [S*S, H, n_seqs]
+    assert np.isnan(final[:, 1, 0]).any() and np.isfinite(final[:, 0]).all() and np.isfinite(final[:, :, 1]).all()
+
+
 def test_chunked_gla_in_a_capture_gives_the_eager_values(device):
     arrays, _ = _gla_arrays(np.random.default_rng(5), 4, 2, 10, 2)
     tensors = [np.asfortranarray(a, dtype=np.float32) for a in arrays]
