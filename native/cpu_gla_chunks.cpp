@@ -68,17 +68,10 @@ ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first, const OpAtt
     return cd;
 }
 
-// y += w x over n contiguous elements.
+// y += w x over n contiguous elements (dot, their sum of products: kernel_util.hpp).
 template <typename T>
 void axpy(T* y, T w, const T* x, int64_t n) {
     for (int64_t e = 0; e < n; ++e) y[e] += w * x[e];
-}
-
-template <typename T>
-T dot(const T* x, const T* y, int64_t n) {
-    T sum = 0;
-    for (int64_t e = 0; e < n; ++e) sum += x[e] * y[e];
-    return sum;
 }
 
 // One chunk of one (sequence, head): its decays D and E and its pairs A, in the worker's scratch
@@ -294,13 +287,8 @@ void cpu_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
 OutSpec shape_gla_chunks_back(const Inputs& in, const OpAttrs& attrs) {
     const char* op = "gla_chunks_back";
     const ChunkDims cd = chunk_dims(op, in, 1, attrs);
-    for (size_t a : {size_t(0), size_t(6)}) {
-        require_like(op, *in[a], *in[1], a == 0 ? "g" : "out", "k");
-        if (in[a]->numel() != cd.total() || in[a]->ne[1] != 1)
-            throw std::invalid_argument(op_err(op, std::string(a == 0 ? "g " : "out ") + in[a]->shape_str() +
-                                                       " is not the forward's output shape [" +
-                                                       std::to_string(cd.total()) + ", 1]"));
-    }
+    require_packed_output(op, *in[0], "g", *in[1], "k", cd.total());
+    require_packed_output(op, *in[6], "out", *in[1], "k", cd.total());
     return OutSpec{{size_add(size_mul(4, cd.y()), cd.states()), 1, 1, 1}, 2, in[1]->dtype};
 }
 

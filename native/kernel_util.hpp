@@ -160,6 +160,16 @@ inline void require_like(const char* op, const TensorImpl& t, const TensorImpl& 
                                        arg + " is " + dtype_name(t.dtype) + " (expected the same float dtype)"));
 }
 
+// A backward helper's upstream gradient or saved forward output (named arg): one column of the
+// forward's `total` elements, of the dtype of `first` (named first_arg).
+inline void require_packed_output(const char* op, const TensorImpl& t, const char* arg, const TensorImpl& first,
+                                  const char* first_arg, int64_t total) {
+    require_like(op, t, first, arg, first_arg);
+    if (t.numel() != total || t.ne[1] != 1)
+        throw std::invalid_argument(op_err(op, std::string(arg) + " " + t.shape_str() + " is not the forward's output shape [" +
+                                                   std::to_string(total) + ", 1]"));
+}
+
 // The inputs in[first], in[first + 1], ... named `names`: each a float tensor of the first one's dtype.
 inline void require_same_float_inputs(const char* op, const Inputs& in, size_t first, std::initializer_list<const char*> names) {
     size_t x = first;

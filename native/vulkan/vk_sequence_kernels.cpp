@@ -558,6 +558,20 @@ void vk_chunk_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 
 namespace {
 
+// A kernel that walks each (sequence, head)'s chunks (gla_chunks.comp): a
+// workgroup each, its own scratch of `scratch_per_head` floats, refused where the device would cut
+// its loops short. `push` makes the push constants from the scratch's address.
+template <typename MakePush>
+void record_chunk_walk(const char* op, const char* shader, const Inputs& in, TensorImpl& out, int64_t heads,
+                       int64_t scratch_per_head, int64_t chunks, double iterations, const MakePush& push) {
+    TensorPtr scratch = make_on(Device::gpu, {size_mul(heads, scratch_per_head), 1, 1, 1}, 2, DType::f32);
+    u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
+    check_loop_budget(op, chunks, "chunks per sequence", iterations);
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    record(shader, push(scratch->address()), uint64_t(heads), reads, {span(out), span(*scratch)});
+}
+
 struct GlaChunkSizes {
     int64_t S, H, n_tok, n_seqs, L, c;
 };
@@ -593,32 +607,30 @@ void record_gla_chunks(const char* op, const Inputs& in, size_t first, const OpA
     const bool backward = first == 1;
     const TensorImpl &k = *in[first], &state = *in[first + 4];
     const GlaChunkSizes z = gla_chunk_sizes(k, state, attrs);
-    const int64_t heads = z.n_seqs * z.H;
-    TensorPtr scratch = make_on(Device::gpu, {size_mul(heads, gla_scratch_per_head(z, backward)), 1, 1, 1}, 2, DType::f32);
-    u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
-    check_loop_budget(op, z.c, "chunks per sequence", gla_chunks_loop_iterations(z, backward));
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
-    const std::vector<vk::Range> writes{span(out), span(*scratch)};
-    const uint32_t sizes[6] = {u32(z.S, op), u32(z.H, op), u32(z.n_tok, op), u32(z.L, op), u32(z.c, op),
-                               u32(z.n_seqs, op)};
-    const float scale = float(attrs.floats[0]);
+    const uint64_t v = in[first + 1]->address(), q = in[first + 2]->address(), lg = in[first + 3]->address();
+    struct Sizes {
+        uint32_t S, H, n_tok, L, c, n_seqs;
+        float scale;
+    } const tail{u32(z.S, op), u32(z.H, op), u32(z.n_tok, op), u32(z.L, op), u32(z.c, op), u32(z.n_seqs, op),
+                 float(attrs.floats[0])};
+    const int64_t heads = z.n_seqs * z.H, scratch = gla_scratch_per_head(z, backward);
+    const double iterations = gla_chunks_loop_iterations(z, backward);
     if (!backward) {
-        struct {
+        struct Push {
             uint64_t state, k, v, q, lg, o, scratch;
-            uint32_t sizes[6];
-            float scale;
-        } p{state.address(), k.address(), in[1]->address(), in[2]->address(), in[3]->address(), out.address(),
-            scratch->address(), {sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]}, scale};
-        record("gla_chunks_forward", p, uint64_t(heads), reads, writes);
+            Sizes sizes;
+        };
+        record_chunk_walk(op, "gla_chunks_forward", in, out, heads, scratch, z.c, iterations, [&](uint64_t at) {
+            return Push{state.address(), k.address(), v, q, lg, out.address(), at, tail};
+        });
     } else {
-        struct {
+        struct Push {
             uint64_t g, fwd, k, v, q, lg, o, scratch;
-            uint32_t sizes[6];
-            float scale;
-        } p{in[0]->address(), in[6]->address(), k.address(), in[2]->address(), in[3]->address(), in[4]->address(),
-            out.address(), scratch->address(), {sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]}, scale};
-        record("gla_chunks_backward", p, uint64_t(heads), reads, writes);
+            Sizes sizes;
+        };
+        record_chunk_walk(op, "gla_chunks_backward", in, out, heads, scratch, z.c, iterations, [&](uint64_t at) {
+            return Push{in[0]->address(), in[6]->address(), k.address(), v, q, lg, out.address(), at, tail};
+        });
     }
 }
 
