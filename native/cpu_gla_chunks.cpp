@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "blas.hpp"
 #include "kernel_util.hpp"
 #include "recurrence.hpp"
 
@@ -82,6 +83,7 @@ struct Chunk {
     const T *k = nullptr, *v = nullptr, *q = nullptr, *lg = nullptr;  // the chunk's first token's vectors
     T scale = 1;
     std::vector<T> D, E, A, sum;  // D [s][t][i] (s <= t), E [t][i], A [t][s] (scale included)
+    std::vector<T> QE, KF;        // [t][i]: scale q E (what reads the start state), k F (what reaches the end)
 
     const T* d(int64_t s, int64_t t) const { return D.data() + (s * n + t) * S; }  // [i]
     const T* f(int64_t s) const { return d(s, n - 1); }
@@ -122,6 +124,13 @@ struct Chunk {
                 for (int64_t i = 0; i < S; ++i) a += qt[i] * ks[i] * dst[i];
                 A[size_t(t * n + s)] = scale * a;
             }
+        QE.resize(size_t(n * S));
+        KF.resize(size_t(n * S));
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < S; ++i) {
+                QE[size_t(t * S + i)] = scale * row(q, t)[i] * e(t)[i];
+                KF[size_t(t * S + i)] = row(k, t)[i] * f(t)[i];
+            }
     }
 };
 
@@ -149,19 +158,16 @@ void forward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             const int64_t t0 = qi * cd.L, n = std::min(cd.L, d.seq_len() - t0), at = cd.token(b, h, t0);
             std::copy(Z.begin(), Z.end(), pstarts + cd.start(b, h, qi));
             ch.load(cd, pk, pv, pq, plg, at, n);
-            for (int64_t t = 0; t < n; ++t) {
-                T* y = py + at + t * ch.stride;
-                std::fill(y, y + S, T(0));
-                const T *qt = ch.row(ch.q, t), *et = ch.e(t);
-                for (int64_t i = 0; i < S; ++i) axpy(y, scale * qt[i] * et[i], Z.data() + i * S, S);  // the start state's part
-                for (int64_t s = 0; s <= t; ++s) axpy(y, ch.A[size_t(t * n + s)], ch.row(ch.v, s), S);  // the chunk's tokens
-            }
-            const T* whole = ch.e(n - 1);
-            for (int64_t i = 0; i < S; ++i) {
-                T* zi = Z.data() + i * S;
-                for (int64_t j = 0; j < S; ++j) zi[j] *= whole[i];
-                for (int64_t s = 0; s < n; ++s) axpy(zi, ch.row(ch.k, s)[i] * ch.f(s)[i], ch.row(ch.v, s), S);
-            }
+            // y [S(j), n] (ld S H): the start state's part, Z^T QE through the BLAS, then the chunk's
+            // tokens s <= t (a loop: a product would carry a NaN to the tokens before it)
+            T* y = py + at;
+            gemm_serial(false, false, S, n, S, Z.data(), S, ch.QE.data(), S, y, ch.stride, false);
+            for (int64_t t = 0; t < n; ++t)
+                for (int64_t s = 0; s <= t; ++s) axpy(y + t * ch.stride, ch.A[size_t(t * n + s)], ch.row(ch.v, s), S);
+            const T* whole = ch.e(n - 1);  // the next state: Z decayed, + V KF^T
+            for (int64_t i = 0; i < S; ++i)
+                for (int64_t j = 0; j < S; ++j) Z[size_t(i * S + j)] *= whole[i];
+            gemm_serial(false, true, S, S, n, ch.v, ch.stride, ch.KF.data(), S, Z.data(), S, true);
         }
         std::copy(Z.begin(), Z.end(), pfinal + cd.state(b, h));
     });
@@ -191,19 +197,15 @@ void backward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             dA.assign(size_t(n * n), T(0));  // [t, s]: dy[t] . v[s]
             for (int64_t t = 0; t < n; ++t)
                 for (int64_t s = 0; s <= t; ++s) dA[size_t(t * n + s)] = dot(dyt(t), ch.row(ch.v, s), S);
-            ZY.assign(size_t(n * S), T(0));  // [t][i]: sum_j Z[i, j] dy[t, j]
-            ZV.assign(size_t(n * S), T(0));  // [s][i]: sum_j dZ'[i, j] v[s, j]
-            for (int64_t t = 0; t < n; ++t)
-                for (int64_t i = 0; i < S; ++i) {
-                    ZY[size_t(t * S + i)] = dot(Z + i * S, dyt(t), S);
-                    ZV[size_t(t * S + i)] = dot(dZ.data() + i * S, ch.row(ch.v, t), S);
-                }
+            ZY.resize(size_t(n * S));  // [t][i]: sum_j Z[i, j] dy[t, j]
+            ZV.resize(size_t(n * S));  // [s][i]: sum_j dZ'[i, j] v[s, j]
+            gemm_serial(true, false, S, n, S, Z, S, dy, ch.stride, ZY.data(), S, false);
+            gemm_serial(true, false, S, n, S, dZ.data(), S, ch.v, ch.stride, ZV.data(), S, false);
+            gemm_serial(false, false, S, n, S, dZ.data(), S, ch.KF.data(), S, gv + at, ch.stride, false);  // gv's state part
             for (int64_t s = 0; s < n; ++s) {
                 T *out_v = gv + at + s * ch.stride, *out_k = gk + at + s * ch.stride;
-                const T *ks = ch.row(ch.k, s), *fs = ch.f(s), *zv = ZV.data() + s * S;
-                std::fill(out_v, out_v + S, T(0));
+                const T *fs = ch.f(s), *zv = ZV.data() + s * S;
                 for (int64_t t = s; t < n; ++t) axpy(out_v, ch.A[size_t(t * n + s)], dyt(t), S);
-                for (int64_t i = 0; i < S; ++i) axpy(out_v, ks[i] * fs[i], dZ.data() + i * S, S);
                 for (int64_t i = 0; i < S; ++i) out_k[i] = fs[i] * zv[i];
                 for (int64_t t = s; t < n; ++t) {
                     const T w = scale * dA[size_t(t * n + s)];
@@ -259,11 +261,9 @@ void backward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             for (int64_t r = 0; r < n; ++r) std::copy_n(spans.data() + r * S, S, glg + at + r * ch.stride);
             // then the start state's gradient, its own added
             const T* gZ = g_starts + cd.start(b, h, qi);
-            for (int64_t i = 0; i < S; ++i) {
-                T* next = dZ_next.data() + i * S;
-                for (int64_t j = 0; j < S; ++j) next[j] = whole[i] * dZ[size_t(i * S + j)] + gZ[i * S + j];
-                for (int64_t t = 0; t < n; ++t) axpy(next, scale * ch.row(ch.q, t)[i] * ch.e(t)[i], dyt(t), S);
-            }
+            for (int64_t i = 0; i < S; ++i)
+                for (int64_t j = 0; j < S; ++j) dZ_next[size_t(i * S + j)] = whole[i] * dZ[size_t(i * S + j)] + gZ[i * S + j];
+            gemm_serial(false, true, S, S, n, dy, ch.stride, ch.QE.data(), S, dZ_next.data(), S, true);  // + dY QE^T
             dZ.swap(dZ_next);
         }
         std::copy(dZ.begin(), dZ.end(), gstate + cd.state(b, h));
