@@ -69,12 +69,6 @@ ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first, const OpAtt
     return cd;
 }
 
-// y += w x over n contiguous elements (dot, their sum of products: kernel_util.hpp).
-template <typename T>
-void axpy(T* y, T w, const T* x, int64_t n) {
-    for (int64_t e = 0; e < n; ++e) y[e] += w * x[e];
-}
-
 // One chunk of one (sequence, head): its decays D and E and its pairs A, in the worker's scratch
 // (the loops run along the channels, contiguous in every array: they vectorise, exp too).
 template <typename T>
@@ -163,7 +157,7 @@ void forward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             T* y = py + at;
             gemm_serial(false, false, S, n, S, Z.data(), S, ch.QE.data(), S, y, ch.stride, false);
             for (int64_t t = 0; t < n; ++t)
-                for (int64_t s = 0; s <= t; ++s) axpy(y + t * ch.stride, ch.A[size_t(t * n + s)], ch.row(ch.v, s), S);
+                for (int64_t s = 0; s <= t; ++s) add_scaled(S, ch.A[size_t(t * n + s)], ch.row(ch.v, s), y + t * ch.stride);
             const T* whole = ch.e(n - 1);  // the next state: Z decayed, + V KF^T
             for (int64_t i = 0; i < S; ++i)
                 for (int64_t j = 0; j < S; ++j) Z[size_t(i * S + j)] *= whole[i];
@@ -205,7 +199,7 @@ void backward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             for (int64_t s = 0; s < n; ++s) {
                 T *out_v = gv + at + s * ch.stride, *out_k = gk + at + s * ch.stride;
                 const T *fs = ch.f(s), *zv = ZV.data() + s * S;
-                for (int64_t t = s; t < n; ++t) axpy(out_v, ch.A[size_t(t * n + s)], dyt(t), S);
+                for (int64_t t = s; t < n; ++t) add_scaled(S, ch.A[size_t(t * n + s)], dyt(t), out_v);
                 for (int64_t i = 0; i < S; ++i) out_k[i] = fs[i] * zv[i];
                 for (int64_t t = s; t < n; ++t) {
                     const T w = scale * dA[size_t(t * n + s)];
@@ -229,20 +223,20 @@ void backward(const ChunkDims& cd, const Inputs& in, T scale, TensorImpl& out) {
             const T* whole = ch.e(n - 1);
             for (int64_t i = 0; i < S; ++i) running[size_t(i)] = whole[i] * dot(Z + i * S, dZ.data() + i * S, S);
             for (int64_t r = n - 1; r >= 0; --r) {  // the start state's decay to the tokens t >= r
-                const T *qr = ch.row(ch.q, r), *er = ch.e(r), *zy = ZY.data() + r * S;
+                const T *qe = ch.QE.data() + r * S, *zy = ZY.data() + r * S;
                 T* span = spans.data() + r * S;
                 for (int64_t i = 0; i < S; ++i) {
-                    running[size_t(i)] += scale * qr[i] * er[i] * zy[i];
+                    running[size_t(i)] += qe[i] * zy[i];
                     span[i] += running[size_t(i)];
                 }
             }
             std::fill(running.begin(), running.end(), T(0));
             for (int64_t r = 0; r < n; ++r) {  // the earlier tokens' inputs decayed to the end
-                const T *kr = ch.row(ch.k, r), *fr = ch.f(r), *zv = ZV.data() + r * S;
+                const T *kf = ch.KF.data() + r * S, *zv = ZV.data() + r * S;
                 T* span = spans.data() + r * S;
                 for (int64_t i = 0; i < S; ++i) {
                     span[i] += running[size_t(i)];
-                    running[size_t(i)] += kr[i] * fr[i] * zv[i];
+                    running[size_t(i)] += kf[i] * zv[i];
                 }
             }
             for (int64_t s = 0; s < n; ++s) {  // pairs (t, s): the tokens s < r <= t

@@ -66,14 +66,9 @@ void transpose(const ChunkDims& d, const T* M, T* out) {
         for (int64_t l = 0; l < d.L; ++l) out[i + l * d.S] = M[l + i * d.L];
 }
 
-// out[i] += a x[i] (add_scaled) or a x[i] + b y[i] (add_scaled2) over i < n: the products'
+// out[i] += a x[i] + b y[i] over i < n (add_scaled, kernel_util.hpp, for one term): the products'
 // loops with their outputs innermost, which vectorise (__restrict), each output summing its terms
 // in the order the GPU kernel does.
-template <typename T>
-void add_scaled(int64_t n, T a, const T* __restrict x, T* __restrict out) {
-    for (int64_t i = 0; i < n; ++i) out[i] += a * x[i];
-}
-
 template <typename T>
 void add_scaled2(int64_t n, T a, const T* __restrict x, T b, const T* __restrict y, T* __restrict out) {
     for (int64_t i = 0; i < n; ++i) out[i] += a * x[i] + b * y[i];

@@ -135,6 +135,13 @@ T dot(const T* a, const T* b, int64_t n) {
     return total;
 }
 
+// out[i] += a x[i] over i < n (x and out do not overlap): a product's loop with its output
+// innermost, which vectorises.
+template <typename T>
+void add_scaled(int64_t n, T a, const T* __restrict x, T* __restrict out) {
+    for (int64_t i = 0; i < n; ++i) out[i] += a * x[i];
+}
+
 inline void require_float(const char* op, const TensorImpl& t, const char* arg) {
     if (!is_float(t.dtype))
         throw TypeError(op_err(op, std::string(arg) + " must be a float tensor (f32, f16, bf16 or f64), got " + dtype_name(t.dtype)));
