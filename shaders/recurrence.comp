@@ -1,12 +1,12 @@
 // The matrix-state recurrences of RWKV-6 (WKV6) and gated linear attention (GLA), forward
 // (FORWARD) and backward (BACKWARD), as native/cpu_rwkv.cpp computes them; sizes and packed
-// layouts in native/recurrence.hpp. One workgroup per (sequence, head), for any head size S.
+// layouts in native/recurrence.hpp. One workgroup per (sequence, head), for any head size S (the
+// host runs recurrence_registers.comp for S <= 64, the state in registers).
 //
 // The S x S state is spread over lanes x lanes invocations (lanes = min(S, 16)): invocation
 // (a, c) owns rows i = a + lanes*m and columns j = c + lanes*n, and only it ever touches those
-// elements, so the state needs no barrier. With STATE_IN_REGISTERS (S <= 64: at most 4 x 4 per
-// invocation) they live in registers; otherwise in global memory (the output's new-state region
-// forward, the scratch and state-gradient regions backward). Sums over i or over j go through
+// elements, so the state needs no barrier. They live in global memory (the output's new-state
+// region forward, the scratch and state-gradient regions backward). Sums over i or over j go through
 // shared memory in tiles of TILE rows or columns (16 partial sums each, added in a fixed order:
 // deterministic, no atomics, independent of the subgroup size).
 #version 450
@@ -38,33 +38,21 @@ uint vec_at(uint tl) { return ((b * L + tl) * pc.H + h) * S; }  // token tl's ve
 uint slab(uint n) { return pc.off_scratch + ((b * pc.H + h) * (1u + pc.n_chunks + CHUNK) + n) * S * S; }
 uint partial(uint q, uint lane, uint x) { return (q * 16u + lane) * TILE + x; }
 
-#if defined(STATE_IN_REGISTERS)
-#define PER 4u
-float st[16];
-#define ST(m, n, i, j) st[(m) * 4u + (n)]
-#else
-#define PER per
 uint st_base;
 #define ST(m, n, i, j) pc.o.v[st_base + (i) * S + (j)]
-#endif
 
 #if defined(BACKWARD)
-#if defined(STATE_IN_REGISTERS)
-float dd[16];
-#define DD(m, n, i, j) dd[(m) * 4u + (n)]
-#else
 uint dd_base;
 #define DD(m, n, i, j) pc.o.v[dd_base + (i) * S + (j)]
-#endif
 #endif
 
 // S <- w (.) S + k v^T on the elements this invocation owns.
 void advance(uint at) {
-    for (uint m = 0; m < PER; ++m) {
+    for (uint m = 0; m < per; ++m) {
         uint i = a + lanes * m;
         if (i >= S) continue;
         float wi = pc.w.v[at + i], ki = pc.k.v[at + i];
-        for (uint n = 0; n < PER; ++n) {
+        for (uint n = 0; n < per; ++n) {
             uint j = c + lanes * n;
             if (j < S) ST(m, n, i, j) = wi * ST(m, n, i, j) + ki * pc.v.v[at + j];
         }
@@ -73,16 +61,16 @@ void advance(uint at) {
 
 // Copies the owned elements between the working state and a stored matrix at `base`.
 void store_state(uint base) {
-    for (uint m = 0; m < PER; ++m)
-        for (uint n = 0; n < PER; ++n) {
+    for (uint m = 0; m < per; ++m)
+        for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
             if (i < S && j < S) pc.o.v[base + i * S + j] = ST(m, n, i, j);
         }
 }
 
 void load_state(Floats from, uint base) {
-    for (uint m = 0; m < PER; ++m)
-        for (uint n = 0; n < PER; ++n) {
+    for (uint m = 0; m < per; ++m)
+        for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
             if (i < S && j < S) ST(m, n, i, j) = from.v[base + i * S + j];
         }
@@ -93,11 +81,11 @@ void load_state(Floats from, uint base) {
 void emit_y(uint at) {
     for (uint j0 = 0; j0 < S; j0 += TILE) {
         barrier();
-        for (uint n = 0; n < PER; ++n) {
+        for (uint n = 0; n < per; ++n) {
             uint j = c + lanes * n;
             if (j < j0 || j >= j0 + TILE || j >= S) continue;
             float acc = 0.0;
-            for (uint m = 0; m < PER; ++m) {
+            for (uint m = 0; m < per; ++m) {
                 uint i = a + lanes * m;
                 if (i >= S) continue;
                 float term = ST(m, n, i, j);
@@ -129,7 +117,7 @@ void token_gradients(uint tl, uint prev) {
     uint at = vec_at(tl), plane = S * pc.H * pc.T;
     for (uint i0 = 0; i0 < S; i0 += TILE) {
         barrier();
-        for (uint m = 0; m < PER; ++m) {
+        for (uint m = 0; m < per; ++m) {
             uint i = a + lanes * m;
             if (i < i0 || i >= i0 + TILE || i >= S) continue;
             float ki = pc.k.v[at + i], ri = pc.r.v[at + i];
@@ -139,7 +127,7 @@ void token_gradients(uint tl, uint prev) {
 #else
             float wi = pc.w.v[at + i];
 #endif
-            for (uint n = 0; n < PER; ++n) {
+            for (uint n = 0; n < per; ++n) {
                 uint j = c + lanes * n;
                 if (j >= S) continue;
                 float vj = pc.v.v[at + j], gy = pc.g.v[at + j], p = pc.o.v[prev + i * S + j], d = DD(m, n, i, j);
@@ -181,11 +169,11 @@ void token_gradients(uint tl, uint prev) {
     }
     for (uint j0 = 0; j0 < S; j0 += TILE) {
         barrier();
-        for (uint n = 0; n < PER; ++n) {
+        for (uint n = 0; n < per; ++n) {
             uint j = c + lanes * n;
             if (j < j0 || j >= j0 + TILE || j >= S) continue;
             float gy = pc.g.v[at + j], gv = 0.0;
-            for (uint m = 0; m < PER; ++m) {
+            for (uint m = 0; m < per; ++m) {
                 uint i = a + lanes * m;
                 if (i >= S) continue;
                 float d = DD(m, n, i, j);
@@ -221,9 +209,7 @@ void main() {
     uint matrix = (b * pc.H + h) * S * S;  // in a state column
 
 #if defined(FORWARD)
-#if !defined(STATE_IN_REGISTERS)
     st_base = pc.T * S * pc.H + matrix;  // the new-state region holds the running state
-#endif
     load_state(pc.state, matrix);
     for (uint tl = 0; tl < L; ++tl) {
         uint at = vec_at(tl);
@@ -235,22 +221,17 @@ void main() {
         emit_y(at);  // reads the state after the token
 #endif
     }
-#if defined(STATE_IN_REGISTERS)
-    store_state(pc.T * S * pc.H + matrix);
-#endif
 
 #else  // BACKWARD
-#if !defined(STATE_IN_REGISTERS)
     st_base = slab(0u);
     dd_base = pc.off_state + matrix;
-#endif
     load_state(pc.state, matrix);
     for (uint tl = 0; tl < L; ++tl) {
         if (tl % CHUNK == 0u) store_state(slab(1u + tl / CHUNK));
         advance(vec_at(tl));
     }
-    for (uint m = 0; m < PER; ++m)  // D starts as the final state's gradient
-        for (uint n = 0; n < PER; ++n) {
+    for (uint m = 0; m < per; ++m)  // D starts as the final state's gradient
+        for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
             if (i < S && j < S) DD(m, n, i, j) = pc.g.v[pc.T * S * pc.H + matrix + i * S + j];
         }
@@ -268,15 +249,15 @@ void main() {
         for (uint tl = t1; tl-- > t0;) {
             uint at = vec_at(tl);
 #if defined(GLA)
-            for (uint m = 0; m < PER; ++m)  // D_t = the carry + scale q_t gy_t^T
-                for (uint n = 0; n < PER; ++n) {
+            for (uint m = 0; m < per; ++m)  // D_t = the carry + scale q_t gy_t^T
+                for (uint n = 0; n < per; ++n) {
                     uint i = a + lanes * m, j = c + lanes * n;
                     if (i < S && j < S) DD(m, n, i, j) += pc.scale * pc.r.v[at + i] * pc.g.v[at + j];
                 }
 #endif
             token_gradients(tl, slab(1u + pc.n_chunks + tl - t0));
-            for (uint m = 0; m < PER; ++m)  // the carry to token tl - 1
-                for (uint n = 0; n < PER; ++n) {
+            for (uint m = 0; m < per; ++m)  // the carry to token tl - 1
+                for (uint n = 0; n < per; ++n) {
                     uint i = a + lanes * m, j = c + lanes * n;
                     if (i >= S || j >= S) continue;
                     float carried = pc.w.v[at + i] * DD(m, n, i, j);
@@ -287,12 +268,5 @@ void main() {
                 }
         }
     }
-#if defined(STATE_IN_REGISTERS)
-    for (uint m = 0; m < PER; ++m)
-        for (uint n = 0; n < PER; ++n) {
-            uint i = a + lanes * m, j = c + lanes * n;
-            if (i < S && j < S) pc.o.v[pc.off_state + matrix + i * S + j] = DD(m, n, i, j);
-        }
-#endif
 #endif
 }

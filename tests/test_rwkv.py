@@ -85,6 +85,24 @@ def test_gpu_matches_cpu_forward_and_every_gradient(op, S, H, T, n_seqs):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * np.abs(e).max(), err_msg=name)
 
 
+@pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_lavapipe_runs_long_sequences_in_registers_and_refuses_longer(op):
+    """lavapipe ends a shader invocation's loops after 65535 iterations in all. Up to head size 64
+    recurrence_registers.comp unrolls its loops over a row or column, so 1000 tokens at 64 (which
+    recurrence.comp, its sums in loops, would refuse) run and match the CPU, forward and every
+    gradient; 40000 tokens are refused with a message that names the way out."""
+    rng = np.random.default_rng(11)
+    arrays = _inputs(rng, 64, 1, 1000, 1, OPS[op][2])
+    weights = [rng.normal(size=(64, 1000)), rng.normal(size=(64 * 64, 1))]
+    expected = _forward_and_gradients(op, arrays, "cpu", weights)
+    for g, e in zip(_forward_and_gradients(op, arrays, "gpu", weights), expected):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * np.abs(e).max())
+    longest = _tensors(_inputs(rng, 2, 1, 40000, 1, OPS[op][2]), device="gpu")
+    with pytest.raises(RuntimeError, match=r"40000 tokens per sequence need about .*llvmpipe.*CPU"):
+        OPS[op][0](*longest)
+
+
 def _tokens(x, n_seqs, lo, hi):
     """Tokens [lo, hi) of every sequence of x [..., T] (sequences own equal consecutive blocks)."""
     per = x.shape[-1] // n_seqs

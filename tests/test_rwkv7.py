@@ -91,15 +91,24 @@ def test_gpu_matches_the_cpu(shape):
 
 @pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
 def test_lavapipe_refuses_what_it_would_cut_short():
-    """lavapipe ends a shader invocation's loops after 65535 iterations in all; at head size 64,
-    1000 tokens' forward pass went wrong there without an error. It is refused now, with a message
-    that names the way out; 256 tokens still run and match the CPU."""
-    arrays = [x.astype(np.float32) for x in inputs(64, 1, 1000, 1, seed=3)]
+    """lavapipe ends a shader invocation's loops after 65535 iterations in all. Head sizes above 64
+    run wkv7.comp, whose row and column sums are loops: at head size 64 its 1000 tokens' forward
+    pass went wrong there without an error, so 1000 tokens at 65 are refused, with a message that
+    names the way out. Up to 64 wkv7_registers.comp unrolls its loops over a row (1000 tokens x
+    129 iterations would pass the limit if they were loops): 1000 tokens at 64 run and match the
+    CPU, forward and backward, and only a sequence of 40000 tokens is refused."""
+    long = [x.astype(np.float32) for x in inputs(65, 1, 1000, 1, seed=3)]
     with pytest.raises(RuntimeError, match="rwkv_wkv7: 1000 tokens per sequence need about .*llvmpipe.*CPU"):
-        run(arrays, device="gpu")
-    short = [x.astype(np.float32) for x in inputs(64, 1, 256, 1, seed=3)]
-    for cpu, gpu in zip(run(short, device="cpu"), run(short, device="gpu")):
+        run(long, device="gpu")
+    arrays = [x.astype(np.float32) for x in inputs(64, 1, 1000, 1, seed=3)]
+    for cpu, gpu in zip(run(arrays, device="cpu"), run(arrays, device="gpu")):
         np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=2e-5 * float(np.abs(cpu).max()))
+    weights = [np.ones((64, 1000), np.float32), np.ones(arrays[6].shape, np.float32)]
+    for name, g, e in zip("rwkvab", _gradients(arrays, weights, "gpu"), _gradients(arrays, weights, "cpu")):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(e).max())), err_msg=f"d{name}")
+    longest = [x.astype(np.float32) for x in inputs(2, 1, 40000, 1, seed=3)]
+    with pytest.raises(RuntimeError, match="rwkv_wkv7: 40000 tokens per sequence need about .*llvmpipe.*CPU"):
+        run(longest, device="gpu")
 
 
 @pytest.mark.requires_gpu

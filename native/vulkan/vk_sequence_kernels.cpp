@@ -233,6 +233,25 @@ struct RecurrencePush {
     float scale;
 };
 
+// recurrence.comp's loops per token, each at its largest trip count: the state update over the
+// owned rows and columns, the sums over 64-wide tiles with their 16 lanes; the backward walks the
+// state twice and sums four quantities.
+double recurrence_loop_iterations(int64_t S, int64_t tokens, bool backward) {
+    const double per = double((S + 15) / 16), tiles = double((S + 63) / 64), lanes = double(std::min<int64_t>(S, 16));
+    const double forward = 1.0 + per + per * per + tiles * (1.0 + per + per * per + lanes);
+    return kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward);
+}
+
+// recurrence_registers.comp (head sizes up to kRecurrenceRegisterRows) unrolls its loops over a row
+// or column: per token the forward iterates once, the backward three times (its forward, the
+// chunk's recomputed states, the walk back), plus a pass per chunk.
+constexpr int64_t kRecurrenceRegisterRows = 64;  // MAX_S there
+
+double recurrence_registers_loop_iterations(int64_t tokens, bool backward) {
+    const double chunks = std::ceil(double(tokens) / double(kRecurrenceChunk));
+    return kLoopMargin * (backward ? 3.0 * double(tokens) + chunks : double(tokens));
+}
+
 // One workgroup per (sequence, head) of recurrence.comp. `in` holds (k, v, r-or-q, w, state)
 // from position `first`, u is WKV6's bonus (null for GLA), g the upstream gradient (backward).
 void recurrence(const char* kind, bool backward, const Inputs& in, size_t first, const TensorImpl* u,
@@ -257,17 +276,14 @@ void recurrence(const char* kind, bool backward, const Inputs& in, size_t first,
     if (u) reads.push_back(span(*u));
     if (g) reads.push_back(span(*g));
     if (backward) reads.push_back(span(out));  // the stored states are read back
-    // S <= 64: at most 4 x 4 state elements per invocation, kept in registers
+    // S <= 64: recurrence_registers.comp, a row or column of the state per invocation in registers
+    const bool registers = d.S <= kRecurrenceRegisterRows;
     const std::string shader = std::string("recurrence_") + kind + (backward ? "_backward" : "_forward") +
-                               (d.S <= 64 ? "_registers" : "");
-    // recurrence.comp's loops per token, each at its largest trip count: the state update over the
-    // owned rows and columns, the sums over 64-wide tiles with their 16 lanes; the backward walks
-    // the state twice and sums four quantities
-    const double per = double((d.S + 15) / 16), tiles = double((d.S + 63) / 64), lanes = double(std::min<int64_t>(d.S, 16));
-    const double forward = 1.0 + per + per * per + tiles * (1.0 + per + per * per + lanes);
+                               (registers ? "_registers" : "");
     const int64_t tokens = d.T / d.n_seqs;
     check_loop_budget(kind, tokens, "tokens per sequence",
-                      kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward));
+                      registers ? recurrence_registers_loop_iterations(tokens, backward)
+                                : recurrence_loop_iterations(d.S, tokens, backward));
     record(shader, p, uint64_t(d.n_seqs * d.H), reads, {span(out)});
 }
 
@@ -306,6 +322,17 @@ double wkv7_loop_iterations(int64_t S, int64_t tokens, bool backward) {
     return kLoopMargin * double(tokens) * (backward ? 2.0 + 6.0 * sum + 4.0 * pass : 1.0 + 2.0 * sum + pass);
 }
 
+// wkv7_registers.comp, as recurrence_registers.comp: head sizes up to 64, the same loops per token.
+// Which kernel runs a head size, and its loop count (refused where the device would cut it short).
+const char* wkv7_kernel(const char* op, int64_t S, int64_t tokens, bool backward) {
+    const bool registers = S <= kRecurrenceRegisterRows;
+    check_loop_budget(op, tokens, "tokens per sequence",
+                      registers ? recurrence_registers_loop_iterations(tokens, backward)
+                                : wkv7_loop_iterations(S, tokens, backward));
+    if (registers) return backward ? "wkv7_registers_backward" : "wkv7_registers_forward";
+    return backward ? "wkv7_backward" : "wkv7_forward";
+}
+
 struct Wkv7Push {
     uint64_t r, w, k, v, a, b, state, o;
     uint32_t S, H, T, n_seqs;
@@ -325,11 +352,10 @@ void vk_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                in[5]->address(), state.address(), out.address(), u32(r.ne[0], "rwkv_wkv7"), u32(r.ne[1], "rwkv_wkv7"),
                u32(r.ne[2], "rwkv_wkv7"), u32(state.ne[1], "rwkv_wkv7")};
     u32(out.numel(), "rwkv_wkv7");
-    check_loop_budget("rwkv_wkv7", r.ne[2] / state.ne[1], "tokens per sequence",
-                      wkv7_loop_iterations(r.ne[0], r.ne[2] / state.ne[1], false));
+    const char* kernel = wkv7_kernel("rwkv_wkv7", r.ne[0], r.ne[2] / state.ne[1], false);
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
-    record("wkv7_forward", p, uint64_t(p.H) * p.n_seqs, reads, {span(out)});
+    record(kernel, p, uint64_t(p.H) * p.n_seqs, reads, {span(out)});
 }
 
 void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
@@ -342,10 +368,10 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                    u32(S, "rwkv_wkv7_back"), u32(H, "rwkv_wkv7_back"), u32(T, "rwkv_wkv7_back"),
                    u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kRecurrenceChunk)};
     u32(out.numel(), "rwkv_wkv7_back");
-    check_loop_budget("rwkv_wkv7_back", T / n_seqs, "tokens per sequence", wkv7_loop_iterations(S, T / n_seqs, true));
+    const char* kernel = wkv7_kernel("rwkv_wkv7_back", S, T / n_seqs, true);
     std::vector<vk::Range> reads;
     for (const TensorPtr& t : in) reads.push_back(span(*t));
-    record("wkv7_backward", p, uint64_t(H) * n_seqs, reads, {span(out)});
+    record(kernel, p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
 // ---- the chunked forms' pairs of tokens within a chunk ---------------------------------------
