@@ -5,7 +5,8 @@
 //   y[j]    = sum_i r[i] (S_{t-1}[i, j] + u[i] k[i] v[j])    (WKV6: the state before the token)
 //   y[j]    = scale sum_i q[i] S_t[i, j]                     (GLA: the state after it)
 // A column of S evolves on its own and y[j] reads only column j, so FORWARD gives invocation j
-// column j: per token the key-side vectors go to shared memory and the rest is its own loops. A row
+// column j: the tokens' vectors go to shared memory a stage of tokens at a time (their loads in
+// flight together, one wait per stage) and the rest is its own loops. A row
 // evolves on its own too, and the gradients of k, r (q), w (g) and WKV6's u are sums along a row,
 // so BACKWARD gives invocation i row i of the state and of its gradient D: the forward keeps the
 // state before every CHUNK-th token, then per chunk from the last its states are recomputed and
@@ -38,8 +39,38 @@ bool owner;  // tid < S: this invocation owns a column (FORWARD) or a row (BACKW
 uint vec_at(uint tl) { return ((b * L + tl) * pc.H + h) * S; }  // token tl's vectors start here
 uint matrix() { return (b * pc.H + h) * S * S; }                 // this head's state in a state column
 
+// Tokens read into shared memory at once: their loads in flight together, one wait per stage.
+#if defined(BACKWARD)
+#define STAGE 8u
+#else
+#define STAGE 16u
+#endif
+
+// w, k, r, v (BACKWARD: and the upstream gradient gy) of up to STAGE tokens, token q's at
+// [q * MAX_S + i], zeros past S.
+shared float token_w[STAGE * MAX_S], token_k[STAGE * MAX_S], token_r[STAGE * MAX_S], token_v[STAGE * MAX_S];
+#if defined(BACKWARD)
+shared float token_gy[STAGE * MAX_S];
+#endif
+
+// Tokens first .. first + count - 1 (of this sequence) into the stage, every invocation loading.
+void load_stage(uint first, uint count) {
+    for (uint e = tid; e < count * MAX_S; e += gl_WorkGroupSize.x) {
+        uint q = e / MAX_S, i = e % MAX_S, at = vec_at(first + q) + i;
+        bool in_head = i < S;
+        token_w[e] = in_head ? pc.w.v[at] : 0.0;
+        token_k[e] = in_head ? pc.k.v[at] : 0.0;
+        token_r[e] = in_head ? pc.r.v[at] : 0.0;
+        token_v[e] = in_head ? pc.v.v[at] : 0.0;
+#if defined(BACKWARD)
+        token_gy[e] = in_head ? pc.g.v[at] : 0.0;
+#endif
+    }
+    barrier();
+}
+
 #if !defined(BACKWARD)
-shared float token_w[MAX_S], token_k[MAX_S], token_r[MAX_S], bonus_u[MAX_S];
+shared float bonus_u[MAX_S];
 
 void main() {
     S = pc.S;
@@ -54,38 +85,35 @@ void main() {
 #if defined(WKV6)
     if (tid < MAX_S) bonus_u[tid] = owner ? pc.u.v[h * S + tid] : 0.0;
 #endif
-    for (uint tl = 0; tl < L; ++tl) {
-        uint at = vec_at(tl);
-        if (tid < MAX_S) {
-            token_w[tid] = owner ? pc.w.v[at + tid] : 0.0;
-            token_k[tid] = owner ? pc.k.v[at + tid] : 0.0;
-            token_r[tid] = owner ? pc.r.v[at + tid] : 0.0;
-        }
-        barrier();
+    for (uint t = 0; t < L; t += STAGE) {
+        uint count = min(STAGE, L - t);
+        load_stage(t, count);
         if (owner) {
-            float v_j = pc.v.v[at + j], y = 0.0;
-            [[unroll]] for (uint i = 0; i < MAX_S; ++i) {
-                if (i < S) {
+            for (uint q = 0; q < count; ++q) {
+                uint at = q * MAX_S;
+                float v_j = token_v[at + j], y = 0.0;
+                [[unroll]] for (uint i = 0; i < MAX_S; ++i) {
+                    if (i < S) {
 #if defined(WKV6)
-                    y += token_r[i] * (col[i] + bonus_u[i] * token_k[i] * v_j);
-                    col[i] = token_w[i] * col[i] + token_k[i] * v_j;
+                        y += token_r[at + i] * (col[i] + bonus_u[i] * token_k[at + i] * v_j);
+                        col[i] = token_w[at + i] * col[i] + token_k[at + i] * v_j;
 #else
-                    col[i] = token_w[i] * col[i] + token_k[i] * v_j;
-                    y += token_r[i] * col[i];
+                        col[i] = token_w[at + i] * col[i] + token_k[at + i] * v_j;
+                        y += token_r[at + i] * col[i];
 #endif
+                    }
                 }
-            }
 #if defined(GLA)
-            y *= pc.scale;
+                y *= pc.scale;
 #endif
-            pc.o.v[at + j] = y;
+                pc.o.v[vec_at(t + q) + j] = y;
+            }
         }
-        barrier();  // before the next token's vectors replace these
+        barrier();  // before the next stage replaces this one
     }
     if (owner) [[unroll]] for (uint i = 0; i < MAX_S; ++i) if (i < S) pc.o.v[pc.T * S * pc.H + matrix() + i * S + j] = col[i];
 }
 #else
-shared float token_v[MAX_S], token_gy[MAX_S];
 shared float column_terms[MAX_S * MAX_S];  // [i][j], j rotated by i: gv's terms, no bank conflicts
 
 uint terms_at(uint i, uint j) { return i * MAX_S + ((i + j) % MAX_S); }
@@ -94,15 +122,11 @@ uint terms_at(uint i, uint j) { return i * MAX_S + ((i + j) % MAX_S); }
 // the states inside one chunk (recurrence.comp's layout; slab 0 is unused here).
 uint slab(uint n) { return pc.off_scratch + ((b * pc.H + h) * (1u + pc.n_chunks + CHUNK) + n) * S * S; }
 
-void stage_v(uint at) {
-    if (tid < MAX_S) token_v[tid] = owner ? pc.v.v[at + tid] : 0.0;
-    barrier();
-}
-
-// Row i = tid of the state after token tl (its v staged): w[i] row + k[i] v.
-void advance(inout float row[MAX_S], uint at) {
-    float w_i = pc.w.v[at + tid], k_i = pc.k.v[at + tid];
-    [[unroll]] for (uint j = 0; j < MAX_S; ++j) if (j < S) row[j] = w_i * row[j] + k_i * token_v[j];
+// Row i = tid of the state after staged token q: w[i] row + k[i] v.
+void advance(inout float row[MAX_S], uint q) {
+    uint x = q * MAX_S;
+    float w_i = token_w[x + tid], k_i = token_k[x + tid];
+    [[unroll]] for (uint j = 0; j < MAX_S; ++j) if (j < S) row[j] = w_i * row[j] + k_i * token_v[x + j];
 }
 
 // Row i of a stored matrix: written and read back by this invocation alone.
@@ -114,6 +138,65 @@ void load_row(inout float row[MAX_S], uint base) {
     [[unroll]] for (uint j = 0; j < MAX_S; ++j) if (j < S) row[j] = pc.o.v[base + tid * S + j];
 }
 
+// Staged token q's step back for row i = tid, with row = S_{t-1}[i, :] and adjoint = D[i, :]
+// (GLA: without y_t's part): its gradients go to the output at `at` (WKV6's bonus added to gu), D
+// becomes the gradient of S_{t-1}.
+void step_back(inout float adjoint[MAX_S], float row[MAX_S], uint q, uint at, inout float gu) {
+    uint i = tid, x = q * MAX_S, plane = S * pc.H * pc.T;
+    float w_i = 0.0, r_i = 0.0;
+    if (owner) {
+        float k_i = token_k[x + i];
+        w_i = token_w[x + i], r_i = token_r[x + i];
+        float gk = 0.0, gr = 0.0, gw = 0.0;
+#if defined(WKV6)
+        float u_i = pc.u.v[h * S + i], bonus = 0.0;
+#endif
+        [[unroll]] for (uint j = 0; j < MAX_S; ++j) {
+            if (j < S) {
+                float v_j = token_v[x + j], gy = token_gy[x + j];
+#if defined(WKV6)
+                float d = adjoint[j] + u_i * r_i * gy;  // D and the bonus's path to y
+                gk += v_j * d;
+                gr += gy * (u_i * k_i * v_j + row[j]);
+                bonus += r_i * k_i * v_j * gy;
+#else
+                adjoint[j] += pc.scale * r_i * gy;  // D_t = the carry + scale q gy^T
+                float d = adjoint[j];
+                gk += v_j * d;
+                gr += gy * (w_i * row[j] + k_i * v_j);  // the state after the token
+#endif
+                gw += adjoint[j] * row[j];
+                column_terms[terms_at(i, j)] = k_i * d;
+            }
+        }
+#if defined(GLA)
+        gr *= pc.scale;
+#else
+        gu += bonus;
+#endif
+        pc.o.v[at + i] = gk;
+        pc.o.v[2u * plane + at + i] = gr;
+        pc.o.v[3u * plane + at + i] = gw;
+    }
+    barrier();
+    if (owner) {
+        uint j = tid;  // gv[j] = sum_i k[i] D[i, j], down column j
+        float gv = 0.0;
+        [[unroll]] for (uint m = 0; m < MAX_S; ++m) if (m < S) gv += column_terms[terms_at(m, j)];
+        pc.o.v[plane + at + j] = gv;
+        [[unroll]] for (uint n = 0; n < MAX_S; ++n) {  // the carry to token t - 1
+            if (n < S) {
+#if defined(WKV6)
+                adjoint[n] = w_i * adjoint[n] + r_i * token_gy[x + n];
+#else
+                adjoint[n] = w_i * adjoint[n];
+#endif
+            }
+        }
+    }
+    barrier();  // column_terms are read before the next step writes them
+}
+
 void main() {
     S = pc.S;
     tid = gl_LocalInvocationID.x;
@@ -121,91 +204,41 @@ void main() {
     L = pc.T / pc.n_seqs;
     b = flat_group() / pc.H;
     h = flat_group() % pc.H;
-    uint i = tid, plane = S * pc.H * pc.T;
+    uint i = tid;
     float row[MAX_S], adjoint[MAX_S];
     [[unroll]] for (uint j = 0; j < MAX_S; ++j) row[j] = (owner && j < S) ? pc.state.v[matrix() + i * S + j] : 0.0;
-    for (uint tl = 0; tl < L; ++tl) {  // the forward, keeping the state before every CHUNK-th token
-        if (tl % CHUNK == 0u && owner) store_row(row, slab(1u + tl / CHUNK));
-        uint at = vec_at(tl);
-        stage_v(at);
-        if (owner) advance(row, at);
+    for (uint t = 0; t < L; t += STAGE) {  // the forward, keeping the state before every CHUNK-th token
+        uint count = min(STAGE, L - t);
+        if (t % CHUNK == 0u && owner) store_row(row, slab(1u + t / CHUNK));  // STAGE divides CHUNK
+        load_stage(t, count);
+        if (owner) for (uint q = 0; q < count; ++q) advance(row, q);
         barrier();
     }
     [[unroll]] for (uint j = 0; j < MAX_S; ++j)  // D starts as the final state's gradient
         adjoint[j] = (owner && j < S) ? pc.g.v[pc.T * S * pc.H + matrix() + i * S + j] : 0.0;
     float gu = 0.0;  // WKV6's bonus, summed over the tokens from the last
     for (uint chunk = pc.n_chunks; chunk-- > 0u;) {
-        uint t0 = chunk * CHUNK, t1 = min(L, t0 + CHUNK);
+        uint t0 = chunk * CHUNK, count = min(L - t0, CHUNK);
         if (owner) load_row(row, slab(1u + chunk));
-        for (uint tl = t0; tl < t1; ++tl) {  // the states inside the chunk, recomputed forward
-            if (owner) store_row(row, slab(1u + pc.n_chunks + tl - t0));
-            uint at = vec_at(tl);
-            stage_v(at);
-            if (owner) advance(row, at);
+        for (uint s = 0; s < count; s += STAGE) {  // the states inside the chunk, recomputed forward
+            uint n = min(STAGE, count - s);
+            load_stage(t0 + s, n);
+            if (owner) {
+                for (uint q = 0; q < n; ++q) {
+                    store_row(row, slab(1u + pc.n_chunks + s + q));
+                    advance(row, q);
+                }
+            }
             barrier();
         }
-        for (uint tl = t1; tl-- > t0;) {
-            uint at = vec_at(tl);
-            if (tid < MAX_S) {
-                token_v[tid] = owner ? pc.v.v[at + tid] : 0.0;
-                token_gy[tid] = owner ? pc.g.v[at + tid] : 0.0;
+        for (uint end = count; end > 0;) {  // stages from the chunk's last
+            uint s = end > STAGE ? end - STAGE : 0;
+            load_stage(t0 + s, end - s);
+            for (uint q = end - s; q-- > 0;) {
+                if (owner) load_row(row, slab(1u + pc.n_chunks + s + q));  // the state before the token
+                step_back(adjoint, row, q, vec_at(t0 + s + q), gu);
             }
-            barrier();
-            if (owner) {
-                load_row(row, slab(1u + pc.n_chunks + tl - t0));  // the state before the token
-                float k_i = pc.k.v[at + i], r_i = pc.r.v[at + i], w_i = pc.w.v[at + i];
-                float gk = 0.0, gr = 0.0, gw = 0.0;
-#if defined(WKV6)
-                float u_i = pc.u.v[h * S + i], bonus = 0.0;
-#endif
-                [[unroll]] for (uint j = 0; j < MAX_S; ++j) {
-                    if (j < S) {
-                        float v_j = token_v[j], gy = token_gy[j];
-#if defined(WKV6)
-                        float d = adjoint[j] + u_i * r_i * gy;  // D and the bonus's path to y
-                        gk += v_j * d;
-                        gr += gy * (u_i * k_i * v_j + row[j]);
-                        bonus += r_i * k_i * v_j * gy;
-#else
-                        adjoint[j] += pc.scale * r_i * gy;  // D_t = the carry + scale q gy^T
-                        float d = adjoint[j];
-                        gk += v_j * d;
-                        gr += gy * (w_i * row[j] + k_i * v_j);  // the state after the token
-#endif
-                        gw += adjoint[j] * row[j];
-                        column_terms[terms_at(i, j)] = k_i * d;
-                    }
-                }
-#if defined(GLA)
-                gr *= pc.scale;
-#else
-                gu += bonus;
-#endif
-                pc.o.v[at + i] = gk;
-                pc.o.v[2u * plane + at + i] = gr;
-                pc.o.v[3u * plane + at + i] = gw;
-            }
-            barrier();
-            if (owner) {
-                uint j = tid;  // gv[j] = sum_i k[i] D[i, j], down column j
-                float gv = 0.0;
-                [[unroll]] for (uint m = 0; m < MAX_S; ++m) if (m < S) gv += column_terms[terms_at(m, j)];
-                pc.o.v[plane + at + j] = gv;
-                float w_i = pc.w.v[at + i];
-#if defined(WKV6)
-                float r_i = pc.r.v[at + i];
-#endif
-                [[unroll]] for (uint n = 0; n < MAX_S; ++n) {  // the carry to token tl - 1
-                    if (n < S) {
-#if defined(WKV6)
-                        adjoint[n] = w_i * adjoint[n] + r_i * token_gy[n];
-#else
-                        adjoint[n] = w_i * adjoint[n];
-#endif
-                    }
-                }
-            }
-            barrier();
+            end = s;
         }
     }
     if (owner) {

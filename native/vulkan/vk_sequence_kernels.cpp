@@ -243,13 +243,14 @@ double recurrence_loop_iterations(int64_t S, int64_t tokens, bool backward) {
 }
 
 // recurrence_registers.comp (head sizes up to kRecurrenceRegisterRows) unrolls its loops over a row
-// or column: per token the forward iterates once, the backward three times (its forward, the
-// chunk's recomputed states, the walk back), plus a pass per chunk.
+// or column: per token the forward iterates once, and loads a stage's tokens in at most one more
+// iteration per token; the backward walks three times (its forward, the chunk's recomputed states,
+// the walk back), its stage loads at most one more, plus a pass per chunk.
 constexpr int64_t kRecurrenceRegisterRows = 64;  // MAX_S there
 
 double recurrence_registers_loop_iterations(int64_t tokens, bool backward) {
     const double chunks = std::ceil(double(tokens) / double(kRecurrenceChunk));
-    return kLoopMargin * (backward ? 3.0 * double(tokens) + chunks : double(tokens));
+    return kLoopMargin * (backward ? 4.0 * double(tokens) + chunks : 2.0 * double(tokens));
 }
 
 // One workgroup per (sequence, head) of recurrence.comp. `in` holds (k, v, r-or-q, w, state)
