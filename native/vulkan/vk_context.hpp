@@ -40,6 +40,7 @@ inline bool any_overlap(const std::vector<Range>& xs, const std::vector<Range>& 
 struct Limits {
     uint32_t subgroup_size = 0;
     bool subgroup_arithmetic = false;  // subgroupAdd and the like in compute shaders
+    bool subgroup_quad = false;        // subgroupQuadSwapHorizontal/Vertical in compute shaders
     // The loop iterations a shader invocation may run in all before the driver ends its loops
     // early (0: no such limit). lavapipe's gallivm counts every loop of a shader against one
     // budget, LP_MAX_TGSI_LOOP_ITERATIONS, and then cuts them short: wrong results, no error.

@@ -243,6 +243,8 @@ void Context::init(std::string* why) {
     limits_.subgroup_size = subgroup.subgroupSize;
     limits_.subgroup_arithmetic = (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                                   (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT);
+    limits_.subgroup_quad = (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_QUAD_BIT) &&
+                            (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && subgroup.subgroupSize >= 4;
     limits_.max_shared_memory = lim.maxComputeSharedMemorySize;
     limits_.max_push_constants = lim.maxPushConstantsSize;
     limits_.max_group_count_x = lim.maxComputeWorkGroupCount[0];

@@ -242,11 +242,15 @@ double recurrence_loop_iterations(int64_t S, int64_t tokens, bool backward) {
     return kLoopMargin * double(tokens) * (backward ? 4.0 * forward + 8.0 * tiles * lanes : forward);
 }
 
-// recurrence_registers.comp (head sizes up to kRecurrenceRegisterRows) unrolls its loops over a row
-// or column: per token the forward iterates once, and loads a stage's tokens in at most one more
-// iteration per token; the backward walks three times (its forward, the chunk's recomputed states,
-// the walk back), its stage loads at most one more, plus a pass per chunk.
+// recurrence_registers.comp and wkv7_registers.comp: head sizes up to kRecurrenceRegisterRows, a
+// quad of invocations per row or column of the state (the device's quad operations sum it). They
+// unroll their loops over a row or column: per token the forward iterates once, and loads a
+// stage's tokens in at most one more iteration per token; the backward walks three times (its
+// forward, the chunk's recomputed states, the walk back), its stage loads at most one more, plus
+// a pass per chunk.
 constexpr int64_t kRecurrenceRegisterRows = 64;  // MAX_S there
+
+bool registers_fit(int64_t S) { return S <= kRecurrenceRegisterRows && ctx().limits().subgroup_quad; }
 
 double recurrence_registers_loop_iterations(int64_t tokens, bool backward) {
     const double chunks = std::ceil(double(tokens) / double(kRecurrenceChunk));
@@ -277,8 +281,8 @@ void recurrence(const char* kind, bool backward, const Inputs& in, size_t first,
     if (u) reads.push_back(span(*u));
     if (g) reads.push_back(span(*g));
     if (backward) reads.push_back(span(out));  // the stored states are read back
-    // S <= 64: recurrence_registers.comp, a row or column of the state per invocation in registers
-    const bool registers = d.S <= kRecurrenceRegisterRows;
+    // S <= 64: recurrence_registers.comp, a row or column of the state per quad, in registers
+    const bool registers = registers_fit(d.S);
     const std::string shader = std::string("recurrence_") + kind + (backward ? "_backward" : "_forward") +
                                (registers ? "_registers" : "");
     const int64_t tokens = d.T / d.n_seqs;
@@ -323,10 +327,10 @@ double wkv7_loop_iterations(int64_t S, int64_t tokens, bool backward) {
     return kLoopMargin * double(tokens) * (backward ? 2.0 + 6.0 * sum + 4.0 * pass : 1.0 + 2.0 * sum + pass);
 }
 
-// wkv7_registers.comp, as recurrence_registers.comp: head sizes up to 64, the same loops per token.
-// Which kernel runs a head size, and its loop count (refused where the device would cut it short).
+// Which kernel runs a head size (wkv7_registers.comp: as recurrence_registers.comp), and its loop
+// count (refused where the device would cut it short).
 const char* wkv7_kernel(const char* op, int64_t S, int64_t tokens, bool backward) {
-    const bool registers = S <= kRecurrenceRegisterRows;
+    const bool registers = registers_fit(S);
     check_loop_budget(op, tokens, "tokens per sequence",
                       registers ? recurrence_registers_loop_iterations(tokens, backward)
                                 : wkv7_loop_iterations(S, tokens, backward));
