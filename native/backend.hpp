@@ -87,6 +87,7 @@ struct GpuInfo {
     uint32_t subgroup_size = 0, max_shared_memory = 0;
     uint64_t memory_in_use = 0, memory_reserved = 0;
     bool validation = false;  // the Khronos validation layer is on (RLKIT_VK_VALIDATION=1)
+    bool subgroup_quad = false;  // quad operations in compute shaders (the register recurrences need them)
 };
 bool gpu_info(GpuInfo* info);
 // The kernel GPU matmul uses for operands of this dtype and an [m, n] output with `batch`

@@ -336,6 +336,7 @@ PYBIND11_MODULE(_native, m) {
         d["memory_in_use"] = info.memory_in_use;
         d["memory_reserved"] = info.memory_reserved;
         d["validation"] = info.validation;
+        d["subgroup_quad"] = info.subgroup_quad;
         return d;
     });
     m.def(

@@ -112,6 +112,19 @@ def test_lavapipe_refuses_what_it_would_cut_short():
 
 
 @pytest.mark.requires_gpu
+def test_rlkit_info_names_where_the_recurrences_keep_their_state():
+    """lavapipe has quad operations, so the tests above ran the register kernels there."""
+    from rlkit import _native
+    from rlkit.cli import info_lines
+
+    quad = _native.gpu_info()["subgroup_quad"]
+    if "llvmpipe" in str(rc.devices()):
+        assert quad
+    line = next(line for line in info_lines() if line.startswith("gpu rwkv_wkv6, rwkv_wkv7, gated_linear_attn: "))
+    assert ("state in registers" in line) == quad and ("no quad operations" in line) == (not quad)
+
+
+@pytest.mark.requires_gpu
 def test_gpu_backward_is_deterministic():
     arrays = [x.astype(np.float32) for x in inputs(16, 2, 40, 2, seed=5)]
     weights = [np.ones((32, 40), np.float32), np.ones(arrays[6].shape, np.float32)]

@@ -85,6 +85,7 @@ bool gpu_info(GpuInfo* info) {
     info->memory_in_use = ctx->memory_in_use();
     info->memory_reserved = ctx->memory_reserved();
     info->validation = ctx->validating();
+    info->subgroup_quad = ctx->limits().subgroup_quad;
     return true;
 }
 
