@@ -229,7 +229,8 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
     tokens. It takes log(g): gates must be positive (a gate of 0 is taken as e^-80; a negative
     one gives NaN). Chunks of 16 to 64 tokens (the GPU's backward pass grows with the cube of the
     chunk length); a NaN in one token reaches the outputs of its head in its sequence from that
-    token on, and the final state, as in the recurrence."""
+    token on, and the final state, as in the recurrence. On the GPU the recurrence is the faster
+    form (head sizes up to 64 keep its state in registers; BENCHMARKS.md), on the CPU this one."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"gated_linear_attn: scale must be a number, got {type(scale).__name__}")
     if not math.isfinite(scale):
@@ -298,7 +299,8 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
     chunk (one op, wkv7_chunk_states, whose kernel loops over the chunks: two [chunk, S] x [S, S]
     products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative one
     gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches every output of its head in
-    its sequence from its chunk's first token on."""
+    its sequence from its chunk's first token on. On the GPU the recurrence is the faster form
+    (head sizes up to 64 keep its state in registers; BENCHMARKS.md)."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))
     if chunk_size is not None:
