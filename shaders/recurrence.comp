@@ -39,11 +39,11 @@ uint slab(uint n) { return pc.off_scratch + ((b * pc.H + h) * (1u + pc.n_chunks 
 uint partial(uint q, uint lane, uint x) { return (q * 16u + lane) * TILE + x; }
 
 uint st_base;
-#define ST(m, n, i, j) pc.o.v[st_base + (i) * S + (j)]
+#define ST(i, j) pc.o.v[st_base + (i) * S + (j)]
 
 #if defined(BACKWARD)
 uint dd_base;
-#define DD(m, n, i, j) pc.o.v[dd_base + (i) * S + (j)]
+#define DD(i, j) pc.o.v[dd_base + (i) * S + (j)]
 #endif
 
 // S <- w (.) S + k v^T on the elements this invocation owns.
@@ -54,7 +54,7 @@ void advance(uint at) {
         float wi = pc.w.v[at + i], ki = pc.k.v[at + i];
         for (uint n = 0; n < per; ++n) {
             uint j = c + lanes * n;
-            if (j < S) ST(m, n, i, j) = wi * ST(m, n, i, j) + ki * pc.v.v[at + j];
+            if (j < S) ST(i, j) = wi * ST(i, j) + ki * pc.v.v[at + j];
         }
     }
 }
@@ -64,7 +64,7 @@ void store_state(uint base) {
     for (uint m = 0; m < per; ++m)
         for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
-            if (i < S && j < S) pc.o.v[base + i * S + j] = ST(m, n, i, j);
+            if (i < S && j < S) pc.o.v[base + i * S + j] = ST(i, j);
         }
 }
 
@@ -72,7 +72,7 @@ void load_state(Floats from, uint base) {
     for (uint m = 0; m < per; ++m)
         for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
-            if (i < S && j < S) ST(m, n, i, j) = from.v[base + i * S + j];
+            if (i < S && j < S) ST(i, j) = from.v[base + i * S + j];
         }
 }
 
@@ -88,7 +88,7 @@ void emit_y(uint at) {
             for (uint m = 0; m < per; ++m) {
                 uint i = a + lanes * m;
                 if (i >= S) continue;
-                float term = ST(m, n, i, j);
+                float term = ST(i, j);
 #if defined(WKV6)
                 term += pc.u.v[h * S + i] * pc.k.v[at + i] * pc.v.v[at + j];
 #endif
@@ -130,7 +130,7 @@ void token_gradients(uint tl, uint prev) {
             for (uint n = 0; n < per; ++n) {
                 uint j = c + lanes * n;
                 if (j >= S) continue;
-                float vj = pc.v.v[at + j], gy = pc.g.v[at + j], p = pc.o.v[prev + i * S + j], d = DD(m, n, i, j);
+                float vj = pc.v.v[at + j], gy = pc.g.v[at + j], p = pc.o.v[prev + i * S + j], d = DD(i, j);
 #if defined(WKV6)
                 gk += vj * (ui * ri * gy + d);
                 gr += gy * (ui * ki * vj + p);
@@ -176,7 +176,7 @@ void token_gradients(uint tl, uint prev) {
             for (uint m = 0; m < per; ++m) {
                 uint i = a + lanes * m;
                 if (i >= S) continue;
-                float d = DD(m, n, i, j);
+                float d = DD(i, j);
 #if defined(WKV6)
                 d += pc.u.v[h * S + i] * pc.r.v[at + i] * gy;
 #endif
@@ -233,7 +233,7 @@ void main() {
     for (uint m = 0; m < per; ++m)  // D starts as the final state's gradient
         for (uint n = 0; n < per; ++n) {
             uint i = a + lanes * m, j = c + lanes * n;
-            if (i < S && j < S) DD(m, n, i, j) = pc.g.v[pc.T * S * pc.H + matrix + i * S + j];
+            if (i < S && j < S) DD(i, j) = pc.g.v[pc.T * S * pc.H + matrix + i * S + j];
         }
 #if defined(WKV6)
     for (uint i = tid; i < S; i += TILE)  // by the invocation that adds to it below
@@ -252,7 +252,7 @@ void main() {
             for (uint m = 0; m < per; ++m)  // D_t = the carry + scale q_t gy_t^T
                 for (uint n = 0; n < per; ++n) {
                     uint i = a + lanes * m, j = c + lanes * n;
-                    if (i < S && j < S) DD(m, n, i, j) += pc.scale * pc.r.v[at + i] * pc.g.v[at + j];
+                    if (i < S && j < S) DD(i, j) += pc.scale * pc.r.v[at + i] * pc.g.v[at + j];
                 }
 #endif
             token_gradients(tl, slab(1u + pc.n_chunks + tl - t0));
@@ -260,11 +260,11 @@ void main() {
                 for (uint n = 0; n < per; ++n) {
                     uint i = a + lanes * m, j = c + lanes * n;
                     if (i >= S || j >= S) continue;
-                    float carried = pc.w.v[at + i] * DD(m, n, i, j);
+                    float carried = pc.w.v[at + i] * DD(i, j);
 #if defined(WKV6)
                     carried += pc.r.v[at + i] * pc.g.v[at + j];
 #endif
-                    DD(m, n, i, j) = carried;
+                    DD(i, j) = carried;
                 }
         }
     }

@@ -16,8 +16,8 @@
 // give its four lanes the same bits).
 #version 450
 #extension GL_EXT_control_flow_attributes : require
-#extension GL_KHR_shader_subgroup_quad : require
 #include "common.glsl"
+#include "registers_common.glsl"
 
 layout(push_constant) uniform Push {
     Floats k;      // [S, H, T]
@@ -33,23 +33,13 @@ layout(push_constant) uniform Push {
     float scale;                             // GLA
 } pc;
 
-#define MAX_S 64u  // the largest head size: a quad per row or column, 16 elements a lane
-#define PER 16u    // elements per lane
 #define CHUNK 16u  // tokens between stored states (kRecurrenceChunk)
 
 uint S, tid, L, b, h;
-uint line, part;  // this quad's column (FORWARD) or row (BACKWARD), and this lane's elements part + 4m
 bool owner;       // line < S
 
 uint vec_at(uint tl) { return ((b * L + tl) * pc.H + h) * S; }  // token tl's vectors start here
 uint matrix() { return (b * pc.H + h) * S * S; }                 // this head's state in a state column
-uint element(uint m) { return part + 4u * m; }
-
-// The sum over the quad's four lanes, the same bits in each.
-float quad_sum(float x) {
-    x += subgroupQuadSwapHorizontal(x);
-    return x + subgroupQuadSwapVertical(x);
-}
 
 void setup() {
     S = pc.S;
@@ -138,8 +128,6 @@ void main() {
 }
 #else
 shared float column_terms[MAX_S * MAX_S];  // [i][j], j rotated by i: gv's terms
-
-uint terms_at(uint i, uint j) { return i * MAX_S + ((i + j) % MAX_S); }
 
 // Scratch matrix n of this (sequence, head): 1.. n_chunks the stored states, then CHUNK slots for
 // the states inside one chunk (recurrence.comp's layout; slab 0 is unused here).

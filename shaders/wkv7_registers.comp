@@ -18,8 +18,8 @@
 // sum is in a fixed order (a quad's swaps give its four lanes the same bits).
 #version 450
 #extension GL_EXT_control_flow_attributes : require
-#extension GL_KHR_shader_subgroup_quad : require
 #include "common.glsl"
+#include "registers_common.glsl"
 
 // Storage that invocations of one workgroup write and then read from one another.
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Shared { float v[]; };
@@ -46,8 +46,6 @@ layout(push_constant) uniform Push {
 #endif
 } pc;
 
-#define MAX_S 64u  // the largest head size: a quad per row, 16 elements a lane
-#define PER 16u    // elements per lane
 
 // Tokens read into shared memory at once: BACKWARD's stage with its row sums' terms fills
 // lavapipe's 32 KiB.
@@ -66,17 +64,9 @@ shared float token_dy[STAGE * MAX_S], token_sa[STAGE * MAX_S];
 #endif
 
 uint S, SS, tid, task, tokens;
-uint line, part;  // this quad's row (or column) and this lane's place in it: elements part + 4m
 bool owner;       // line < S
 
 uint vec_at(uint t) { return (t * pc.H + task % pc.H) * S; }  // token t's vectors of this head
-uint element(uint m) { return part + 4u * m; }
-
-// The sum over the quad's four lanes, the same bits in each.
-float quad_sum(float x) {
-    x += subgroupQuadSwapHorizontal(x);
-    return x + subgroupQuadSwapVertical(x);
-}
 
 #if defined(BACKWARD)
 uint sa_slot() { return 4 * tokens; }  // token t's sa at sa_slot() + vec_at(t) until its ga replaces it
@@ -163,8 +153,6 @@ void main() {
 }
 #else
 shared float row_terms[MAX_S * MAX_S];  // [i][j], j rotated by i: the row sums' terms
-
-uint terms_at(uint i, uint j) { return i * MAX_S + ((i + j) % MAX_S); }
 
 // sum_j row_terms[i][j] for row i = line, after every column's quad wrote its terms.
 float row_sum() {
