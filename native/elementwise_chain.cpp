@@ -194,6 +194,10 @@ void fuse_elementwise_chains(std::vector<Node>& nodes, const std::unordered_set<
         if (has_side_effects(node.op)) last_side_effect = int64_t(k);
         if (!chainable(node)) continue;
         // The chain this node extends: one whose output only it reads, else a small one to copy.
+        // Of two such chains (a binary op on two runs' results), the one recorded last: the other
+        // is then its input, whose level comes earlier, so the two runs make one level, not two
+        // (the first run extended had waited for the second: skipped_count's sum of the flags of
+        // the critic's early norm and the actor's late one).
         size_t extended = chains.size(), to_copy = chains.size();
         const TensorImpl *value = nullptr, *copied_value = nullptr;
         for (const TensorPtr& t : node.inputs) {
@@ -205,9 +209,11 @@ void fuse_elementwise_chains(std::vector<Node>& nodes, const std::unordered_set<
                               c.steps.size() / kStepInts < kMaxChainSteps &&
                               c.inputs.size() + new_inputs(c, node, t.get()) <= kMaxChainInputs;
             if (fits && uses[t.get()] == reads && !outputs.count(t.get())) {
-                extended = found->second;
-                value = t.get();
-                break;
+                if (!value || c.members.back() > chains[extended].members.back()) {
+                    extended = found->second;
+                    value = t.get();
+                }
+                continue;
             }
             if (fits && t->numel() <= kRecomputedElements && !copied_value) {
                 to_copy = found->second;

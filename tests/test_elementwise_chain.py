@@ -197,3 +197,28 @@ def test_a_small_result_read_by_two_chains_is_computed_again_in_each(shape, gpu_
     else:
         assert levels[1].split() == ["binary_sub[1024]"] and "elementwise_chain" not in " ".join(levels), levels
         assert sorted(levels[2].split()) == ["unary_scale[1024]", "unary_square[1024]"], levels
+
+
+@pytest.mark.requires_gpu
+def test_a_binary_op_on_two_runs_extends_the_later_one(gpu_profiling):
+    """add(early, late), where the run `early` reads the inputs and the run `late` a reduction's
+    result: the add extends `late`, taking `early`'s result as an input, so the sum runs in the
+    level after the reduction; extending `early` (the first operand) had made `late` a level of
+    its own before it (skipped_count's flags: the critic's norm early, the actor's late)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 1)).astype(np.float32)
+    y = np.asfortranarray(rng.standard_normal((8, 16)).astype(np.float32))
+
+    def combined(x, y):
+        early = rc.neg(rc.exp(x))  # [1, 1], from the inputs
+        late = rc.scale(rc.sqrt(rc.sum(rc.square(y))), 2.0)  # [1, 1], after the reduction
+        return rc.add(early, late)
+
+    program = _captured(combined, "gpu")
+    (total,) = np.asarray(_run(program, "gpu", x=x, y=y)).reshape(-1)
+    y64 = y.astype(np.float64)
+    np.testing.assert_allclose(total, -np.exp(x[0, 0]) + 2.0 * np.sqrt(np.sum(y64 * y64)), rtol=1e-5)
+    levels = _level_labels(program)
+    reduction = next(k for k, label in enumerate(levels) if "sum" in label)
+    assert levels[reduction + 1].split() == ["elementwise_chain[1]"], levels  # sqrt, scale and the add
+    assert levels[reduction + 2] == "outputs", levels
