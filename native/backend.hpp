@@ -35,6 +35,9 @@ class RecordedProgram {
     virtual void submit() = 0;
     // Waits for the last submission to finish (nothing to wait for: returns at once).
     virtual void wait() = 0;
+    // Waits until the running submission has copied the output block's early bytes into the
+    // output staging (nothing running: returns at once).
+    virtual void wait_early() = 0;
     virtual void* input_staging() = 0;
     virtual const void* output_staging() = 0;
     // Per dependency level, where the program was recorded with GPU profiling on; else empty.
@@ -56,9 +59,11 @@ class Backend {
     // recorded so far, not as a transfer: on the GPU inside the command buffer (no staging, not
     // counted among the uploads). The coefficients of an eager optimizer update.
     virtual void write_inline(TensorImpl& dst, const void* host, size_t n) = 0;
-    // A recorder for a program with these input and output blocks; null where the backend runs
-    // ops as they come (the CPU), and a program executes its nodes at every replay instead.
-    virtual std::unique_ptr<RecordedProgram> recorded_program(TensorImpl&, TensorImpl&) { return nullptr; }
+    // A recorder for a program with these input and output blocks, whose first early_bytes of
+    // outputs go to the host as soon as they are written (0: with the rest, at the end); null
+    // where the backend runs ops as they come (the CPU), and a program executes its nodes at
+    // every replay instead.
+    virtual std::unique_ptr<RecordedProgram> recorded_program(TensorImpl&, TensorImpl&, size_t) { return nullptr; }
     // Starts what is recorded so far without waiting (the end of a training step).
     virtual void submit() {}
     // Waits for everything recorded so far.

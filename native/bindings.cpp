@@ -277,9 +277,9 @@ PYBIND11_MODULE(_native, m) {
     }, "A pending tensor a Program fills at every replay (a captured function's input).");
 
     py::class_<Program>(m, "Program")
-        .def(py::init([](Graph& g, const Inputs& inputs, const Inputs& outputs) {
-            return new Program(g.take_nodes(), inputs, outputs);
-        }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"))
+        .def(py::init([](Graph& g, const Inputs& inputs, const Inputs& outputs, size_t n_early) {
+            return new Program(g.take_nodes(), inputs, outputs, n_early);
+        }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"), py::arg("n_early") = 0)
         .def("replay", [](Program& p, const std::vector<py::array>& arrays) {
             std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
             std::vector<const void*> in_ptrs = program_inputs(p, arrays, keep);
@@ -299,6 +299,13 @@ PYBIND11_MODULE(_native, m) {
             p.finish(out_ptrs);
             return results;
         }, "Waits for the launched replay; returns its outputs as Fortran-ordered arrays.")
+        .def("early", [](Program& p) {
+            auto [results, out_ptrs] = program_outputs(p);
+            out_ptrs.resize(p.n_early());
+            p.early(out_ptrs);
+            return py::list(results[py::slice(0, py::ssize_t(p.n_early()), 1)]);
+        }, "Between launch and finish: the first n_early outputs, as soon as the launched replay has "
+           "computed them (on the GPU, while the rest of it runs).")
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
         .def_property_readonly("arena_bytes", &Program::arena_bytes)

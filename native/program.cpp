@@ -1,5 +1,6 @@
 #include "program.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
@@ -14,12 +15,15 @@
 namespace rk {
 namespace {
 
-// Byte offsets of tensors packed one after another (64-byte aligned), and the total.
+// Byte offsets of tensors packed one after another (64-byte aligned), and the total. A tensor
+// listed twice (a function returning one result twice) has one place, its first.
 size_t pack(const Inputs& tensors, std::vector<size_t>& offsets) {
     size_t total = 0;
+    std::unordered_map<const TensorImpl*, size_t> placed;
     for (const auto& t : tensors) {
-        offsets.push_back(total);
-        total = size_t(size_add(int64_t(total), int64_t(arena_aligned(t->nbytes()))));  // one block holds them all
+        auto [at, first] = placed.emplace(t.get(), total);
+        offsets.push_back(at->second);
+        if (first) total = size_t(size_add(int64_t(total), int64_t(arena_aligned(t->nbytes()))));  // one block holds them all
     }
     return total;
 }
@@ -36,10 +40,13 @@ void place(const TensorPtr& t, const TensorPtr& block, size_t offset) {
 
 }  // namespace
 
-Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
-    : nodes_(std::move(nodes)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {
+Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t n_early)
+    : nodes_(std::move(nodes)), inputs_(std::move(inputs)), outputs_(std::move(outputs)), n_early_(n_early) {
     if (nodes_.empty()) throw std::invalid_argument("capture: the traced function ran no op");
     if (outputs_.empty()) throw std::invalid_argument("capture: the traced function has no output");
+    if (n_early_ > outputs_.size())
+        throw std::invalid_argument("capture: " + std::to_string(n_early_) + " early outputs of a function with " +
+                                    std::to_string(outputs_.size()));
     device_ = nodes_[0].out->device;
     std::unordered_map<const TensorImpl*, size_t> producer;
     std::unordered_set<const TensorImpl*> placeholders;
@@ -99,6 +106,11 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
     output_block_ = make_on(device_, {int64_t(out_bytes), 1, 1, 1}, 2, DType::u8);
     for (size_t i = 0; i < inputs_.size(); ++i) place(inputs_[i], input_block_, input_offsets_[i]);
     for (size_t i = 0; i < outputs_.size(); ++i) place(outputs_[i], output_block_, output_offsets_[i]);
+    // The early outputs lead the block: its first early_bytes (an early output also listed later
+    // keeps its first place).
+    size_t early_bytes = 0;
+    for (size_t i = 0; i < n_early_; ++i)
+        early_bytes = std::max(early_bytes, output_offsets_[i] + outputs_[i]->nbytes());
 
     // On the GPU the recorder runs independent kernels side by side between barriers (by
     // address ranges): an intermediate's bytes are reused only by a node whose level by data
@@ -134,7 +146,7 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs)
         nodes_[k].out->storage = arena_;
         nodes_[k].out->offset = offset[k];
     }
-    recorded_ = be.recorded_program(*input_block_, *output_block_);
+    recorded_ = be.recorded_program(*input_block_, *output_block_, early_bytes);
     if (!recorded_ && cpu_profiling) node_seconds_.assign(nodes_.size(), 0.0);
 }
 
@@ -218,6 +230,24 @@ void Program::launch(const std::vector<const void*>& host_inputs) {
     }
     recorded_->submit();
     launched_ = true;
+}
+
+void Program::early(const std::vector<void*>& host_outputs) {
+    if (!launched_) throw std::logic_error("early: the program was not launched, or its outputs were read");
+    if (host_outputs.size() != n_early_)
+        throw std::invalid_argument("early: expected " + std::to_string(n_early_) + " outputs");
+    std::vector<char> results;
+    const char* block = nullptr;
+    if (recorded_) {
+        recorded_->wait_early();
+        block = static_cast<const char*>(recorded_->output_staging());
+    } else {  // the program ran to its end at launch
+        results.resize(size_t(output_block_->numel()));
+        backend(device_).download(*output_block_, 0, results.data(), results.size());
+        block = results.data();
+    }
+    for (size_t i = 0; i < n_early_; ++i)
+        std::memcpy(host_outputs[i], block + output_offsets_[i], outputs_[i]->nbytes());
 }
 
 void Program::finish(const std::vector<void*>& host_outputs) {

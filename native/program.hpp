@@ -23,8 +23,9 @@ namespace rk {
 
 class Program {
   public:
-    // nodes: a recording; inputs: pending tensors no node produces; outputs: node outputs.
-    Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs);
+    // nodes: a recording; inputs: pending tensors no node produces; outputs: node outputs, of
+    // which the first n_early can be read before the program ends (early).
+    Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t n_early = 0);
 
     // Runs the program: host_inputs[i] holds inputs[i]'s bytes, outputs are written to
     // host_outputs[i]. On the GPU: one upload, one submission, one download.
@@ -35,6 +36,12 @@ class Program {
     // waits for it and copies the outputs. A second launch before finish is a logic_error.
     void launch(const std::vector<const void*>& host_inputs);
     void finish(const std::vector<void*>& host_outputs);
+    // Between launch and finish: copies the first n_early outputs to host_outputs as soon as
+    // they are computed. On the GPU the program copies them out and signals the host at the
+    // level after their last kernel, while the rest of it runs (an agent's actions, read before
+    // its update ends); on the CPU the program has run whole at launch.
+    void early(const std::vector<void*>& host_outputs);
+    size_t n_early() const { return n_early_; }
 
     const Inputs& inputs() const { return inputs_; }
     const Inputs& outputs() const { return outputs_; }
@@ -63,6 +70,7 @@ class Program {
     std::vector<Node> nodes_;
     std::vector<bool> live_;
     Inputs inputs_, outputs_;
+    size_t n_early_ = 0;
     Device device_ = Device::cpu;
     TensorPtr input_block_, output_block_;  // u8 tensors holding every input / output
     std::vector<size_t> input_offsets_, output_offsets_;

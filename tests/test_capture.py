@@ -678,3 +678,98 @@ def test_a_launch_with_bad_input_raises_as_a_call_and_leaves_nothing_launched(de
         assert str(launched.value) == str(called.value)
     step(x=x, y=y)
     assert opt.state[id(model.parameters()["0.W"])]["step"] == 2
+
+
+def _act_then_update(model, opt):
+    """A policy's actions for `obs` from the weights as they are, then a gradient step on them."""
+    def step(obs, x, y):
+        actions = model(obs)  # [2, n]: read before the update writes the weights
+        loss, _ = rc.update_step(lambda: rc.mse_loss(model(x), y), model.parameters(), opt)
+        return actions, loss
+    return step
+
+
+def test_a_launch_hands_over_its_early_outputs_before_its_result(device):
+    """capture(..., early_outputs=1): a launch's first output (the actions of an agent's step)
+    comes from early_result(), before result(), with each launch's own values (not the run
+    before's); actions, losses and weights equal those of calls of the same function captured
+    without early outputs."""
+    called_model, called_opt = _model(lr=1e-2)
+    called = rc.capture(_act_then_update(called_model, called_opt), params=called_model.parameters())
+    model, opt = _model(lr=1e-2)
+    launched = rc.capture(_act_then_update(model, opt), params=model.parameters(), early_outputs=1)
+    rng = np.random.default_rng(6)
+    for x, y in _batches(4, seed=7):
+        obs = rng.standard_normal((4, 3)).astype(np.float32)
+        actions, loss = called(obs=obs, x=x, y=y)
+        pending = launched.launch(obs=obs, x=x, y=y)
+        early = pending.early_result()
+        assert pending.early_result() is early and len(early) == 1
+        np.testing.assert_array_equal(early[0], actions)
+        got_actions, got_loss = pending.result()
+        np.testing.assert_array_equal(got_actions, actions)
+        np.testing.assert_array_equal(got_loss, loss)
+    for name, value in called_model.state_dict().items():
+        np.testing.assert_array_equal(model.state_dict()[name], value, err_msg=name)
+    pending = launched.launch(obs=obs, x=x, y=y)
+    pending.result()
+    with pytest.raises(RuntimeError, match=r"early_result\(\) after result\(\)"):
+        pending.early_result()
+
+
+def test_early_outputs_are_counted_and_checked(device):
+    model, opt = _model(lr=1e-2)
+    x, y = _batches(1)[0]
+    obs = np.zeros((4, 3), np.float32)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="early_outputs must be a count of fn's first outputs"):
+            rc.capture(_act_then_update(model, opt), params=model.parameters(), early_outputs=bad)
+    too_many = rc.capture(_act_then_update(model, opt), params=model.parameters(), early_outputs=3)
+    with pytest.raises(rc.CaptureError, match="early_outputs is 3, but the traced function returns 2 tensors"):
+        too_many(obs=obs, x=x, y=y)
+    plain = rc.capture(lambda x: rc.exp(x))
+    with pytest.raises(RuntimeError, match="early: the program was not launched"):
+        plain._program_for({"x": x})[0].early()
+
+
+def test_a_result_returned_twice_is_read_right_both_times(device):
+    """A function returning one tensor twice (or as an early output and again later): both
+    places hold its values (each had a place of its own in the outputs' block, and the first was
+    never written)."""
+    x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4)
+    def exp_twice(x):
+        result = rc.exp(x)
+        return result, result
+
+    twice = rc.capture(exp_twice)
+    first, second = twice(x=x)
+    np.testing.assert_allclose(first, np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(second, first)
+    early = rc.capture(lambda x: [rc.tanh(x)] * 3, early_outputs=1)
+    pending = early.launch(x=x)
+    (head,) = pending.early_result()
+    np.testing.assert_allclose(head, np.tanh(x), rtol=1e-6, atol=1e-7)
+    for value in pending.result():
+        np.testing.assert_array_equal(value, head)
+
+
+def test_early_outputs_leave_the_gpu_in_the_level_after_their_kernel(on_gpu):
+    """The early outputs' copy to the host and its signal come in the level after the kernels
+    that write them, not with the other outputs at the end: the actions of an agent's step
+    reach the host while its update runs."""
+    model, opt = _model(lr=1e-2)
+    x, y = _batches(1)[0]
+    assert _native.set_gpu_profiling(True)
+    try:
+        launched = rc.capture(_act_then_update(model, opt), params=model.parameters(), early_outputs=1)
+        for _ in range(2):
+            pending = launched.launch(obs=np.ones((4, 3), np.float32), x=x, y=y)
+            pending.early_result()
+            pending.result()
+    finally:
+        _native.set_gpu_profiling(False)
+    (program,) = launched._programs.values()
+    labels = [label for _, label in program.native.level_times()]
+    early = next(k for k, label in enumerate(labels) if "early outputs" in label)
+    assert "matmul" in labels[early - 1] or "linear" in labels[early - 1], labels  # the actions' last layer
+    assert early < len(labels) - 4 and labels[-1].endswith(" outputs"), labels  # the update's levels come after

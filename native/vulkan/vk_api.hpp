@@ -42,6 +42,11 @@ namespace rk::vk {
     X(vkWaitForFences)                  \
     X(vkGetFenceStatus)                 \
     X(vkResetFences)                    \
+    X(vkCreateEvent)                    \
+    X(vkDestroyEvent)                   \
+    X(vkGetEventStatus)                 \
+    X(vkResetEvent)                     \
+    X(vkCmdSetEvent)                    \
     X(vkCreateBuffer)                   \
     X(vkDestroyBuffer)                  \
     X(vkGetBufferMemoryRequirements)    \

@@ -39,8 +39,9 @@ class VulkanBackend final : public Backend {
     }
 
     void write_inline(TensorImpl& dst, const void* host, size_t n) override { ctx_.write(dst, host, n); }
-    std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs) override {
-        return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs);
+    std::unique_ptr<RecordedProgram> recorded_program(TensorImpl& inputs, TensorImpl& outputs,
+                                                      size_t early_bytes) override {
+        return std::make_unique<vk::RecordedCommands>(ctx_, inputs, outputs, early_bytes);
     }
     bool takes_half(Op op, const Inputs& inputs) const override { return vk::takes_half(op, inputs); }
     void submit() override { ctx_.submit(); }

@@ -260,14 +260,17 @@ class Context {
 // A captured program's command buffer: a copy of the input staging into the program's input
 // block, its kernels, and a copy of its output block into the output staging; recorded once,
 // submitted at every replay, and waited for before the host reads the outputs, before it is
-// submitted or recorded again, and before the eager batch submitted with it is reused.
+// submitted or recorded again, and before the eager batch submitted with it is reused. Where
+// the outputs begin with early bytes, those are copied out in the level after the kernels
+// that write them, and an event tells the host (wait_early) while the rest runs.
 class RecordedCommands final : public RecordedProgram {
   public:
-    RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs);
+    RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs, size_t early_bytes);
     ~RecordedCommands() override;
     void record(const std::function<void()>& kernels, size_t streams_offset, size_t n_streams) override;
     void submit() override;
     void wait() override;
+    void wait_early() override;
     void* input_staging() override { return ctx_.staging_pool_->host(*input_staging_); }
     const void* output_staging() override { return ctx_.staging_pool_->host(*output_staging_); }
     std::vector<LevelTime> level_times() const override;
@@ -276,6 +279,8 @@ class RecordedCommands final : public RecordedProgram {
     void read_profile();  // adds the last run's level intervals to profile_
     Context& ctx_;
     TensorImpl &inputs_, &outputs_;  // the program's blocks (the program outlives this)
+    const size_t early_bytes_;
+    VkEvent early_event_ = VK_NULL_HANDLE;  // set by the device once the early bytes are in the staging
     Context::ProgramCommands commands_;
     bool pending_ = false;
     Context::Slot* pending_eager_ = nullptr;  // the eager batch submitted ahead of the pending run

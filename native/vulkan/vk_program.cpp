@@ -1,6 +1,8 @@
 // Captured programs' command buffers: the program's commands scheduled in dependency levels
 // when its recording ends, recorded once and re-submitted at every replay (RecordedCommands).
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "vulkan/vk_context.hpp"
@@ -143,11 +145,15 @@ void Context::give_back_program_commands(ProgramCommands commands) {
     api_.vkFreeCommandBuffers(device_, pool_, 1, &commands.cmd);
 }
 
-RecordedCommands::RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs)
-    : ctx_(ctx), inputs_(inputs), outputs_(outputs), commands_(ctx.take_program_commands()) {
+RecordedCommands::RecordedCommands(Context& ctx, TensorImpl& inputs, TensorImpl& outputs, size_t early_bytes)
+    : ctx_(ctx), inputs_(inputs), outputs_(outputs), early_bytes_(early_bytes), commands_(ctx.take_program_commands()) {
     try {
         input_staging_ = ctx_.staging_pool_->allocate(inputs_.nbytes());
         output_staging_ = ctx_.staging_pool_->allocate(outputs_.nbytes());
+        if (early_bytes_ > 0) {
+            VkEventCreateInfo eci{VK_STRUCTURE_TYPE_EVENT_CREATE_INFO};
+            check(ctx_.api_.vkCreateEvent(ctx_.device_, &eci, nullptr, &early_event_), "vkCreateEvent");
+        }
     } catch (...) {
         ctx_.give_back_program_commands(commands_);
         throw;
@@ -160,10 +166,30 @@ RecordedCommands::~RecordedCommands() {
         wait();
     } catch (const std::exception&) {
         if (pending_eager_) pending_eager_->held_by = nullptr;
-        return;  // the device is lost: its command buffer and fence stay as they are
+        return;  // the device is lost: its command buffer, fence and event stay as they are
     }
     if (profile_ && profile_->pool != VK_NULL_HANDLE) ctx_.api_.vkDestroyQueryPool(ctx_.device_, profile_->pool, nullptr);
+    if (early_event_ != VK_NULL_HANDLE) ctx_.api_.vkDestroyEvent(ctx_.device_, early_event_, nullptr);
     ctx_.give_back_program_commands(commands_);
+}
+
+void RecordedCommands::wait_early() {
+    if (!pending_ || early_event_ == VK_NULL_HANDLE) return wait();
+    // Polled (the host has no blocking wait for an event): spinning first, as wait_for does,
+    // then in short sleeps; the fence is checked too, so that a device lost ends the wait.
+    const Api& api = ctx_.api_;
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(1000);
+    for (;;) {
+        const VkResult status = api.vkGetEventStatus(ctx_.device_, early_event_);
+        if (status == VK_EVENT_SET) return;
+        if (status != VK_EVENT_RESET) check(status, "vkGetEventStatus (the GPU did not finish: device lost?)");
+        const VkResult done = api.vkGetFenceStatus(ctx_.device_, commands_.fence);
+        if (done != VK_NOT_READY) return wait();  // finished (the event is set too), or lost: wait says which
+        if (std::chrono::steady_clock::now() < spin_until)
+            std::this_thread::yield();
+        else
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
 }
 
 void RecordedCommands::wait() {
@@ -206,12 +232,29 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
 
         const auto [out_buffer, out_offset] = ctx_.locate(outputs_);
         const VkBuffer out_staging = ctx_.staging_pool_->buffer(*output_staging_);
-        const VkBufferCopy out_region{out_offset, output_staging_->offset, outputs_.nbytes()};
-        ctx_.enqueue({{outputs_.address(), outputs_.address() + outputs_.nbytes()}}, {},
-                     [&api, out_buffer, out_staging, out_region](VkCommandBuffer c) {
-                         api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &out_region);
-                     },
-                     "outputs");
+        const uint64_t early = early_bytes_;
+        if (early > 0) {  // scheduled after the kernels that write the early outputs, last in its level
+            const VkBufferCopy early_region{out_offset, output_staging_->offset, early};
+            const VkEvent event = early_event_;
+            ctx_.enqueue({{outputs_.address(), outputs_.address() + early}}, {},
+                         [&api, out_buffer, out_staging, early_region, event](VkCommandBuffer c) {
+                             api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &early_region);
+                             VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};  // visible to the host
+                             mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+                             mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+                             api.vkCmdPipelineBarrier(c, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
+                                                      1, &mb, 0, nullptr, 0, nullptr);
+                             api.vkCmdSetEvent(c, event, VK_PIPELINE_STAGE_TRANSFER_BIT);
+                         },
+                         "early outputs");
+        }
+        const VkBufferCopy out_region{out_offset + early, output_staging_->offset + early, outputs_.nbytes() - early};
+        if (out_region.size > 0)
+            ctx_.enqueue({{outputs_.address() + early, outputs_.address() + outputs_.nbytes()}}, {},
+                         [&api, out_buffer, out_staging, out_region](VkCommandBuffer c) {
+                             api.vkCmdCopyBuffer(c, out_buffer, out_staging, 1, &out_region);
+                         },
+                         "outputs");
         if (ctx_.profiling() && !profile_) profile_ = std::make_unique<LevelProfile>();
         ctx_.emit_scheduled(recording_.commands, profile_.get());
         recording_.commands.clear();  // the closures hold nothing the command buffer needs
@@ -239,6 +282,8 @@ void RecordedCommands::record(const std::function<void()>& kernels, size_t strea
 
 void RecordedCommands::submit() {
     wait();
+    if (early_event_ != VK_NULL_HANDLE)  // set by the last run, which has ended
+        check(ctx_.api_.vkResetEvent(ctx_.device_, early_event_), "vkResetEvent");
     // Eager work recorded before this replay runs first, in the same submission: its command
     // buffer, then the program's (whose opening barrier orders it after everything before).
     Context::Slot* eager = ctx_.recording_ ? &ctx_.end_recording() : nullptr;

@@ -179,6 +179,10 @@ class _CapturedProgram:
             self._end()
             raise
 
+    def early(self) -> list[np.ndarray]:
+        """The launched replay's early outputs (the first of its flattened outputs), once computed."""
+        return self.native.early()
+
     def finish(self):
         """The outputs of the launched replay, once it has run (what :meth:`replay` returns)."""
         try:
@@ -220,10 +224,14 @@ class CapturedFunction:
     """What :func:`capture` returns: call it with ``fn``'s inputs, by name, to replay the program
     captured for them."""
 
-    def __init__(self, fn: Callable, params=()):
+    def __init__(self, fn: Callable, params=(), early_outputs: int = 0):
         if not callable(fn):
             raise TypeError(f"capture: fn must be callable, got {type(fn).__name__}")
+        if isinstance(early_outputs, bool) or not isinstance(early_outputs, int) or early_outputs < 0:
+            raise ValueError(f"capture: early_outputs must be a count of fn's first outputs (an int >= 0), "
+                             f"got {early_outputs!r}")
         self.fn = fn
+        self.early_outputs = early_outputs
         self.params = list(params.values()) if isinstance(params, dict) else list(params)
         for p in self.params:
             if not (isinstance(p, Tensor) or hasattr(p, "__rlkit_buffer__")):
@@ -307,9 +315,13 @@ class CapturedFunction:
         with runtime.capture_scope(active), graph:
             result = self.fn(**dict(zip(names, placeholders)))
         outputs, rebuild = _flatten(result)
+        if self.early_outputs > len(outputs):
+            raise CaptureError(f"capture: early_outputs is {self.early_outputs}, but the traced function returns "
+                               f"{len(outputs)} tensors")
         all_outputs = outputs + active.extra_outputs
         inputs = placeholders + [t for t, _ in active.host_inputs]
-        native = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs])
+        native = _native.Program(graph, [t._impl for t in inputs], [t._impl for t in all_outputs],
+                                 n_early=self.early_outputs)
         self.traces += 1
         input_checks = [(name, check) for impl, check in active.input_checks
                         for name, p in zip(names, placeholders) if p._impl is impl]
@@ -327,6 +339,19 @@ class PendingReplay:
     def __init__(self, captured: CapturedFunction, program: _CapturedProgram):
         self._captured, self._program = captured, program
         self._outputs = _NOT_READ
+        self._early: list[np.ndarray] | None = None
+
+    def early_result(self) -> list[np.ndarray]:
+        """The call's first ``early_outputs`` outputs (capture's argument; flattened, as arrays),
+        as soon as the program has computed them: on the GPU it copies them out and signals the
+        host midway, while the rest of it runs (an agent's actions, read before its update ends);
+        on the CPU the program has run whole. Read it before ``result()``; the same list on later
+        calls."""
+        if self._early is None:
+            if self._outputs is not _NOT_READ:
+                raise RuntimeError("capture: early_result() after result(): read the early outputs first")
+            self._early = self._program.early()
+        return self._early
 
     def result(self):
         """The call's outputs, once the program has run (what calling the function returns);
@@ -337,11 +362,13 @@ class PendingReplay:
         return self._outputs
 
 
-def capture(fn: Callable, params=()) -> CapturedFunction:
+def capture(fn: Callable, params=(), early_outputs: int = 0) -> CapturedFunction:
     """Traces ``fn(**inputs)`` on its first call (and again for a new input signature) into a
     native program; later calls replay it. ``params`` lists the parameters and device buffers
-    the capture reads, so that freeing, moving or reloading one records the program anew."""
-    return CapturedFunction(fn, params)
+    the capture reads, so that freeing, moving or reloading one records the program anew.
+    ``early_outputs``: how many of fn's first outputs a launched call hands over as soon as
+    they are computed (``launch(...).early_result()``), before the rest of the program ends."""
+    return CapturedFunction(fn, params, early_outputs)
 
 
 class CapturedStep:
