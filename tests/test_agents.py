@@ -376,7 +376,7 @@ def test_overlapped_rounds_left_running_give_the_actions_of_rounds_read_at_each_
         agent.learn(200, callback=callback)
         actions[callback is None] = np.array(env.actions)
         if callback is None and cls is SAC:  # one variant: each round launched while the one before ran, alternately
-            assert agent._twin_steps[True].traces == 1 and agent._steps[True].traces == 1
+            assert agent._overlap_twins[True].traces == 1 and agent._overlap_steps[True].traces == 1
     assert actions[True].shape == (200, 1)
     np.testing.assert_array_equal(actions[True], actions[False])
 

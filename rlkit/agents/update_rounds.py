@@ -20,6 +20,7 @@ class LaunchedUpdate(NamedTuple):
     variant: object  # the variant of the update it runs
     scalars: dict  # the scalars of its round's earlier steps, logged with its own
     update: rc.capturing.CapturedFunction  # the captured update launched: busy until read
+    acted: bool = False  # its outputs begin with the actions it computed before updating
 
 
 class UpdateRounds:
@@ -79,6 +80,16 @@ class UpdateRounds:
         self._acting_steps = {v: rc.capture(lambda stored, v=v, **obs: (
             *self._update(stored, v), self._act(policy_input(obs), deterministic)), params) for v in variants}
 
+        # overlap_updates, one gradient step a round: the actions from the policy as it is, then
+        # the update, in one program that hands the actions over as soon as it has them (the
+        # update's first levels run beside the policy's); a twin of each, launched in turn
+        def acting_then_update(v):
+            return rc.capture(lambda stored, **obs: (self._act(policy_input(obs), deterministic),
+                                                     *self._update(stored, v)), params, early_outputs=1)
+
+        self._overlap_steps = {v: acting_then_update(v) for v in variants}
+        self._overlap_twins = {v: acting_then_update(v) for v in variants}
+
     def _replay_update(self, variant, stored: np.ndarray, act_on) -> list:
         """One gradient step: the outputs of ``self._steps[variant]``, or where ``act_on`` (an
         observation batch) is given, of its acting twin, whose actions are kept for the
@@ -90,7 +101,8 @@ class UpdateRounds:
         return outputs
 
     def _launch_round(self, act_on) -> None:
-        """A round of gradient steps under ``overlap_updates``: first the actions for ``act_on``
+        """A round of gradient steps under ``overlap_updates`` (see ``_launch_acting_update`` for a
+        round of one step, the defaults'): first the actions for ``act_on``
         from the policy as it is (queued after the round before, which may still run), kept for
         the ``_policy`` call that comes next; then the round, its last step launched: it runs on
         the device while the environment steps, and ``_finish_round`` reads it. The round is
@@ -98,6 +110,9 @@ class UpdateRounds:
         read, so that the device goes from that round to the actions and on to this round
         without waiting for the host (each program opens with a barrier, so the round's writes
         still come after the actions' reads and the round before's)."""
+        if self.config.gradient_steps == 1:
+            self._launch_acting_update(act_on)
+            return
         deterministic = self._explore_deterministic
         acting = self._acting_function(deterministic).launch(**policy_inputs(act_on))  # the weights before this round
         try:
@@ -113,6 +128,27 @@ class UpdateRounds:
         finally:
             actions = acting.result()  # read even where the round failed: the policy can run again
         self._actions_ready = (act_on, deterministic, actions.T)  # [n, actions]
+
+    def _launch_acting_update(self, act_on) -> None:
+        """A round of one gradient step under ``overlap_updates``: one program computes the actions
+        for ``act_on`` from the policy as it is, then the update. It is queued behind the round
+        before (which may still run), that round is read, then the actions, which the program
+        hands over while its update runs on (``early_result``): the device goes from update to
+        update without the host between them, and without a program of its own for the actions.
+        The program's random streams are drawn in the order of ``_launch_round``'s two programs
+        (the actions' first), so the actions and updates are theirs."""
+        before, self._pending_round = self._pending_round, None
+        try:
+            variant = self._next_variant()
+            update = self._overlap_steps[variant]
+            if before is not None and before.update is update:
+                update = self._overlap_twins[variant]  # a captured function runs one launch at a time
+            pending = update.launch(stored=self._stored_count(), **policy_inputs(act_on))
+            self._pending_round = LaunchedUpdate(pending, variant, {}, update, acted=True)
+        finally:
+            self._finish(before)
+        (actions,) = self._pending_round.pending.early_result()
+        self._actions_ready = (act_on, self._explore_deterministic, actions.T)  # [n, actions]
 
     def _launch_update(self, scalars: dict[str, float], running: LaunchedUpdate | None) -> LaunchedUpdate:
         """Launches the next gradient step: the captured update of its variant, or that update's
@@ -133,5 +169,6 @@ class UpdateRounds:
         """Waits for ``round_`` (None: nothing to wait for) and logs its scalars."""
         if round_ is None:
             return
-        round_.scalars.update(self._update_scalars(round_.pending.result(), round_.variant))
+        outputs = list(round_.pending.result())
+        round_.scalars.update(self._update_scalars(outputs[1:] if round_.acted else outputs, round_.variant))
         self._train_scalars.update(round_.scalars)
