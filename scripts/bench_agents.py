@@ -17,7 +17,8 @@ starts N such processes at once, as several runs sharing one machine or GPU, and
 steps per second together beside one run's, measured alone just before. ``--threads N`` gives
 each run N CPU threads (rlkit's set_num_threads, torch's for SB3; default: each library's own).
 ``--overlap`` times rlkit a second time with ``overlap_updates=True`` (the environment steps while
-the update runs on the device, the actions one round behind) beside its SB3-order run.
+the update runs on the device, the actions one round behind) beside its SB3-order run; with
+``--concurrent N``, the runs (one alone, then N at once) train with ``overlap_updates``.
 
 ``--loop-cost`` (rlkit alone) measures what the training loop itself costs per environment step:
 each algorithm trains ``--loop-steps`` steps after its ``learning_starts`` on its learning-row
@@ -306,15 +307,17 @@ def speed_table(args, algos: list[str], with_sb3: bool) -> int:
 
 def concurrent_table(args, algos: list[str]) -> int:
     """--speed --concurrent N: rlkit's steps per second of one run alone, then of N runs at once
-    (each process's steps over its own time, summed)."""
+    (each process's steps over its own time, summed); with --overlap, runs with overlap_updates."""
     speed = (args.speed_env, args.speed_steps)
+    library = "rlkit-overlap" if args.overlap else "rlkit"
+    runs = "overlap_updates runs" if args.overlap else "runs"
     print(f"\n| algorithm, env: {args.speed_steps} training steps after {SPEED_STARTS} | one run ({args.device}) "
-          f"steps/s | {args.concurrent} at once: each | together | together / one |")
+          f"steps/s | {args.concurrent} {runs} at once: each | together | together / one |")
     print("|---|---|---|---|---|")
     for algo in algos:
-        alone = args.speed_steps / run_in_fresh_process("rlkit", algo, 0, args.device, speed, args.threads)[0]
+        alone = args.speed_steps / run_in_fresh_process(library, algo, 0, args.device, speed, args.threads)[0]
         each = [args.speed_steps / seconds for seconds, _ in
-                run_in_fresh_processes(args.concurrent, "rlkit", algo, 0, args.device, speed, args.threads)]
+                run_in_fresh_processes(args.concurrent, library, algo, 0, args.device, speed, args.threads)]
         print(f"| {algo.upper()}, {args.speed_env} | {alone:.0f} | {', '.join(f'{v:.0f}' for v in each)} "
               f"| {sum(each):.0f} | {sum(each) / alone:.2f}x |", flush=True)
     return 0
