@@ -162,12 +162,13 @@ std::vector<const void*> program_inputs(const Program& p, const std::vector<py::
     return in_ptrs;
 }
 
-// Fresh Fortran-ordered arrays for a program's outputs (the list returned) and their pointers.
-std::pair<py::list, std::vector<void*>> program_outputs(const Program& p) {
+// Fresh Fortran-ordered arrays for a program's first `count` outputs (the list returned) and
+// their pointers.
+std::pair<py::list, std::vector<void*>> program_outputs(const Program& p, size_t count) {
     py::list results;
     std::vector<void*> out_ptrs;
-    for (const auto& t : p.outputs()) {
-        py::array a = fortran_array_like(*t);
+    for (size_t i = 0; i < count; ++i) {
+        py::array a = fortran_array_like(*p.outputs()[i]);
         out_ptrs.push_back(a.mutable_data());
         results.append(a);
     }
@@ -283,7 +284,7 @@ PYBIND11_MODULE(_native, m) {
         .def("replay", [](Program& p, const std::vector<py::array>& arrays) {
             std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
             std::vector<const void*> in_ptrs = program_inputs(p, arrays, keep);
-            auto [results, out_ptrs] = program_outputs(p);
+            auto [results, out_ptrs] = program_outputs(p, p.outputs().size());
             p.replay(in_ptrs, out_ptrs);
             return results;
         }, py::arg("arrays"),
@@ -295,15 +296,14 @@ PYBIND11_MODULE(_native, m) {
            "Starts a replay with the given input arrays: on the GPU it returns while the program runs "
            "(work submitted later runs after it); finish() returns its outputs.")
         .def("finish", [](Program& p) {
-            auto [results, out_ptrs] = program_outputs(p);
+            auto [results, out_ptrs] = program_outputs(p, p.outputs().size());
             p.finish(out_ptrs);
             return results;
         }, "Waits for the launched replay; returns its outputs as Fortran-ordered arrays.")
         .def("early", [](Program& p) {
-            auto [results, out_ptrs] = program_outputs(p);
-            out_ptrs.resize(p.n_early());
+            auto [results, out_ptrs] = program_outputs(p, p.n_early());
             p.early(out_ptrs);
-            return py::list(results[py::slice(0, py::ssize_t(p.n_early()), 1)]);
+            return results;
         }, "Between launch and finish: the first n_early outputs, as soon as the launched replay has "
            "computed them (on the GPU, while the rest of it runs).")
         .def_property_readonly("n_nodes", &Program::n_nodes)

@@ -108,9 +108,8 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
     for (size_t i = 0; i < outputs_.size(); ++i) place(outputs_[i], output_block_, output_offsets_[i]);
     // The early outputs lead the block: its first early_bytes (an early output also listed later
     // keeps its first place).
-    size_t early_bytes = 0;
     for (size_t i = 0; i < n_early_; ++i)
-        early_bytes = std::max(early_bytes, output_offsets_[i] + outputs_[i]->nbytes());
+        early_bytes_ = std::max(early_bytes_, output_offsets_[i] + outputs_[i]->nbytes());
 
     // On the GPU the recorder runs independent kernels side by side between barriers (by
     // address ranges): an intermediate's bytes are reused only by a node whose level by data
@@ -146,7 +145,7 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
         nodes_[k].out->storage = arena_;
         nodes_[k].out->offset = offset[k];
     }
-    recorded_ = be.recorded_program(*input_block_, *output_block_, early_bytes);
+    recorded_ = be.recorded_program(*input_block_, *output_block_, early_bytes_);
     if (!recorded_ && cpu_profiling) node_seconds_.assign(nodes_.size(), 0.0);
 }
 
@@ -242,7 +241,7 @@ void Program::early(const std::vector<void*>& host_outputs) {
         recorded_->wait_early();
         block = static_cast<const char*>(recorded_->output_staging());
     } else {  // the program ran to its end at launch
-        results.resize(size_t(output_block_->numel()));
+        results.resize(early_bytes_);
         backend(device_).download(*output_block_, 0, results.data(), results.size());
         block = results.data();
     }

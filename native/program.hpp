@@ -70,7 +70,7 @@ class Program {
     std::vector<Node> nodes_;
     std::vector<bool> live_;
     Inputs inputs_, outputs_;
-    size_t n_early_ = 0;
+    size_t n_early_ = 0, early_bytes_ = 0;  // the early outputs, and the bytes of the block they lead
     Device device_ = Device::cpu;
     TensorPtr input_block_, output_block_;  // u8 tensors holding every input / output
     std::vector<size_t> input_offsets_, output_offsets_;

@@ -46,7 +46,6 @@ layout(push_constant) uniform Push {
 #endif
 } pc;
 
-
 // Tokens read into shared memory at once: BACKWARD's stage with its row sums' terms fills
 // lavapipe's 32 KiB.
 #if defined(BACKWARD)

@@ -20,7 +20,6 @@ class LaunchedUpdate(NamedTuple):
     variant: object  # the variant of the update it runs
     scalars: dict  # the scalars of its round's earlier steps, logged with its own
     update: rc.capturing.CapturedFunction  # the captured update launched: busy until read
-    acted: bool = False  # its outputs begin with the actions it computed before updating
 
 
 class UpdateRounds:
@@ -139,26 +138,25 @@ class UpdateRounds:
         (the actions' first), so the actions and updates are theirs."""
         before, self._pending_round = self._pending_round, None
         try:
-            variant = self._next_variant()
-            update = self._overlap_steps[variant]
-            if before is not None and before.update is update:
-                update = self._overlap_twins[variant]  # a captured function runs one launch at a time
-            pending = update.launch(stored=self._stored_count(), **policy_inputs(act_on))
-            self._pending_round = LaunchedUpdate(pending, variant, {}, update, acted=True)
+            self._pending_round = self._launch_update({}, running=before, act_on=act_on)
         finally:
             self._finish(before)
         (actions,) = self._pending_round.pending.early_result()
         self._actions_ready = (act_on, self._explore_deterministic, actions.T)  # [n, actions]
 
-    def _launch_update(self, scalars: dict[str, float], running: LaunchedUpdate | None) -> LaunchedUpdate:
-        """Launches the next gradient step: the captured update of its variant, or that update's
-        twin where the ``running`` round (launched, not read) is that update, since a captured
-        function runs one launch at a time."""
+    def _launch_update(self, scalars: dict[str, float], running: LaunchedUpdate | None,
+                       act_on=None) -> LaunchedUpdate:
+        """Launches the next gradient step: the captured update of its variant (with ``act_on``,
+        the form that first computes the actions for those observations, ``_overlap_steps``), or
+        that update's twin where the ``running`` round (launched, not read) is that update, since
+        a captured function runs one launch at a time."""
         variant = self._next_variant()
-        update = self._steps[variant]
+        steps, twins = (self._steps, self._twin_steps) if act_on is None else (self._overlap_steps, self._overlap_twins)
+        update = steps[variant]
         if running is not None and running.update is update:
-            update = self._twin_steps[variant]
-        return LaunchedUpdate(update.launch(stored=self._stored_count()), variant, scalars, update)
+            update = twins[variant]
+        observations = {} if act_on is None else policy_inputs(act_on)
+        return LaunchedUpdate(update.launch(stored=self._stored_count(), **observations), variant, scalars, update)
 
     def _finish_round(self) -> None:
         """Waits for a launched round's last gradient step and logs the round's scalars."""
@@ -169,6 +167,6 @@ class UpdateRounds:
         """Waits for ``round_`` (None: nothing to wait for) and logs its scalars."""
         if round_ is None:
             return
-        outputs = list(round_.pending.result())
-        round_.scalars.update(self._update_scalars(outputs[1:] if round_.acted else outputs, round_.variant))
+        outputs = list(round_.pending.result())[round_.update.early_outputs:]  # the actions, if any, were read
+        round_.scalars.update(self._update_scalars(outputs, round_.variant))
         self._train_scalars.update(round_.scalars)
