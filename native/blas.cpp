@@ -71,8 +71,8 @@ int blas_int(int64_t v) {
 }
 
 // Runs call(rows, columns, A's part, B's part, C's part) on blocks of C in parallel, each at least
-// kGemmGrainFlops of work: blocks of columns, or of rows where C has fewer columns than rows (a
-// batch of one), of even sizes.
+// kGemmGrainFlops of work: blocks of columns, or of rows where C has fewer columns than rows and
+// too few for two blocks (a batch of one), of even sizes.
 constexpr int64_t kGemmGrainFlops = int64_t(1) << 20;
 // Each block also has at least this many rows or columns: every block packs the other operand
 // whole (A for a block of columns, B for a block of rows), which thin blocks pay for again and
@@ -130,11 +130,12 @@ int64_t block_lines(int64_t lines, int64_t line_work, int64_t tile) {
 template <typename T, typename Call>
 void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
                T* c, const Call& call, bool strided = false) {
-    // The strided products split a batch of columns wherever it makes blocks: a layer's columns
-    // (its batch) then stay on the core that computed them in the layer before (TD3's 400 x 300
-    // layer at batch 256 took 540-610 us in the update with blocks of rows, whose thread reads
-    // every column, against 360-380 alone).
-    if (n >= m || (strided && n >= 2 * kGemmMinLines)) {
+    // A batch of columns is split wherever it makes blocks: a layer's columns (its batch) then stay
+    // on the core that computed them in the layer before, and each block reads part of B, not all
+    // of it. TD3's 400 x 300 layer at batch 256 took 540-610 us in the update with blocks of rows
+    // against 360-380 alone (the strided products); through OpenBLAS, alone, 510-740 us with
+    // blocks of rows and 405-450 with blocks of columns.
+    if (n >= m || n >= 2 * kGemmMinLines) {
         const int64_t grain = block_lines(n, 2 * m * k, strided ? kStridedTileColumns : 0);
         parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
             const T* b_part = tb ? b + lo : b + lo * ldb;  // op(B)'s columns lo..hi: B's rows when transposed

@@ -80,11 +80,12 @@ def test_matmul_512_agrees_across_thread_counts():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("ta, tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("m, k, n", [(300, 700, 301), (2049, 513, 3), (5, 1024, 4097), (45, 1000, 9)],
+@pytest.mark.parametrize("m, k, n", [(300, 700, 301), (2049, 513, 3), (5, 1024, 4097), (45, 1000, 9),
+                                     (300, 400, 256)],
                          ids=["square", "tall: blocks of rows", "wide: blocks of columns",
-                              "deep: chunks of the depth, a part tile"])
+                              "deep: chunks of the depth, a part tile", "tall, a batch of 256: blocks of columns"])
 def test_products_split_into_blocks_are_identical_across_thread_counts(dtype, ta, tb, m, k, n):
-    """The BLAS runs single-threaded on blocks of C (rows where C is tall, columns otherwise),
+    """The BLAS runs single-threaded on blocks of C (rows where C is tall and narrow, columns otherwise),
     shared out by rlkit's pool: any split equals numpy, and the bits do not depend on threads."""
     a = rand((k, m) if ta else (m, k), 5, dtype)
     b = rand((n, k) if tb else (k, n), 6, dtype)
