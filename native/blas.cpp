@@ -57,9 +57,10 @@ void builtin_columns(bool ta, bool tb, int64_t m, int64_t k, const T* a, int64_t
 // The built-in kernel: columns of C in parallel.
 template <typename T>
 void gemm_builtin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-                  T* c) {
+                  T* c, const BlockEpilogue& epilogue) {
     parallel_for(n, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, m * k)), [&](int64_t lo, int64_t hi) {
         builtin_columns(ta, tb, m, k, a, lda, b, ldb, c, m, false, lo, hi);
+        if (epilogue) epilogue(0, m, lo, hi - lo);
     });
 }
 
@@ -96,7 +97,7 @@ constexpr int64_t kStridedTileRows = 32, kStridedTileColumns = 8;  // strided_pr
 constexpr int64_t kStridedMaxColumns = 64;
 
 void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                       float* c) {
+                       float* c, const BlockEpilogue& epilogue) {
     thread_local std::vector<float> packed;
     packed.resize(size_t(n * k));
     float* b_t = packed.data();  // [n, k]: op(B)^T
@@ -105,6 +106,7 @@ void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
     const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, 2 * n * k));
     parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
         strided_product({n, hi - lo, k, b_t, n, a + lo * lda, 1, lda, c + lo, m, 1, false});
+        if (epilogue) epilogue(lo, hi - lo, 0, n);
     });
 }
 
@@ -129,7 +131,7 @@ int64_t block_lines(int64_t lines, int64_t line_work, int64_t tile) {
 
 template <typename T, typename Call>
 void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-               T* c, const Call& call, bool strided = false) {
+               T* c, const BlockEpilogue& epilogue, const Call& call, bool strided = false) {
     // A batch of columns is split wherever it makes blocks: a layer's columns (its batch) then stay
     // on the core that computed them in the layer before, and each block reads part of B, not all
     // of it. TD3's 400 x 300 layer at batch 256 took 540-610 us in the update with blocks of rows
@@ -140,6 +142,7 @@ void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, in
         parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
             const T* b_part = tb ? b + lo : b + lo * ldb;  // op(B)'s columns lo..hi: B's rows when transposed
             call(m, hi - lo, a, b_part, c + lo * m);
+            if (epilogue) epilogue(0, m, lo, hi - lo);
         });
         return;
     }
@@ -147,6 +150,7 @@ void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, in
     parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
         const T* a_part = ta ? a + lo * lda : a + lo;  // op(A)'s rows lo..hi: A's columns when transposed
         call(hi - lo, n, a_part, b, c + lo);
+        if (epilogue) epilogue(lo, hi - lo, 0, n);
     });
 }
 
@@ -199,21 +203,24 @@ std::string blas_name() { return g_blas.name; }
 
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-          float* c) {
+          float* c, const BlockEpilogue& epilogue) {
     const bool small = double(m) * double(n) * double(k) <= double(kStridedMaxWork) && strided_products_available();
     const bool strided = small && k <= kStridedMaxDepth;  // shallow: no cache blocking needed
     if (small && !ta && m >= kStridedMinRows)
-        return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
+        return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue,
                          [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
                              const StridedProduct p{rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb,
                                                     c_part, 1, m, false};
                              strided ? strided_product(p) : strided_product_from_memory(p);
                          }, true);
     if (strided && ta && !tb && n <= kStridedMaxColumns)
-        return gemm_transposed_a(m, n, k, a, lda, b, ldb, c);
-    if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
-    if (gemv_product(ta, tb, m, n, k, a, lda, b, ldb, c)) return;
-    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
+        return gemm_transposed_a(m, n, k, a, lda, b, ldb, c, epilogue);
+    if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue);
+    if (gemv_product(ta, tb, m, n, k, a, lda, b, ldb, c)) {  // one row or column, on this thread
+        if (epilogue) epilogue(0, m, 0, n);
+        return;
+    }
+    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue,
               [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
                   g_blas.sgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
                                1.0f, a_part, int(lda), b_part, int(ldb), 0.0f, c_part, int(m));
@@ -221,9 +228,9 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
 }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
-          int64_t ldb, double* c) {
-    if (!g_blas.dgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c);
-    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c,
+          int64_t ldb, double* c, const BlockEpilogue& epilogue) {
+    if (!g_blas.dgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue);
+    by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue,
               [&](int64_t rows, int64_t cols, const double* a_part, const double* b_part, double* c_part) {
                   g_blas.dgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
                                1.0, a_part, int(lda), b_part, int(ldb), 0.0, c_part, int(m));

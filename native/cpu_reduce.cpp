@@ -34,7 +34,12 @@ std::string spec_str(const OutSpec& s) {
     return t.shape_str();
 }
 
-// Output columns (all dims but 0) of `out`, each accumulating the matching columns of x.
+// Output columns (all dims but 0) of `out`, each accumulating the matching columns of x. Where there
+// are few output columns their rows are split too, each block of rows its own task (a layer's bias
+// gradient, [400, 256] -> [400, 1], was one thread's work): every element is summed in the same
+// order however the work is split.
+constexpr int64_t kSumToMinBlockRows = 64;
+
 template <typename T>
 void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
     const T* px = x.ptr<T>();
@@ -48,9 +53,16 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
     // bias gradient sums runs of W' H', not columns of W').
     const bool plane_runs = reduce0 && r1 > 1;
     const int64_t run = plane_runs ? ne0 * r1 : ne0, steps1 = plane_runs ? 1 : r1;
-    parallel_for(out_cols, std::max<int64_t>(1, kElementGrain / work_per_col), [&](int64_t lo, int64_t hi) {
-        std::vector<double> acc(out.ne[0]);
-        for (int64_t c = lo; c < hi; ++c) {
+    const bool split_rows = !reduce0 && out_cols < num_threads() && work_per_col >= 2 * kElementGrain;
+    const int64_t row_blocks =
+        split_rows ? std::max<int64_t>(1, std::min<int64_t>(ne0 / kSumToMinBlockRows, num_threads() / out_cols)) : 1;
+    const int64_t block_rows = reduce0 ? 1 : (ne0 + row_blocks - 1) / row_blocks;
+    const int64_t work_per_task = std::max<int64_t>(1, work_per_col / row_blocks);
+    parallel_for(out_cols * row_blocks, std::max<int64_t>(1, kElementGrain / work_per_task), [&](int64_t lo, int64_t hi) {
+        std::vector<double> acc(static_cast<size_t>(block_rows));
+        for (int64_t task = lo; task < hi; ++task) {
+            const int64_t c = task / row_blocks, row0 = (task % row_blocks) * block_rows;
+            const int64_t rows = reduce0 ? 1 : std::min(block_rows, ne0 - row0);
             const int64_t o1 = c % out.ne[1], o2 = (c / out.ne[1]) % out.ne[2], o3 = c / (out.ne[1] * out.ne[2]);
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t j3 = 0; j3 < r3; ++j3)
@@ -61,11 +73,11 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
                         if (reduce0) {
                             acc[0] += lane_sum(col, run, [](double v) { return v; });
                         } else {
-                            for (int64_t i = 0; i < ne0; ++i) acc[i] += col[i];
+                            for (int64_t i = 0; i < rows; ++i) acc[i] += col[row0 + i];
                         }
                     }
-            T* oc = po + c * out.ne[0];
-            for (int64_t i = 0; i < out.ne[0]; ++i) oc[i] = T(acc[i]);
+            T* oc = po + c * out.ne[0] + row0;
+            for (int64_t i = 0; i < rows; ++i) oc[i] = T(acc[i]);
         }
     });
 }

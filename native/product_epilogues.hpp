@@ -1,7 +1,8 @@
-// The pass that gives a captured GPU program's products their gradient epilogue: a matmul whose
-// only reader is relu_back (a hidden ReLU layer's input gradient in a backward pass) becomes one
-// matmul_relu_mask node, the product's kernel applying relu_back's value as it writes, which
-// takes a dependency level of one small elementwise kernel off each such layer of an update.
+// The pass that gives a captured program's products their gradient epilogue: a matmul whose only
+// reader is relu_back (a hidden ReLU layer's input gradient in a backward pass) becomes one
+// matmul_relu_mask node, the product's kernel applying relu_back's value as it writes. On the GPU
+// that takes a dependency level of one small elementwise kernel off each such layer of an update;
+// on the CPU, a pass over the layer's gradient, each block masked while it is in its core's cache.
 #pragma once
 
 #include <unordered_set>

@@ -66,12 +66,12 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
         if (!producer.count(t.get())) throw std::invalid_argument("capture: an output was not computed by the traced ops");
         is_output.insert(t.get());
     }
-    if (device_ == Device::gpu) {  // products take their relu_back; runs of elementwise ops become one kernel each
-        fuse_relu_back_into_products(nodes_, is_output);
-        fuse_elementwise_chains(nodes_, is_output);
-        producer.clear();
-        for (size_t k = 0; k < nodes_.size(); ++k) producer[nodes_[k].out.get()] = k;
-    }
+    // Products take their relu_back (on the CPU applied to each block of the product while it is in
+    // its core's cache); on the GPU runs of elementwise ops become one kernel each.
+    fuse_relu_back_into_products(nodes_, is_output);
+    if (device_ == Device::gpu) fuse_elementwise_chains(nodes_, is_output);
+    producer.clear();
+    for (size_t k = 0; k < nodes_.size(); ++k) producer[nodes_[k].out.get()] = k;
 
     // Live: the outputs, the in-place updates, and everything they read.
     live_.assign(nodes_.size(), false);

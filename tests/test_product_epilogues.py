@@ -1,14 +1,18 @@
 """A product and relu_back of it in one op (matmul_relu_mask): on both backends it equals the
 product then relu_back (numpy, float64), NaN included, through the GPU's fused kernel (16 x 16
-tiles, unsplit) and its fallback (other kernels: the product, then relu_back); a captured GPU
-program gives each matmul read only by relu_back that epilogue, with the CPU program's results,
-one dependency level fewer per ReLU layer of a backward pass, and never where the product is
-read elsewhere, is an output, or would move past an in-place write."""
+tiles, unsplit) and its fallback (other kernels: the product, then relu_back), and on the CPU
+through every path of its products (blocks of rows or of columns, one column); a captured
+program gives each matmul read only by relu_back that epilogue (on the GPU with the CPU
+program's results, one dependency level fewer per ReLU layer of a backward pass; on the CPU
+with the eager ops' results), and never where the product is read elsewhere, is an output, or
+would move past an in-place write. The CPU's linear gives each block of its product its bias and
+activation: the eager ops' values at the shapes of each path."""
 
 import numpy as np
 import pytest
 
 import rlkit.core as rc
+from rlkit import _native
 from conftest import AVAILABLE_DEVICES
 from test_elementwise_chain import _captured, _level_labels, _run, gpu_profiling  # noqa: F401 (a fixture)
 
@@ -26,7 +30,11 @@ def _product_then_relu_back(a, b, y, ta, tb):
 # tiles (300 x 700 x 300 goes to the 16 x 16 kernel; 1024 x 64 x 1024 does not).
 SHAPES = [(37, 29, 5, (), False, False), (1, 1, 1, (), True, False), (256, 256, 256, (), True, False),
           (17, 33, 9, (3,), False, True), (16, 64, 16, (2, 2), True, True), (32, 3136, 32, (), False, False),
-          (1024, 64, 1024, (), False, False)]
+          (1024, 64, 1024, (), False, False),
+          # the CPU's products in blocks of rows (400 x 23: three blocks), of columns (300 x 256),
+          # one column (gemv), and A^T B with few columns
+          (400, 256, 23, (), False, True), (300, 400, 256, (), False, False), (300, 400, 1, (), False, False),
+          (400, 300, 7, (), True, False)]
 
 
 def _operands(m, k, n, batch, ta, tb, seed):
@@ -97,6 +105,63 @@ def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling
     labels = " ".join(_level_labels(programs["gpu"]))
     assert labels.count("matmul_small_relu_mask") == 3, labels  # the hidden layers' input gradients
     assert "relu_back" not in labels.replace("matmul_small_relu_mask", ""), labels
+
+
+def test_a_captured_cpu_backward_pass_masks_its_products_in_place():
+    """On the CPU too each hidden layer's relu_back becomes its product's epilogue (applied to each
+    block of the product as it is computed), with the eager tape's gradients, NaN included: a NaN
+    in an input reaches the gradients the eager ops give it."""
+    rng = np.random.default_rng(4)
+    sizes = [23, 400, 300, 1]  # TD3's critic: its products split into blocks of columns and of rows
+    ws = [rc.param(rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i), device="cpu")
+          for i, o in zip(sizes[:-1], sizes[1:])]
+
+    def gradients(x):
+        with rc.grad_tape():
+            h = x
+            for w in ws[:-1]:
+                h = rc.relu(rc.matmul(w, h))
+            loss = rc.sum(rc.square(rc.matmul(ws[-1], h)))
+        grads = rc.backward(loss)
+        return [grads.tensor(w) for w in ws]
+
+    assert _native.set_cpu_profiling(True) is not False
+    try:
+        program = _captured(gradients, "cpu", ws)
+        for seed, nan_at in ((1, None), (2, (3, 17))):
+            x = np.asfortranarray(np.random.default_rng(seed).standard_normal((23, 256)), np.float32)
+            if nan_at:
+                x[nan_at] = np.nan
+            got = _run(program, "cpu", x=x)
+            expected = [g.numpy() for g in gradients(rc.tensor(x, device="cpu"))]
+            for g, e in zip(got, expected):
+                np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+        labels = " ".join(_level_labels(program))
+    finally:
+        _native.set_cpu_profiling(False)
+    assert labels.count("matmul_relu_mask") == 2 and "relu_back" not in labels.replace("matmul_relu_mask", ""), labels
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("shape", [(400, 23, 256), (300, 400, 256), (24, 300, 1), (400, 23, 5), (5, 7, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cpu_linear_gives_each_block_its_bias_and_activation(shape, activation):
+    """The CPU's linear applies its bias and activation to each block of the product (blocks of
+    columns, of rows, one column): the values of the unfused ops, NaN included."""
+    out, inp, n = shape
+    rng = np.random.default_rng(out + inp + n)
+    w, x, b = (rng.standard_normal(s).astype(np.float32) for s in ((out, inp), (inp, n), (out, 1)))
+    x[0, n - 1] = np.nan
+    fused = rc.linear(rc.tensor(w), rc.tensor(x), rc.tensor(b), activation=activation).numpy()
+    unfused = rc.add(rc.matmul(rc.tensor(w), rc.tensor(x)), rc.tensor(b))
+    unfused = {None: lambda t: t, "relu": rc.relu, "tanh": rc.tanh, "sigmoid": rc.sigmoid}[activation](unfused).numpy()
+    np.testing.assert_array_equal(np.isnan(fused), np.isnan(unfused))
+    assert np.isnan(fused[:, n - 1]).all()
+    if activation in (None, "relu"):  # the same float operations
+        np.testing.assert_array_equal(fused, unfused)
+    else:  # the elementwise op's loop may be the AVX2 + FMA build of the same function
+        np.testing.assert_allclose(fused, unfused, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.requires_gpu
