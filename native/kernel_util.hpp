@@ -43,31 +43,43 @@ T relu_of(T x) {
     return (x > T(0) || std::isnan(x)) ? x : T(0);  // NaN propagates, as in numpy
 }
 
+// exp's reduction, which exp_of and tanh_of share: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
+// parts, the first exact in n ln2); returns e^r - 1 by its Taylor series to r^7 (the next term is
+// below 5e-9 of e^r), and n, an integer, through `n` (NaN for NaN).
+inline float expm1_reduced(float x, float& n) {
+    const float round = 12582912.0f;               // 1.5 * 2^23: adding it rounds to an integer
+    n = (x * 1.44269504f + round) - round;         // nearest integer to x / ln2
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860677e-6f;
+    float q = 1.0f / 5040.0f;
+    q = q * r + 1.0f / 720.0f;
+    q = q * r + 1.0f / 120.0f;
+    q = q * r + 1.0f / 24.0f;
+    q = q * r + 1.0f / 6.0f;
+    q = q * r + 0.5f;
+    q = q * r + 1.0f;
+    return q * r;
+}
+
+// 2^k for an integer k in [-126, 127], by its bits.
+inline float pow2_of(int32_t k) {
+    const int32_t bits = (k + 127) << 23;
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+}
+
 // exp. In float, a form without calls or branches, so the loops over a tensor vectorise (glibc's
-// expf is a call per element, 3 ns here): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts,
-// the first exact in n ln2), exp(r) by its Taylor series to r^7 (the next term is below 5e-9 of
-// it), then 2^n in two factors so that results below 2^-126 round once into the subnormals.
-// (The build's -fno-trapping-math lets its selects vectorise.) Within 2 ulp of the correctly rounded value; inf above 88.73, 0 below -103.98, NaN for NaN.
+// expf is a call per element, 3 ns here): e^r (expm1_reduced plus 1), then 2^n in two factors so
+// that results below 2^-126 round once into the subnormals. (The build's -fno-trapping-math lets
+// its selects vectorise.) Within 2 ulp of the correctly rounded value; inf above 88.73, 0 below
+// -103.98, NaN for NaN.
 inline float exp_of(float x) {
     const float clamped = std::min(std::max(x, -104.0f), 89.0f);  // NaN stays NaN (std::max/min return x)
-    const float round = 12582912.0f;                               // 1.5 * 2^23: adding it rounds to an integer
-    const float n = (clamped * 1.44269504f + round) - round;      // nearest integer to x / ln2
-    const float r = (clamped - n * 0.693145751953125f) - n * 1.42860677e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float n;
+    const float p = expm1_reduced(clamped, n) + 1.0f;
     const int32_t k = int32_t(n == n ? n : 0.0f);  // n in [-150, 128]; 0 for NaN (p is NaN then)
     const int32_t half = k / 2;
-    const int32_t bits_a = (half + 127) << 23, bits_b = (k - half + 127) << 23;  // 2^half, 2^(k - half)
-    float scale_a, scale_b;
-    std::memcpy(&scale_a, &bits_a, 4);
-    std::memcpy(&scale_b, &bits_b, 4);
-    return p * scale_a * scale_b;
+    return p * pow2_of(half) * pow2_of(k - half);
 }
 
 inline double exp_of(double x) { return std::exp(x); }
@@ -80,27 +92,15 @@ T sigmoid_of(T x) {
 
 // tanh. In float, a form without calls, as exp_of, so that its loops vectorise (glibc's tanhf is a
 // call per element: a policy's [6, 256] actions took 25 us on one core): with u = expm1(-2|x|) in
-// (-1, 0], tanh|x| = -u / (2 + u). expm1 from exp_of's reduction, y = n ln2 + r: 2^n (1 + q) - 1
-// with q = e^r - 1 its polynomial less the leading 1, so that a small |x| keeps its digits
-// (2^n q + (2^n - 1), both parts exact where n = 0). Within 3 ulp of the correctly rounded value;
-// +-1 beyond |x| = 9.5 (tanh rounds to 1 there), the sign of x kept (-0 gives -0), NaN for NaN.
+// (-1, 0], tanh|x| = -u / (2 + u). expm1 from exp's reduction, y = n ln2 + r: 2^n (1 + q) - 1 with
+// q = e^r - 1, as 2^n q + (2^n - 1), so that a small |x| keeps its digits (both parts exact where
+// n = 0). Within 3 ulp of the correctly rounded value; +-1 beyond |x| = 9.5 (tanh rounds to 1
+// there), the sign of x kept (-0 gives -0), NaN for NaN.
 inline float tanh_of(float x) {
-    const float y = -2.0f * std::min(std::abs(x), 9.5f);  // NaN stays NaN
-    const float round = 12582912.0f;
-    const float n = (y * 1.44269504f + round) - round;  // in [-27, 0]
-    const float r = (y - n * 0.693145751953125f) - n * 1.42860677e-6f;
-    float q = 1.0f / 5040.0f;
-    q = q * r + 1.0f / 720.0f;
-    q = q * r + 1.0f / 120.0f;
-    q = q * r + 1.0f / 24.0f;
-    q = q * r + 1.0f / 6.0f;
-    q = q * r + 0.5f;
-    q = q * r + 1.0f;
-    q = q * r;  // e^r - 1
-    const int32_t bits = (int32_t(n == n ? n : 0.0f) + 127) << 23;
-    float scale;  // 2^n
-    std::memcpy(&scale, &bits, 4);
-    const float u = scale * q + (scale - 1.0f);  // expm1(y)
+    float n;  // in [-27, 0]
+    const float q = expm1_reduced(-2.0f * std::min(std::abs(x), 9.5f), n);  // NaN stays NaN
+    const float scale = pow2_of(int32_t(n == n ? n : 0.0f));
+    const float u = scale * q + (scale - 1.0f);  // expm1(-2|x|)
     return std::copysign(-u / (2.0f + u), x);
 }
 

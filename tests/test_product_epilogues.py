@@ -74,6 +74,19 @@ def test_matmul_relu_mask_checks_its_inputs():
         rc.ops.apply("matmul_relu_mask", (ones(3, 2), ones(3, 5), ones(3, 5)), ints=[0, 0])
 
 
+def _relu_network_gradients(ws):
+    """fn(x): the gradients of sum((W_last relu(... relu(W_1 x)))^2) with respect to ws, on a tape."""
+    def fn(x):
+        with rc.grad_tape():
+            h = x
+            for w in ws[:-1]:
+                h = rc.relu(rc.matmul(w, h))
+            loss = rc.sum(rc.square(rc.matmul(ws[-1], h)))
+        grads = rc.backward(loss)
+        return [grads.tensor(w) for w in ws]
+    return fn
+
+
 @pytest.mark.requires_gpu
 def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling):
     """The gradients of a ReLU network with three hidden layers: each hidden layer's relu_back is
@@ -84,18 +97,7 @@ def test_a_captured_backward_pass_gives_its_products_the_relu_back(gpu_profiling
     initial = [rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
     weights = {device: [rc.param(w, device=device) for w in initial] for device in ("cpu", "gpu")}
 
-    def gradients(ws):
-        def fn(x):
-            with rc.grad_tape():
-                h = x
-                for w in ws[:-1]:
-                    h = rc.relu(rc.matmul(w, h))
-                loss = rc.sum(rc.square(rc.matmul(ws[-1], h)))
-            grads = rc.backward(loss)
-            return [grads.tensor(w) for w in ws]
-        return fn
-
-    programs = {device: _captured(gradients(weights[device]), device, weights[device])
+    programs = {device: _captured(_relu_network_gradients(weights[device]), device, weights[device])
                 for device in ("cpu", "gpu")}
     for seed in (1, 2):
         x = np.asfortranarray(np.random.default_rng(seed).standard_normal((7, 45)), np.float32)
@@ -116,15 +118,7 @@ def test_a_captured_cpu_backward_pass_masks_its_products_in_place():
     ws = [rc.param(rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i), device="cpu")
           for i, o in zip(sizes[:-1], sizes[1:])]
 
-    def gradients(x):
-        with rc.grad_tape():
-            h = x
-            for w in ws[:-1]:
-                h = rc.relu(rc.matmul(w, h))
-            loss = rc.sum(rc.square(rc.matmul(ws[-1], h)))
-        grads = rc.backward(loss)
-        return [grads.tensor(w) for w in ws]
-
+    gradients = _relu_network_gradients(ws)
     assert _native.set_cpu_profiling(True) is not False
     try:
         program = _captured(gradients, "cpu", ws)
