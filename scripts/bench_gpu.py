@@ -706,8 +706,9 @@ def level_tables(args) -> str:
     """Level tables of the captured SAC, DQN and TD3 updates (timestamps cost a little: these
     figures are for finding where the time goes, not for the tables above)."""
     tables = []
-    for name, agent_class, env in (("SAC update", SAC, "Pendulum-v1"), ("DQN update", DQN, "CartPole-v1"),
-                                   ("TD3 update", TD3, "Pendulum-v1")):
+    continuous = args.levels_env
+    for name, agent_class, env in ((f"SAC update ({continuous})", SAC, continuous), ("DQN update", DQN, "CartPole-v1"),
+                                   (f"TD3 update ({continuous})", TD3, continuous)):
         agent = agent_class(env, seed=0, device=args.device)
         discrete = agent_class is DQN
         fill_agent_buffer(agent, random_transitions(agent.n_obs, agent.n_actions, discrete, BUFFER_STEPS))
@@ -732,6 +733,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--levels", action="store_true",
                         help="only print where the captured updates' time goes (SAC, DQN, TD3), per dependency level "
                              "(on the CPU: per node) and per kernel")
+    parser.add_argument("--levels-env", default="Pendulum-v1",
+                        help="with --levels: the environment whose shapes SAC's and TD3's updates take "
+                             "(HalfCheetah-v5: RL Zoo's MuJoCo benchmark; DQN's stays CartPole-v1)")
     parser.add_argument("--out", help="also write the rows as JSON to this path")
     parser.add_argument("--markdown", help="also write the tables into this file, between the bench_gpu_torch markers")
     args = parser.parse_args(argv)

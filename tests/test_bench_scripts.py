@@ -344,6 +344,21 @@ def test_bench_zoo_table_compares_with_rl_zoo_only_at_its_budget(tmp_path, capsy
     assert rows["TD3"][1:6] == ["Hopper-v5, 300k", "3000", "3606", "3135", "-"]
 
 
+def test_bench_gpu_levels_take_another_environments_shapes(bench_gpu, monkeypatch, capsys):
+    """--levels-env: SAC's and TD3's updates on that environment's shapes (MountainCarContinuous:
+    2 observations and 1 action, so the critics' first layers are 3 deep), DQN's on CartPole's."""
+    monkeypatch.setattr(bench_gpu, "LEVEL_UPDATES", 2)
+    monkeypatch.setattr(bench_gpu, "BUFFER_STEPS", 300)
+    bench_gpu.main(["--levels", "--device", "cpu", "--levels-env", "MountainCarContinuous-v0"])
+    printed = capsys.readouterr().out
+    titles = [line[4:] for line in printed.splitlines() if line.startswith("### ")]
+    assert titles == ["SAC update (MountainCarContinuous-v0)", "DQN update",
+                      "TD3 update (MountainCarContinuous-v0) (program 1 of 2)",
+                      "TD3 update (MountainCarContinuous-v0) (program 2 of 2)"]
+    td3 = printed.split("### TD3 update")[1]
+    assert "concat_rows [3, 256]" in td3 and "concat_rows [4, 256]" not in td3  # Pendulum's would be 3 + 1
+
+
 def test_bench_gpu_levels_tables_each_program_and_sums_it_by_kernel(bench_gpu, monkeypatch, capsys):
     """--levels on the CPU: a table per captured program (TD3's two: with and without the
     delayed actor update), whose "all" row is the sum of its levels, and whose by-kernel rows
@@ -353,7 +368,8 @@ def test_bench_gpu_levels_tables_each_program_and_sums_it_by_kernel(bench_gpu, m
     bench_gpu.main(["--levels", "--device", "cpu"])
     printed = capsys.readouterr().out
     titles = [line[4:] for line in printed.splitlines() if line.startswith("### ")]
-    assert titles == ["SAC update", "DQN update", "TD3 update (program 1 of 2)", "TD3 update (program 2 of 2)"]
+    assert titles == ["SAC update (Pendulum-v1)", "DQN update", "TD3 update (Pendulum-v1) (program 1 of 2)",
+                      "TD3 update (Pendulum-v1) (program 2 of 2)"]
     for table in printed.split("### ")[1:]:
         rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
         levels = [float(row[1]) for row in rows if row[0].strip().isdigit()]
