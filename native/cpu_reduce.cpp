@@ -56,13 +56,13 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
     const bool split_rows = !reduce0 && out_cols < num_threads() && work_per_col >= 2 * kElementGrain;
     const int64_t row_blocks =
         split_rows ? std::max<int64_t>(1, std::min<int64_t>(ne0 / kSumToMinBlockRows, num_threads() / out_cols)) : 1;
-    const int64_t block_rows = reduce0 ? 1 : (ne0 + row_blocks - 1) / row_blocks;
+    const int64_t block_rows = (out.ne[0] + row_blocks - 1) / row_blocks;  // out.ne[0]: ne0, or 1 where it is reduced
     const int64_t work_per_task = std::max<int64_t>(1, work_per_col / row_blocks);
     parallel_for(out_cols * row_blocks, std::max<int64_t>(1, kElementGrain / work_per_task), [&](int64_t lo, int64_t hi) {
         std::vector<double> acc(static_cast<size_t>(block_rows));
         for (int64_t task = lo; task < hi; ++task) {
             const int64_t c = task / row_blocks, row0 = (task % row_blocks) * block_rows;
-            const int64_t rows = reduce0 ? 1 : std::min(block_rows, ne0 - row0);
+            const int64_t rows = std::min(block_rows, out.ne[0] - row0);
             const int64_t o1 = c % out.ne[1], o2 = (c / out.ne[1]) % out.ne[2], o3 = c / (out.ne[1] * out.ne[2]);
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t j3 = 0; j3 < r3; ++j3)

@@ -31,7 +31,7 @@ def _product_then_relu_back(a, b, y, ta, tb):
 SHAPES = [(37, 29, 5, (), False, False), (1, 1, 1, (), True, False), (256, 256, 256, (), True, False),
           (17, 33, 9, (3,), False, True), (16, 64, 16, (2, 2), True, True), (32, 3136, 32, (), False, False),
           (1024, 64, 1024, (), False, False),
-          # the CPU's products in blocks of rows (400 x 23: three blocks), of columns (300 x 256),
+          # the CPU's products in blocks of rows (400 x 23: four blocks), of columns (300 x 256),
           # one column (gemv), and A^T B with few columns
           (400, 256, 23, (), False, True), (300, 400, 256, (), False, False), (300, 400, 1, (), False, False),
           (400, 300, 7, (), True, False)]
