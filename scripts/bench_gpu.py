@@ -751,6 +751,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.sizes, args.repeats, args.warmup, args.round_seconds = [64, 128], 3, 2, 0.02
     if args.device not in {d["device"] for d in rc.devices()}:
         parser.error("--device gpu: no GPU here (the Vulkan backend is unavailable)")
+    if args.levels:
+        import gymnasium as gym
+
+        try:
+            action_space = gym.make(args.levels_env).action_space
+        except gym.error.Error as error:
+            parser.error(f"--levels-env {args.levels_env}: {error}")
+        if not isinstance(action_space, gym.spaces.Box):
+            parser.error(f"--levels-env needs an environment with Box actions (SAC and TD3 train on it), "
+                         f"got {args.levels_env} with {action_space}")
     if args.check and args.no_torch:
         parser.error("--check compares with PyTorch: it cannot go with --no-torch")
     needs_torch = (args.check or not args.no_torch) and not args.levels

@@ -359,6 +359,14 @@ def test_bench_gpu_levels_take_another_environments_shapes(bench_gpu, monkeypatc
     assert "concat_rows [3, 256]" in td3 and "concat_rows [4, 256]" not in td3  # Pendulum's would be 3 + 1
 
 
+@pytest.mark.parametrize("env, message", [("CartPole-v1", "needs an environment with Box actions"),
+                                          ("NoSuchTask-v0", "--levels-env NoSuchTask-v0: ")])
+def test_bench_gpu_levels_env_must_have_box_actions(bench_gpu, capsys, env, message):
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--levels", "--device", "cpu", "--levels-env", env])
+    assert message in capsys.readouterr().err
+
+
 def test_bench_gpu_levels_tables_each_program_and_sums_it_by_kernel(bench_gpu, monkeypatch, capsys):
     """--levels on the CPU: a table per captured program (TD3's two: with and without the
     delayed actor update), whose "all" row is the sum of its levels, and whose by-kernel rows
