@@ -14,6 +14,7 @@
 #include "ops.hpp"
 #include "program.hpp"
 #include "random.hpp"
+#include "skinny_product.hpp"
 #include "strided_product.hpp"
 #include "thread_pool.hpp"
 
@@ -428,6 +429,10 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_strided_products", &set_strided_products, py::arg("on"),
           "Tests: the CPU convolution's AVX-512 products on (where the CPU has them) or off (the BLAS); "
           "returns the previous setting.");
+    m.def("set_skinny_products", &set_skinny_products, py::arg("on"),
+          "Tests and benchmarks: the AVX2 + FMA products of a C with at most 32 rows or columns, or a depth of at "
+          "most 8, on "
+          "(where the CPU has them) or off (the BLAS); returns the previous setting.");
     m.def("set_wide_elementwise", &set_wide_elementwise, py::arg("on"),
           "Tests: the AVX2 + FMA loops of exp, sigmoid and silu on floats on (where the CPU has them) or off "
           "(the baseline's); returns the previous setting.");

@@ -1,4 +1,5 @@
 #include "blas.hpp"
+#include "skinny_product.hpp"
 #include "strided_product.hpp"
 
 #include <dlfcn.h>
@@ -110,6 +111,17 @@ void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
     });
 }
 
+// How a product's C is cut into blocks for the pool: tiles of rows and of columns (0: the BLAS's
+// even blocks), and the least work (flops) and lines (rows or columns) a block takes.
+struct Blocking {
+    int64_t row_tile, column_tile, grain_flops, min_lines;
+};
+constexpr Blocking kBlasBlocks{0, 0, kGemmGrainFlops, kGemmMinLines};
+constexpr Blocking kStridedBlocks{kStridedTileRows, kStridedTileColumns, kGemmGrainFlops, kGemmMinLines};
+// The skinny products pack nothing wide, so a thin block costs no more than its share: a [6, 256]
+// head from 256 deep (786k flops) runs on two threads, where the BLAS's grain kept it on one.
+constexpr Blocking kSkinnyBlocks{8, 8, int64_t(1) << 18, 8};
+
 // The lines (rows or columns of C) per block, for `lines` lines of `line_work` multiply-adds each.
 // The BLAS's blocks (tile = 0) depend on the shape alone, never on the number of threads; they are
 // of even sizes (400 rows in 4 blocks of 100, not 128, 128, 128 and 16). The strided products'
@@ -117,28 +129,29 @@ void gemm_transposed_a(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 // their blocks (tile: the lines of a tile) are one per thread where there is work enough, each a
 // whole number of tiles: 300 rows were 128 + 128 + 44 on 2 threads, one of them doing two thirds
 // (TD3's 400-300 layers), and are now 160 + 140.
-int64_t block_lines(int64_t lines, int64_t line_work, int64_t tile) {
+int64_t block_lines(int64_t lines, int64_t line_work, int64_t tile, const Blocking& blocking) {
     if (tile == 0) {
-        const int64_t grain = std::max(kGemmMinLines, kGemmGrainFlops / std::max<int64_t>(1, line_work));
+        const int64_t grain = std::max(blocking.min_lines, blocking.grain_flops / std::max<int64_t>(1, line_work));
         const int64_t blocks = chunk_count(lines, grain);
         return (lines + blocks - 1) / blocks;
     }
-    const double work_blocks = double(lines) * double(line_work) / double(kGemmGrainFlops);
-    const int64_t most = std::max<int64_t>(1, std::min<int64_t>(lines / kGemmMinLines, int64_t(std::min(work_blocks, 1e6))));
+    const double work_blocks = double(lines) * double(line_work) / double(blocking.grain_flops);
+    const int64_t most =
+        std::max<int64_t>(1, std::min<int64_t>(lines / blocking.min_lines, int64_t(std::min(work_blocks, 1e6))));
     const int64_t blocks = std::min<int64_t>(num_threads(), most), tiles = (lines + tile - 1) / tile;
     return (tiles + blocks - 1) / blocks * tile;
 }
 
 template <typename T, typename Call>
 void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
-               T* c, const BlockEpilogue& epilogue, const Call& call, bool strided = false) {
+               T* c, const BlockEpilogue& epilogue, const Call& call, const Blocking& blocking = kBlasBlocks) {
     // A batch of columns is split wherever it makes blocks: a layer's columns (its batch) then stay
     // on the core that computed them in the layer before, and each block reads part of B, not all
     // of it. TD3's 400 x 300 layer at batch 256 took 540-610 us in the update with blocks of rows
     // against 360-380 alone (the strided products); through OpenBLAS, alone, 510-740 us with
     // blocks of rows and 405-450 with blocks of columns.
     if (n >= m || n >= 2 * kGemmMinLines) {
-        const int64_t grain = block_lines(n, 2 * m * k, strided ? kStridedTileColumns : 0);
+        const int64_t grain = block_lines(n, 2 * m * k, blocking.column_tile, blocking);
         parallel_for(n, grain, [&](int64_t lo, int64_t hi) {
             const T* b_part = tb ? b + lo : b + lo * ldb;  // op(B)'s columns lo..hi: B's rows when transposed
             call(m, hi - lo, a, b_part, c + lo * m);
@@ -146,7 +159,7 @@ void by_blocks(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, in
         });
         return;
     }
-    const int64_t grain = block_lines(m, 2 * n * k, strided ? kStridedTileRows : 0);
+    const int64_t grain = block_lines(m, 2 * n * k, blocking.row_tile, blocking);
     parallel_for(m, grain, [&](int64_t lo, int64_t hi) {
         const T* a_part = ta ? a + lo * lda : a + lo;  // op(A)'s rows lo..hi: A's columns when transposed
         call(hi - lo, n, a_part, b, c + lo);
@@ -212,14 +225,21 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int
                              const StridedProduct p{rows, cols, k, a_part, lda, b_part, tb ? ldb : 1, tb ? 1 : ldb,
                                                     c_part, 1, m, false};
                              strided ? strided_product(p) : strided_product_from_memory(p);
-                         }, true);
+                         }, kStridedBlocks);
     if (strided && ta && !tb && n <= kStridedMaxColumns)
         return gemm_transposed_a(m, n, k, a, lda, b, ldb, c, epilogue);
-    if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue);
     if (gemv_product(ta, tb, m, n, k, a, lda, b, ldb, c)) {  // one row or column, on this thread
         if (epilogue) epilogue(0, m, 0, n);
         return;
     }
+    if (is_skinny_product(m, n, k) && skinny_products_available()) {  // few rows or columns, or shallow
+        const SkinnySide side = skinny_side(m, n, k);
+        return by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue,
+                         [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
+                             skinny_product(side, ta, tb, rows, cols, k, a_part, lda, b_part, ldb, c_part, m);
+                         }, kSkinnyBlocks);
+    }
+    if (!g_blas.sgemm) return gemm_builtin(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue);
     by_blocks(ta, tb, m, n, k, a, lda, b, ldb, c, epilogue,
               [&](int64_t rows, int64_t cols, const float* a_part, const float* b_part, float* c_part) {
                   g_blas.sgemm(kColMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(rows), int(cols), int(k),
