@@ -2,7 +2,12 @@
 // argmax, the fused softmax cross-entropy).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernel_util.hpp"
 
@@ -40,6 +45,43 @@ std::string spec_str(const OutSpec& s) {
 // order however the work is split.
 constexpr int64_t kSumToMinBlockRows = 64;
 
+// acc[i] += double(x[i + j stride]) for i < rows, then for each column j < count in order: a bias
+// gradient's columns added into its sums, in double. AVX2 keeps 8 rows' sums in registers over
+// all the columns (the baseline's loop added a column at a time, loading and storing every sum
+// again, and widened 2 floats an instruction): the same additions in the same order, so the
+// same bits. A [400, 256] -> [400, 1] sum_to took 26 us, 20 with AVX2 a column at a time.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) void add_columns_avx2(double* acc, const float* x, int64_t stride, int64_t count,
+                                                     int64_t rows) {
+    int64_t i = 0;
+    for (; i + 8 <= rows; i += 8) {
+        __m256d low = _mm256_loadu_pd(acc + i), high = _mm256_loadu_pd(acc + i + 4);
+        for (int64_t j = 0; j < count; ++j) {
+            const __m256 v = _mm256_loadu_ps(x + j * stride + i);
+            low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+        _mm256_storeu_pd(acc + i, low);
+        _mm256_storeu_pd(acc + i + 4, high);
+    }
+    for (int64_t j = 0; j < count; ++j)
+        for (int64_t t = i; t < rows; ++t) acc[t] += double(x[j * stride + t]);
+}
+const bool cpu_has_avx2 = __builtin_cpu_supports("avx2");
+#else
+void add_columns_avx2(double*, const float*, int64_t, int64_t, int64_t) {}
+const bool cpu_has_avx2 = false;
+#endif
+
+template <typename T>
+void add_columns(double* acc, const T* x, int64_t stride, int64_t count, int64_t rows) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (cpu_has_avx2) return add_columns_avx2(acc, x, stride, count, rows);
+    }
+    for (int64_t j = 0; j < count; ++j)
+        for (int64_t i = 0; i < rows; ++i) acc[i] += double(x[j * stride + i]);
+}
+
 template <typename T>
 void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
     const T* px = x.ptr<T>();
@@ -66,16 +108,16 @@ void sum_to_kernel(const TensorImpl& x, TensorImpl& out) {
             const int64_t o1 = c % out.ne[1], o2 = (c / out.ne[1]) % out.ne[2], o3 = c / (out.ne[1] * out.ne[2]);
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t j3 = 0; j3 < r3; ++j3)
-                for (int64_t j2 = 0; j2 < r2; ++j2)
-                    for (int64_t j1 = 0; j1 < steps1; ++j1) {
-                        const int64_t i1 = r1 > 1 ? j1 : o1, i2 = r2 > 1 ? j2 : o2, i3 = r3 > 1 ? j3 : o3;
-                        const T* col = px + ((i3 * x.ne[2] + i2) * x.ne[1] + i1) * ne0;
-                        if (reduce0) {
-                            acc[0] += lane_sum(col, run, [](double v) { return v; });
-                        } else {
-                            for (int64_t i = 0; i < rows; ++i) acc[i] += col[row0 + i];
-                        }
+                for (int64_t j2 = 0; j2 < r2; ++j2) {
+                    const int64_t i2 = r2 > 1 ? j2 : o2, i3 = r3 > 1 ? j3 : o3;
+                    const T* first = px + ((i3 * x.ne[2] + i2) * x.ne[1] + (r1 > 1 ? 0 : o1)) * ne0;  // column j1 = 0
+                    if (!reduce0) {
+                        add_columns(acc.data(), first + row0, ne0, steps1, rows);
+                        continue;
                     }
+                    for (int64_t j1 = 0; j1 < steps1; ++j1)
+                        acc[0] += lane_sum(first + j1 * ne0, run, [](double v) { return v; });
+                }
             T* oc = po + c * out.ne[0] + row0;
             for (int64_t i = 0; i < rows; ++i) oc[i] = T(acc[i]);
         }

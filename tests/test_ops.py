@@ -803,3 +803,36 @@ def _check_exp_and_sigmoid():
     ulps = np.abs(s[normal] - exact[normal]) / np.spacing(rounded[normal]).astype(np.float64)
     assert ulps.max() <= 4.0, (x[normal][ulps.argmax()], ulps.max())
     assert np.isnan(s[np.isnan(x)]).all() and (s[x == np.inf] == 1.0).all() and (s[x == -np.inf] == 0.0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 65, 400, 401])
+@pytest.mark.parametrize("columns", [1, 3, 256])
+def test_cpu_sum_to_over_columns_is_the_ordered_double_sum(rows, columns):
+    """A bias gradient's sum_to on the CPU ([rows, columns] -> [rows, 1], and [rows, columns, 2] ->
+    [rows, 1, 2] or [rows, 1, 1]) is each row's sum in float64 over its columns in order, rounded
+    once: the same bits as that loop in numpy, NaN and infinities included, with 1, 2 and 3
+    threads (the CPU kernel cuts the rows into blocks where there are few outputs)."""
+    rng = np.random.default_rng(rows * 1000 + columns)
+    x = (rng.standard_normal((rows, columns, 2)) * 10.0 ** rng.integers(-3, 4, (rows, columns, 2))).astype(np.float32)
+    x[rows // 2, columns - 1, 0] = np.nan
+    x[rows - 1, 0, 1] = np.inf
+    cases = {(rows, 1): x[:, :, :1].reshape(rows, columns, 1), (rows, 1, 2): x, (rows, 1, 1): x}
+    before = rc.get_num_threads()
+    try:
+        for out_shape, source in cases.items():
+            flat = source.reshape(rows, -1, order="F")  # the columns in the kernel's order: dim 1, then dim 2
+            groups = 2 if out_shape == (rows, 1, 2) else 1  # outputs along dim 2
+            per_group = flat.shape[1] // groups
+            expected = np.zeros((rows, groups))
+            with np.errstate(invalid="ignore"):
+                for g in range(groups):
+                    for j in range(per_group):
+                        expected[:, g] += flat[:, g * per_group + j].astype(np.float64)
+            expected = expected.astype(np.float32).reshape(out_shape, order="F")
+            tensor = rc.tensor(np.asfortranarray(source if len(out_shape) == 3 else source[:, :, 0]))
+            for threads in (1, 2, 3):
+                rc.set_num_threads(threads)
+                got = rc.sum_to(tensor, out_shape).numpy()
+                np.testing.assert_array_equal(got, expected, err_msg=f"{out_shape}, {threads} threads")
+    finally:
+        rc.set_num_threads(before)
