@@ -60,12 +60,12 @@ void binary_kernel(const TensorImpl& a, const TensorImpl& b, TensorImpl& out, F 
 }
 
 // The unary ops whose loop over floats has an AVX2 + FMA build beside the baseline's, chosen at
-// run time: those that compute exp's polynomial (exp_of, tanh_of), 8 lanes with FMA against the
-// baseline's 4 (exp: 0.66 ns an element on a 2-core EPYC VM, 2.2 with 4 lanes, 3.5 for glibc's
-// expf per element). Nothing else in their values is a product added to something, so the two
-// builds differ only inside those polynomials (both within 2 ulp, tanh 3).
+// run time: those that compute exp's polynomial (exp_of, tanh_of; softplus also log1p_of's), 8
+// lanes with FMA against the baseline's 4 (exp: 0.66 ns an element on a 2-core EPYC VM, 2.2 with
+// 4 lanes, 3.5 for glibc's expf per element). Nothing else in their values is a product added to
+// something, so the two builds differ only inside those polynomials (both within 2 ulp, tanh 3).
 constexpr bool has_wide_build(Op op) {
-    return op == Op::exp || op == Op::sigmoid || op == Op::silu || op == Op::tanh;
+    return op == Op::exp || op == Op::sigmoid || op == Op::silu || op == Op::tanh || op == Op::softplus;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
