@@ -197,6 +197,23 @@ def run_in_fresh_processes(count: int, library: str, algo: str, seed: int, devic
     return results
 
 
+def check_speed_env(parser: argparse.ArgumentParser, env_id: str, algos: list[str]) -> None:
+    """A usage error where --speed-env is unknown or its action space is not the kind an algorithm
+    of --algos acts in (DQN: Discrete; SAC, TD3, DDPG: Box), before any run starts."""
+    import gymnasium as gym
+
+    try:
+        space = gym.make(env_id).action_space
+    except gym.error.Error as error:
+        parser.error(f"--speed-env {env_id}: {error}")
+    wanted = {algo: gym.spaces.Discrete if algo == "dqn" else gym.spaces.Box for algo in algos}
+    wrong = [algo for algo, kind in wanted.items() if not isinstance(space, kind)]
+    if wrong:
+        kinds = ", ".join(f"{algo} needs {wanted[algo].__name__} actions" for algo in wrong)
+        parser.error(f"--speed-env {env_id} has {space}: {kinds} (time them on another --speed-env, "
+                     f"e.g. CartPole-v1 for dqn, or leave them out of --algos)")
+
+
 def main() -> int:
     if len(sys.argv) in (6, 8) and sys.argv[1] == "--one":  # a child process: one run, its result as JSON
         library, algo, seed, device = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -240,6 +257,8 @@ def main() -> int:
     unknown = [a for a in algos if a not in ZOO]
     if unknown:
         parser.error(f"unknown algorithm(s) {unknown}; expected some of {sorted(ZOO)}")
+    if args.speed:
+        check_speed_env(parser, args.speed_env, algos)
     seeds = [int(s) for s in args.seeds.split(",")]
     with_sb3 = not args.no_sb3
     if with_sb3:

@@ -154,6 +154,22 @@ def test_bench_agents_speed_times_the_training_steps_after_learning_starts(libra
     assert 0 < seconds < 60 and math.isfinite(seconds)
 
 
+@pytest.mark.parametrize("env, algos, message", [
+    ("Pendulum-v1", "sac,dqn", "--speed-env Pendulum-v1 has Box(-2.0, 2.0, (1,), float32): dqn needs Discrete actions"),
+    ("CartPole-v1", "td3,ddpg", "td3 needs Box actions, ddpg needs Box actions"),
+    ("NoSuchTask-v0", "sac", "--speed-env NoSuchTask-v0: ")])
+def test_bench_agents_speed_env_must_suit_each_algorithm(monkeypatch, capsys, env, algos, message):
+    """--speed with an algorithm that cannot act in --speed-env's action space (DQN on
+    HalfCheetah was a traceback from the first child process): a usage error before any run."""
+    bench_agents = load_script("bench_agents")
+    monkeypatch.setattr(sys, "argv", ["bench_agents.py", "--speed", "--no-sb3", "--algos", algos, "--speed-env", env])
+    monkeypatch.setattr(bench_agents, "run_in_fresh_process", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench_agents.main()
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_bench_agents_concurrent_runs_report_each_and_their_sum(monkeypatch, capsys):
     """--speed --concurrent 2: one run alone, then two at once in their own processes; the row
     gives each run's steps/s, their sum, and the sum over the lone run's."""
