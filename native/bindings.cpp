@@ -429,6 +429,13 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_strided_products", &set_strided_products, py::arg("on"),
           "Tests: the CPU convolution's AVX-512 products on (where the CPU has them) or off (the BLAS); "
           "returns the previous setting.");
+    m.def("cpu_product_kernels", [] {
+        py::dict kernels;
+        kernels["strided"] = strided_products_available();
+        kernels["skinny"] = skinny_products_available();
+        return kernels;
+    }, "Which of the CPU's own product kernels run here: {'strided': AVX-512 (small products), "
+       "'skinny': AVX2 + FMA (a side of at most 32 or a depth of at most 8)}.");
     m.def("set_skinny_products", &set_skinny_products, py::arg("on"),
           "Tests and benchmarks: the AVX2 + FMA products of a C with at most 32 rows or columns, or a depth of at "
           "most 8, on "

@@ -541,8 +541,18 @@ def info_lines() -> list[str]:
         lines += [f"gpu: unavailable: {gpu_problem}"]
     else:
         lines += _gpu_kernel_lines()
-    lines += [f"blas: {blas}"]
+    lines += [f"blas: {blas}", f"cpu matmul: {_cpu_product_line()}"]
     return lines
+
+
+def _cpu_product_line() -> str:
+    """Which kernels the CPU's f32 products take, in the order they are tried, by their shape."""
+    from rlkit import _native
+
+    kernels = _native.cpu_product_kernels()
+    absent = {name: "" if on else " (not on this CPU)" for name, on in kernels.items()}
+    return (f"AVX-512 kernels for small ones of 24 rows or more{absent['strided']}; AVX2 + FMA kernels for a "
+            f"side of at most 32 or a depth of at most 8{absent['skinny']}; the BLAS for the rest")
 
 
 def _info(args: argparse.Namespace) -> int:

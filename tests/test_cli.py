@@ -295,6 +295,22 @@ def test_info_lists_the_devices(capsys):
         build["shader_compilers"])
 
 
+def test_info_names_the_cpu_product_kernels(capsys):
+    """rlkit info says which kernels the CPU's products take here, as the native module reports
+    them (AVX2 + FMA for skinny products, AVX-512 for other small ones where the CPU has them)."""
+    assert main(["info"]) == 0
+    line = re.findall(r"^cpu matmul: (.*)$", capsys.readouterr().out, re.MULTILINE)
+    kernels = _native.cpu_product_kernels()
+    assert len(line) == 1 and line[0].endswith("; the BLAS for the rest")
+    assert ("24 rows or more;" in line[0]) == kernels["strided"]
+    assert ("a depth of at most 8;" in line[0]) == kernels["skinny"]
+    previous = _native.set_skinny_products(False)
+    try:
+        assert _native.cpu_product_kernels()["skinny"] is False
+    finally:
+        _native.set_skinny_products(previous)
+
+
 def test_python_m_rlkit_info():
     # the subprocess imports the same rlkit as the tests (the source tree or the installed one)
     package_root = os.path.dirname(os.path.dirname(rlkit.__file__))
