@@ -750,24 +750,29 @@ def test_exp_and_sigmoid_are_accurate_over_the_float_range(wide):
         _native.set_wide_elementwise(previous)
 
 
+def _unary_on_the_cpu(op, x: np.ndarray, wide: bool) -> np.ndarray:
+    """op of the 1-D float32 array x on the CPU, its loop's AVX2 + FMA build on or off."""
+    from rlkit import _native
+
+    previous = _native.set_wide_elementwise(wide)
+    try:
+        return op(rc.tensor(x.reshape(-1, 1))).numpy().ravel()
+    finally:
+        _native.set_wide_elementwise(previous)
+
+
 @pytest.mark.parametrize("wide", [True, False], ids=["avx2", "baseline"])
 def test_tanh_is_accurate_over_the_float_range(wide):
     """The CPU's float tanh is built on exp_of's reduction (native/kernel_util.hpp, tanh_of):
     within 3 ulp of float64's tanh rounded across the range, tiny and subnormal inputs included
     (where tanh x = x), +-1 far out, the sign of zero kept, NaN for NaN; the fused linear's tanh
     the same function. Both builds of the loop."""
-    from rlkit import _native
-
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.uniform(-12.0, 12.0, 200_000), rng.uniform(-0.5, 0.5, 100_000),
                         rng.uniform(-1e-3, 1e-3, 20_000), np.linspace(-0.4, 0.4, 20_001), np.linspace(8.5, 10.5, 5_000),
                         [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-42, 0.3465736, 0.3465737, 9.01, 9.5, 20.0]])
     x = x.astype(np.float32)
-    previous = _native.set_wide_elementwise(wide)
-    try:
-        got = rc.tanh(rc.tensor(x.reshape(-1, 1))).numpy().ravel()
-    finally:
-        _native.set_wide_elementwise(previous)
+    got = _unary_on_the_cpu(rc.tanh, x, wide)
     exact = np.tanh(x.astype(np.float64))
     rounded = exact.astype(np.float32)
     finite = np.isfinite(x)
@@ -811,18 +816,12 @@ def test_softplus_is_accurate_over_the_float_range(wide):
     its own (native/kernel_util.hpp, log1p_of; glibc's log1pf was a call per element): within 2
     ulp of float64's log(1 + e^x) rounded, from the arguments whose result underflows to 0 to
     those where it is x; inf for inf, 0 for -inf, NaN for NaN. Both builds of the loop."""
-    from rlkit import _native
-
     rng = np.random.default_rng(2)
     x = np.concatenate([rng.uniform(-110.0, 100.0, 200_000), rng.uniform(-20.0, 20.0, 200_000),
                         rng.uniform(-1.0, 1.0, 50_000), rng.uniform(-1e-3, 1e-3, 10_000), np.linspace(-0.6, 0.6, 20_001),
                         [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-42, 88.0, -88.0, -103.9, -104.5, 1e30, -1e30]])
     x = x.astype(np.float32)
-    previous = _native.set_wide_elementwise(wide)
-    try:
-        got = rc.softplus(rc.tensor(x.reshape(-1, 1))).numpy().ravel()
-    finally:
-        _native.set_wide_elementwise(previous)
+    got = _unary_on_the_cpu(rc.softplus, x, wide)
     with np.errstate(invalid="ignore"):
         exact = np.logaddexp(0.0, x.astype(np.float64))
     rounded = exact.astype(np.float32)
