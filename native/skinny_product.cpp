@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -296,7 +297,9 @@ void skinny_product(SkinnySide side, bool ta, bool tb, int64_t m, int64_t n, int
 bool skinny_products_available() { return false; }
 bool set_skinny_products(bool) { return false; }
 void skinny_product(SkinnySide, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
-                    float*, int64_t) {}
+                    float*, int64_t) {
+    throw std::logic_error("skinny_product: not built for this processor (skinny_products_available() is false)");
+}
 
 #endif
 
