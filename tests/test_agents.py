@@ -598,6 +598,25 @@ def test_learn_raises_at_the_first_non_finite_observation_naming_the_timestep_an
         agent.learn(10, check_finite="ignore")
 
 
+@pytest.mark.parametrize("shape", [(1, 4), (3,), (2, 40)], ids=["one-lane", "rewards", "over-64"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_finite_check_finds_each_kind_of_non_finite_value(shape, dtype, bad):
+    """learn's check of what the environment returns, on small arrays (checked as Python floats)
+    and larger ones (numpy's isfinite): NaN and either infinity are found, at their lane and
+    element; finite arrays, integer ones included, pass."""
+    from rlkit.agents.base import FiniteCheck
+
+    check = FiniteCheck("dqn", "raise")
+    values = np.arange(np.prod(shape), dtype=dtype).reshape(shape)
+    check(7, "observation", values)
+    check(7, "observation", np.full(shape, 3, np.int64))
+    values.flat[values.size - 2] = bad
+    lane = (values.size - 2) // (values.size // shape[0])
+    with pytest.raises(ValueError, match=rf"non-finite observation at timestep 7, lane {lane} "):
+        check(7, "observation", values)
+
+
 def test_learn_raises_at_a_non_finite_reward_of_one_lane_of_a_vector_environment():
     def make(after):
         return lambda: NanAfter(gym.make("CartPole-v1"), after, what="reward")

@@ -8,6 +8,7 @@ everything between the environment and those pieces is here.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import asdict
@@ -65,7 +66,7 @@ class FiniteCheck:
             for key, value in values.items():
                 self(timestep, f"{what}[{key!r}]", value)
             return
-        if values.dtype.kind != "f" or np.isfinite(values).all():
+        if values.dtype.kind != "f" or _all_finite(values):
             return
         flat = values.reshape(values.shape[0], -1)
         lane = int(np.flatnonzero(~np.isfinite(flat).all(axis=1))[0])
@@ -79,6 +80,15 @@ class FiniteCheck:
         if not self.warned:
             self.warned = True
             warnings.warn(f"{message}; later ones in this learn call are not reported", RuntimeWarning, stacklevel=4)
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every element of a float array is finite. A step's few numbers (an observation
+    vector, a reward per lane) are checked as Python floats: 0.6 us for a CartPole observation,
+    where numpy's isfinite and all took 2.1, twice or more every environment step."""
+    if values.size <= 64:
+        return all(map(math.isfinite, values.ravel().tolist()))
+    return bool(np.isfinite(values).all())
 
 
 def stack_steps(steps: list) -> np.ndarray | dict[str, np.ndarray]:
