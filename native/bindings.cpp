@@ -438,8 +438,7 @@ PYBIND11_MODULE(_native, m) {
        "'skinny': AVX2 + FMA (a side of at most 32 or a depth of at most 8)}.");
     m.def("set_skinny_products", &set_skinny_products, py::arg("on"),
           "Tests and benchmarks: the AVX2 + FMA products of a C with at most 32 rows or columns, or a depth of at "
-          "most 8, on "
-          "(where the CPU has them) or off (the BLAS); returns the previous setting.");
+          "most 8, on (where the CPU has them) or off (the BLAS); returns the previous setting.");
     m.def("set_wide_elementwise", &set_wide_elementwise, py::arg("on"),
           "Tests: the AVX2 + FMA loops of exp, sigmoid and silu on floats on (where the CPU has them) or off "
           "(the baseline's); returns the previous setting.");

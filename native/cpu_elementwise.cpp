@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu_features.hpp"
 #include "kernel_util.hpp"
 
 namespace rk {
@@ -68,25 +69,20 @@ constexpr bool has_wide_build(Op op) {
     return op == Op::exp || op == Op::sigmoid || op == Op::silu || op == Op::tanh || op == Op::softplus;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define RK_WIDE_ELEMENTWISE 1
+#ifdef RK_X86_TARGETS
 template <typename F>
 __attribute__((target("avx2,fma"))) void map_floats_wide(const float* x, float* out, int64_t n, F f) {
     for (int64_t i = 0; i < n; ++i) out[i] = f(x[i]);
 }
-
-const bool cpu_has_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-const bool cpu_has_avx2_fma = false;  // other processors: the baseline's loops
 #endif
-std::atomic<bool> wide_builds{cpu_has_avx2_fma};
+std::atomic<bool> wide_builds{cpu_has_avx2_fma()};  // other processors: the baseline's loops
 
 template <typename T, Op op, typename F>
 void unary_kernel(const TensorImpl& x, TensorImpl& out, F f) {
     const T* px = x.ptr<T>();
     T* po = out.ptr<T>();
     parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-#ifdef RK_WIDE_ELEMENTWISE
+#ifdef RK_X86_TARGETS
         if constexpr (std::is_same_v<T, float> && has_wide_build(op)) {
             if (wide_builds.load(std::memory_order_relaxed)) return map_floats_wide(px + lo, po + lo, hi - lo, f);
         }
@@ -157,7 +153,7 @@ T exp(T x) {
 
 }  // namespace
 
-bool set_wide_elementwise(bool on) { return wide_builds.exchange(on && cpu_has_avx2_fma); }
+bool set_wide_elementwise(bool on) { return wide_builds.exchange(on && cpu_has_avx2_fma()); }
 
 #define RK_ELEMENTWISE(name, kind, code, n_floats, grad, value)                                       \
     OutSpec shape_##name(const Inputs& in, const OpAttrs& attrs) {                                    \

@@ -5,11 +5,12 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__)
+#include "cpu_features.hpp"
+#include "kernel_util.hpp"
+
+#ifdef RK_X86_TARGETS
 #include <immintrin.h>
 #endif
-
-#include "kernel_util.hpp"
 
 namespace rk {
 
@@ -50,7 +51,7 @@ constexpr int64_t kSumToMinBlockRows = 64;
 // all the columns (the baseline's loop added a column at a time, loading and storing every sum
 // again, and widened 2 floats an instruction): the same additions in the same order, so the
 // same bits. A [400, 256] -> [400, 1] sum_to took 26 us, 20 with AVX2 a column at a time.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef RK_X86_TARGETS
 __attribute__((target("avx2"))) void add_columns_avx2(double* acc, const float* x, int64_t stride, int64_t count,
                                                      int64_t rows) {
     int64_t i = 0;
@@ -67,17 +68,15 @@ __attribute__((target("avx2"))) void add_columns_avx2(double* acc, const float* 
     for (int64_t j = 0; j < count; ++j)
         for (int64_t t = i; t < rows; ++t) acc[t] += double(x[j * stride + t]);
 }
-const bool cpu_has_avx2 = __builtin_cpu_supports("avx2");
-#else
-void add_columns_avx2(double*, const float*, int64_t, int64_t, int64_t) {}
-const bool cpu_has_avx2 = false;
 #endif
 
 template <typename T>
 void add_columns(double* acc, const T* x, int64_t stride, int64_t count, int64_t rows) {
+#ifdef RK_X86_TARGETS
     if constexpr (std::is_same_v<T, float>) {
-        if (cpu_has_avx2) return add_columns_avx2(acc, x, stride, count, rows);
+        if (cpu_has_avx2()) return add_columns_avx2(acc, x, stride, count, rows);
     }
+#endif
     for (int64_t j = 0; j < count; ++j)
         for (int64_t i = 0; i < rows; ++i) acc[i] += double(x[j * stride + i]);
 }

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "backend.hpp"
+#include "cpu_features.hpp"
 #include "kernel_util.hpp"
 
 namespace rk {
@@ -105,8 +106,7 @@ __attribute__((always_inline)) inline void adam_kernel(T* __restrict w, const T*
     }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define RK_ADAM_AVX2 1
+#ifdef RK_X86_TARGETS
 // The f32 kernel compiled for AVX2 as well, chosen at run time: its square roots and divisions 8
 // lanes wide instead of 4 took half the time (0.63 -> 0.35 ms for half of NatureCNN's 1.7M
 // parameters on one core). AVX2 without FMA: no multiply-add is fused, so the bits are those of
@@ -116,7 +116,6 @@ __attribute__((target("avx2"))) void adam_kernel_avx2(float* __restrict w, const
                                                       const AdamCoefficients& c, float grad_scale) {
     adam_kernel<float>(w, g, m, v, n, c, grad_scale);
 }
-bool has_avx2() { return __builtin_cpu_supports("avx2"); }
 #endif
 
 template <typename T>
@@ -136,10 +135,9 @@ void adam_cpu(const UpdateSet& set, const AdamCoefficients& c, float grad_scale)
         const UpdateTensors& u = set[k];
         dispatch_float(u.w->dtype, [&](auto tag) {
             using T = decltype(tag);
-#ifdef RK_ADAM_AVX2
-            static const bool avx2 = has_avx2();
+#ifdef RK_X86_TARGETS
             if constexpr (std::is_same_v<T, float>)
-                if (avx2)
+                if (cpu_has_avx2())
                     return adam_kernel_avx2(u.w->ptr<T>() + begin, u.g->ptr<T>() + begin, u.m->ptr<T>() + begin,
                                             u.v->ptr<T>() + begin, end - begin, c, grad_scale);
 #endif

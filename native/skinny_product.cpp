@@ -5,9 +5,10 @@
 #include <stdexcept>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
+#include "cpu_features.hpp"
+
+#ifdef RK_X86_TARGETS
 #include <immintrin.h>
-#define RK_SKINNY_X86 1
 #endif
 
 namespace rk {
@@ -22,7 +23,7 @@ SkinnySide skinny_side(int64_t m, int64_t n, int64_t k) {
     return m <= n ? SkinnySide::rows : SkinnySide::columns;
 }
 
-#ifdef RK_SKINNY_X86
+#ifdef RK_X86_TARGETS
 namespace {
 
 #define RK_AVX2 __attribute__((target("avx2,fma")))
@@ -261,13 +262,12 @@ void few_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
     }
 }
 
-const bool cpu_has_avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-std::atomic<bool> enabled{cpu_has_avx2_fma};
+std::atomic<bool> enabled{cpu_has_avx2_fma()};
 
 }  // namespace
 
 bool skinny_products_available() { return enabled.load(std::memory_order_relaxed); }
-bool set_skinny_products(bool on) { return enabled.exchange(on && cpu_has_avx2_fma); }
+bool set_skinny_products(bool on) { return enabled.exchange(on && cpu_has_avx2_fma()); }
 
 void skinny_product(SkinnySide side, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                     const float* b, int64_t ldb, float* c, int64_t ldc) {

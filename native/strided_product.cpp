@@ -3,14 +3,15 @@
 #include <algorithm>
 #include <atomic>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "cpu_features.hpp"
+
+#ifdef RK_X86_TARGETS
 #include <immintrin.h>
-#define RK_HAVE_AVX512_PRODUCTS 1
 #endif
 
 namespace rk {
 
-#ifdef RK_HAVE_AVX512_PRODUCTS
+#ifdef RK_X86_TARGETS
 namespace {
 
 constexpr int64_t kRows = 32;  // a tile's rows: two 16-float registers
@@ -127,14 +128,13 @@ constexpr TileFn kTiles[2][kCols + 1] = {
     {nullptr, tile<1, true>, tile<2, true>, tile<3, true>, tile<4, true>, tile<5, true>, tile<6, true>, tile<7, true>,
      tile<8, true>}};
 
-bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f"); }
-std::atomic<bool> enabled{cpu_has_avx512()};
+std::atomic<bool> enabled{cpu_has_avx512f()};
 
 }  // namespace
 
 bool strided_products_available() { return enabled.load(std::memory_order_relaxed); }
 
-bool set_strided_products(bool on) { return enabled.exchange(on && cpu_has_avx512()); }
+bool set_strided_products(bool on) { return enabled.exchange(on && cpu_has_avx512f()); }
 
 // The wider operand's tiles outside: its panel of a tile (32 rows or 8 columns by the depth) stays
 // in cache while the other operand's tiles stream past it, and is read from memory once.
