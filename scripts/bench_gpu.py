@@ -20,7 +20,9 @@ PyTorch's, above 1 where rlkit is faster):
   host at every update, as the agents do.
 - an MLP of width 4096 (4096-4096-4096-4096, ReLU, MSE, Adam) at batch 4096, one training step
   on data held on the device, the loss read on the host: rlkit captured against PyTorch eager and
-  a CUDA graph.
+  a CUDA graph; on the GPU the same step in mixed precision, f16 (with dynamic loss scaling) and
+  bf16: rlkit's half parameters with f32 master weights against PyTorch's autocast (GradScaler
+  for f16), eager.
 
 Each figure is the median over --repeats rounds after warm-up; a round is as many calls as fill
 about --round-seconds, timed by the wall clock with the device drained at its end for rlkit
@@ -488,19 +490,12 @@ def bench_mlp(width: int, batch: int, args, timer: Timer) -> list[Row]:
     x_np = rng.standard_normal((width, batch)).astype(np.float32)  # rlkit's [features, batch]
     y_np = rng.standard_normal((width, batch)).astype(np.float32)
     previous = rc.device(args.device)
-    model = rc.nn.Sequential(rc.nn.Linear(width, width, activation="relu"),
-                             rc.nn.Linear(width, width, activation="relu"), rc.nn.Linear(width, width))
+    model = mlp_of_width(width)
     optimizer = rc.optim.Adam(model.parameters(), lr=1e-4)
     x, y = rc.tensor(x_np), rc.tensor(y_np)
     step = rc.capture_step(lambda: rc.mse_loss(model(x), y), model.parameters(), optimizer)
     rc.device(previous)
-
-    def call():
-        previous = rc.device(args.device)
-        step()
-        rc.device(previous)
-
-    ours = timer.rlkit(call) * 1e3
+    ours = timer.rlkit(on_device(step, args.device)) * 1e3
     label = f"MLP {width}-{width}-{width}-{width}, batch {batch}, Adam step"
     rows = [Row("MLP", f"{label}: rlkit captured, PyTorch eager", "ms per step", ours, None, "PyTorch eager", False),
             Row("MLP", f"{label}: rlkit captured, PyTorch CUDA graph", "ms per step", ours, None,
@@ -511,8 +506,7 @@ def bench_mlp(width: int, batch: int, args, timer: Timer) -> list[Row]:
     ty = torch.from_numpy(np.ascontiguousarray(y_np.T)).to(args.torch_device)
 
     def make_step(capturable: bool):
-        net = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                  torch.nn.ReLU(), torch.nn.Linear(width, width)).to(args.torch_device)
+        net = torch_mlp_of_width(width, args.torch_device)
         opt = torch.optim.Adam(net.parameters(), lr=1e-4, capturable=capturable)
 
         def train_step():
@@ -532,6 +526,75 @@ def bench_mlp(width: int, batch: int, args, timer: Timer) -> list[Row]:
     else:
         rows[1].notes = not_measured("CUDA graphs need --torch-device cuda")
     return rows
+
+
+def bench_mixed_mlp(width: int, batch: int, dtype: str, args, timer: Timer) -> list[Row]:
+    """bench_mlp's step in mixed precision, each library its own way: rlkit's parameters and
+    activations in ``dtype`` (f16 or bf16) with f32 master weights in Adam, the loss in f32;
+    PyTorch's f32 parameters under ``torch.autocast`` to ``dtype``. For f16 both scale the loss
+    dynamically (rlkit's ``loss_scale="dynamic"``, PyTorch's GradScaler, as its AMP recipe); bf16
+    needs no scaling. PyTorch eager only: GradScaler's step reads its inf check on the host."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((width, batch)).astype(np.float32)
+    y_np = rng.standard_normal((width, batch)).astype(np.float32)
+    scaled = dtype == "f16"
+    previous_device, previous_dtype = rc.device(args.device), rc.dtype(dtype)
+    model = mlp_of_width(width)
+    rc.dtype(previous_dtype)
+    optimizer = rc.optim.Adam(model.parameters(), lr=1e-4, master_weights=True,
+                              loss_scale="dynamic" if scaled else None)
+    x, y = rc.tensor(x_np, dtype=dtype), rc.tensor(y_np)
+    step = rc.capture_step(lambda: rc.mse_loss(rc.cast(model(x), "f32"), y), model.parameters(), optimizer)
+    rc.device(previous_device)
+    ours = timer.rlkit(on_device(step, args.device)) * 1e3
+    scaling = ", dynamic loss scale" if scaled else ""
+    row = Row("MLP", f"MLP {width}-{width}-{width}-{width}, batch {batch}, Adam step, mixed precision {dtype}"
+                     f"{scaling}: rlkit f32 master weights, PyTorch autocast", "ms per step", ours, None,
+              f"PyTorch autocast {dtype}", False)
+    if torch is None or args.no_torch:
+        return [row]
+    tx = torch.from_numpy(np.ascontiguousarray(x_np.T)).to(args.torch_device)
+    ty = torch.from_numpy(np.ascontiguousarray(y_np.T)).to(args.torch_device)
+    net = torch_mlp_of_width(width, args.torch_device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler(args.torch_device, enabled=scaled)
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+    def train_step():
+        with torch.autocast(args.torch_device, dtype=torch_dtype):
+            loss = F.mse_loss(net(tx).float(), ty)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    row.torch = timer.torch(lambda: train_step().item(), args.torch_device) * 1e3
+    return [row]
+
+
+def mlp_of_width(width: int) -> rc.nn.Module:
+    """bench_mlp's network in rlkit (its parameters in the current default dtype)."""
+    return rc.nn.Sequential(rc.nn.Linear(width, width, activation="relu"),
+                            rc.nn.Linear(width, width, activation="relu"), rc.nn.Linear(width, width))
+
+
+def torch_mlp_of_width(width: int, device: str):
+    """The same network in PyTorch, f32 parameters on ``device``."""
+    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                               torch.nn.ReLU(), torch.nn.Linear(width, width)).to(device)
+
+
+def on_device(fn, device: str):
+    """``fn`` called with ``device`` as rlkit's default device."""
+    def call():
+        previous = rc.device(device)
+        try:
+            return fn()
+        finally:
+            rc.device(previous)
+
+    return call
 
 
 # ---- the equivalence check ------------------------------------------------------------------------
@@ -786,6 +849,9 @@ def run(args) -> tuple[list[Row], dict]:
     rows += bench_dqn(args, timer)
     width = 64 if args.quick else 4096
     rows += bench_mlp(width, width, args, timer)
+    if args.device == "gpu":  # (the CPU has no f16 or bf16 products of its own: they are widened)
+        for dtype in ("f16", "bf16"):
+            rows += bench_mixed_mlp(width, width, dtype, args, timer)
     return rows, describe_machine(args)
 
 

@@ -136,6 +136,40 @@ def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poi
 # (m, n, k, batch) whose 16 x 16 tiles are few over a long k: the reduction is cut into slices
 # (NatureCNN's 3136 x 512 layer at batch 32; a 4-action head over 1100 features; a batched
 # product with a last, shorter slice)
+# A product large enough for the cooperative-matrix kernel to read an operand whose k is not
+# contiguous (A untransposed, B transposed) from a k-contiguous copy (coopmat_transpose.comp): both
+# sides past 512 and m n k past 2^30, no side a multiple of the copy's 64 x 64 tiles or the
+# product's 128 x 256 ones.
+COPIED = (1030, 1100, 1000)
+
+
+def _assert_copy_reported(dtype: str) -> None:
+    """The kernel named for COPIED's shape says it reads a k-contiguous copy wherever it runs on
+    cooperative matrices (elsewhere f16 and bf16 are widened to the f32 kernels: no copy)."""
+    m, n, k = COPIED
+    kernel = _native.gpu_matmul_kernel(dtype, m, n, k=k)
+    assert ("cooperative" in kernel) == ("k-contiguous copy" in kernel), kernel
+
+
+@pytest.mark.parametrize("ta, tb", TRANSPOSES)
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_large_half_products_read_k_contiguous_copies(ta, tb, dtype, poisoned_gpu_memory):
+    _assert_copy_reported(dtype)
+    m, n, k = COPIED
+    a, b = _operands(m, n, k, ta, tb, NP_HALF[dtype], seed=5)
+    _assert_half_close(_matmul_on("gpu", a, b, ta, tb, dtype), _matmul_on("cpu", a, b, ta, tb, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_large_half_linear_reads_a_copy_of_its_weight(dtype, poisoned_gpu_memory):
+    _assert_copy_reported(dtype)
+    out_features, n, in_features = COPIED
+    rng = np.random.default_rng(9)
+    w, x, bias = (rng.standard_normal(shape).astype(NP_HALF[dtype])
+                  for shape in ((out_features, in_features), (in_features, n), (out_features, 1)))
+    _assert_half_close(_linear_on("gpu", w, x, bias, "relu", dtype), _linear_on("cpu", w, x, bias, "relu", dtype))
+
+
 SPLIT_SHAPES = [(512, 32, 3136, ()), (4, 32, 1100, ()), (37, 19, 1201, (3,))]
 
 

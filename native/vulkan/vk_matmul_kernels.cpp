@@ -172,6 +172,35 @@ MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool t
 // dimension (hence every column and batch slice) a multiple of 8 halves.
 bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne[0] % 8 == 0; }
 
+// The cooperative-matrix kernel loads its fragments from k-contiguous slices at twice the rate of
+// the other order (H100, f16 at 4096: 190 TFLOP/s where op(A) and op(B) are both k-contiguous in
+// memory, 80-110 where either is not; staging a slice transposed, in the kernel, measured no
+// faster). So a large product reads an operand whose other dimension is contiguous (A's rows, or
+// op(B)'s columns) from a copy made k-contiguous by coopmat_transpose.comp, which moves it twice at
+// memory speed (about 30 us for 4096 x 4096 f16). It pays where the product's other side is wide
+// (the time saved grows with n for A, with m for B, the copy's not) and the product long enough
+// that a dependency level of its own (a few us) is small beside it.
+constexpr int64_t kTransposeMinOtherSide = 512;
+constexpr int64_t kTransposeMinWork = int64_t(1) << 30;  // m n k
+
+bool worth_transposing(const TensorImpl& operand, int64_t other_side, int64_t work) {
+    return operand.ne[2] == 1 && operand.ne[3] == 1 && other_side >= kTransposeMinOtherSide && work >= kTransposeMinWork;
+}
+
+// A [cols, rows] copy of the 16-bit matrix x ([rows, cols]), recorded (coopmat_transpose.comp).
+TensorPtr transposed_copy(const TensorImpl& x, const char* op) {
+    constexpr uint32_t kTile = 64;  // coopmat_transpose.comp's T
+    TensorPtr out = make_on(Device::gpu, {x.ne[1], x.ne[0], 1, 1}, 2, x.dtype, op);
+    struct Push {
+        uint64_t x, o;
+        uint32_t rows, cols, tiles_r;
+    } p{x.address(), out->address(), u32(x.ne[0], op), u32(x.ne[1], op), 0};
+    p.tiles_r = (p.rows + kTile - 1) / kTile;
+    const uint64_t tiles = uint64_t(p.tiles_r) * ((p.cols + kTile - 1) / kTile);
+    record(x.dtype == DType::bf16 ? "coopmat_transpose_bf16" : "coopmat_transpose", p, tiles, {span(x)}, {span(*out)});
+    return out;
+}
+
 // Records the 16 x 16 kernel with its reduction cut into slices of p.split_k: the plain kernel
 // writes each slice's partial output, then sum_splits(_epilogue) adds them in order (and applies the
 // linear op's bias and activation).
@@ -200,13 +229,29 @@ MatmulPush batch_slices(MatmulPush p, uint32_t z0, uint32_t count, size_t elemen
 // Records act(op(A) @ op(B) + bias) (no bias or activation when bias is null) with the kernel the
 // dtype, device and shape call for; a batch of more slices than a dispatch's z may count (65535
 // on NVIDIA's driver) in several dispatches.
-void record_matmul(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl* bias,
+void record_matmul(const TensorImpl& a_in, const TensorImpl& b_in, bool ta, bool tb, const TensorImpl* bias,
                    uint32_t activation, TensorImpl& out, const char* op) {
-    const int64_t k = ta ? a.ne[0] : a.ne[1];
-    const MatmulKernel kernel = choose_matmul(a.dtype, out.ne[0], out.ne[1], k, out.ne[2] * out.ne[3]);
-    if (is_half(a.dtype) != (kernel == MatmulKernel::coopmat) || a.dtype != b.dtype || a.dtype != out.dtype)
+    const int64_t k = ta ? a_in.ne[0] : a_in.ne[1];
+    const MatmulKernel kernel = choose_matmul(a_in.dtype, out.ne[0], out.ne[1], k, out.ne[2] * out.ne[3]);
+    if (is_half(a_in.dtype) != (kernel == MatmulKernel::coopmat) || a_in.dtype != b_in.dtype ||
+        a_in.dtype != out.dtype)
         throw std::logic_error(std::string(op) + ": the GPU kernels multiply f32 by f32, or f16 by f16 (bf16 by bf16) "
-                               "on cooperative matrices; got " + dtype_name(a.dtype) + " and " + dtype_name(b.dtype));
+                               "on cooperative matrices; got " + dtype_name(a_in.dtype) + " and " +
+                               dtype_name(b_in.dtype));
+    TensorPtr a_copy, b_copy;  // k-contiguous copies, where worth_transposing
+    if (kernel == MatmulKernel::coopmat) {
+        const int64_t work = size_mul(out.ne[0], out.ne[1], k);
+        if (!ta && worth_transposing(a_in, out.ne[1], work)) {
+            a_copy = transposed_copy(a_in, op);  // [k, m]: op(A) is its transpose
+            ta = true;
+        }
+        if (tb && worth_transposing(b_in, out.ne[0], work)) {
+            b_copy = transposed_copy(b_in, op);  // [k, n]: op(B) is itself
+            tb = false;
+        }
+    }
+    const TensorImpl& a = a_copy ? *a_copy : a_in;
+    const TensorImpl& b = b_copy ? *b_copy : b_in;
     uint64_t tiles = 0;
     LinearPush linear{matmul_push(a, b, ta, tb, out, tile_shape(kernel), tiles), bias ? bias->address() : 0,
                       activation};
@@ -263,9 +308,12 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t 
 #else
     const std::string extension = "VK_NV_cooperative_matrix";
 #endif
-    if (kernel == MatmulKernel::coopmat)
+    if (kernel == MatmulKernel::coopmat) {
+        const bool copies = batch == 1 && std::min(m, n) >= kTransposeMinOtherSide && size_mul(m, n, k) >= kTransposeMinWork;
         return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
-               " fragments, f32 accumulation";
+               " fragments, f32 accumulation" +
+               (copies ? ", an operand whose k is not contiguous read from a k-contiguous copy" : "");
+    }
     const Tile tile = tile_shape(kernel);
     const std::string size = std::to_string(tile.rows) + "x" + std::to_string(tile.columns);
     const std::string widened = is_half(dtype) ? std::string(" (") + dtype_name(dtype) + " operands widened to f32)" : "";
