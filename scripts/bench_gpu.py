@@ -10,7 +10,8 @@ Figures (every row: rlkit's figure, PyTorch's measured in the same run, and rlki
 PyTorch's, above 1 where rlkit is faster):
 
 - matmul n x n @ n x n, f32, f16 and bf16, TFLOP/s = 2 n^3 / time; PyTorch's f32 is cuBLAS FP32
-  (TF32 off), with an extra row against TF32 on CUDA.
+  (TF32 off), with an extra row against TF32 on CUDA; with --transposes f16 and bf16 also with
+  either operand, or both, transposed (torch.mm on the transposed views).
 - dispatch: a chain of adds on a 256 x 256 tensor, then a sum read on the host; microseconds
   per add, eager and captured (rc.capture) against eager and a CUDA graph.
 - the SAC update (actor and two critics 256-256, batch 256, automatic entropy) and the DQN update
@@ -163,29 +164,42 @@ def not_measured(reason: str) -> dict:
 
 # ---- matmul ---------------------------------------------------------------------------------------
 
+ORDERS = {(False, False): "", (True, False): ", A^T B", (False, True): ", A B^T", (True, True): ", A^T B^T"}
+
+
 def bench_matmul(n: int, dtype: str, args, timer: Timer) -> list[Row]:
-    """TFLOP/s of n x n @ n x n in ``dtype`` ("f32", "f16" or "bf16") on both sides."""
+    """TFLOP/s of n x n @ n x n in ``dtype`` ("f32", "f16" or "bf16") on both sides; with
+    --transposes, for f16 and bf16 also A^T B, A B^T and A^T B^T (the operands' layouts matter to
+    the cooperative-matrix kernel)."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, n)).astype(np.float32)
     y = rng.standard_normal((n, n)).astype(np.float32)
     a, b = rc.tensor(x, dtype=dtype, device=args.device), rc.tensor(y, dtype=dtype, device=args.device)
     flops = 2.0 * n**3
-    ours = flops / timer.rlkit(lambda: rc.matmul(a, b)) / 1e12
-    table, label = f"matmul {dtype}", f"n = {n}"
+    orders = list(ORDERS) if args.transposes and dtype != "f32" else [(False, False)]
+    table = f"matmul {dtype}"
     target = 0.5 if dtype == "f32" or (dtype == "f16" and n == 4096) else None  # f16's target is set at 4096
-    if torch is None or args.no_torch:
-        return [Row(table, label, "TFLOP/s", ours, None, "PyTorch", True, target)]
-    torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    ta = torch.from_numpy(x).to(args.torch_device, torch_dtype)
-    tb = torch.from_numpy(y).to(args.torch_device, torch_dtype)
-    library = "cuBLAS" if args.torch_device == "cuda" else "PyTorch CPU"
-    theirs = flops / timer.torch(lambda: torch.mm(ta, tb), args.torch_device) / 1e12
-    rows = [Row(table, label, "TFLOP/s", ours, theirs, f"{library} {dtype.upper()}", True, target)]
-    if dtype == "f32" and args.torch_device == "cuda":  # the tensor-core f32 path, for reference only
-        torch.backends.cuda.matmul.allow_tf32 = True
+    if torch is not None and not args.no_torch:
+        torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        ta = torch.from_numpy(x).to(args.torch_device, torch_dtype)
+        tb = torch.from_numpy(y).to(args.torch_device, torch_dtype)
+        library = "cuBLAS" if args.torch_device == "cuda" else "PyTorch CPU"
+    rows = []
+    for transpose_a, transpose_b in orders:
+        ours = flops / timer.rlkit(lambda: rc.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)) / 1e12
+        label = f"n = {n}{ORDERS[transpose_a, transpose_b]}"
+        if torch is None or args.no_torch:
+            rows.append(Row(table, label, "TFLOP/s", ours, None, "PyTorch", True, target))
+            continue
+        theirs = flops / timer.torch(lambda: torch.mm(ta.T if transpose_a else ta, tb.T if transpose_b else tb),
+                                     args.torch_device) / 1e12
+        rows.append(Row(table, label, "TFLOP/s", ours, theirs, f"{library} {dtype.upper()}", True, target))
+        target = None  # the target is the plain order's
+    if dtype == "f32" and torch is not None and not args.no_torch and args.torch_device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the tensor-core f32 path, for reference only
         tf32 = flops / timer.torch(lambda: torch.mm(ta, tb), args.torch_device) / 1e12
         torch.backends.cuda.matmul.allow_tf32 = False
-        rows.append(Row(table, f"n = {n}, against TF32", "TFLOP/s", ours, tf32, "cuBLAS TF32", True))
+        rows.append(Row(table, f"n = {n}, against TF32", "TFLOP/s", rows[0].rlkit, tf32, "cuBLAS TF32", True))
     return rows
 
 
@@ -789,6 +803,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=9, help="rounds per figure (the median is reported)")
     parser.add_argument("--warmup", type=int, default=10, help="calls before each figure's rounds")
     parser.add_argument("--round-seconds", type=float, default=0.2, help="about how long one round lasts")
+    parser.add_argument("--transposes", action="store_true",
+                        help="also time f16 and bf16 matmul with transposed operands (A^T B, A B^T, A^T B^T)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: tiny sizes (matmul 64 and 128, 50 adds, an MLP of width 64), 3 rounds")
     parser.add_argument("--no-torch", action="store_true", help="rlkit's figures only (the PyTorch columns empty)")
