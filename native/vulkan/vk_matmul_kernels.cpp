@@ -149,6 +149,10 @@ std::string matmul_shader(MatmulKernel kernel, bool linear, bool ta, bool tb, bo
 MatmulPush matmul_push(const TensorImpl& a, const TensorImpl& b, bool ta, bool tb, const TensorImpl& out,
                        Tile tile, uint64_t& tiles) {
     MatmulPush p{a.address(), b.address(), out.address()};
+    // The kernels index each operand and the output, batch slices included, with 32-bit integers.
+    u32(a.numel(), "matmul");
+    u32(b.numel(), "matmul");
+    u32(out.numel(), "matmul");
     p.m = u32(out.ne[0], "matmul");
     p.n = u32(out.ne[1], "matmul");
     p.k = u32(ta ? a.ne[0] : a.ne[1], "matmul");
@@ -190,6 +194,7 @@ bool worth_transposing(const TensorImpl& operand, int64_t other_side, int64_t wo
 // A [cols, rows] copy of the 16-bit matrix x ([rows, cols]), recorded (coopmat_transpose.comp).
 TensorPtr transposed_copy(const TensorImpl& x, const char* op) {
     constexpr uint32_t kTile = 64;  // coopmat_transpose.comp's T
+    u32(x.numel(), op);  // the shader's 32-bit indices
     TensorPtr out = make_on(Device::gpu, {x.ne[1], x.ne[0], 1, 1}, 2, x.dtype, op);
     struct Push {
         uint64_t x, o;
