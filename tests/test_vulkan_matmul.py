@@ -133,9 +133,6 @@ def test_linear_matches_cpu(activation, out_features, in_features, n, dtype, poi
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-# (m, n, k, batch) whose 16 x 16 tiles are few over a long k: the reduction is cut into slices
-# (NatureCNN's 3136 x 512 layer at batch 32; a 4-action head over 1100 features; a batched
-# product with a last, shorter slice)
 # A product large enough for the cooperative-matrix kernel to read an operand whose k is not
 # contiguous (A untransposed, B transposed) from a k-contiguous copy (coopmat_transpose.comp): both
 # sides past 512 and m n k past 2^30, no side a multiple of the copy's 64 x 64 tiles or the
@@ -170,6 +167,9 @@ def test_large_half_linear_reads_a_copy_of_its_weight(dtype, poisoned_gpu_memory
     _assert_half_close(_linear_on("gpu", w, x, bias, "relu", dtype), _linear_on("cpu", w, x, bias, "relu", dtype))
 
 
+# (m, n, k, batch) whose 16 x 16 tiles are few over a long k: the reduction is cut into slices
+# (NatureCNN's 3136 x 512 layer at batch 32; a 4-action head over 1100 features; a batched
+# product with a last, shorter slice)
 SPLIT_SHAPES = [(512, 32, 3136, ()), (4, 32, 1100, ()), (37, 19, 1201, (3,))]
 
 
