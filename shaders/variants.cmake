@@ -65,6 +65,7 @@ rk_shader(matmul_linear_coopmat_chunked matmul_coopmat.comp LINEAR CHUNKED)
 rk_shader(matmul_linear_coopmat_ta matmul_coopmat.comp LINEAR TRANSPOSE_A)  # W's k-contiguous copy (large products)
 rk_shader(matmul_linear_coopmat_ta_chunked matmul_coopmat.comp LINEAR TRANSPOSE_A CHUNKED)
 rk_shader(coopmat_transpose coopmat_transpose.comp)  # k-contiguous copies of large operands (built as the coopmat shaders are)
+rk_shader(coopmat_transpose_pairs coopmat_transpose.comp PAIRS)  # (even sides: two halves a word, f16 and bf16)
 if(RLKIT_COOPMAT_BF16)  # bf16 operands: the same kernels, where the shader compiler knows GL_EXT_bfloat16
   foreach(chunked "" "_chunked")
     set(chunk_define "")

@@ -202,7 +202,11 @@ TensorPtr transposed_copy(const TensorImpl& x, const char* op) {
     } p{x.address(), out->address(), u32(x.ne[0], op), u32(x.ne[1], op), 0};
     p.tiles_r = (p.rows + kTile - 1) / kTile;
     const uint64_t tiles = uint64_t(p.tiles_r) * ((p.cols + kTile - 1) / kTile);
-    record(x.dtype == DType::bf16 ? "coopmat_transpose_bf16" : "coopmat_transpose", p, tiles, {span(x)}, {span(*out)});
+    // Words of two halves where every pair lies whole and aligned on both sides (PAIRS).
+    const bool pairs = p.rows % 2 == 0 && p.cols % 2 == 0 && x.address() % 4 == 0 && out->address() % 4 == 0;
+    const char* shader = pairs ? "coopmat_transpose_pairs"
+                               : x.dtype == DType::bf16 ? "coopmat_transpose_bf16" : "coopmat_transpose";
+    record(shader, p, tiles, {span(x)}, {span(*out)});
     return out;
 }
 
