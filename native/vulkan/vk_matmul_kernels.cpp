@@ -318,7 +318,8 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t 
     const std::string extension = "VK_NV_cooperative_matrix";
 #endif
     if (kernel == MatmulKernel::coopmat) {
-        const bool copies = batch == 1 && std::min(m, n) >= kTransposeMinOtherSide && size_mul(m, n, k) >= kTransposeMinWork;
+        // (A is copied where n is wide enough, op(B) where m is: record_matmul's worth_transposing)
+        const bool copies = batch == 1 && std::max(m, n) >= kTransposeMinOtherSide && size_mul(m, n, k) >= kTransposeMinWork;
         return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
                " fragments, f32 accumulation" +
                (copies ? ", an operand whose k is not contiguous read from a k-contiguous copy" : "");
