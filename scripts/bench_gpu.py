@@ -179,7 +179,8 @@ def bench_matmul(n: int, dtype: str, args, timer: Timer) -> list[Row]:
     orders = list(ORDERS) if args.transposes and dtype != "f32" else [(False, False)]
     table = f"matmul {dtype}"
     target = 0.5 if dtype == "f32" or (dtype == "f16" and n == 4096) else None  # f16's target is set at 4096
-    if torch is not None and not args.no_torch:
+    with_torch = torch is not None and not args.no_torch
+    if with_torch:
         torch_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
         ta = torch.from_numpy(x).to(args.torch_device, torch_dtype)
         tb = torch.from_numpy(y).to(args.torch_device, torch_dtype)
@@ -188,14 +189,14 @@ def bench_matmul(n: int, dtype: str, args, timer: Timer) -> list[Row]:
     for transpose_a, transpose_b in orders:
         ours = flops / timer.rlkit(lambda: rc.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)) / 1e12
         label = f"n = {n}{ORDERS[transpose_a, transpose_b]}"
-        if torch is None or args.no_torch:
+        if not with_torch:
             rows.append(Row(table, label, "TFLOP/s", ours, None, "PyTorch", True, target))
             continue
         theirs = flops / timer.torch(lambda: torch.mm(ta.T if transpose_a else ta, tb.T if transpose_b else tb),
                                      args.torch_device) / 1e12
         rows.append(Row(table, label, "TFLOP/s", ours, theirs, f"{library} {dtype.upper()}", True, target))
         target = None  # the target is the plain order's
-    if dtype == "f32" and torch is not None and not args.no_torch and args.torch_device == "cuda":
+    if dtype == "f32" and with_torch and args.torch_device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # the tensor-core f32 path, for reference only
         tf32 = flops / timer.torch(lambda: torch.mm(ta, tb), args.torch_device) / 1e12
         torch.backends.cuda.matmul.allow_tf32 = False

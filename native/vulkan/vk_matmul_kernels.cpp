@@ -187,8 +187,10 @@ bool reads_in_chunks(const TensorImpl& t) { return t.address() % 16 == 0 && t.ne
 constexpr int64_t kTransposeMinOtherSide = 512;
 constexpr int64_t kTransposeMinWork = int64_t(1) << 30;  // m n k
 
-bool worth_transposing(const TensorImpl& operand, int64_t other_side, int64_t work) {
-    return operand.ne[2] == 1 && operand.ne[3] == 1 && other_side >= kTransposeMinOtherSide && work >= kTransposeMinWork;
+// Whether an operand of `slices` matrices (a batch is not copied) is copied for a product of
+// m n k = `work` whose other side (n for A, m for op(B)) is `other_side`.
+bool worth_transposing(int64_t slices, int64_t other_side, int64_t work) {
+    return slices == 1 && other_side >= kTransposeMinOtherSide && work >= kTransposeMinWork;
 }
 
 // A [cols, rows] copy of the 16-bit matrix x ([rows, cols]), recorded (coopmat_transpose.comp).
@@ -250,11 +252,11 @@ void record_matmul(const TensorImpl& a_in, const TensorImpl& b_in, bool ta, bool
     TensorPtr a_copy, b_copy;  // k-contiguous copies, where worth_transposing
     if (kernel == MatmulKernel::coopmat) {
         const int64_t work = size_mul(out.ne[0], out.ne[1], k);
-        if (!ta && worth_transposing(a_in, out.ne[1], work)) {
+        if (!ta && worth_transposing(a_in.ne[2] * a_in.ne[3], out.ne[1], work)) {
             a_copy = transposed_copy(a_in, op);  // [k, m]: op(A) is its transpose
             ta = true;
         }
-        if (tb && worth_transposing(b_in, out.ne[0], work)) {
+        if (tb && worth_transposing(b_in.ne[2] * b_in.ne[3], out.ne[0], work)) {
             b_copy = transposed_copy(b_in, op);  // [k, n]: op(B) is itself
             tb = false;
         }
@@ -318,8 +320,8 @@ std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t 
     const std::string extension = "VK_NV_cooperative_matrix";
 #endif
     if (kernel == MatmulKernel::coopmat) {
-        // (A is copied where n is wide enough, op(B) where m is: record_matmul's worth_transposing)
-        const bool copies = batch == 1 && std::max(m, n) >= kTransposeMinOtherSide && size_mul(m, n, k) >= kTransposeMinWork;
+        // (an output of one slice has operands of one; A is copied where n is wide enough, op(B) where m is)
+        const bool copies = worth_transposing(batch, std::max(m, n), size_mul(m, n, k));
         return "cooperative matrices (" + extension + "), 128x256 tiles of 16x16x16 " + dtype_name(dtype) +
                " fragments, f32 accumulation" +
                (copies ? ", an operand whose k is not contiguous read from a k-contiguous copy" : "");
