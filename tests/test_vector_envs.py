@@ -79,6 +79,39 @@ def test_gymnasium_vector_envs_store_the_environments_own_transitions(mode):
     _check(_stored_transitions(agent, 300))
 
 
+class InPlaceCounter(Counter):
+    """Counter writing each observation into the one array it returns, as Gymnasium's vector
+    envs with ``copy=False`` write theirs."""
+
+    def __init__(self):
+        super().__init__()
+        self.obs = np.zeros(2, np.float32)
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        self.obs[:] = obs
+        return self.obs, info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        self.obs[:] = obs
+        return self.obs, *rest
+
+
+def test_an_environment_writing_its_observation_in_place_stores_its_own_transitions():
+    # the loop keeps a run of steps until a round of gradient steps stores it: it must keep copies
+    agent = DQN(InPlaceCounter(), seed=0, learning_starts=1000, buffer_size=1000)
+    _check(_stored_transitions(agent, 300))
+
+
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP],
+                         ids=["next-step", "same-step"])
+def test_vector_envs_without_copies_store_the_environments_own_transitions(mode):
+    env = gym.vector.SyncVectorEnv([Counter] * 3, autoreset_mode=mode, copy=False)  # one observation array
+    agent = DQN(env, seed=0, learning_starts=1000, buffer_size=1000)
+    _check(_stored_transitions(agent, 300))
+
+
 def _async_vector(mode) -> gym.vector.VectorEnv:
     return gym.vector.AsyncVectorEnv([Counter] * 3, autoreset_mode=mode, context="fork")
 

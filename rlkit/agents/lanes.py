@@ -11,11 +11,13 @@ from rlkit.envs.packages import register_for
 
 
 def lane_rows(obs, single: bool = False):
-    """Observations as arrays with a row per lane (a dict of them, by key, for a Dict space's);
-    ``single``: one environment's observation, given a lane axis of one."""
+    """Observations as arrays of their own with a row per lane (a dict of them, by key, for a
+    Dict space's); ``single``: one environment's observation, given a lane axis of one. Copied:
+    an environment may write its next observation into the array it returned (Gymnasium's
+    vector envs with ``copy=False`` do), and the loop keeps a step's arrays until it stores them."""
     if isinstance(obs, dict):
         return {key: lane_rows(value, single) for key, value in obs.items()}
-    return np.asarray(obs)[None] if single else np.asarray(obs)
+    return np.array(obs)[None] if single else np.array(obs)
 
 
 def copy_rows(obs):
@@ -159,14 +161,14 @@ class EnvLanes:
         return self._vector_result(*self.env.step(actions))
 
     def _vector_result(self, obs, reward, terminated, truncated, info):
-        terminated, truncated = np.asarray(terminated), np.asarray(truncated)
+        terminated, truncated = np.array(terminated), np.array(truncated)  # arrays of their own, as lane_rows
         true_next = copy_rows(obs)
         for lane in np.flatnonzero(info.get("_final_obs", ())):  # SAME_STEP keeps the final ones here
             set_row(true_next, lane, info["final_obs"][lane])
         done = terminated | truncated
         if self.next_step_reset and done.any():  # obs holds the final observations: reset those lanes now
             obs, _ = self.env.reset(options={"reset_mask": done})
-        return lane_rows(obs), np.asarray(reward, np.float32), terminated, truncated, true_next
+        return lane_rows(obs), np.array(reward, np.float32), terminated, truncated, true_next
 
     def _sb3_result(self, obs, reward, dones, infos):
         dones = np.asarray(dones, bool)
