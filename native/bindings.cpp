@@ -104,7 +104,7 @@ void write_values(TensorImpl& t, py::array arr) {
     if (src->numel() != t.numel())
         throw std::invalid_argument("write: " + std::to_string(src->numel()) + " values for a tensor " + t.shape_str());
     backend(t.device).upload(t, 0, src->data(), t.nbytes());
-    ++t.version;
+    t.note_write();
 }
 
 // Columns [col0, col0 + k) of a 2-D tensor (a device buffer) as one contiguous byte range.
@@ -126,7 +126,7 @@ void write_columns(TensorImpl& t, py::array arr, int64_t col0) {
                                     std::to_string(t.ne[0]) + ", k] columns");
     const auto [offset, n] = column_bytes(t, col0, src->ne[1], "write_columns");
     backend(t.device).upload(t, offset, src->data(), n);
-    ++t.version;
+    t.note_write();
 }
 
 py::array read_columns(const TensorImpl& t, int64_t col0, int64_t k) {
@@ -392,6 +392,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
     m.def("set_gpu_profiling", &set_gpu_profiling, py::arg("on"),
           "Programs recorded from now on time each dependency level; False where the GPU cannot time.");
+    m.def("host_writes", &host_writes,
+          "In-place writes to any tensor so far: while it is unchanged, no tensor's version changed.");
     m.def("set_cpu_profiling", &set_cpu_profiling, py::arg("on"),
           "CPU programs created from now on time each node at every replay (Program.level_times).");
     m.def("relocate", [](TensorImpl& t) {

@@ -55,9 +55,9 @@ void check_set(const char* op, const UpdateSet& set) {
 // One more version of every tensor an update writes.
 void bump_versions(const UpdateSet& set) {
     for (const UpdateTensors& u : set) {
-        ++u.w->version;
-        ++u.m->version;
-        if (u.v != u.m) ++u.v->version;
+        u.w->note_write();
+        u.m->note_write();
+        if (u.v != u.m) u.v->note_write();
     }
 }
 

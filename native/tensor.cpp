@@ -146,6 +146,17 @@ std::string TensorImpl::shape_str() const {
     return os.str();
 }
 
+namespace {
+std::atomic<uint64_t> all_host_writes{0};
+}  // namespace
+
+void TensorImpl::note_write() {
+    ++version;
+    all_host_writes.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t host_writes() { return all_host_writes.load(std::memory_order_relaxed); }
+
 TensorPtr make_pending(const Shape& ne, int ndim, DType dtype, Device device, const char* what) {
     checked_extent(what, ne, ndim, dtype);
     auto t = std::make_shared<TensorImpl>();

@@ -81,7 +81,7 @@ struct TensorImpl {
     Device device = Device::cpu;
     std::shared_ptr<Storage> storage;  // null while pending
     size_t offset = 0;                 // bytes into storage
-    uint64_t version = 0;              // bumped by every in-place write
+    uint64_t version = 0;              // bumped by every in-place write (note_write)
 
     // Unchecked products: make_pending checked this shape (checked_extent) when it made the tensor.
     int64_t numel() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
@@ -91,8 +91,14 @@ struct TensorImpl {
     uint64_t address() const;  // device address (GPU tensors only)
     template <typename T> T* ptr() const { return static_cast<T*>(data()); }
     std::string shape_str() const;
+    // Counts an in-place write: one more version of this tensor, one more of host_writes().
+    void note_write();
 };
 using TensorPtr = std::shared_ptr<TensorImpl>;
+
+// In-place writes to any tensor so far (note_write): equal counts mean that no tensor's version
+// changed in between, which a captured call's check of its parameters reads in one call.
+uint64_t host_writes();
 
 // Tests: fill every new host block that is not zeroed with 0xff bytes (NaN in every float dtype),
 // so that output elements a CPU kernel leaves unwritten show, whether the block is new or reused.

@@ -116,6 +116,30 @@ def test_repeated_calls_of_one_signature_see_new_values_and_parameter_writes(dev
         rc.dtype(previous)
 
 
+def test_a_host_write_to_another_tensor_keeps_the_program_and_one_to_a_parameter_does_not(device):
+    """A loop's repeated call compares its parameters' versions only where some tensor was written
+    from the host since its last call (one native counter of such writes)."""
+    model, opt = _model(lr=0.1)
+    forward = rc.capture(lambda x: model(x), model.parameters())
+    x = _batches(1)[0][0]
+    expected = model(rc.tensor(x)).numpy()
+    np.testing.assert_allclose(forward(x=x), expected, rtol=1e-6)
+    other = rc.tensor(np.zeros((2, 3), np.float32))
+    before = _native.host_writes()
+    other.write_columns(np.ones((2, 1), np.float32), 1)
+    assert _native.host_writes() == before + 1
+    np.testing.assert_allclose(forward(x=x), expected, rtol=1e-6)
+    np.testing.assert_allclose(forward(x=x), expected, rtol=1e-6)
+    assert forward.traces == 1
+    _eager_steps(model, opt, _batches(1))  # an eager optimizer step writes every parameter: a new program
+    np.testing.assert_allclose(forward(x=x), model(rc.tensor(x)).numpy(), rtol=1e-6)
+    assert forward.traces == 2
+    layer = model[0]
+    layer.W._impl = rc.tensor(layer.W.numpy() * 2.0)._impl  # a new storage, no write counted
+    np.testing.assert_allclose(forward(x=x), model(rc.tensor(x)).numpy(), rtol=1e-6)
+    assert forward.traces == 3
+
+
 def test_buffers_are_read_where_they_are(device):
     buf = DeviceBuffer(3, 10)
     buf.write(np.arange(30, dtype=np.float32).reshape(3, 10, order="F"))

@@ -108,6 +108,11 @@ class EnvLanes:
         if seed is not None:
             self.action_space.seed(seed)
             self.observation_space.seed(seed)
+        # Whether the environments step in other processes (Gymnasium's AsyncVectorEnv, SB3's
+        # SubprocVecEnv), so that step_async returns at once and the caller can work (run its
+        # gradient steps) while they step.
+        self.steps_in_background = (isinstance(self.env, gym.vector.AsyncVectorEnv) if self.kind == "vector"
+                                    else self.kind == "sb3" and type(self.env).__name__ == "SubprocVecEnv")
 
     @property
     def env_id(self) -> str | None:
@@ -123,17 +128,6 @@ class EnvLanes:
             return lane_rows(self.env.reset())
         obs, _ = self.env.reset(seed=self.seed)
         return lane_rows(obs, single=not self.vector)
-
-    @property
-    def steps_in_background(self) -> bool:
-        """Whether the environments step in other processes (Gymnasium's AsyncVectorEnv, SB3's
-        SubprocVecEnv), so that ``step_async`` returns at once and the caller can work (run its
-        gradient steps) while they step."""
-        import gymnasium as gym
-
-        if self.kind == "vector":
-            return isinstance(self.env, gym.vector.AsyncVectorEnv)
-        return self.kind == "sb3" and type(self.env).__name__ == "SubprocVecEnv"
 
     def step_async(self, actions: np.ndarray) -> None:
         """Starts a step of every lane with ``actions`` where ``steps_in_background``;

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import gymnasium as gym
 import numpy as np
@@ -123,7 +124,7 @@ class ObservationLayout:
         """The layout of ``size`` float features (what a recurrent encoder hands its heads)."""
         return cls((int(size),), "flatten")
 
-    @property
+    @cached_property  # (read at every environment step, as size is)
     def image(self) -> bool:
         """Whether observations are images (met by a CNN)."""
         return self.extractor in ("nature", "impala")
@@ -133,10 +134,9 @@ class ObservationLayout:
         """The host and buffer dtype of a batch: uint8 for images, float32 otherwise."""
         return np.uint8 if self.image else np.float32
 
-    @property
+    @cached_property
     def size(self) -> int:
-        """Elements of one observation (math.prod: this is read at every step, where np.prod
-        took a few microseconds)."""
+        """Elements of one observation (read at every environment step: computed once)."""
         return math.prod(self.shape)
 
     @property

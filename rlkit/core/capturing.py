@@ -128,6 +128,28 @@ def _input_key(inputs: dict) -> tuple | None:
     return tuple(key)
 
 
+def _matches_key(inputs: dict, key: tuple) -> bool:
+    """Whether a call's inputs are numpy arrays of ``key``'s names, shapes and dtypes (what
+    ``_input_key`` would return for them, without building it)."""
+    if len(inputs) != len(key):
+        return False
+    for (name, value), (key_name, shape, dtype) in zip(inputs.items(), key):
+        if name != key_name or type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+            return False
+    return True
+
+
+class _LastCall:
+    """What a captured function's last call used, so that a loop's next call with the same
+    kind of inputs takes its program without the lookup: the input key, (device, float dtype),
+    the parameters' storages, the count of host writes then (``_native.host_writes``) and the
+    full identity, compared only where some tensor was written since."""
+
+    def __init__(self, key: tuple, settings: tuple, impls: list, identity: tuple, program: "_CapturedProgram"):
+        self.key, self.settings, self.impls, self.identity, self.program = key, settings, impls, identity, program
+        self.host_writes = _native.host_writes()
+
+
 def _host_array(name: str, arr: np.ndarray, dtype: str) -> np.ndarray:
     """An input converted for the program: Fortran-ordered, of the captured dtype and shape
     (integers checked to fit in i32 first)."""
@@ -160,12 +182,17 @@ class _CapturedProgram:
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
         self.while_running = while_running
+        # nothing but the inputs' conversion around a replay (a policy's forward, say)
+        self.plain = not (input_checks or host_inputs or before_replay or after_replay)
 
     def replay(self, arrays: dict[str, np.ndarray]):
         """Runs the program on the named input arrays (converted to the dtypes it was captured
         for) and returns the captured function's outputs, in the structure it returned them."""
         # no begin / end (count_running) here: no other replay's host inputs are computed while
         # this one runs, so it is never seen running
+        if self.plain:  # a loop's acting: a few microseconds of Python fewer than the general path
+            values = [_host_array(name, arrays[name], dtype) for name, dtype in zip(self.names, self.dtypes)]
+            return self.rebuild(self.native.replay(values)[:self.n_user_outputs])
         return self._outputs(self.native.replay(self._inputs(arrays)))
 
     def launch(self, arrays: dict[str, np.ndarray]) -> None:
@@ -239,7 +266,7 @@ class CapturedFunction:
         self._tensors = [p for p in self.params if isinstance(p, Tensor)]  # the rest are buffers
         self._buffers = [p for p in self.params if not isinstance(p, Tensor)]
         self._programs: dict[tuple, _CapturedProgram] = {}
-        self._last: tuple | None = None  # the last call's (input key, (device, float dtype), identity, program)
+        self._last: _LastCall | None = None
         self._pending: PendingReplay | None = None  # launched, its result not read yet
         self.traces = 0  # how many times fn was traced (re-recordings included)
 
@@ -257,7 +284,8 @@ class CapturedFunction:
                 tuple([id(b.__rlkit_buffer__()._impl) for b in self._buffers]))  # a freed buffer raises here
 
     def __call__(self, **inputs):
-        self._check_settled("a call")
+        if self._pending is not None:
+            self._check_settled("a call")
         program, arrays = self._program_for(inputs)
         return program.replay(arrays)
 
@@ -283,15 +311,30 @@ class CapturedFunction:
         """The program for a call's inputs and those inputs as arrays (bools as f32). Numpy arrays
         of the last call's names, shapes and dtypes, with the same device, default float dtype
         and parameters (a loop's calls), take the last call's program as given, without the
-        lookup: about half of a call's Python."""
-        key, last, settings = _input_key(inputs), self._last, (runtime.device(), runtime.dtype())
-        if key is not None and last is not None and last[0] == key and last[1] == settings \
-                and last[2] == self._identity():
-            return last[3], inputs
+        lookup: most of a call's Python."""
+        last = self._last
+        if last is not None and _matches_key(inputs, last.key) and self._unchanged_since(last):
+            return last.program, inputs
+        key = _input_key(inputs)
         arrays = {name: _input_array(name, value) for name, value in sorted(inputs.items())}
         program = self._program(arrays)
-        self._last = None if key is None else (key, settings, self._identity(), program)
+        self._last = None if key is None else _LastCall(key, (runtime.device(), runtime.dtype()),
+                                                         [p._impl for p in self._tensors], self._identity(), program)
         return program, {name: arr for name, (arr, _) in arrays.items()}
+
+    def _unchanged_since(self, last: _LastCall) -> bool:
+        """Whether the device, the float dtype and the listed parameters and buffers are as at
+        the ``last`` call: the same storages and, where no tensor was written from the host since
+        (one native counter), the same versions without reading them one by one."""
+        if last.settings != (runtime.device(), runtime.dtype()) or last.impls != [p._impl for p in self._tensors]:
+            return False
+        writes = _native.host_writes()
+        if writes == last.host_writes and not self._buffers:
+            return True
+        if last.identity != self._identity():
+            return False
+        last.host_writes = writes  # the writes were to other tensors
+        return True
 
     def _program(self, arrays: dict[str, tuple[np.ndarray, str]]) -> _CapturedProgram:
         """The program for these inputs, the device and the listed parameters and buffers as they
