@@ -316,6 +316,7 @@ def test_a_gpu_agent_acts_from_a_host_copy_that_follows_training():
     agent.q.load_state_dict(zeroed)  # written from outside (a load, a broadcast): the copy follows
     np.testing.assert_array_equal(agent.predict(obs, deterministic=True)[0], np.zeros(len(obs), np.int64))
     assert all(np.all(p.numpy() == 0) for p in agent._host_q.parameters().values())
+    assert agent._host_acting.traces == 2  # one per batch size (200 here, 1 in the loop): a refresh re-traces nothing
     gpu_acting = DQN("CartPole-v1", DQNConfig(**{**FAST.__dict__, "act_on_host": False}), seed=2, device="gpu")
     assert gpu_acting._host_q is None
     large = DQN("CartPole-v1", DQNConfig(net_arch=(1024, 1024)), seed=2, device="gpu")

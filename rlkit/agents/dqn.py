@@ -304,8 +304,11 @@ class DQN(EpsilonGreedy, OffPolicyAgent):
             self._host_q.load_state_dict(self.q.state_dict())
             self._host_q_versions = versions
         if self._host_acting is None:
-            self._host_acting = rc.capture(lambda **inputs: rc.argmax(self._host_q(policy_input(inputs))),
-                                           list(self._host_q.parameters().values()))
+            # The copy's parameters are not listed: a capture re-traces where a listed one was written
+            # from the host, and each refresh above writes them all (a trace every round of gradient
+            # steps: every 4 steps with train_freq=4). The refresh writes in place, into the same
+            # storages, which the replays read where they are; nothing moves the copy off the host.
+            self._host_acting = rc.capture(lambda **inputs: rc.argmax(self._host_q(policy_input(inputs))))
         with self._on_host:  # the captured forward runs where the copy is
             return self._host_acting(**policy_inputs(obs)).T  # [n, 1]
 
