@@ -62,7 +62,7 @@ class FiniteCheck:
     def __call__(self, timestep: int, what: str, values) -> None:
         """Checks ``values`` [n_lanes, ...], the ``what`` (observation or reward) of each lane at
         ``timestep`` (a dict of them: each key's): one isfinite pass over the array where all is well."""
-        if type(values) is dict:
+        if isinstance(values, dict):
             for key, value in values.items():
                 self(timestep, f"{what}[{key!r}]", value)
             return
