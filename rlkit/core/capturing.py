@@ -408,8 +408,10 @@ class PendingReplay:
 def capture(fn: Callable, params=(), early_outputs: int = 0) -> CapturedFunction:
     """Traces ``fn(**inputs)`` on its first call (and again for a new input signature) into a
     native program; later calls replay it. ``params`` lists the parameters and device buffers
-    the capture reads, so that freeing, moving or reloading one records the program anew.
-    ``early_outputs``: how many of fn's first outputs a launched call hands over as soon as
+    the capture reads, so that freeing, moving or reloading one records the program anew. A
+    tensor fn reads that is not listed is read where it is at every replay: a write into it in
+    place (``load_state_dict``, ``write_columns``) is seen without a new trace, but a move to new
+    storage is not: the replays go on reading the old one (list a tensor that may move). ``early_outputs``: how many of fn's first outputs a launched call hands over as soon as
     they are computed (``launch(...).early_result()``), before the rest of the program ends."""
     return CapturedFunction(fn, params, early_outputs)
 
