@@ -12,6 +12,7 @@ so the effective batch is the number of replicas.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -91,12 +92,15 @@ def check(results: dict[int, dict]) -> list[str]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--save", help=argparse.SUPPRESS)  # one of the runs the single process launches
+    save = parser.parse_args().save
     comm = parallel.world()
     data = make_data()
-    if "--save" in sys.argv:  # one of the runs the single process launches
+    if save is not None:
         result = summary(train(data))
         if comm.is_root:
-            with open(sys.argv[sys.argv.index("--save") + 1], "w") as f:
+            with open(save, "w") as f:
                 json.dump(result, f)
         return 0
     if comm.size > 1:  # launched by the user under mpiexec: one run with that many replicas

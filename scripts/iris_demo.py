@@ -11,6 +11,7 @@ model's validation accuracy.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -152,5 +153,7 @@ def main(seed: int = 42) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    accuracies = main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=42, help="the split's and the weights' seed (default 42)")
+    accuracies = main(parser.parse_args().seed)
     sys.exit(0 if min(accuracies.values()) >= 0.9 else 1)

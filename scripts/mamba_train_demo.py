@@ -15,12 +15,13 @@ their memory order, so its convolution runs along head_dim; here the sequence is
 time along the conv's dim 0, so the convolution is causal in time, as in Mamba.
 
     python scripts/mamba_train_demo.py                 # CPU, then Vulkan when available
-    RLKIT_DEMO_BACKEND=cpu python scripts/mamba_train_demo.py
-    RLKIT_DEMO_SMALL=1 RLKIT_DEMO_TRACE=0 python scripts/mamba_train_demo.py   # a quick check
+    python scripts/mamba_train_demo.py --backend cpu   # (or RLKIT_DEMO_BACKEND=cpu)
+    python scripts/mamba_train_demo.py --small --no-trace   # a quick check (RLKIT_DEMO_SMALL=1 RLKIT_DEMO_TRACE=0)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -266,11 +267,28 @@ def compare(results: list[dict], baseline: float, z: Sizes, batch: dict) -> bool
     return False
 
 
-def main() -> int:
-    z = SMALL if os.environ.get("RLKIT_DEMO_SMALL") == "1" else DEFAULT
-    show_trace = os.environ.get("RLKIT_DEMO_TRACE") != "0"
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; each option's default comes from its environment variable."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("all", "cpu"),
+                        default="cpu" if os.environ.get("RLKIT_DEMO_BACKEND", "").lower() == "cpu" else "all",
+                        help="cpu: the CPU pass alone; all: the CPU, then Vulkan where a device exists "
+                             "(default: RLKIT_DEMO_BACKEND, else all)")
+    parser.add_argument("--small", action="store_true", default=os.environ.get("RLKIT_DEMO_SMALL") == "1",
+                        help="the small sizes, a quick check (default: RLKIT_DEMO_SMALL=1)")
+    parser.add_argument("--no-trace", dest="trace", action="store_false",
+                        default=os.environ.get("RLKIT_DEMO_TRACE") != "0",
+                        help="leave out the per-tensor trace of the first step (default: RLKIT_DEMO_TRACE=0)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    z = SMALL if args.small else DEFAULT
+    show_trace = args.trace
     runs = [("CPU", "cpu")]
-    if os.environ.get("RLKIT_DEMO_BACKEND", "").lower() != "cpu":
+    if args.backend != "cpu":
         if any(d["device"] == "gpu" for d in rc.devices()):
             runs.append(("Vulkan", "gpu"))
         else:

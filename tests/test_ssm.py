@@ -448,9 +448,9 @@ def test_mamba_train_demo_small_trains_and_the_backends_agree():
     backend run, and (with a GPU) the CPU and Vulkan loss curves agree."""
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "mamba_train_demo.py")
     rlkit_home = os.path.dirname(os.path.dirname(rlkit.__file__))  # the script imports the rlkit under test
-    env = dict(os.environ, RLKIT_DEMO_SMALL="1", RLKIT_DEMO_TRACE="0",
-               PYTHONPATH=os.pathsep.join(filter(None, [rlkit_home, os.environ.get("PYTHONPATH")])))
-    run = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [rlkit_home, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, script, "--small", "--no-trace"], env=env, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr
     verdicts = re.findall(r"^(CPU|Vulkan) .* (OK|WEAK|FAIL.*)$", run.stdout, re.M)
     assert [v for _, v in verdicts] == ["OK"] * len(AVAILABLE_DEVICES), run.stdout
@@ -458,12 +458,8 @@ def test_mamba_train_demo_small_trains_and_the_backends_agree():
         assert "AGREE: both backends follow the same loss curve." in run.stdout, run.stdout
 
 
-@pytest.mark.slow
-def test_mamba_demo_default_run_is_stable_so_its_curves_can_be_compared():
-    """At the default sizes, on the CPU: initial weights perturbed by 1e-6 (relative, more than
-    rounding moves them) give a loss curve within 1e-4 of the unperturbed one at every epoch, and
-    the run ends OK against predicting zero. At a constant lr of 40 the same test gave gaps of 32%
-    past epoch 28: there a gap between two backends' curves says nothing about either backend."""
+def _mamba_demo():
+    """scripts/mamba_train_demo.py as a module."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(__file__), "..", "scripts", "mamba_train_demo.py")
@@ -474,6 +470,31 @@ def test_mamba_demo_default_run_is_stable_so_its_curves_can_be_compared():
         spec.loader.exec_module(demo)
     finally:
         del sys.modules[spec.name]
+    return demo
+
+
+def test_mamba_demo_options_default_to_their_environment_variables(monkeypatch):
+    demo = _mamba_demo()
+    for name in ("RLKIT_DEMO_BACKEND", "RLKIT_DEMO_SMALL", "RLKIT_DEMO_TRACE"):
+        monkeypatch.delenv(name, raising=False)
+    args = demo.parse_args([])
+    assert (args.backend, args.small, args.trace) == ("all", False, True)
+    monkeypatch.setenv("RLKIT_DEMO_BACKEND", "CPU")
+    monkeypatch.setenv("RLKIT_DEMO_SMALL", "1")
+    monkeypatch.setenv("RLKIT_DEMO_TRACE", "0")
+    args = demo.parse_args([])
+    assert (args.backend, args.small, args.trace) == ("cpu", True, False)
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--backend", "tpu"])
+
+
+@pytest.mark.slow
+def test_mamba_demo_default_run_is_stable_so_its_curves_can_be_compared():
+    """At the default sizes, on the CPU: initial weights perturbed by 1e-6 (relative, more than
+    rounding moves them) give a loss curve within 1e-4 of the unperturbed one at every epoch, and
+    the run ends OK against predicting zero. At a constant lr of 40 the same test gave gaps of 32%
+    past epoch 28: there a gap between two backends' curves says nothing about either backend."""
+    demo = _mamba_demo()
     z = demo.DEFAULT
     rng = np.random.default_rng(20260819)  # the demo's own batches and weights
     batches = [demo.make_batch(rng, z) for _ in range(z.n_samples)]
