@@ -20,13 +20,6 @@ def lane_rows(obs, single: bool = False):
     return np.array(obs)[None] if single else np.array(obs)
 
 
-def copy_rows(obs):
-    """A copy of lane rows (each key's, for a dict)."""
-    if isinstance(obs, dict):
-        return {key: np.array(value, copy=True) for key, value in obs.items()}
-    return np.array(obs, copy=True)
-
-
 def set_row(rows, lane: int, value) -> None:
     """Writes one lane's observation ``value`` (a dict for a Dict space) into lane rows."""
     if isinstance(rows, dict):
@@ -156,7 +149,7 @@ class EnvLanes:
 
     def _vector_result(self, obs, reward, terminated, truncated, info):
         terminated, truncated = np.array(terminated), np.array(truncated)  # arrays of their own, as lane_rows
-        true_next = copy_rows(obs)
+        true_next = lane_rows(obs)  # a second copy: the final observations are written into it
         for lane in np.flatnonzero(info.get("_final_obs", ())):  # SAME_STEP keeps the final ones here
             set_row(true_next, lane, info["final_obs"][lane])
         done = terminated | truncated
@@ -167,7 +160,7 @@ class EnvLanes:
     def _sb3_result(self, obs, reward, dones, infos):
         dones = np.asarray(dones, bool)
         truncated = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & dones
-        true_next = copy_rows(lane_rows(obs))
+        true_next = lane_rows(obs)  # a second copy: the terminal observations are written into it
         for lane in np.flatnonzero(dones):
             set_row(true_next, lane, infos[lane]["terminal_observation"])
         return lane_rows(obs), np.asarray(reward, np.float32), dones & ~truncated, truncated, true_next

@@ -182,17 +182,12 @@ class _CapturedProgram:
         self.n_user_outputs, self.rebuild = n_user_outputs, rebuild
         self.before_replay, self.after_replay = before_replay, after_replay
         self.while_running = while_running
-        # nothing but the inputs' conversion around a replay (a policy's forward, say)
-        self.plain = not (input_checks or host_inputs or before_replay or after_replay)
 
     def replay(self, arrays: dict[str, np.ndarray]):
         """Runs the program on the named input arrays (converted to the dtypes it was captured
         for) and returns the captured function's outputs, in the structure it returned them."""
         # no begin / end (count_running) here: no other replay's host inputs are computed while
         # this one runs, so it is never seen running
-        if self.plain:  # a loop's acting: a few microseconds of Python fewer than the general path
-            values = [_host_array(name, arrays[name], dtype) for name, dtype in zip(self.names, self.dtypes)]
-            return self.rebuild(self.native.replay(values)[:self.n_user_outputs])
         return self._outputs(self.native.replay(self._inputs(arrays)))
 
     def launch(self, arrays: dict[str, np.ndarray]) -> None:
@@ -411,8 +406,9 @@ def capture(fn: Callable, params=(), early_outputs: int = 0) -> CapturedFunction
     the capture reads, so that freeing, moving or reloading one records the program anew. A
     tensor fn reads that is not listed is read where it is at every replay: a write into it in
     place (``load_state_dict``, ``write_columns``) is seen without a new trace, but a move to new
-    storage is not: the replays go on reading the old one (list a tensor that may move). ``early_outputs``: how many of fn's first outputs a launched call hands over as soon as
-    they are computed (``launch(...).early_result()``), before the rest of the program ends."""
+    storage is not: the replays go on reading the old one (list a tensor that may move).
+    ``early_outputs``: how many of fn's first outputs a launched call hands over as soon as they
+    are computed (``launch(...).early_result()``), before the rest of the program ends."""
     return CapturedFunction(fn, params, early_outputs)
 
 
