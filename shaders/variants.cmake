@@ -122,9 +122,15 @@ endforeach()
 rk_shader(decayed_pairs_forward_staged decayed_pairs.comp FORWARD_STAGED)  # chunks of at most 64 tokens
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
-rk_shader(chunk_scan_forward chunk_scan.comp FORWARD)
-rk_shader(chunk_scan_backward chunk_scan.comp BACKWARD)
 rk_shader(gla_chunks_forward gla_chunks.comp FORWARD)
+foreach(kind OWN_STATES START_GRADS OUTPUTS GRADS)  # ssm_scan's chunked form (SSD)
+  string(TOLOWER ${kind} name)
+  rk_shader(ssd_chunks_${name} ssd_chunks.comp ${kind})
+endforeach()
+foreach(kind FORWARD BACKWARD GROUP_SUM)
+  string(TOLOWER ${kind} name)
+  rk_shader(ssd_pass_${name} ssd_pass.comp ${kind})
+endforeach()
 rk_shader(gla_chunks_backward gla_chunks.comp BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)

@@ -183,18 +183,6 @@ def assert_gpu_matches_cpu(op: str, arrays: list, names: list[str]) -> None:
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
 
 
-def np_chunk_scan(X, first, decay):
-    """chunk_scan as a plain loop: Z_0 = first, Z_{q+1} = decay_q Z_q + X_q (decay [K, c, N] the
-    same for the R rows). Returns the op's 1-D output: Z_0 .. Z_{c-1} [R, K, c, N], then Z_c."""
-    R, K, c, N = X.shape
-    starts = np.zeros((R, K, c, N))
-    z = first.astype(np.float64)
-    for q in range(c):
-        starts[:, :, q, :] = z
-        z = decay[None, :, q, :] * z + X[:, :, q, :]
-    return np.concatenate([starts.reshape(-1, order="F"), z.reshape(-1, order="F")])
-
-
 def WKV7(S, H, T, n_seqs):
     """Inputs of rwkv_wkv7, well conditioned as llama.cpp makes them and ggml's test does:
     w in [0.5, 1], a = -kk and b = kk * gate with kk unit vectors per head and token."""

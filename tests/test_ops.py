@@ -297,7 +297,7 @@ CASES: list[Case] = [
          ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),  # Mamba-2
           (N(4, 1, 3, 1), N(1, 3, 5, 1), N(3, 5, 1), DECAY(4, 3), N(4, 1, 5, 1), N(4, 1, 5, 1), IDX(0)),  # Mamba-1
           (N(2, 3, 2, 2), N(3, 2, 10, 2), N(2, 10, 2, s=3.0), DECAY(1, 2), N(2, 2, 10, 2), N(2, 2, 10, 2), IDX(1, 1)))),
-    # its chunked form (SSD, Mamba-2's A only; chunks of 3, the last short, through chunk_scan)
+    # its chunked form (SSD, Mamba-2's A only; chunks of 3, the last short: one op, ssd_chunks)
     Case("ssm_scan_chunked", "ssm_scan", lambda *a: packed(*rc.ssm_scan(*a, chunk_size=3)),
          lambda *a: packed(*np_ssm_scan(*a)),
          ((N(3, 2, 4, 3), N(2, 4, 7, 2), N(4, 7, 2), DECAY(1, 4), N(3, 2, 7, 2), N(3, 2, 7, 2), IDX(2, 0)),

@@ -178,6 +178,7 @@ def test_a_block_learns_what_needs_memory(kind):
     (dict(d_model=0, d_state=4), "d_model must be a positive int"),
     (dict(d_model=4, d_state=4, dt_min=0.1, dt_max=0.01), "0 < dt_min <= dt_max"),
     (dict(d_model=4, d_state=4, chunk_size=0), "chunk_size must be a positive int"),
+    (dict(d_model=4, d_state=4, chunk_size=65), "chunk_size must be at most 64, got 65"),
 ])
 def test_bad_mamba_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -81,6 +81,19 @@ def _gla_chunks(back: bool):
     return build
 
 
+def _ssd_chunks(back: bool):
+    """ssd_chunks: u [P, H, T, N], log_decay [H, T, N], B, C [D, 1, T, N], first [D, P, H, N], chunks
+    of 2 tokens; the backward helper takes g first and the forward's output last, each one column
+    [y, final, starts]."""
+    def build(d, p, t, n):
+        inputs = [((p, 2, t, n), F), ((2, t, n), F), ((d, 1, t, n), F), ((d, 1, t, n), F), ((d, p, 2, n), F)]
+        if back:
+            total = p * 2 * t * n + d * p * 2 * n * (1 + -(-t // 2))
+            inputs = [((total,), F)] + inputs + [((total,), F)]
+        return inputs, [2], []
+    return build
+
+
 def _chunk_states_inputs(L, S, N, c):
     """wkv7_chunk_states' inputs: W, U, B, K, V [L, S, N, c], decay [S, N, c], Z0 [S, S, N]."""
     return [((L, S, N, c), F)] * 5 + [((S, N, c), F), ((S, S, N), F)]
@@ -153,9 +166,7 @@ def _builders() -> dict:
         [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)
         + [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)], [], [])
     b["gla_chunks"], b["gla_chunks_back"] = _gla_chunks(False), _gla_chunks(True)
-    b["chunk_scan"] = lambda a, b_, c, d: ([((a, b_, c, d), F), ((a, b_, d), F), ((b_, c, d), F)], [], [])
-    b["chunk_scan_back"] = lambda a, b_, c, d: ([((a * b_ * c * d + a * b_ * d,), F), ((a, b_, d), F), ((b_, c, d), F)],
-                                                [], [])
+    b["ssd_chunks"], b["ssd_chunks_back"] = _ssd_chunks(False), _ssd_chunks(True)
     # images: x [W, H, C, N], kernels [KW, KH, C_in, C_out]; ints: stride, padding, dilation (w, h), then sizes
     b["conv2d"] = lambda a, b_, c, d: ([((a, b_, 2, 2), F), ((3, 2, 2, 3), F)], [c, d, d, c, 1, 2], [])
     b["conv2d_input_back"] = lambda a, b_, c, d: ([((1, 1, 3, 2), F), ((3, 2, 2, 3), F)], [a, b_, 0, 0, 1, 1, c, d], [])

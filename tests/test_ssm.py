@@ -16,7 +16,7 @@ import rlkit.core as rc
 from rlkit.core import ops
 
 from conftest import AVAILABLE_DEVICES
-from op_references import assert_chunked_within_recurrent_error, assert_gpu_matches_cpu, np_chunk_scan, np_ssm_scan
+from op_references import assert_chunked_within_recurrent_error, np_ssm_scan
 
 
 def test_ssm_conv_chunks_with_carried_state_match_the_whole_sequence(device):
@@ -340,82 +340,106 @@ def test_ssm_scan_chunked_where_the_decay_underflows(device):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(a).max()), err_msg=name)
 
 
-# ---- chunk_scan: the chunked forms' states passed from chunk to chunk ---------------------------
+# ---- ssd_chunks: the chunked form's op, alone ---------------------------------------------------
 
-def _chunk_scan_inputs(R, K, c, N, seed=0):
+def _ssd_inputs(D, P, H, T, N, G, seed=0):
+    """ssd_chunks' (u, log_decay, B, C, first), float64: log decays below 0, as softplus(dt) A gives."""
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=(R, K, c, N)), rng.normal(size=(R, K, N)), rng.uniform(0.05, 1.0, size=(K, c, N))]
+    return [rng.normal(size=(P, H, T, N)), -rng.uniform(0.01, 1.5, size=(H, T, N)), rng.normal(size=(D, G, T, N)),
+            rng.normal(size=(D, G, T, N)), rng.normal(size=(D, P, H, N))]
 
 
-# (R, K, c, N): one chunk of one element; awkward sizes; more rows than a workgroup's invocations
-SCAN_SHAPES = [(1, 1, 1, 1), (3, 2, 5, 2), (64, 5, 17, 3), (300, 3, 4, 2)]
+def _ssd_outputs(D, P, H, T, N, L):
+    """The op's output length: y, the final states, the state at each chunk's start."""
+    return P * H * T * N + D * P * H * N * (1 + -(-T // L))
 
 
-@pytest.mark.parametrize("shape", SCAN_SHAPES)
-def test_chunk_scan_matches_the_numpy_loop(device, shape):
-    arrays = _chunk_scan_inputs(*shape)
-    want = np_chunk_scan(*arrays)
-    for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
-        got = ops.apply("chunk_scan", tuple(rc.tensor(np.asfortranarray(a), dtype=dtype) for a in arrays)).numpy()
-        tol = 1e-12 if dtype == "f64" else 1e-5
-        np.testing.assert_allclose(got.ravel(), want, rtol=tol, atol=tol * np.abs(want).max())
+def _ssd_chunks_grads(arrays, L, dtype, device, weights):
+    """ssd_chunks' whole output and the gradients of its weighted sum for every input."""
+    params = [rc.param(np.asfortranarray(a), dtype=dtype, device=device) for a in arrays]
+    with rc.grad_tape():
+        out = ops.apply("ssd_chunks", tuple(params), ints=(L,), chunk=L)
+        loss = rc.sum(rc.mul(out, rc.tensor(weights, dtype=dtype, device=device)))
+    grads = rc.backward(loss)
+    return [out.numpy()] + [np.asarray(grads[p]) for p in params]
 
 
-@pytest.mark.parametrize("shape", SCAN_SHAPES[:3])
-def test_chunk_scan_gradients_match_finite_differences(shape):
-    """Every input's gradient in float64, the states before every chunk and the final one weighted."""
-    arrays = _chunk_scan_inputs(*shape, seed=1)
-    weight = rc.tensor(np.random.default_rng(2).normal(size=(np_chunk_scan(*arrays).size, 1)), dtype="f64")
-    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("chunk_scan", xs), (-1, 1)), weight),
+# (D, P, H, T, N, G, L): a group shared by the heads, the last chunk short; groups of two heads;
+# a group per head; chunks of one token; sizes past a workgroup's 256 invocations, chunks of 64
+SSD_SHAPES = [(3, 2, 2, 7, 1, 1, 3), (5, 3, 4, 12, 2, 2, 4), (4, 3, 2, 9, 2, 2, 4), (2, 2, 2, 3, 1, 1, 1),
+              (40, 20, 2, 70, 1, 1, 64)]
+
+
+@pytest.mark.parametrize("shape", SSD_SHAPES[:4])
+def test_ssd_chunks_gradients_match_finite_differences(shape):
+    """The op alone in float64, its whole output weighted: the start states' gradient too (no
+    caller reads them, but the backward op adds theirs)."""
+    arrays = _ssd_inputs(*shape[:6], seed=1)
+    weights = rc.tensor(np.random.default_rng(2).normal(size=(_ssd_outputs(*shape[:5], shape[6]), 1)), dtype="f64")
+    L = shape[6]
+    assert rc.gradcheck(lambda *xs: rc.mul(ops.apply("ssd_chunks", xs, ints=(L,), chunk=L), weights),
                         [np.asfortranarray(a) for a in arrays])
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", SCAN_SHAPES)
-def test_chunk_scan_gpu_matches_the_cpu(shape):
-    """Forward and every gradient, float32."""
-    assert_gpu_matches_cpu("chunk_scan", _chunk_scan_inputs(*shape, seed=3), ["states", "X", "first", "decay"])
+@pytest.mark.parametrize("shape", SSD_SHAPES)
+def test_ssd_chunks_gpu_matches_the_cpu(shape):
+    """Forward and every gradient in float32, the start states' gradient too."""
+    arrays = [a.astype(np.float32) for a in _ssd_inputs(*shape[:6], seed=3)]
+    weights = np.random.default_rng(4).normal(size=(_ssd_outputs(*shape[:5], shape[6]), 1)).astype(np.float32)
+    names = ["output", "u", "log_decay", "B", "C", "first"]
+    for name, g, c in zip(names, _ssd_chunks_grads(arrays, shape[6], "f32", "gpu", weights),
+                          _ssd_chunks_grads(arrays, shape[6], "f32", "cpu", weights)):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
 
 
 @pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
-def test_chunk_scan_on_lavapipe_refuses_more_chunks_than_its_loops_run():
-    """lavapipe ends an invocation's loops after 65535 iterations; 40000 chunks would be cut short
-    there. Refused with a message in chunks (the op's own unit); 1000 chunks still match the CPU."""
-    arrays = [rc.tensor(np.ones(s, np.float32), device="gpu") for s in [(1, 1, 40000, 1), (1, 1, 1), (1, 40000, 1)]]
-    with pytest.raises(RuntimeError, match=r"^chunk_scan: 40000 chunks per sequence need about .*llvmpipe"):
-        ops.apply("chunk_scan", tuple(arrays)).numpy()
-    assert_gpu_matches_cpu("chunk_scan", _chunk_scan_inputs(2, 1, 1000, 1, seed=4), ["states", "X", "first", "decay"])
+def test_ssd_chunks_on_lavapipe_refuses_what_its_loops_would_cut_short():
+    """lavapipe ends an invocation's loops after 65535 iterations: a chunk of 64 tokens with states
+    of 256 x 128 would be cut short there. Refused, naming the chunk's tokens."""
+    arrays = [rc.tensor(np.zeros(s, np.float32), device="gpu") for s in _ssd_shapes(256, 128, 1, 64, 1, 1)]
+    with pytest.raises(RuntimeError, match=r"^ssd_chunks: 64 tokens per chunk need about .*llvmpipe"):
+        ops.apply("ssd_chunks", tuple(arrays), ints=(64,)).numpy()
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ([(2, 3, 4, 2), (2, 3, 2), (3, 5, 2)], r"X must be \[R, K, c, N\] = \[2, 3, 5, 2\]"),
-    ([(2, 3, 4, 2), (2, 3, 2), (4, 4, 2)], r"first must be \[R, K, N\] and decay \[K, c, N\]"),
-    ([(2, 3, 4, 2), (2, 3, 1), (3, 4, 2)], r"first must be \[R, K, N\] and decay \[K, c, N\]"),
+def _ssd_shapes(D, P, H, T, N, G):
+    return [(P, H, T, N), (H, T, N), (D, G, T, N), (D, G, T, N), (D, P, H, N)]
+
+
+@pytest.mark.parametrize("shapes, L, message", [
+    (_ssd_shapes(4, 3, 2, 5, 2, 1), 0, r"expected one int attribute: the chunk length L, 1 to 64"),
+    (_ssd_shapes(4, 3, 2, 5, 2, 1), 65, r"expected one int attribute: the chunk length L, 1 to 64"),
+    (_ssd_shapes(4, 3, 2, 5, 2, 1)[:1] + [(2, 4, 2)] + _ssd_shapes(4, 3, 2, 5, 2, 1)[2:], 4,
+     r"log_decay must be \[H, T, N\] = \[2, 5, 2\]"),
+    (_ssd_shapes(4, 3, 3, 5, 2, 2), 4, r"B must be \[D, G, T, N\] with G dividing H = 3"),
+    (_ssd_shapes(4, 3, 2, 5, 2, 1)[:3] + [(4, 1, 5, 1)] + _ssd_shapes(4, 3, 2, 5, 2, 1)[4:], 4, r"C must be like B"),
+    (_ssd_shapes(4, 3, 2, 5, 2, 1)[:4] + [(4, 3, 2, 1)], 4, r"first must be \[D, P, H, N\] = \[4, 3, 2, 2\]"),
 ])
-def test_chunk_scan_refuses_bad_shapes(arrays, message):
-    with pytest.raises(ValueError, match=r"^chunk_scan: " + message):
-        ops.apply("chunk_scan", tuple(rc.tensor(np.ones(s, np.float32)) for s in arrays))
+def test_ssd_chunks_refuses_bad_shapes_and_attributes(shapes, L, message):
+    with pytest.raises(ValueError, match=r"^ssd_chunks: " + message):
+        ops.apply("ssd_chunks", tuple(rc.tensor(np.ones(s, np.float32)) for s in shapes), ints=(L,))
 
 
-def test_chunk_scan_refuses_mixed_dtypes_and_a_wrong_gradient():
-    X, first, decay = (rc.tensor(np.ones(s, np.float32)) for s in [(2, 3, 4, 2), (2, 3, 2), (3, 4, 2)])
-    with pytest.raises(TypeError, match=r"^chunk_scan: dtypes differ"):
-        ops.apply("chunk_scan", (X, first, rc.tensor(np.ones((3, 4, 2)), dtype="f64")))
-    with pytest.raises(ValueError, match=r"^chunk_scan_back: g \[\d+(, 1)?\] is not the forward's output shape \[60\]"):
-        ops.apply("chunk_scan_back", (rc.tensor(np.ones((59, 1), np.float32)), first, decay))
+def test_ssd_chunks_refuses_mixed_dtypes_and_a_wrong_gradient():
+    arrays = [rc.tensor(np.ones(s, np.float32)) for s in _ssd_shapes(4, 3, 2, 5, 2, 1)]
+    with pytest.raises(TypeError, match=r"^ssd_chunks: dtypes differ: u is f32 but B is f64"):
+        ops.apply("ssd_chunks", (*arrays[:2], rc.tensor(np.ones((4, 1, 5, 2)), dtype="f64"), *arrays[3:]), ints=(2,))
+    out = ops.apply("ssd_chunks", tuple(arrays), ints=(2,))  # y 60, final 48, starts 3 x 48
+    assert out.shape == (252, 1)
+    with pytest.raises(ValueError, match=r"^ssd_chunks_back: g \[251, 1\] is not the forward's output shape \[252, 1\]"):
+        ops.apply("ssd_chunks_back", (rc.tensor(np.ones((251, 1), np.float32)), *arrays, out), ints=(2,))
 
 
 def test_ssm_scan_chunked_propagates_nan(device):
-    """A NaN in one token's step is never hidden: it reaches every output of its head in its
-    sequence from its chunk's first token on, and that head's final state (the products within
-    the chunk multiply it by the zeros above the diagonal, so the chunk's tokens before it too,
-    where the recurrence reaches the later ones only), and nothing before its chunk or of the
-    other heads and sequences."""
+    """A NaN in one token's step is never hidden: as in the recurrence, it reaches every output of
+    its head in its sequence from that token on and that head's final state, and nothing before it
+    (the pairs within a chunk are summed over earlier tokens only, never multiplying a later one by
+    0) nor of the other heads and sequences."""
     arrays = {k: v.astype(np.float32) for k, v in scan_inputs(np.random.default_rng(6), 4, 2, 2, 12, 2).items()}
     arrays["dt"][1, 6, 0] = np.nan  # head 1, token 6 of sequence 0: the second chunk of 4
     y, final = (t.numpy() for t in rc.ssm_scan(*[rc.tensor(np.asfortranarray(a)) for a in arrays.values()], chunk_size=4))
-    assert np.isnan(y[:, 1, 4:, 0]).all() and np.isnan(final[:, :, 1, 0]).all()
-    assert np.isfinite(y[:, 1, :4, 0]).all()
+    assert np.isnan(y[:, 1, 6:, 0]).all() and np.isnan(final[:, :, 1, 0]).all()
+    assert np.isfinite(y[:, 1, :6, 0]).all()
     assert np.isfinite(y[:, 0]).all() and np.isfinite(y[:, :, :, 1]).all()
     assert np.isfinite(final[:, :, 0]).all() and np.isfinite(final[:, :, :, 1]).all()
 
@@ -434,6 +458,7 @@ def test_ssm_scan_chunked_in_a_capture_gives_the_eager_values(device):
     (dict(A=-np.ones((4, 2))), 4, ValueError, "the chunked form needs Mamba-2's A \\[1, n_head\\] .* got A with 4 rows"),
     ({}, 0, ValueError, "chunk_size must be at least 1"),
     ({}, 2.5, TypeError, "chunk_size must be an int"),
+    ({}, 65, ValueError, "chunk_size must be at most 64 .*got 65"),
     (dict(C=np.zeros((4, 1, 6, 2))), 4, ValueError, "C must be like B"),  # the recurrence's own checks
 ])
 def test_ssm_scan_chunked_refuses_bad_arguments(change, chunk_size, error, message):

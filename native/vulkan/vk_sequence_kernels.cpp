@@ -6,6 +6,7 @@
 
 #include "kernel_util.hpp"
 #include "recurrence.hpp"
+#include "ssd_chunks.hpp"
 #include "ssm_scan.hpp"
 #include "staged_arrays.def"
 #include "vulkan/vk_kernels.hpp"
@@ -554,37 +555,6 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
 
-// ---- the states passed between chunks (ssm_scan's chunked form) ---------------------------------
-
-namespace {
-
-struct ChunkScanPush {
-    uint64_t a, first, decay, o;
-    uint32_t R, K, c, N;
-};
-
-// chunk_scan and its backward: an invocation per element of a state, walking the c chunks.
-void record_chunk_scan(const char* op, const char* shader, const Inputs& in, const TensorImpl& first,
-                       const TensorImpl& decay, TensorImpl& out) {
-    ChunkScanPush p{in[0]->address(), first.address(), decay.address(), out.address(), u32(first.ne[0], op),
-                    u32(first.ne[1], op), u32(decay.ne[1], op), u32(first.ne[2], op)};
-    u32(out.numel(), op);  // every index in the shader is smaller
-    check_loop_budget(op, decay.ne[1], "chunks per sequence", kLoopMargin * double(decay.ne[1]));
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
-    record(shader, p, groups(uint64_t(p.R) * p.K * p.N), reads, {span(out)});
-}
-
-}  // namespace
-
-void vk_chunk_scan(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    record_chunk_scan("chunk_scan", "chunk_scan_forward", in, *in[1], *in[2], out);
-}
-
-void vk_chunk_scan_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    record_chunk_scan("chunk_scan_back", "chunk_scan_backward", in, *in[1], *in[2], out);
-}
-
 // ---- gated linear attention in chunks, one workgroup per (sequence, head) (gla_chunks) ----------
 
 namespace {
@@ -673,6 +643,112 @@ void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
 
 void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     record_gla_chunks("gla_chunks_back", in, 1, attrs, out);
+}
+
+// ---- ssm_scan's chunked form (SSD): every chunk's work at once, the states passed in order ------
+
+namespace {
+
+struct SsdPush {
+    uint64_t u, la, B, C, g, states, aux, o, bc, decay;
+    uint32_t P, H, T, N, D, G, L, c;
+};
+
+struct SsdPassPush {
+    uint64_t planes, decay, edge, last;
+    uint32_t R, H, c, N;
+};
+
+constexpr uint64_t kFloat = sizeof(float);
+
+// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS loops the
+// most: its products, each 260 iterations per 16 terms, over 64 x 64 blocks of their outputs), and
+// the passing's, refused where the device would cut them short.
+void check_ssd_loops(const char* op, const SsdDims& d) {
+    auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
+    const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
+    const double grads = product(d.D) + product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) +
+                         blocks_D * (2 * product(d.L) + 2 * product(d.P)) + 2.0 * 16 * double(d.L) +
+                         double(d.D * d.P) / 256 + 3.0 * double(d.L);
+    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * grads);
+    check_loop_budget(op, d.c, "chunks per sequence", kLoopMargin * double(d.c));
+}
+
+SsdPush ssd_push(const SsdDims& d, const Inputs& in, size_t first, const char* op) {
+    SsdPush p{};
+    p.u = in[first]->address();
+    p.la = in[first + 1]->address();
+    p.B = in[first + 2]->address();
+    p.C = in[first + 3]->address();
+    p.P = u32(d.P, op), p.H = u32(d.H, op), p.T = u32(d.T, op), p.N = u32(d.N, op);
+    p.D = u32(d.D, op), p.G = u32(d.G, op), p.L = u32(d.L, op), p.c = u32(d.c, op);
+    return p;
+}
+
+void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, uint64_t edge, uint64_t last,
+                 const SsdDims& d, std::vector<vk::Range> reads, std::vector<vk::Range> writes, const char* op) {
+    const SsdPassPush p{planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op), u32(d.N, op)};
+    record(shader, p, groups(uint64_t(d.finals())), reads, writes);
+}
+
+std::vector<vk::Range> spans(const Inputs& in) {
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    return reads;
+}
+
+}  // namespace
+
+void vk_ssd_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "ssd_chunks";
+    const SsdDims d = ssd_dims(op, in, 0, attrs);
+    u32(out.numel(), op);  // every index in the shaders is smaller
+    check_ssd_loops(op, d);
+    TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
+    const uint64_t y = out.address(), finals = y + kFloat * d.y(), starts = finals + kFloat * d.finals();
+    const uint64_t tiles = uint64_t(d.c * d.H * d.N);
+    SsdPush p = ssd_push(d, in, 0, op);
+    p.o = starts, p.decay = decay->address();
+    record("ssd_chunks_own_states", p, tiles, spans(in), {span(out), span(*decay)});
+    record_pass("ssd_pass_forward", starts, *decay, in[4]->address(), finals, d, {span(out), span(*decay), span(*in[4])},
+                {span(out)}, op);
+    p.states = starts, p.o = y;
+    std::vector<vk::Range> reads = spans(in);
+    reads.push_back(span(out));
+    record("ssd_chunks_outputs", p, tiles, reads, {span(out)});
+}
+
+void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "ssd_chunks_back";
+    const SsdDims d = ssd_dims(op, in, 1, attrs);
+    u32(std::max(out.numel(), in[0]->numel()), op);
+    const bool grouped = d.G != d.H;  // the heads' gB and gC summed per group by a pass of their own
+    const int64_t per_head = size_mul(2, d.D, d.H, d.T, d.N);
+    u32(per_head, op);
+    check_ssd_loops(op, d);
+    TensorPtr planes = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
+    TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
+    TensorPtr heads = grouped ? make_on(Device::gpu, {per_head, 1, 1, 1}, 2, DType::f32) : nullptr;
+    const uint64_t g = in[0]->address(), g_finals = g + kFloat * d.y(), g_starts = g_finals + kFloat * d.finals();
+    const uint64_t fwd_starts = in[6]->address() + kFloat * (d.y() + d.finals());
+    const uint64_t gB = out.address() + kFloat * (d.y() + d.decays()), gfirst = gB + kFloat * 2 * d.inputs_bc();
+    const uint64_t tiles = uint64_t(d.c * d.H * d.N);
+    std::vector<vk::Range> reads = spans(in);
+    SsdPush p = ssd_push(d, in, 1, op);
+    p.g = g, p.states = g_starts, p.o = planes->address(), p.decay = decay->address();
+    record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes), span(*decay)});
+    record_pass("ssd_pass_backward", planes->address(), *decay, g_finals, gfirst, d,
+                {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)}, op);
+    p.states = fwd_starts, p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
+    reads.push_back(span(*planes));
+    reads.push_back(span(*decay));
+    std::vector<vk::Range> writes{span(out)};
+    if (grouped) writes.push_back(span(*heads));
+    record("ssd_chunks_grads", p, tiles, reads, writes);
+    if (grouped) {
+        const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op), u32(d.T * d.N, op)};
+        record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});
+    }
 }
 
 }  // namespace rk

@@ -2,9 +2,9 @@
 convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear attention. Each
 is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
 ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence:
-gated_linear_attn's one op of its own (gla_chunks), the others composed of the differentiable ops
-of ops.py, matrix products within chunks of tokens, and the states passed from chunk to chunk by
-ops of their own (ssm_scan's chunk_scan, rwkv_wkv7's wkv7_chunk_states).
+ssm_scan's and gated_linear_attn's each one op of its own (ssd_chunks, gla_chunks), rwkv_wkv7's
+composed of the differentiable ops of ops.py, matrix products within chunks of tokens, and its
+states passed from chunk to chunk by an op of its own (wkv7_chunk_states).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import math
 import numbers
 
 from rlkit.core.ops import (
-    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, exp,
-    expand, ge, get_rows, gt, log, matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus, sub, sum_to,
-    transpose,
+    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, exp, ge, get_rows,
+    gt, log, matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus, sub, sum_to,
 )
 from rlkit.core.tensor import Tensor
+
+SSD_MAX_CHUNK = 64
+"""The longest chunk ssm_scan's chunked form takes (native/ssd_chunks.hpp: kSsdMaxChunk)."""
 
 
 def ssm_conv(sx, c) -> Tensor:
@@ -44,15 +46,15 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tupl
     (y like x, final states [d_state, head_dim, n_head, n_seqs]); differentiable in every float
     input, the initial states included.
 
-    ``chunk_size`` None (the default) runs the exact recurrence, token by token. An int runs
-    Mamba-2's chunked form (SSD) for A [1, n_head]: within each chunk of that many tokens the
-    outputs are products of [chunk, chunk] matrices (C^T B times the decays between tokens),
-    and only the chunks' states pass from chunk to chunk, so the work is matrix products rather
-    than a loop over tokens. The same function in another order of sums: within a few f32
-    roundings of the recurrence (tests/test_ssm.py bounds both against float64). A NaN or an
-    infinity in one token reaches every output of its head in its sequence from its chunk's first
-    token on (the products within a chunk multiply it by the zeros above the diagonal), where the
-    recurrence reaches the later tokens only: never hidden, but no pointer to the token either."""
+    ``chunk_size`` None (the default) runs the exact recurrence, token by token. An int (1 to 64)
+    runs Mamba-2's chunked form (SSD) for A [1, n_head], one op (ssd_chunks): within each chunk of
+    that many tokens the outputs are products of [chunk, chunk] matrices (C^T B times the decays
+    between tokens) with the chunk's inputs, every chunk's at once, and only the chunks' states
+    pass from chunk to chunk, so the work is matrix products rather than a loop over tokens. The
+    same function in another order of sums: within a few f32 roundings of the recurrence
+    (tests/test_ssm.py bounds both against float64). A NaN or an infinity in one token reaches the
+    outputs of its head in its sequence from that token on, and its final state, as in the
+    recurrence."""
     x = as_tensor(x, op="ssm_scan", arg="x")
     s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
                       ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
@@ -78,27 +80,6 @@ def _lower_triangle(n: int, like: Tensor, strict: bool = False) -> Tensor:
     steps = arange(n, device=like.device)  # [n, 1]
     mask = (gt if strict else ge)(steps, reshape(steps, (1, n)))  # [n, n]
     return mask if like.dtype == "f32" else cast(mask, like.dtype)
-
-
-def _strictly_between(n: int, like: Tensor) -> Tensor:
-    """[n*n, n] of like's dtype and device: row t + n*s holds 1 at the columns r with
-    s < r <= t, the steps whose decays take a state from step s to step t."""
-    steps = arange(n, device=like.device)
-    inside = mul(ge(reshape(steps, (n, 1, 1)), reshape(steps, (1, 1, n))),
-                 gt(reshape(steps, (1, 1, n)), reshape(steps, (1, n, 1))))  # [t, s, r]
-    inside = reshape(inside, (n * n, n))
-    return inside if like.dtype == "f32" else cast(inside, like.dtype)
-
-
-def _decays(log_decay: Tensor) -> Tensor:
-    """[n, n, batch...] from the log decays of n steps [n, batch...]: at [t, s] the decay from
-    step s to step t, exp of the sum of log_decay over s < r <= t, for t >= s; 0 above the
-    diagonal. Each sum is its own product with a mask, not a difference of running sums:
-    those grow with the steps, and their difference would lose the digits a decay near 1 needs."""
-    n, batch = log_decay.shape[0], log_decay.shape[1:]
-    between = reshape(matmul(_strictly_between(n, log_decay), reshape(log_decay, (n, -1))), (n, n) + batch)
-    mask = reshape(_lower_triangle(n, log_decay), (n, n) + (1,) * len(batch))
-    return mul(exp(between), mask)  # between is 0 above the diagonal: exp(0) times 0
 
 
 def _chunks(op: str, chunk_size, n_tok: int) -> tuple[int, int]:
@@ -128,62 +109,28 @@ def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
     return t if padded == n_tok else slice_rows(reshape(t, (size * padded, n_seqs)), 0, size * n_tok)
 
 
-def _pass_between_chunks(chunk_states: Tensor, first: Tensor, log_decay: Tensor) -> tuple[Tensor, Tensor]:
-    """A chunked recurrence's state before each chunk and after the last: from each chunk's own
-    state chunk_states [R, K, c, N] (its inputs decayed to its end), each sequence's initial state
-    first (R K N elements) and each chunk's log decay [K, c, N] (the decay varies along K and is
-    shared by the R rows), one op (chunk_scan) that walks the chunks: Z_{q+1} = exp(log_decay_q)
-    Z_q + chunk_states_q. Returns (starts [R, K, c, N], final [R, K, N])."""
-    R, K, c, n_seqs = _ne4(chunk_states)
-    passed = apply("chunk_scan", (chunk_states, reshape(first, (R, K, n_seqs)), exp(log_decay)))  # one column
-    starts, final = _unpack_columns(passed, [(chunk_states.numel, (R, K, c, n_seqs)), (R * K * n_seqs, (R, K, n_seqs))])
-    return starts, final
-
-
 def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
-    """ssm_scan in chunks (Mamba-2's state-space duality), from the differentiable ops above: the
-    tape gives its backward pass. Layouts name their dims in ne order; L is the chunk length, c
-    the number of chunks, cN the (chunk, sequence) batch with the chunk fastest."""
-    d_state, n_group = _ne4(B)[:2]
+    """ssm_scan in chunks (Mamba-2's state-space duality): one op, ssd_chunks, and its backward op
+    (native/cpu_ssd_chunks.cpp, shaders/ssd_chunks.comp): each chunk's own state and its outputs
+    computed for every chunk at once, only the states passed along the chunks in order."""
+    d_state = _ne4(B)[0]
     head_dim, n_head, n_tok, n_seqs = _ne4(x)
     if _ne4(A)[0] != 1:
         raise ValueError(f"ssm_scan: the chunked form needs Mamba-2's A [1, n_head] (one decay per head), got A with "
                          f"{_ne4(A)[0]} rows (Mamba-1's decay per state); pass chunk_size=None for the recurrence")
-    L, c = _chunks("ssm_scan", chunk_size, n_tok)  # the last padded with tokens of no decay and no input
-    cN = c * n_seqs
-
+    L, _ = _chunks("ssm_scan", chunk_size, n_tok)
+    if chunk_size > SSD_MAX_CHUNK:
+        raise ValueError(f"ssm_scan: chunk_size must be at most {SSD_MAX_CHUNK} (a chunk's pairs of tokens stay in the "
+                         f"GPU's shared memory), got {chunk_size}")
     step = softplus(reshape(dt, (n_head, n_tok, n_seqs)))  # [H, T, N]
     log_decay = mul(step, reshape(A, (n_head, 1, 1)))  # [H, T, N]
-    inputs = mul(x, reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]: x softplus(dt)
-    # tokens into rows: [H, L, cN] -> [L, H, cN]; [P, H, L, cN] -> [L, P, H, cN]; [D, G, L, cN] -> [L, D, G, cN]
-    log_decay = transpose(_in_chunks(log_decay, (n_head,), n_tok, n_seqs, L))
-    inputs = permute(_in_chunks(inputs, (head_dim, n_head), n_tok, n_seqs, L), (2, 0, 1, 3))
-    B, C = (permute(_in_chunks(t, (d_state, n_group), n_tok, n_seqs, L), (2, 0, 1, 3)) for t in (B, C))
-    if n_group not in (1, n_head):  # head h reads group h // (n_head // n_group): repeat each group's
-        repeats = n_head // n_group
-        B, C = (reshape(expand(reshape(t, (L * d_state, 1, n_group, cN)), (L * d_state, repeats, n_group, cN)),
-                        (L, d_state, n_head, cN)) for t in (B, C))
-
-    cumulative = reshape(matmul(_lower_triangle(L, x), reshape(log_decay, (L, -1))), (L, n_head, cN))  # inclusive sums
-    decay = _decays(log_decay)  # [L, L, H, cN]
-    scores = matmul(C, B, transpose_b=True)  # [L, L, G, cN]: C_t . B_s
-    y_within = matmul(mul(scores, decay), inputs)  # [L, P, H, cN]
-
-    # each chunk's own contribution to the state at its end, then the states passed between chunks
-    to_end = slice_rows(decay, L - 1, 1)  # [1, L, H, cN]: decay from token s to the chunk's end
-    weighted = mul(inputs, reshape(to_end, (L, 1, n_head, cN)))  # [L, P, H, cN]
-    chunk_states = matmul(B, weighted, transpose_a=True)  # [D, P, H, cN]
+    inputs = mul(reshape(x, (head_dim, n_head, n_tok, n_seqs)), reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]
     E = d_state * head_dim
-    first = get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids)  # [E*H, N]: the initial states
-    chunk_log_decay = reshape(slice_rows(cumulative, L - 1, 1), (n_head, c, n_seqs))  # [H, c, N]: each chunk's
-    starts, final_state = _pass_between_chunks(reshape(chunk_states, (E, n_head, c, n_seqs)), first, chunk_log_decay)
-    starts = reshape(starts, (d_state, head_dim, n_head, cN))
-    final_state = reshape(final_state, (d_state, head_dim, n_head, n_seqs))
-    from_start = exp(cumulative)  # [L, H, cN]: decay from the chunk's start
-    y_before = mul(matmul(C, starts), reshape(from_start, (L, 1, n_head, cN)))  # [L, P, H, cN]
-
-    y = permute(add(y_within, y_before), (1, 2, 0, 3))  # [P, H, L, cN]
-    return reshape(_out_of_chunks(y, head_dim * n_head, n_tok, n_seqs), x.shape), final_state
+    first = reshape(get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids), (d_state, head_dim, n_head, n_seqs))
+    packed = apply("ssd_chunks", (inputs, log_decay, B, C, first), ints=(L,), chunk=L)  # one column
+    n_y, n_final = math.prod(_ne4(x)), E * n_head * n_seqs
+    y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
+    return y, final_state
 
 
 def _split_recurrence(packed: Tensor, state: Tensor) -> list[Tensor]:

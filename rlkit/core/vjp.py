@@ -42,21 +42,16 @@ def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (W, U, B, K, V, decay, Z0)]))
 
 
-def _chunk_scan(g, out, X, first, decay):
-    # the states' gradient walked back by the helper op; the decay's, per chunk, sums over the rows
-    # of gX_q Z_q (Z_q: the forward's state before chunk q)
-    grads = ops.apply("chunk_scan_back", (g, first, decay))  # a column [gX, gfirst]
-    g_x, g_first = ops._unpack_columns(grads, [(X.numel, X.shape), (first.numel, first.shape)])
-    starts = ops._unpack_columns(out, [(X.numel, X.shape)])[0]
-    rows = X.shape[0]
-    products = ops.reshape(ops.mul(g_x, starts), (rows, X.numel // rows))  # [R, K c N]
-    return g_x, g_first, ops.reshape(ops.sum_to(products, (1, X.numel // rows)), decay.shape)
-
-
 def _gla_chunks(g, out, k, v, q, log_gate, state, chunk, scale):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's start states
     grads = ops.apply("gla_chunks_back", (g, k, v, q, log_gate, state, out), ints=(chunk,), floats=(scale,))
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (k, v, q, log_gate, state)]))
+
+
+def _ssd_chunks(g, out, u, log_decay, B, C, first, chunk):
+    # one helper op gives every gradient, packed in the inputs' order; it reads the forward's start states
+    grads = ops.apply("ssd_chunks_back", (g, u, log_decay, B, C, first, out), ints=(chunk,))
+    return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (u, log_decay, B, C, first)]))
 
 
 def _linear(g, out, w, x, b, activation):
@@ -184,8 +179,8 @@ VJP = {
     "rwkv_wkv7": _rwkv_wkv7,
     "wkv7_chunk_states": _wkv7_chunk_states,
     "decayed_pairs": _decayed_pairs,
-    "chunk_scan": _chunk_scan,
     "gla_chunks": _gla_chunks,
+    "ssd_chunks": _ssd_chunks,
     "conv2d": _conv2d,
     "max_pool2d": lambda g, out, x, pool: (ops.apply("max_pool2d_back", (g, x), ints=pool),),
 }

@@ -86,8 +86,8 @@ class MambaBlock(_RecurrentBlock):
     x_t [d_model, batch] for acting; carrying the state through steps gives the same outputs as
     the whole sequence at once.
 
-    ``chunk_size`` None scans token by token (the exact recurrence); an int runs the scan in
-    Mamba-2's chunked form with chunks of that many tokens (:func:`rlkit.core.ssm_scan`): matrix
+    ``chunk_size`` None scans token by token (the exact recurrence); an int (1 to 64) runs the scan
+    in Mamba-2's chunked form with chunks of that many tokens (:func:`rlkit.core.ssm_scan`): matrix
     products in place of the loop over tokens, for long sequences on a GPU.
     """
 
@@ -101,6 +101,8 @@ class MambaBlock(_RecurrentBlock):
         self.head_dim = positive_int(min(64, self.d_inner) if head_dim is None else head_dim, "MambaBlock: head_dim")
         self.n_groups = positive_int(n_groups, "MambaBlock: n_groups")
         self.chunk_size = None if chunk_size is None else positive_int(chunk_size, "MambaBlock: chunk_size")
+        if self.chunk_size is not None and self.chunk_size > recurrences.SSD_MAX_CHUNK:
+            raise ValueError(f"MambaBlock: chunk_size must be at most {recurrences.SSD_MAX_CHUNK}, got {chunk_size}")
         if self.d_inner % self.head_dim:
             raise ValueError(f"MambaBlock: d_inner = expand * d_model = {self.d_inner} is not a multiple of head_dim = {self.head_dim}")
         self.n_heads = self.d_inner // self.head_dim

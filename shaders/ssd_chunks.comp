@@ -1,0 +1,326 @@
+// ssm_scan's chunked form (SSD) and its backward, the work of each chunk (native/cpu_ssd_chunks.cpp
+// has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
+// sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
+//   OWN_STATES   X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
+//   START_GRADS  gZ_q = g's start block + sum_t C_t (f[t] gy_t)^T into the chunk's plane, and A_q
+//   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
+//   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
+//                ssd_pass.comp's GROUP_SUM where groups hold several)
+// Every product is a blocked one: a 64 x 64 block of its output at a time, each invocation 4 x 4
+// of it, its operands staged through shared memory 16 terms at a time. The products over a
+// chunk's pairs of tokens (the triangle s <= t) add only the pairs' terms, so a NaN in a token
+// never reaches the outputs of the tokens before it.
+#version 450
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Floats u;       // [P, H, T, N]
+    Floats la;      // the log decays [H, T, N]
+    Floats B;       // [D, G, T, N]
+    Floats C;
+    Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u (START_GRADS: its start block in `states`)
+    Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]; START_GRADS: g's start block
+    Floats aux;     // GRADS: gX [D P, H, c, N]
+    Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
+    Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
+    Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES, START_GRADS)
+    uint P;
+    uint H;
+    uint T;
+    uint N;
+    uint D;
+    uint G;
+    uint L;
+    uint c;
+} pc;
+
+const uint LMAX = 64;  // native/ssd_chunks.hpp: kSsdMaxChunk
+shared float a[LMAX], f[LMAX], e[LMAX];
+shared float pairs[LMAX * LMAX];       // [t * LMAX + s], s <= t
+shared float As[16][65], Bs[16][65];  // a product's staged terms: [term][row], [term][column]
+
+uint tid, tx, ty, q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
+
+uint vec_at(uint t) { return pc.P * (h + pc.H * (t0 + t)); }  // u's, y's, g's token t
+uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token t
+// each operand's element, 0 outside the chunk and the sizes
+float u_(uint t, uint p) { return t < nq && p < pc.P ? pc.u.v[vec_at(t) + p] : 0.0; }
+float gy(uint t, uint p) { return t < nq && p < pc.P ? pc.g.v[vec_at(t) + p] : 0.0; }
+float B_(uint t, uint d) { return t < nq && d < pc.D ? pc.B.v[bc_at(t) + d] : 0.0; }
+float C_(uint t, uint d) { return t < nq && d < pc.D ? pc.C.v[bc_at(t) + d] : 0.0; }
+float Z_(uint d, uint p) { return d < pc.D && p < pc.P ? pc.states.v[plane + d + pc.D * p] : 0.0; }
+float gX(uint d, uint p) { return d < pc.D && p < pc.P ? pc.aux.v[plane + d + pc.D * p] : 0.0; }
+float pair(uint t, uint s) { return t < nq && s < nq ? pairs[t * LMAX + s] : 0.0; }
+
+// acc[x][y] += sum over k < KN of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
+// invocation's i = i0 + tx + 16 x, j = j0 + ty + 16 y; in uniform control flow (barriers).
+#define STAGED_PRODUCT(acc, KN, LOAD_A, LOAD_B, ALLOW)                                        \
+    for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                  \
+        barrier();                                                                            \
+        for (uint m = 0; m < 4; ++m) {                                                        \
+            uint el = tid + 256 * m, kk = el / 64, ii = el % 64;                              \
+            As[kk][ii] = k0 + kk < (KN) ? LOAD_A(i0 + ii, k0 + kk) : 0.0;                      \
+            Bs[kk][ii] = k0 + kk < (KN) ? LOAD_B(k0 + kk, j0 + ii) : 0.0;                      \
+        }                                                                                     \
+        barrier();                                                                            \
+        for (uint kk = 0; kk < 16; ++kk)                                                      \
+            for (uint x = 0; x < 4; ++x)                                                      \
+                for (uint y = 0; y < 4; ++y)                                                  \
+                    if (ALLOW(i0 + tx + 16 * x, j0 + ty + 16 * y, k0 + kk))                   \
+                        acc[x][y] += As[kk][tx + 16 * x] * Bs[kk][ty + 16 * y];               \
+    }
+
+#define ANY(i, j, k) true
+#define UP_TO_J(i, j, k) ((k) <= (j))     // terms s <= t of column t
+#define FROM_J(i, j, k) ((k) >= (j))      // terms t >= s of column s
+
+void clear(inout float acc[4][4]) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
+}
+
+// The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
+void load_decays() {
+    uint group = flat_group();
+    q = group % pc.c;
+    h = (group / pc.c) % pc.H;
+    n = group / (pc.c * pc.H);
+    grp = h / (pc.H / pc.G);
+    nq = min(pc.L, pc.T - q * pc.L);
+    t0 = q * pc.L + pc.T * n;
+    plane = pc.D * pc.P * (h + pc.H * (q + pc.c * n));
+    tid = gl_LocalInvocationID.x;
+    tx = tid % 16;
+    ty = tid / 16;
+    if (tid < nq) a[tid] = pc.la.v[h + pc.H * (t0 + tid)];
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint r = 0; r <= tid; ++r) sum += a[r];
+        f[tid] = exp(sum);
+        float later = 0.0;
+        for (uint r = tid + 1; r < nq; ++r) later += a[r];
+        e[tid] = exp(later);
+    }
+    barrier();
+}
+
+// exp(a_{s+1} + .. + a_t): the decay from token s to token t (s <= t)
+float K(uint t, uint s) {
+    float sum = 0.0;
+    for (uint r = s + 1; r <= t; ++r) sum += a[r];
+    return exp(sum);
+}
+
+// This invocation's pairs (t = tx + 16 x, s = ty + 16 y) of C_t . B_s (every pair, the triangle's used)
+void scores(out float S[4][4]) {
+    clear(S);
+    uint i0 = 0, j0 = 0;
+#define LOAD_C(t, d) C_(t, d)
+#define LOAD_B(d, s) B_(s, d)
+    STAGED_PRODUCT(S, pc.D, LOAD_C, LOAD_B, ANY)
+#undef LOAD_C
+#undef LOAD_B
+}
+
+// pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
+void store_decayed(float value[4][4]) {
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = tx + 16 * x, s = ty + 16 * y;
+            if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
+        }
+    barrier();
+}
+
+#if defined(OWN_STATES) || defined(START_GRADS)
+void main() {
+    load_decays();
+    for (uint i0 = 0; i0 < pc.D; i0 += 64)
+        for (uint j0 = 0; j0 < pc.P; j0 += 64) {
+            float acc[4][4];
+            clear(acc);
+#if defined(OWN_STATES)
+#define LOAD_L(d, t) B_(t, d)
+#define LOAD_R(t, p) (t < nq ? e[t] : 0.0) * u_(t, p)
+#else
+            for (uint x = 0; x < 4; ++x)
+                for (uint y = 0; y < 4; ++y) acc[x][y] = Z_(i0 + tx + 16 * x, j0 + ty + 16 * y);  // g's start block
+#define LOAD_L(d, t) C_(t, d)
+#define LOAD_R(t, p) (t < nq ? f[t] : 0.0) * gy(t, p)
+#endif
+            STAGED_PRODUCT(acc, nq, LOAD_L, LOAD_R, ANY)
+            for (uint x = 0; x < 4; ++x)
+                for (uint y = 0; y < 4; ++y) {
+                    uint d = i0 + tx + 16 * x, p = j0 + ty + 16 * y;
+                    if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
+                }
+        }
+    if (tid == 0) pc.decay.v[h + pc.H * (q + pc.c * n)] = f[nq - 1];
+}
+#endif
+
+#if defined(OUTPUTS)
+void main() {
+    load_decays();
+    float S[4][4];
+    scores(S);
+    store_decayed(S);  // M
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+        uint j0 = 0;
+        float acc[4][4], w[4][4];
+        clear(acc);
+        clear(w);
+#define LOAD_U(p, s) u_(s, p)
+#define LOAD_M(s, t) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_U, LOAD_M, UP_TO_J)
+#define LOAD_Z(p, d) Z_(d, p)
+#define LOAD_C(d, t) C_(t, d)
+        STAGED_PRODUCT(w, pc.D, LOAD_Z, LOAD_C, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + tx + 16 * x, t = ty + 16 * y;
+                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y] + f[t] * w[x][y];
+            }
+    }
+}
+#endif
+
+#if defined(GRADS)
+shared float E[LMAX], F[LMAX], partial[256];
+
+// Sums each column's 16 partials (one per tx) in order: E or F of the column's token, times its decay.
+void column_sums(float own[4], bool to_E) {
+    barrier();
+    for (uint y = 0; y < 4; ++y) As[tx][ty + 16 * y] = own[y];
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint x = 0; x < 16; ++x) sum += As[x][tid];
+        if (to_E) E[tid] = e[tid] * sum;
+        else F[tid] = f[tid] * sum;
+    }
+}
+
+void main() {
+    load_decays();
+    // gA = sum(gX * Z), summed in a fixed tree
+    float own = 0.0;
+    for (uint i = tid; i < pc.D * pc.P; i += 256) own += pc.aux.v[plane + i] * pc.states.v[plane + i];
+    partial[tid] = own;
+    for (uint width = 128; width > 0; width /= 2) {
+        barrier();
+        if (tid < width) partial[tid] += partial[tid + width];
+    }
+    barrier();
+    float gA = partial[0];
+
+    float S[4][4], Gk[4][4];
+    scores(S);
+    clear(Gk);
+    {
+        uint i0 = 0, j0 = 0;
+#define LOAD_GY(t, p) gy(t, p)
+#define LOAD_U(p, s) u_(s, p)
+        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, LOAD_U, ANY)
+    }
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = tx + 16 * x, s = ty + 16 * y;
+            if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
+        }
+
+    // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
+    store_decayed(S);  // M
+    float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+        uint j0 = 0;
+        float acc[4][4], v[4][4];
+        clear(acc);
+        clear(v);
+#define LOAD_GYT(p, t) gy(t, p)
+#define LOAD_M(t, s) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_GYT, LOAD_M, FROM_J)
+#define LOAD_GX(p, d) gX(d, p)
+#define LOAD_BD(d, s) B_(s, d)
+        STAGED_PRODUCT(v, pc.D, LOAD_GX, LOAD_BD, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + tx + 16 * x, s = ty + 16 * y;
+                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y] + e[s] * v[x][y];
+                e_part[y] += u_(s, p) * v[x][y];
+            }
+        clear(v);  // w_t = Z^T C_t
+#define LOAD_Z(p, d) Z_(d, p)
+#define LOAD_CD(d, t) C_(t, d)
+        STAGED_PRODUCT(v, pc.D, LOAD_Z, LOAD_CD, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) f_part[y] += gy(ty + 16 * y, i0 + tx + 16 * x) * v[x][y];
+    }
+    column_sums(e_part, true);
+    column_sums(f_part, false);
+
+    // gC_t = sum_{s <= t} G K[t, s] B_s + f[t] Z gy_t; gB_s = sum_{t >= s} G K[t, s] C_t + e[s] gX u_s
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = tx + 16 * x, s = ty + 16 * y;
+            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y];
+        }
+    uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
+    for (uint i0 = 0; i0 < pc.D; i0 += 64) {
+        uint j0 = 0;
+        float tri[4][4], dense[4][4];
+        clear(tri);
+        clear(dense);
+#define LOAD_BS(d, s) B_(s, d)
+#define LOAD_PT(s, t) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_BS, LOAD_PT, UP_TO_J)
+#define LOAD_ZD(d, p) Z_(d, p)
+#define LOAD_GYP(p, t) gy(t, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, LOAD_GYP, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + tx + 16 * x, t = ty + 16 * y;
+                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = tri[x][y] + f[t] * dense[x][y];
+            }
+        clear(tri);
+        clear(dense);
+#define LOAD_CT(d, t) C_(t, d)
+#define LOAD_PS(t, s) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_CT, LOAD_PS, FROM_J)
+#define LOAD_GXD(d, p) gX(d, p)
+#define LOAD_UP(p, s) u_(s, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, LOAD_UP, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + tx + 16 * x, s = ty + 16 * y;
+                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = tri[x][y] + e[s] * dense[x][y];
+            }
+    }
+
+    // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
+    // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = tx + 16 * x, s = ty + 16 * y;
+            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y] * S[x][y];
+        }
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint t = nq - 1; t > tid; --t) pairs[t * LMAX + tid] = (sum += pairs[t * LMAX + tid]);
+    }
+    barrier();
+    if (tid < nq) {
+        uint r = tid;
+        float within = 0.0, before = 0.0, after = 0.0;
+        for (uint s = 0; s < r; ++s) within += pairs[r * LMAX + s];
+        for (uint s = 0; s < r; ++s) before += E[s];
+        for (uint t = nq; t-- > r;) after += F[t];
+        pc.o.v[pc.P * pc.H * pc.T * pc.N + h + pc.H * (t0 + r)] = within + before + after + f[nq - 1] * gA;
+    }
+}
+#endif
