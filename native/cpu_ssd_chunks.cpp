@@ -14,11 +14,13 @@
 //   Z_0 = first, Z_{q+1} = A_q Z_q + X_q                     the state at each chunk's start
 //   y_t     = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
 // ssd_chunks (u, log_decay, B, C, first; ints: L) -> a column [y [P, H, T, N], the final states
-// [D, P, H, N], the state at each chunk's start [D P, H, c, N]].
+// [D, P, H, N]]; the states at the chunks' starts [D P, H, c, N] stay in scratch.
 //
-// ssd_chunks_back (g like the output, u, log_decay, B, C, first, the forward's output; ints: L) -> a
-// column [gu, glog_decay, gB, gC, gfirst]. With gy the outputs' gradient, G[t, s] = gy_t . u_s:
-//   gZ_q (of the start state, before passing) = g's start block + sum_t f[t] C_t gy_t^T
+// ssd_chunks_back (g like the output, u, log_decay, B, C, first; ints: L) -> a column [gu,
+// glog_decay, gB, gC, gfirst]. It computes the start states again (two of the forward's three
+// steps: cheaper than keeping them, D P H c N floats, from the forward to the backward pass).
+// With gy the outputs' gradient, G[t, s] = gy_t . u_s:
+//   gZ_q (of the start state, before passing) = sum_t f[t] C_t gy_t^T
 //   passed back from the end: gX_q = gZ'_{q+1}, gZ'_q = gZ_q + A_q gZ'_{q+1}, gZ'_c = g's final,
 //   gfirst = gZ'_0
 //   gu_s  = sum_{t >= s} M[t, s] gy_t + e[s] gX_q^T B_s
@@ -201,18 +203,27 @@ void pass_states(const SsdDims& d, T* planes, const T* decay, const T* edge, T* 
     });
 }
 
+// The state at each chunk's start into `starts` [D P, H, c, N], the final states into `finals`:
+// each chunk's own state X_q, then the passing along the chunks. u, log_decay, B, C, first at in[at..].
 template <typename T>
-void ssd_forward(const SsdDims& d, const Inputs& in, T* out) {
-    const T *u = in[0]->ptr<T>(), *la = in[1]->ptr<T>(), *B = in[2]->ptr<T>(), *C = in[3]->ptr<T>();
-    const T* first = in[4]->ptr<T>();
-    T *y = out, *finals = out + d.y(), *starts = finals + d.finals();
+void start_states(const SsdDims& d, const Inputs& in, size_t at, T* starts, T* finals) {
+    const T *u = in[at]->ptr<T>(), *la = in[at + 1]->ptr<T>(), *B = in[at + 2]->ptr<T>(), *C = in[at + 3]->ptr<T>();
     std::vector<T> decay(d.H * d.c * d.N);
-    for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {  // each chunk's own state X_q, into its plane
+    for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {
         Chunk<T> k(d, u, la, B, C, q, h, n);
         k.outer_sum(k.e, k.B, k.u, k.su, nullptr, starts + start_plane(d, q, h, n));
         decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
     });
-    pass_states(d, starts, decay.data(), first, finals, false);
+    pass_states(d, starts, decay.data(), in[at + 4]->ptr<T>(), finals, false);
+}
+
+template <typename T>
+void ssd_forward(const SsdDims& d, const Inputs& in, T* out) {
+    const T *u = in[0]->ptr<T>(), *la = in[1]->ptr<T>(), *B = in[2]->ptr<T>(), *C = in[3]->ptr<T>();
+    T* y = out;
+    std::vector<T> starts_kept(d.starts());
+    T* starts = starts_kept.data();
+    start_states(d, in, 0, starts, out + d.y());
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {
         Chunk<T> k(d, u, la, B, C, q, h, n);
         k.dots(k.C, k.sb, k.B, k.sb, d.D, k.S);
@@ -272,17 +283,18 @@ void chunk_gradients(Chunk<T>& k, const T* gy, const T* Z, const T* gX, const Ss
 template <typename T>
 void ssd_backward(const SsdDims& d, const Inputs& in, T* out) {
     const T *g = in[0]->ptr<T>(), *u = in[1]->ptr<T>(), *la = in[2]->ptr<T>(), *B = in[3]->ptr<T>(),
-            *C = in[4]->ptr<T>(), *fwd = in[6]->ptr<T>();
-    const T *g_finals = g + d.y(), *g_starts = g_finals + d.finals(), *starts = fwd + d.y() + d.finals();
+            *C = in[4]->ptr<T>();
     T *gu = out, *ga = gu + d.y(), *gB = ga + d.decays(), *gC = gB + d.inputs_bc(), *gfirst = gC + d.inputs_bc();
-    std::vector<T> planes(d.starts()), decay(d.H * d.c * d.N);
+    std::vector<T> starts_again(d.starts()), finals_again(d.finals()), planes(d.starts()), decay(d.H * d.c * d.N);
+    const T* starts = starts_again.data();
+    start_states(d, in, 1, starts_again.data(), finals_again.data());
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {  // gZ_q: the start state's own gradient
         Chunk<T> k(d, u, la, B, C, q, h, n);
         const int64_t at = start_plane(d, q, h, n);
-        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, g_starts + at, planes.data() + at);
+        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, nullptr, planes.data() + at);
         decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
     });
-    pass_states(d, planes.data(), decay.data(), g_finals, gfirst, true);
+    pass_states(d, planes.data(), decay.data(), g + d.y(), gfirst, true);
     std::fill_n(gB, 2 * d.inputs_bc(), T(0));
     const int64_t heads = d.H / d.G;
     parallel_for(d.c * d.G * d.N, 1, [&](int64_t lo, int64_t hi) {  // a group's heads in order: gB, gC summed alike
@@ -314,7 +326,6 @@ OutSpec shape_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs) {
     const char* op = "ssd_chunks_back";
     const SsdDims d = ssd_dims(op, in, 1, attrs);
     require_packed_output(op, *in[0], "g", *in[1], "u", d.total());
-    require_packed_output(op, *in[6], "the forward's output", *in[1], "u", d.total());
     return OutSpec{{d.grads(), 1, 1, 1}, 2, in[1]->dtype};
 }
 

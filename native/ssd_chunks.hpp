@@ -22,8 +22,8 @@ struct SsdDims {
     int64_t starts() const { return plane() * H * c * N; }
     int64_t decays() const { return H * T * N; }
     int64_t inputs_bc() const { return D * G * T * N; }
-    // the forward's output: [y, final states, the state at each chunk's start [D P, H, c, N]]
-    int64_t total() const { return y() + finals() + starts(); }
+    // the forward's output: [y, final states]
+    int64_t total() const { return y() + finals(); }
     // the backward's output: [gu, glog_decay, gB, gC, gfirst]
     int64_t grads() const { return y() + decays() + 2 * inputs_bc() + finals(); }
     // tokens of chunk q (L, or fewer in the last)

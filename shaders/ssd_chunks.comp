@@ -2,7 +2,7 @@
 // has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
 // sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
 //   OWN_STATES   X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
-//   START_GRADS  gZ_q = g's start block + sum_t C_t (f[t] gy_t)^T into the chunk's plane, and A_q
+//   START_GRADS  gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane, and A_q
 //   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
 //   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
 //                ssd_pass.comp's GROUP_SUM where groups hold several)
@@ -18,8 +18,8 @@ layout(push_constant) uniform Push {
     Floats la;      // the log decays [H, T, N]
     Floats B;       // [D, G, T, N]
     Floats C;
-    Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u (START_GRADS: its start block in `states`)
-    Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]; START_GRADS: g's start block
+    Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u
+    Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]
     Floats aux;     // GRADS: gX [D P, H, c, N]
     Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
     Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
@@ -145,8 +145,6 @@ void main() {
 #define LOAD_L(d, t) B_(t, d)
 #define LOAD_R(t, p) (t < nq ? e[t] : 0.0) * u_(t, p)
 #else
-            for (uint x = 0; x < 4; ++x)
-                for (uint y = 0; y < 4; ++y) acc[x][y] = Z_(i0 + tx + 16 * x, j0 + ty + 16 * y);  // g's start block
 #define LOAD_L(d, t) C_(t, d)
 #define LOAD_R(t, p) (t < nq ? f[t] : 0.0) * gy(t, p)
 #endif

@@ -83,13 +83,11 @@ def _gla_chunks(back: bool):
 
 def _ssd_chunks(back: bool):
     """ssd_chunks: u [P, H, T, N], log_decay [H, T, N], B, C [D, 1, T, N], first [D, P, H, N], chunks
-    of 2 tokens; the backward helper takes g first and the forward's output last, each one column
-    [y, final, starts]."""
+    of 2 tokens; the backward helper takes g first, one column [y, final]."""
     def build(d, p, t, n):
         inputs = [((p, 2, t, n), F), ((2, t, n), F), ((d, 1, t, n), F), ((d, 1, t, n), F), ((d, p, 2, n), F)]
         if back:
-            total = p * 2 * t * n + d * p * 2 * n * (1 + -(-t // 2))
-            inputs = [((total,), F)] + inputs + [((total,), F)]
+            inputs = [((p * 2 * t * n + d * p * 2 * n,), F)] + inputs
         return inputs, [2], []
     return build
 

@@ -349,13 +349,13 @@ def _ssd_inputs(D, P, H, T, N, G, seed=0):
             rng.normal(size=(D, G, T, N)), rng.normal(size=(D, P, H, N))]
 
 
-def _ssd_outputs(D, P, H, T, N, L):
-    """The op's output length: y, the final states, the state at each chunk's start."""
-    return P * H * T * N + D * P * H * N * (1 + -(-T // L))
+def _ssd_outputs(D, P, H, T, N):
+    """The op's output length: y and the final states."""
+    return P * H * T * N + D * P * H * N
 
 
 def _ssd_chunks_grads(arrays, L, dtype, device, weights):
-    """ssd_chunks' whole output and the gradients of its weighted sum for every input."""
+    """ssd_chunks' output (y, the final states) and the gradients of its weighted sum for every input."""
     params = [rc.param(np.asfortranarray(a), dtype=dtype, device=device) for a in arrays]
     with rc.grad_tape():
         out = ops.apply("ssd_chunks", tuple(params), ints=(L,), chunk=L)
@@ -372,10 +372,10 @@ SSD_SHAPES = [(3, 2, 2, 7, 1, 1, 3), (5, 3, 4, 12, 2, 2, 4), (4, 3, 2, 9, 2, 2, 
 
 @pytest.mark.parametrize("shape", SSD_SHAPES[:4])
 def test_ssd_chunks_gradients_match_finite_differences(shape):
-    """The op alone in float64, its whole output weighted: the start states' gradient too (no
-    caller reads them, but the backward op adds theirs)."""
+    """The op alone in float64, its whole output weighted: the outputs' and the final states'
+    gradients reach every input, the log decays' through every decay that spans them."""
     arrays = _ssd_inputs(*shape[:6], seed=1)
-    weights = rc.tensor(np.random.default_rng(2).normal(size=(_ssd_outputs(*shape[:5], shape[6]), 1)), dtype="f64")
+    weights = rc.tensor(np.random.default_rng(2).normal(size=(_ssd_outputs(*shape[:5]), 1)), dtype="f64")
     L = shape[6]
     assert rc.gradcheck(lambda *xs: rc.mul(ops.apply("ssd_chunks", xs, ints=(L,), chunk=L), weights),
                         [np.asfortranarray(a) for a in arrays])
@@ -384,9 +384,9 @@ def test_ssd_chunks_gradients_match_finite_differences(shape):
 @pytest.mark.requires_gpu
 @pytest.mark.parametrize("shape", SSD_SHAPES)
 def test_ssd_chunks_gpu_matches_the_cpu(shape):
-    """Forward and every gradient in float32, the start states' gradient too."""
+    """Forward and every gradient in float32."""
     arrays = [a.astype(np.float32) for a in _ssd_inputs(*shape[:6], seed=3)]
-    weights = np.random.default_rng(4).normal(size=(_ssd_outputs(*shape[:5], shape[6]), 1)).astype(np.float32)
+    weights = np.random.default_rng(4).normal(size=(_ssd_outputs(*shape[:5]), 1)).astype(np.float32)
     names = ["output", "u", "log_decay", "B", "C", "first"]
     for name, g, c in zip(names, _ssd_chunks_grads(arrays, shape[6], "f32", "gpu", weights),
                           _ssd_chunks_grads(arrays, shape[6], "f32", "cpu", weights)):
@@ -424,10 +424,10 @@ def test_ssd_chunks_refuses_mixed_dtypes_and_a_wrong_gradient():
     arrays = [rc.tensor(np.ones(s, np.float32)) for s in _ssd_shapes(4, 3, 2, 5, 2, 1)]
     with pytest.raises(TypeError, match=r"^ssd_chunks: dtypes differ: u is f32 but B is f64"):
         ops.apply("ssd_chunks", (*arrays[:2], rc.tensor(np.ones((4, 1, 5, 2)), dtype="f64"), *arrays[3:]), ints=(2,))
-    out = ops.apply("ssd_chunks", tuple(arrays), ints=(2,))  # y 60, final 48, starts 3 x 48
-    assert out.shape == (252, 1)
-    with pytest.raises(ValueError, match=r"^ssd_chunks_back: g \[251, 1\] is not the forward's output shape \[252, 1\]"):
-        ops.apply("ssd_chunks_back", (rc.tensor(np.ones((251, 1), np.float32)), *arrays, out), ints=(2,))
+    out = ops.apply("ssd_chunks", tuple(arrays), ints=(2,))  # y 60, final 48
+    assert out.shape == (108, 1)
+    with pytest.raises(ValueError, match=r"^ssd_chunks_back: g \[107, 1\] is not the forward's output shape \[108, 1\]"):
+        ops.apply("ssd_chunks_back", (rc.tensor(np.ones((107, 1), np.float32)), *arrays), ints=(2,))
 
 
 def test_ssm_scan_chunked_propagates_nan(device):

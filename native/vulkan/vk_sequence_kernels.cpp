@@ -697,51 +697,61 @@ std::vector<vk::Range> spans(const Inputs& in) {
     return reads;
 }
 
+// Records the states at the chunks' starts into `starts` [D P, H, c, N] and the final states
+// into `finals` (the forward's first two steps; u, log_decay, B, C, first at in[at..]).
+void record_start_states(const SsdDims& d, const Inputs& in, size_t at, const TensorImpl& starts, uint64_t finals,
+                         std::vector<vk::Range> written, const char* op) {
+    TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
+    SsdPush p = ssd_push(d, in, at, op);
+    p.o = starts.address(), p.decay = decay->address();
+    record("ssd_chunks_own_states", p, uint64_t(d.c * d.H * d.N), spans(in), {span(starts), span(*decay)});
+    written.push_back(span(starts));
+    record_pass("ssd_pass_forward", starts.address(), *decay, in[at + 4]->address(), finals, d,
+                {span(starts), span(*decay), span(*in[at + 4])}, written, op);
+}
+
 }  // namespace
 
 void vk_ssd_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "ssd_chunks";
     const SsdDims d = ssd_dims(op, in, 0, attrs);
-    u32(out.numel(), op);  // every index in the shaders is smaller
+    u32(std::max(out.numel(), d.starts()), op);  // every index in the shaders is smaller
     check_ssd_loops(op, d);
-    TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
-    const uint64_t y = out.address(), finals = y + kFloat * d.y(), starts = finals + kFloat * d.finals();
-    const uint64_t tiles = uint64_t(d.c * d.H * d.N);
+    TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
+    record_start_states(d, in, 0, *starts, out.address() + kFloat * d.y(), {span(out)}, op);
     SsdPush p = ssd_push(d, in, 0, op);
-    p.o = starts, p.decay = decay->address();
-    record("ssd_chunks_own_states", p, tiles, spans(in), {span(out), span(*decay)});
-    record_pass("ssd_pass_forward", starts, *decay, in[4]->address(), finals, d, {span(out), span(*decay), span(*in[4])},
-                {span(out)}, op);
-    p.states = starts, p.o = y;
+    p.states = starts->address(), p.o = out.address();
     std::vector<vk::Range> reads = spans(in);
-    reads.push_back(span(out));
-    record("ssd_chunks_outputs", p, tiles, reads, {span(out)});
+    reads.push_back(span(*starts));
+    record("ssd_chunks_outputs", p, uint64_t(d.c * d.H * d.N), reads, {span(out)});
 }
 
 void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "ssd_chunks_back";
     const SsdDims d = ssd_dims(op, in, 1, attrs);
-    u32(std::max(out.numel(), in[0]->numel()), op);
+    u32(std::max({out.numel(), in[0]->numel(), d.starts()}), op);
     const bool grouped = d.G != d.H;  // the heads' gB and gC summed per group by a pass of their own
     const int64_t per_head = size_mul(2, d.D, d.H, d.T, d.N);
     u32(per_head, op);
     check_ssd_loops(op, d);
+    TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
+    TensorPtr finals = make_on(Device::gpu, {d.finals(), 1, 1, 1}, 2, DType::f32);  // not read: the forward's
+    record_start_states(d, in, 1, *starts, finals->address(), {span(*finals)}, op);
     TensorPtr planes = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
     TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
     TensorPtr heads = grouped ? make_on(Device::gpu, {per_head, 1, 1, 1}, 2, DType::f32) : nullptr;
-    const uint64_t g = in[0]->address(), g_finals = g + kFloat * d.y(), g_starts = g_finals + kFloat * d.finals();
-    const uint64_t fwd_starts = in[6]->address() + kFloat * (d.y() + d.finals());
+    const uint64_t g = in[0]->address(), g_finals = g + kFloat * d.y();
     const uint64_t gB = out.address() + kFloat * (d.y() + d.decays()), gfirst = gB + kFloat * 2 * d.inputs_bc();
     const uint64_t tiles = uint64_t(d.c * d.H * d.N);
     std::vector<vk::Range> reads = spans(in);
     SsdPush p = ssd_push(d, in, 1, op);
-    p.g = g, p.states = g_starts, p.o = planes->address(), p.decay = decay->address();
+    p.g = g, p.o = planes->address(), p.decay = decay->address();
     record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes), span(*decay)});
     record_pass("ssd_pass_backward", planes->address(), *decay, g_finals, gfirst, d,
                 {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)}, op);
-    p.states = fwd_starts, p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
+    p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
     reads.push_back(span(*planes));
-    reads.push_back(span(*decay));
+    reads.push_back(span(*starts));
     std::vector<vk::Range> writes{span(out)};
     if (grouped) writes.push_back(span(*heads));
     record("ssd_chunks_grads", p, tiles, reads, writes);
