@@ -53,14 +53,18 @@ float gX(uint d, uint p) { return d < pc.D && p < pc.P ? pc.aux.v[plane + d + pc
 float pair(uint t, uint s) { return t < nq && s < nq ? pairs[t * LMAX + s] : 0.0; }
 
 // acc[x][y] += sum over k < KN of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
-// invocation's i = i0 + tx + 16 x, j = j0 + ty + 16 y; in uniform control flow (barriers).
-#define STAGED_PRODUCT(acc, KN, LOAD_A, LOAD_B, ALLOW)                                        \
+// invocation's i = i0 + tx + 16 x, j = j0 + ty + 16 y; in uniform control flow (barriers). A_K, B_K:
+// whether the operand's terms k lie side by side in memory (then consecutive invocations load
+// consecutive terms, else consecutive rows or columns: the loads coalesce either way).
+#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
     for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                  \
         barrier();                                                                            \
         for (uint m = 0; m < 4; ++m) {                                                        \
-            uint el = tid + 256 * m, kk = el / 64, ii = el % 64;                              \
-            As[kk][ii] = k0 + kk < (KN) ? LOAD_A(i0 + ii, k0 + kk) : 0.0;                      \
-            Bs[kk][ii] = k0 + kk < (KN) ? LOAD_B(k0 + kk, j0 + ii) : 0.0;                      \
+            uint el = tid + 256 * m;                                                          \
+            uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
+            uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
+            As[ka][ia] = k0 + ka < (KN) ? LOAD_A(i0 + ia, k0 + ka) : 0.0;                      \
+            Bs[kb][jb] = k0 + kb < (KN) ? LOAD_B(k0 + kb, j0 + jb) : 0.0;                      \
         }                                                                                     \
         barrier();                                                                            \
         for (uint kk = 0; kk < 16; ++kk)                                                      \
@@ -118,7 +122,7 @@ void scores(out float S[4][4]) {
     uint i0 = 0, j0 = 0;
 #define LOAD_C(t, d) C_(t, d)
 #define LOAD_B(d, s) B_(s, d)
-    STAGED_PRODUCT(S, pc.D, LOAD_C, LOAD_B, ANY)
+    STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
 #undef LOAD_C
 #undef LOAD_B
 }
@@ -148,7 +152,7 @@ void main() {
 #define LOAD_L(d, t) C_(t, d)
 #define LOAD_R(t, p) (t < nq ? f[t] : 0.0) * gy(t, p)
 #endif
-            STAGED_PRODUCT(acc, nq, LOAD_L, LOAD_R, ANY)
+            STAGED_PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
             for (uint x = 0; x < 4; ++x)
                 for (uint y = 0; y < 4; ++y) {
                     uint d = i0 + tx + 16 * x, p = j0 + ty + 16 * y;
@@ -172,10 +176,10 @@ void main() {
         clear(w);
 #define LOAD_U(p, s) u_(s, p)
 #define LOAD_M(s, t) pair(t, s)
-        STAGED_PRODUCT(acc, nq, LOAD_U, LOAD_M, UP_TO_J)
+        STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_C(d, t) C_(t, d)
-        STAGED_PRODUCT(w, pc.D, LOAD_Z, LOAD_C, ANY)
+        STAGED_PRODUCT(w, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + tx + 16 * x, t = ty + 16 * y;
@@ -221,7 +225,7 @@ void main() {
         uint i0 = 0, j0 = 0;
 #define LOAD_GY(t, p) gy(t, p)
 #define LOAD_U(p, s) u_(s, p)
-        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, LOAD_U, ANY)
+        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
     }
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
@@ -239,10 +243,10 @@ void main() {
         clear(v);
 #define LOAD_GYT(p, t) gy(t, p)
 #define LOAD_M(t, s) pair(t, s)
-        STAGED_PRODUCT(acc, nq, LOAD_GYT, LOAD_M, FROM_J)
+        STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
 #define LOAD_GX(p, d) gX(d, p)
 #define LOAD_BD(d, s) B_(s, d)
-        STAGED_PRODUCT(v, pc.D, LOAD_GX, LOAD_BD, ANY)
+        STAGED_PRODUCT(v, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + tx + 16 * x, s = ty + 16 * y;
@@ -252,7 +256,7 @@ void main() {
         clear(v);  // w_t = Z^T C_t
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_CD(d, t) C_(t, d)
-        STAGED_PRODUCT(v, pc.D, LOAD_Z, LOAD_CD, ANY)
+        STAGED_PRODUCT(v, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) f_part[y] += gy(ty + 16 * y, i0 + tx + 16 * x) * v[x][y];
     }
@@ -274,10 +278,10 @@ void main() {
         clear(dense);
 #define LOAD_BS(d, s) B_(s, d)
 #define LOAD_PT(s, t) pair(t, s)
-        STAGED_PRODUCT(tri, nq, LOAD_BS, LOAD_PT, UP_TO_J)
+        STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
 #define LOAD_ZD(d, p) Z_(d, p)
 #define LOAD_GYP(p, t) gy(t, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, LOAD_GYP, ANY)
+        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + tx + 16 * x, t = ty + 16 * y;
@@ -287,10 +291,10 @@ void main() {
         clear(dense);
 #define LOAD_CT(d, t) C_(t, d)
 #define LOAD_PS(t, s) pair(t, s)
-        STAGED_PRODUCT(tri, nq, LOAD_CT, LOAD_PS, FROM_J)
+        STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
 #define LOAD_GXD(d, p) gX(d, p)
 #define LOAD_UP(p, s) u_(s, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, LOAD_UP, ANY)
+        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + tx + 16 * x, s = ty + 16 * y;
