@@ -37,9 +37,14 @@ layout(push_constant) uniform Push {
 const uint LMAX = 64;  // native/ssd_chunks.hpp: kSsdMaxChunk
 shared float a[LMAX], f[LMAX], e[LMAX];
 shared float pairs[LMAX * LMAX];       // [t * LMAX + s], s <= t
-shared float As[16][65], Bs[16][65];  // a product's staged terms: [term][row], [term][column]
+shared vec4 As[16][17], Bs[16][17];  // a product's staged terms: [term][rows 4 i .. 4 i + 3], [term][columns]
 
 uint tid, tx, ty, q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
+
+// This invocation's rows and columns of a 64 x 64 block: 4 consecutive of each (one vec4 of the
+// staged terms apiece).
+uint ri(uint x) { return 4 * tx + x; }
+uint cj(uint y) { return 4 * ty + y; }
 
 uint vec_at(uint t) { return pc.P * (h + pc.H * (t0 + t)); }  // u's, y's, g's token t
 uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token t
@@ -53,7 +58,7 @@ float gX(uint d, uint p) { return d < pc.D && p < pc.P ? pc.aux.v[plane + d + pc
 float pair(uint t, uint s) { return t < nq && s < nq ? pairs[t * LMAX + s] : 0.0; }
 
 // acc[x][y] += sum over k < KN of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
-// invocation's i = i0 + tx + 16 x, j = j0 + ty + 16 y; in uniform control flow (barriers). A_K, B_K:
+// invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
 // whether the operand's terms k lie side by side in memory (then consecutive invocations load
 // consecutive terms, else consecutive rows or columns: the loads coalesce either way).
 #define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
@@ -63,15 +68,16 @@ float pair(uint t, uint s) { return t < nq && s < nq ? pairs[t * LMAX + s] : 0.0
             uint el = tid + 256 * m;                                                          \
             uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
             uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
-            As[ka][ia] = k0 + ka < (KN) ? LOAD_A(i0 + ia, k0 + ka) : 0.0;                      \
-            Bs[kb][jb] = k0 + kb < (KN) ? LOAD_B(k0 + kb, j0 + jb) : 0.0;                      \
+            As[ka][ia / 4][ia % 4] = k0 + ka < (KN) ? LOAD_A(i0 + ia, k0 + ka) : 0.0;          \
+            Bs[kb][jb / 4][jb % 4] = k0 + kb < (KN) ? LOAD_B(k0 + kb, j0 + jb) : 0.0;          \
         }                                                                                     \
         barrier();                                                                            \
-        for (uint kk = 0; kk < 16; ++kk)                                                      \
+        for (uint kk = 0; kk < 16; ++kk) {                                                    \
+            vec4 av = As[kk][tx], bv = Bs[kk][ty];                                            \
             for (uint x = 0; x < 4; ++x)                                                      \
                 for (uint y = 0; y < 4; ++y)                                                  \
-                    if (ALLOW(i0 + tx + 16 * x, j0 + ty + 16 * y, k0 + kk))                   \
-                        acc[x][y] += As[kk][tx + 16 * x] * Bs[kk][ty + 16 * y];               \
+                    if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];   \
+        }                                                                                     \
     }
 
 #define ANY(i, j, k) true
@@ -116,7 +122,7 @@ float K(uint t, uint s) {
     return exp(sum);
 }
 
-// This invocation's pairs (t = tx + 16 x, s = ty + 16 y) of C_t . B_s (every pair, the triangle's used)
+// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s (every pair, the triangle's used)
 void scores(out float S[4][4]) {
     clear(S);
     uint i0 = 0, j0 = 0;
@@ -132,7 +138,7 @@ void store_decayed(float value[4][4]) {
     barrier();
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = tx + 16 * x, s = ty + 16 * y;
+            uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
         }
     barrier();
@@ -155,7 +161,7 @@ void main() {
             STAGED_PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
             for (uint x = 0; x < 4; ++x)
                 for (uint y = 0; y < 4; ++y) {
-                    uint d = i0 + tx + 16 * x, p = j0 + ty + 16 * y;
+                    uint d = i0 + ri(x), p = j0 + cj(y);
                     if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
                 }
         }
@@ -182,7 +188,7 @@ void main() {
         STAGED_PRODUCT(w, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
-                uint p = i0 + tx + 16 * x, t = ty + 16 * y;
+                uint p = i0 + ri(x), t = cj(y);
                 if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y] + f[t] * w[x][y];
             }
     }
@@ -195,11 +201,11 @@ shared float E[LMAX], F[LMAX], partial[256];
 // Sums each column's 16 partials (one per tx) in order: E or F of the column's token, times its decay.
 void column_sums(float own[4], bool to_E) {
     barrier();
-    for (uint y = 0; y < 4; ++y) As[tx][ty + 16 * y] = own[y];
+    As[tx][ty] = vec4(own[0], own[1], own[2], own[3]);  // row tx, columns cj(0 .. 3)
     barrier();
     if (tid < nq) {
         float sum = 0.0;
-        for (uint x = 0; x < 16; ++x) sum += As[x][tid];
+        for (uint x = 0; x < 16; ++x) sum += As[x][tid / 4][tid % 4];
         if (to_E) E[tid] = e[tid] * sum;
         else F[tid] = f[tid] * sum;
     }
@@ -229,7 +235,7 @@ void main() {
     }
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = tx + 16 * x, s = ty + 16 * y;
+            uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
         }
 
@@ -249,7 +255,7 @@ void main() {
         STAGED_PRODUCT(v, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
-                uint p = i0 + tx + 16 * x, s = ty + 16 * y;
+                uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y] + e[s] * v[x][y];
                 e_part[y] += u_(s, p) * v[x][y];
             }
@@ -258,7 +264,7 @@ void main() {
 #define LOAD_CD(d, t) C_(t, d)
         STAGED_PRODUCT(v, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
         for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) f_part[y] += gy(ty + 16 * y, i0 + tx + 16 * x) * v[x][y];
+            for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * v[x][y];
     }
     column_sums(e_part, true);
     column_sums(f_part, false);
@@ -267,7 +273,7 @@ void main() {
     barrier();
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = tx + 16 * x, s = ty + 16 * y;
+            uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y];
         }
     uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
@@ -284,7 +290,7 @@ void main() {
         STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
-                uint d = i0 + tx + 16 * x, t = ty + 16 * y;
+                uint d = i0 + ri(x), t = cj(y);
                 if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = tri[x][y] + f[t] * dense[x][y];
             }
         clear(tri);
@@ -297,7 +303,7 @@ void main() {
         STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
-                uint d = i0 + tx + 16 * x, s = ty + 16 * y;
+                uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = tri[x][y] + e[s] * dense[x][y];
             }
     }
@@ -307,7 +313,7 @@ void main() {
     barrier();
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = tx + 16 * x, s = ty + 16 * y;
+            uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y] * S[x][y];
         }
     barrier();

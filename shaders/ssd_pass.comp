@@ -20,6 +20,12 @@ layout(push_constant) uniform Push {
     uint N;         // GROUP_SUM: T N
 } pc;
 
+#if defined(BACKWARD)
+uint chunk_at(uint step) { return pc.c - 1 - step; }  // from the last chunk
+#else
+uint chunk_at(uint step) { return step; }
+#endif
+
 void main() {
     uint id = flat_invocation();
 #if defined(GROUP_SUM)
@@ -34,21 +40,25 @@ void main() {
     if (id >= pc.R * pc.H * pc.N) return;
     uint r = id % pc.R, hn = id / pc.R, h = hn % pc.H, n = hn / pc.H;
     float z = pc.edge.v[id];
-    for (uint step = 0; step < pc.c; ++step) {
+    // 4 chunks at a time, their loads before any store (a store to the planes might alias a later
+    // load, so the compiler keeps them in order): 4 loads in flight where the walk had one
+    for (uint step = 0; step < pc.c; step += 4) {
+        float x[4], A[4];
+        uint at[4];
+        for (uint k = 0; k < 4; ++k) {
+            uint q = chunk_at(min(step + k, pc.c - 1));
+            at[k] = pc.R * (h + pc.H * (q + pc.c * n)) + r;
+            A[k] = pc.decay.v[h + pc.H * (q + pc.c * n)];
+            x[k] = pc.planes.v[at[k]];
+        }
+        for (uint k = 0; k < 4 && step + k < pc.c; ++k) {
+            pc.planes.v[at[k]] = z;
 #if defined(BACKWARD)
-        uint q = pc.c - 1 - step;
+            z = x[k] + A[k] * z;
 #else
-        uint q = step;
+            z = A[k] * z + x[k];
 #endif
-        uint at = pc.R * (h + pc.H * (q + pc.c * n)) + r;
-        float A = pc.decay.v[h + pc.H * (q + pc.c * n)];
-        float x = pc.planes.v[at];
-        pc.planes.v[at] = z;
-#if defined(BACKWARD)
-        z = x + A * z;
-#else
-        z = A * z + x;
-#endif
+        }
     }
     pc.last.v[id] = z;
 #endif

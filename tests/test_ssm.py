@@ -366,9 +366,9 @@ def _ssd_chunks_grads(arrays, L, dtype, device, weights):
 
 # (D, P, H, T, N, G, L): a group shared by the heads, the last chunk short; groups of two heads;
 # a group per head; chunks of one token; sizes past a workgroup's 256 invocations, chunks of 64;
-# states of 9 elements in all (the GPU's passing walks 4 an invocation)
+# 6 chunks (the GPU's passing loads 4 at a time), states of 9 elements
 SSD_SHAPES = [(3, 2, 2, 7, 1, 1, 3), (5, 3, 4, 12, 2, 2, 4), (4, 3, 2, 9, 2, 2, 4), (2, 2, 2, 3, 1, 1, 1),
-              (40, 20, 2, 70, 1, 1, 64), (3, 3, 1, 5, 1, 1, 2)]
+              (40, 20, 2, 70, 1, 1, 64), (3, 3, 1, 11, 2, 1, 2)]
 
 
 @pytest.mark.parametrize("shape", SSD_SHAPES[:4])
