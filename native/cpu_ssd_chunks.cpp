@@ -18,7 +18,7 @@
 //
 // ssd_chunks_back (g like the output, u, log_decay, B, C, first; ints: L) -> a column [gu,
 // glog_decay, gB, gC, gfirst]. It computes the start states again (two of the forward's three
-// steps: cheaper than keeping them, D P H c N floats, from the forward to the backward pass).
+// steps) rather than keeping D P H c N floats from the forward to the backward pass.
 // With gy the outputs' gradient, G[t, s] = gy_t . u_s:
 //   gZ_q (of the start state, before passing) = sum_t f[t] C_t gy_t^T
 //   passed back from the end: gX_q = gZ'_{q+1}, gZ'_q = gZ_q + A_q gZ'_{q+1}, gZ'_c = g's final,
@@ -29,7 +29,8 @@
 //   ga_r  = sum_{s < r <= t} G[t, s] M[t, s] + sum_{s < r} e[s] u_s . gX_q^T B_s
 //         + sum_{t >= r} f[t] gy_t . Z_q^T C_t + A_q sum(gX_q * Z_q)
 // A NaN in a token reaches the outputs of its head from that token on, and the final state, as in
-// the recurrence (the pairs' sums run over s <= t only, never multiplying a later token by 0).
+// the recurrence: the products over pairs of tokens add the triangle s <= t only, never a later
+// token's vector times 0 (triangle_product).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -135,13 +136,12 @@ struct Chunk {
             for (int64_t t = s; t < n_q; ++t) out[at(t, s)] = pairs[at(t, s)] * K[at(t, s)];
     }
 
-    // out [D, P] = init + sum_t left_t (weight[t] right_t)^T, right with stride `sr`
-    void outer_sum(const std::vector<T>& weight, const T* left, const T* right, int64_t sr, const T* init, T* out) const {
+    // out [D, P] = sum_t left_t (weight[t] right_t)^T, right with stride `sr`
+    void outer_sum(const std::vector<T>& weight, const T* left, const T* right, int64_t sr, T* out) const {
         std::vector<T> weighted(d.P * n_q);  // [P, n_q]
         for (int64_t t = 0; t < n_q; ++t)
             for (int64_t p = 0; p < d.P; ++p) weighted[p + d.P * t] = weight[t] * right[sr * t + p];
-        if (init) std::copy_n(init, d.plane(), out);
-        gemm_serial(false, true, d.D, d.P, n_q, left, sb, weighted.data(), d.P, out, d.D, init != nullptr);
+        gemm_serial(false, true, d.D, d.P, n_q, left, sb, weighted.data(), d.P, out, d.D, false);
     }
 };
 
@@ -211,7 +211,7 @@ void start_states(const SsdDims& d, const Inputs& in, size_t at, T* starts, T* f
     std::vector<T> decay(d.H * d.c * d.N);
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {
         Chunk<T> k(d, u, la, B, C, q, h, n);
-        k.outer_sum(k.e, k.B, k.u, k.su, nullptr, starts + start_plane(d, q, h, n));
+        k.outer_sum(k.e, k.B, k.u, k.su, starts + start_plane(d, q, h, n));
         decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
     });
     pass_states(d, starts, decay.data(), in[at + 4]->ptr<T>(), finals, false);
@@ -291,7 +291,7 @@ void ssd_backward(const SsdDims& d, const Inputs& in, T* out) {
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {  // gZ_q: the start state's own gradient
         Chunk<T> k(d, u, la, B, C, q, h, n);
         const int64_t at = start_plane(d, q, h, n);
-        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, nullptr, planes.data() + at);
+        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, planes.data() + at);
         decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
     });
     pass_states(d, planes.data(), decay.data(), g + d.y(), gfirst, true);
