@@ -205,8 +205,9 @@ void pass_states(const SsdDims& d, T* planes, const T* decay, const T* edge, T* 
 
 // The state at each chunk's start into `starts` [D P, H, c, N], the final states into `finals`:
 // each chunk's own state X_q, then the passing along the chunks. u, log_decay, B, C, first at in[at..].
+// Returns the chunks' decays A_q [H, c, N].
 template <typename T>
-void start_states(const SsdDims& d, const Inputs& in, size_t at, T* starts, T* finals) {
+std::vector<T> start_states(const SsdDims& d, const Inputs& in, size_t at, T* starts, T* finals) {
     const T *u = in[at]->ptr<T>(), *la = in[at + 1]->ptr<T>(), *B = in[at + 2]->ptr<T>(), *C = in[at + 3]->ptr<T>();
     std::vector<T> decay(d.H * d.c * d.N);
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {
@@ -215,6 +216,7 @@ void start_states(const SsdDims& d, const Inputs& in, size_t at, T* starts, T* f
         decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
     });
     pass_states(d, starts, decay.data(), in[at + 4]->ptr<T>(), finals, false);
+    return decay;
 }
 
 template <typename T>
@@ -285,14 +287,12 @@ void ssd_backward(const SsdDims& d, const Inputs& in, T* out) {
     const T *g = in[0]->ptr<T>(), *u = in[1]->ptr<T>(), *la = in[2]->ptr<T>(), *B = in[3]->ptr<T>(),
             *C = in[4]->ptr<T>();
     T *gu = out, *ga = gu + d.y(), *gB = ga + d.decays(), *gC = gB + d.inputs_bc(), *gfirst = gC + d.inputs_bc();
-    std::vector<T> starts_again(d.starts()), finals_again(d.finals()), planes(d.starts()), decay(d.H * d.c * d.N);
+    std::vector<T> starts_again(d.starts()), finals_again(d.finals()), planes(d.starts());
     const T* starts = starts_again.data();
-    start_states(d, in, 1, starts_again.data(), finals_again.data());
+    const std::vector<T> decay = start_states(d, in, 1, starts_again.data(), finals_again.data());
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {  // gZ_q: the start state's own gradient
         Chunk<T> k(d, u, la, B, C, q, h, n);
-        const int64_t at = start_plane(d, q, h, n);
-        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, planes.data() + at);
-        decay[h + d.H * (q + d.c * n)] = k.chunk_decay();
+        k.outer_sum(k.f, k.C, g + (k.u - u), k.su, planes.data() + start_plane(d, q, h, n));
     });
     pass_states(d, planes.data(), decay.data(), g + d.y(), gfirst, true);
     std::fill_n(gB, 2 * d.inputs_bc(), T(0));

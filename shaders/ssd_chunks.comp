@@ -2,7 +2,7 @@
 // has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
 // sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
 //   OWN_STATES   X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
-//   START_GRADS  gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane, and A_q
+//   START_GRADS  gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
 //   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
 //   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
 //                ssd_pass.comp's GROUP_SUM where groups hold several)
@@ -23,7 +23,7 @@ layout(push_constant) uniform Push {
     Floats aux;     // GRADS: gX [D P, H, c, N]
     Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
     Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
-    Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES, START_GRADS)
+    Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
     uint P;
     uint H;
     uint T;
@@ -165,7 +165,9 @@ void main() {
                     if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
                 }
         }
+#if defined(OWN_STATES)
     if (tid == 0) pc.decay.v[h + pc.H * (q + pc.c * n)] = f[nq - 1];
+#endif
 }
 #endif
 

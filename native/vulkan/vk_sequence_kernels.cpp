@@ -41,6 +41,13 @@ void check_loop_budget(const char* op, int64_t count, const char* unit, double i
                              "pieces carrying the state");
 }
 
+// The memory ranges of an op's inputs: what its dispatch reads.
+std::vector<vk::Range> spans(const Inputs& in) {
+    std::vector<vk::Range> reads;
+    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    return reads;
+}
+
 // ---- state-space layers ------------------------------------------------------------------
 
 struct SsmConvPush {
@@ -359,8 +366,7 @@ void vk_rwkv_wkv7(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                u32(r.ne[2], "rwkv_wkv7"), u32(state.ne[1], "rwkv_wkv7")};
     u32(out.numel(), "rwkv_wkv7");
     const char* kernel = wkv7_kernel("rwkv_wkv7", r.ne[0], r.ne[2] / state.ne[1], false);
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> reads = spans(in);
     record(kernel, p, uint64_t(p.H) * p.n_seqs, reads, {span(out)});
 }
 
@@ -375,8 +381,7 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                    u32(n_seqs, "rwkv_wkv7_back"), uint32_t(kRecurrenceChunk)};
     u32(out.numel(), "rwkv_wkv7_back");
     const char* kernel = wkv7_kernel("rwkv_wkv7_back", S, T / n_seqs, true);
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> reads = spans(in);
     record(kernel, p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
@@ -525,8 +530,7 @@ void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                      in[5]->address(), in[6]->address(), out.address(), u32(W.ne[0], op), u32(W.ne[1], op),
                      u32(W.ne[2], op), u32(W.ne[3], op)};
     u32(out.numel(), op);  // every index in the shader is smaller
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> reads = spans(in);
     if (staged_chunk_states_fit(W.ne[0], W.ne[1])) {
         check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
                           staged_chunk_states_loop_iterations(W.ne[0], W.ne[1], W.ne[3]));
@@ -549,8 +553,7 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     u32(in[0]->numel(), op);
     check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
                           wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> reads = spans(in);
     const bool staged = staged_chunk_states_back_fits(W.ne[0], W.ne[1]);  // the same loops, bounded alike
     record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
@@ -568,8 +571,7 @@ void record_chunk_walk(const char* op, const char* shader, const Inputs& in, Ten
     TensorPtr scratch = make_on(Device::gpu, {size_mul(heads, scratch_per_head), 1, 1, 1}, 2, DType::f32);
     u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
     check_loop_budget(op, chunks, "chunks per sequence", iterations);
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
+    const std::vector<vk::Range> reads = spans(in);
     record(shader, push(scratch->address()), uint64_t(heads), reads, {span(out), span(*scratch)});
 }
 
@@ -691,16 +693,11 @@ void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, u
     record(shader, p, groups(uint64_t(d.finals())), reads, writes);
 }
 
-std::vector<vk::Range> spans(const Inputs& in) {
-    std::vector<vk::Range> reads;
-    for (const TensorPtr& t : in) reads.push_back(span(*t));
-    return reads;
-}
-
 // Records the states at the chunks' starts into `starts` [D P, H, c, N] and the final states
-// into `finals` (the forward's first two steps; u, log_decay, B, C, first at in[at..]).
-void record_start_states(const SsdDims& d, const Inputs& in, size_t at, const TensorImpl& starts, uint64_t finals,
-                         std::vector<vk::Range> written, const char* op) {
+// into `finals` (the forward's first two steps; u, log_decay, B, C, first at in[at..]); returns
+// the chunks' decays A_q [H, c, N] they write.
+TensorPtr record_start_states(const SsdDims& d, const Inputs& in, size_t at, const TensorImpl& starts, uint64_t finals,
+                              std::vector<vk::Range> written, const char* op) {
     TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
     SsdPush p = ssd_push(d, in, at, op);
     p.o = starts.address(), p.decay = decay->address();
@@ -708,6 +705,7 @@ void record_start_states(const SsdDims& d, const Inputs& in, size_t at, const Te
     written.push_back(span(starts));
     record_pass("ssd_pass_forward", starts.address(), *decay, in[at + 4]->address(), finals, d,
                 {span(starts), span(*decay), span(*in[at + 4])}, written, op);
+    return decay;
 }
 
 }  // namespace
@@ -736,17 +734,16 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     check_ssd_loops(op, d);
     TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
     TensorPtr finals = make_on(Device::gpu, {d.finals(), 1, 1, 1}, 2, DType::f32);  // not read: the forward's
-    record_start_states(d, in, 1, *starts, finals->address(), {span(*finals)}, op);
+    TensorPtr decay = record_start_states(d, in, 1, *starts, finals->address(), {span(*finals)}, op);
     TensorPtr planes = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
-    TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
     TensorPtr heads = grouped ? make_on(Device::gpu, {per_head, 1, 1, 1}, 2, DType::f32) : nullptr;
     const uint64_t g = in[0]->address(), g_finals = g + kFloat * d.y();
     const uint64_t gB = out.address() + kFloat * (d.y() + d.decays()), gfirst = gB + kFloat * 2 * d.inputs_bc();
     const uint64_t tiles = uint64_t(d.c * d.H * d.N);
     std::vector<vk::Range> reads = spans(in);
     SsdPush p = ssd_push(d, in, 1, op);
-    p.g = g, p.o = planes->address(), p.decay = decay->address();
-    record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes), span(*decay)});
+    p.g = g, p.o = planes->address();
+    record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes)});
     record_pass("ssd_pass_backward", planes->address(), *decay, g_finals, gfirst, d,
                 {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)}, op);
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
