@@ -30,25 +30,8 @@ layout(buffer_reference, std430, buffer_reference_align = 2) buffer Halfs { floa
 #define OUTPUTS Halfs
 #include "conv2d_gemm.glsl"
 
-#if defined(KHR_COOPMAT)
-#define FRAGMENT_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAGMENT_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAGMENT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define COLUMN_MAJOR gl_CooperativeMatrixLayoutColumnMajor
-#define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
-#define LOAD_FRAGMENT coopMatLoad
-#define STORE_FRAGMENT coopMatStore
-#define MUL_ADD coopMatMulAdd
-#else
-#define FRAGMENT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAGMENT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAGMENT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-#define COLUMN_MAJOR true
-#define ROW_MAJOR false
-#define LOAD_FRAGMENT coopMatLoadNV
-#define STORE_FRAGMENT coopMatStoreNV
-#define MUL_ADD coopMatMulAddNV
-#endif
+#define ELEMENT float16_t
+#include "coopmat.glsl"
 
 const uint BM = 64, BN = 64, BK = 32;
 const uint CHUNKS = (BK + 8) / 8;  // 16-byte chunks per staged row: BK halves and 8 of padding,

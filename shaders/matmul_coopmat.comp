@@ -68,27 +68,7 @@ shared uvec4 As[max(BK * WIDE_A, BM * NARROW)];
 shared uvec4 Bs[max(BK * WIDE_B, BN * NARROW)];
 shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, column-major
 
-// VK_KHR_cooperative_matrix where the build's shader compiler knows it (KHR_COOPMAT; its
-// fragments declare their use, A, B or accumulator), else VK_NV_cooperative_matrix.
-#if defined(KHR_COOPMAT)
-#define FRAGMENT_A coopmat<ELEMENT, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAGMENT_B coopmat<ELEMENT, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAGMENT_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define COLUMN_MAJOR gl_CooperativeMatrixLayoutColumnMajor
-#define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
-#define LOAD_FRAGMENT coopMatLoad
-#define STORE_FRAGMENT coopMatStore
-#define MUL_ADD coopMatMulAdd
-#else
-#define FRAGMENT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAGMENT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAGMENT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-#define COLUMN_MAJOR true
-#define ROW_MAJOR false
-#define LOAD_FRAGMENT coopMatLoadNV
-#define STORE_FRAGMENT coopMatStoreNV
-#define MUL_ADD coopMatMulAddNV
-#endif
+#include "coopmat.glsl"
 
 // Eight 16-bit elements at element `at` along a contiguous dimension, zero past `limit` there or
 // where the other index is out of range: one 16-byte read where allowed (`whole`), else each
