@@ -65,16 +65,54 @@ uint cj(uint y) { return 4 * ty + y; }
 
 uint vec_at(uint t) { return pc.P * (h + pc.H * (t0 + t)); }  // u's, y's, g's token t
 uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token t
-// each operand's element, 0 outside the chunk and the sizes
-float u_(uint t, uint p) { return t < nq && p < pc.P ? pc.u.v[vec_at(t) + p] : 0.0; }
-float gy(uint t, uint p) { return t < nq && p < pc.P ? pc.g.v[vec_at(t) + p] : 0.0; }
-float B_(uint t, uint d) { return t < nq && d < pc.D ? pc.B.v[bc_at(t) + d] : 0.0; }
-float C_(uint t, uint d) { return t < nq && d < pc.D ? pc.C.v[bc_at(t) + d] : 0.0; }
-float Z_(uint d, uint p) { return d < pc.D && p < pc.P ? pc.states.v[plane + d + pc.D * p] : 0.0; }
-float gX(uint d, uint p) { return d < pc.D && p < pc.P ? pc.aux.v[plane + d + pc.D * p] : 0.0; }
-float pair(uint t, uint s) { return t < nq && s <= t ? pairs[t * LMAX + s] : 0.0; }  // the triangle s <= t
+// Each operand's element, 0 outside the chunk and the sizes (and a product's terms past its
+// length: no other bound is needed). Read without a branch: an element outside reads its array's
+// first and becomes 0. (NVIDIA's compiler waits for a load inside a branch where the branch joins:
+// the products' staging loads went one after another.)
+float u_(uint t, uint p) {
+    uint at = vec_at(t) + p;
+    float v = pc.u.v[t < nq && p < pc.P ? at : 0];
+    return t < nq && p < pc.P ? v : 0.0;
+}
+float gy(uint t, uint p) {
+    uint at = vec_at(t) + p;
+    float v = pc.g.v[t < nq && p < pc.P ? at : 0];
+    return t < nq && p < pc.P ? v : 0.0;
+}
+float B_(uint t, uint d) {
+    uint at = bc_at(t) + d;
+    float v = pc.B.v[t < nq && d < pc.D ? at : 0];
+    return t < nq && d < pc.D ? v : 0.0;
+}
+float C_(uint t, uint d) {
+    uint at = bc_at(t) + d;
+    float v = pc.C.v[t < nq && d < pc.D ? at : 0];
+    return t < nq && d < pc.D ? v : 0.0;
+}
+float Z_(uint d, uint p) {
+    uint at = plane + d + pc.D * p;
+    float v = pc.states.v[d < pc.D && p < pc.P ? at : 0];
+    return d < pc.D && p < pc.P ? v : 0.0;
+}
+float gX(uint d, uint p) {
+    uint at = plane + d + pc.D * p;
+    float v = pc.aux.v[d < pc.D && p < pc.P ? at : 0];
+    return d < pc.D && p < pc.P ? v : 0.0;
+}
+float pair(uint t, uint s) {  // the triangle s <= t
+    float v = pairs[t < nq && s <= t ? t * LMAX + s : 0];
+    return t < nq && s <= t ? v : 0.0;
+}
+float e_(uint t) {
+    float v = e[t % LMAX];
+    return t < nq ? v : 0.0;
+}
+float f_(uint t) {
+    float v = f[t % LMAX];
+    return t < nq ? v : 0.0;
+}
 
-// acc[x][y] += sum over k < KN of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
+// acc[x][y] += sum over k < KN (LOAD_A and LOAD_B are 0 past it) of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
 // invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
 // whether the operand's terms k lie side by side in memory (then consecutive invocations load
 // consecutive terms, else consecutive rows or columns: the loads coalesce either way).
@@ -85,8 +123,8 @@ float pair(uint t, uint s) { return t < nq && s <= t ? pairs[t * LMAX + s] : 0.0
             uint el = tid + 256 * m;                                                          \
             uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
             uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
-            As[ka][ia / 4][ia % 4] = k0 + ka < (KN) ? LOAD_A(i0 + ia, k0 + ka) : 0.0;          \
-            Bs[kb][jb / 4][jb % 4] = k0 + kb < (KN) ? LOAD_B(k0 + kb, j0 + jb) : 0.0;          \
+            As[ka][ia / 4][ia % 4] = LOAD_A(i0 + ia, k0 + ka);                                \
+            Bs[kb][jb / 4][jb % 4] = LOAD_B(k0 + kb, j0 + jb);                                \
         }                                                                                     \
         barrier();                                                                            \
         for (uint kk = 0; kk < 16; ++kk) {                                                    \
@@ -108,63 +146,68 @@ float pair(uint t, uint s) { return t < nq && s <= t ? pairs[t * LMAX + s] : 0.0
 // fragment to its invocations through a 16 x 16 scratch per subgroup. A product's triangle is its
 // pairs' zeros outside it (pair()), so ALLOW is not needed.
 uint frag_row, frag_col;
+// Operands staged as 16-bit values, two to a word (the word-sized shared arrays the other
+// cooperative-matrix kernels load their fragments from): A [64 rows][KS terms], B [KS terms][64
+// columns], each row padded by 8 halves (16-byte rows, spread over the banks). `rounding`: 1 f16,
+// 2 bf16 (to the nearest, ties to even).
 #if defined(COOPMAT)
-const uint KS = 32;                               // terms staged at a time
-const uint A_STRIDE = KS + 8, B_STRIDE = 64 + 8;  // 8 halves of padding: 16-byte rows spread over the banks
-shared ELEMENT stage_a[64 * A_STRIDE], stage_b[KS * B_STRIDE];
-shared float scratch[8 * 256];
-#define STAGE_A(i, k, v) stage_a[(i) * A_STRIDE + (k)] = ELEMENT(v)
-#define STAGE_B(k, j, v) stage_b[(k) * B_STRIDE + (j)] = ELEMENT(v)
-#define SCRATCH scratch
+const uint KS = 32;  // terms staged at a time
 #if defined(BF16)
-const float LARGEST = 3.38953139e38;  // bf16's largest finite value
+const uint rounding = 2;
 #else
-const float LARGEST = 65504.0;
+const uint rounding = 1;
 #endif
+#else
+const uint KS = 16;  // (lavapipe offers 32 KiB of shared memory)
+#define rounding pc.rounding
+#endif
+const uint A_WORDS = (KS + 8) / 2, B_WORDS = (64 + 8) / 2;  // words per staged row
+shared uint stage_a[64 * A_WORDS], stage_b[KS * B_WORDS];
+shared float scratch[8 * 256];  // each subgroup's 16 x 16 fragment on its way out, row-major
+
+uint bf16_bits(float v) {
+    uint bits = floatBitsToUint(v);
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+uint pack16(float lo, float hi) {
+    return rounding == 2u ? bf16_bits(lo) | (bf16_bits(hi) << 16) : packHalf2x16(vec2(lo, hi));
+}
+float largest() { return rounding == 2u ? 3.38953139e38 : 65504.0; }  // the type's largest finite value
+
+#if defined(COOPMAT)
 #define ACCUMULATORS(f0, f1) FRAGMENT_C f0 = FRAGMENT_C(0.0), f1 = FRAGMENT_C(0.0);
 #define FRAGMENT_STEP(f0, f1, kk)                                                                  \
     {                                                                                              \
         FRAGMENT_A fa;                                                                             \
         FRAGMENT_B fb0, fb1;                                                                       \
-        LOAD_FRAGMENT(fa, stage_a, frag_row * A_STRIDE + (kk), A_STRIDE, ROW_MAJOR);               \
-        LOAD_FRAGMENT(fb0, stage_b, (kk) * B_STRIDE + frag_col, B_STRIDE, ROW_MAJOR);              \
-        LOAD_FRAGMENT(fb1, stage_b, (kk) * B_STRIDE + frag_col + 16, B_STRIDE, ROW_MAJOR);         \
+        LOAD_FRAGMENT(fa, stage_a, frag_row * A_WORDS + (kk) / 2, A_WORDS, ROW_MAJOR);             \
+        LOAD_FRAGMENT(fb0, stage_b, (kk) * B_WORDS + frag_col / 2, B_WORDS, ROW_MAJOR);            \
+        LOAD_FRAGMENT(fb1, stage_b, (kk) * B_WORDS + (frag_col + 16) / 2, B_WORDS, ROW_MAJOR);     \
         f0 = MUL_ADD(fa, fb0, f0);                                                                 \
         f1 = MUL_ADD(fa, fb1, f1);                                                                 \
     }
 #define STORE_ACCUMULATOR(f) STORE_FRAGMENT(f, scratch, 256 * (tid / 32), 16, ROW_MAJOR)
 #else
-// Emulated: the same staging in f32 of rounded values; invocation `lane` of a subgroup sums a
-// fragment's row lane / 2, columns 8 (lane % 2).. The scratch shares the staging's memory
-// (lavapipe offers 32 KiB).
-const uint KS = 16;
-const uint A_STRIDE = KS + 1, B_STRIDE = 64 + 1;
-shared float stage[max(64 * A_STRIDE + KS * B_STRIDE, 8 * 256)];
-#define STAGE_A(i, k, v) stage[(i) * A_STRIDE + (k)] = rounded(v)
-#define STAGE_B(k, j, v) stage[64 * A_STRIDE + (k) * B_STRIDE + (j)] = rounded(v)
-#define SCRATCH stage
-#define LARGEST (pc.rounding == 2u ? 3.38953139e38 : 65504.0)
-float rounded(float v) {
-    if (pc.rounding == 2u) {  // bf16: to the nearest, ties to even
-        uint bits = floatBitsToUint(v);
-        return uintBitsToFloat((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
-    }
-    return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
+// Emulated: invocation `lane` of a subgroup sums a fragment's row lane / 2, columns 8 (lane % 2)..
+float staged(uint word, uint half_) {
+    uint bits = (word >> (16 * half_)) & 0xffffu;
+    return rounding == 2u ? uintBitsToFloat(bits << 16) : unpackHalf2x16(bits).x;
 }
+float staged_a(uint i, uint k) { return staged(stage_a[i * A_WORDS + k / 2], k % 2); }
+float staged_b(uint k, uint j) { return staged(stage_b[k * B_WORDS + j / 2], j % 2); }
 void emulated_step(inout float f0[8], inout float f1[8], uint kk) {
     uint lane = tid % 32, r = frag_row + lane / 2, col = frag_col + 8 * (lane % 2);
     for (uint k = kk; k < kk + 16; ++k) {
-        float a = stage[r * A_STRIDE + k];
-        uint b = 64 * A_STRIDE + k * B_STRIDE + col;
+        float a = staged_a(r, k);
         for (uint x = 0; x < 8; ++x) {
-            f0[x] += a * stage[b + x];
-            f1[x] += a * stage[b + 16 + x];
+            f0[x] += a * staged_b(k, col + x);
+            f1[x] += a * staged_b(k, col + 16 + x);
         }
     }
 }
 void emulated_store(float f[8]) {
     uint lane = tid % 32, at = 256 * (tid / 32) + 16 * (lane / 2) + 8 * (lane % 2);
-    for (uint x = 0; x < 8; ++x) stage[at + x] = f[x];
+    for (uint x = 0; x < 8; ++x) scratch[at + x] = f[x];
 }
 #define ACCUMULATORS(f0, f1) float f0[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), f1[8] = f0;
 #define FRAGMENT_STEP(f0, f1, kk) emulated_step(f0, f1, kk);
@@ -172,10 +215,11 @@ void emulated_store(float f[8]) {
 #endif
 
 // Whether a staged value is one the 16-bit type cannot hold: then this chunk is the f32 form's.
-bool exact_needed = false;
+bool exact_needed;
 shared uint chunk_flag;
-void check_staged(float v) {
-    if (!(abs(v) <= LARGEST)) exact_needed = true;
+float checked(float v) {
+    if (!(abs(v) <= largest())) exact_needed = true;
+    return v;
 }
 
 // acc[x][y] += this invocation's elements of the fragment `which` (0: columns frag_col.., 1: 16 further) in the scratch
@@ -183,25 +227,25 @@ void take_fragment(inout float acc[4][4], uint which) {
     uint lane = tid % 32, col = 4 * (lane / 4);
     if (col / 16 != which) return;
     for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) acc[x][y] += SCRATCH[256 * (tid / 32) + 16 * (4 * (lane % 4) + x) + col % 16 + y];
+        for (uint y = 0; y < 4; ++y) acc[x][y] += scratch[256 * (tid / 32) + 16 * (4 * (lane % 4) + x) + col % 16 + y];
 }
 
-// STAGED_PRODUCT's sums on fragments, KS terms staged at a time, each rounded and checked.
+// STAGED_PRODUCT's sums on fragments, KS terms staged at a time, each term checked and rounded;
+// an invocation stages pairs of consecutive elements of a staged row (A's terms, B's columns),
+// consecutive invocations reading consecutive elements of the operand in memory (A_K, B_K as there).
 #define PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                                         \
     {                                                                                             \
         ACCUMULATORS(f0, f1)                                                                      \
         for (uint k0 = 0; k0 < (KN); k0 += KS) {                                                  \
             barrier();                                                                            \
-            for (uint m = 0; m < 64 * KS / 256; ++m) {                                            \
+            for (uint m = 0; m < 32 * KS / 256; ++m) {                                            \
                 uint el = tid + 256 * m;                                                          \
-                uint ka = A_K ? el % KS : el / 64, ia = A_K ? el / KS : el % 64;                  \
-                uint kb = B_K ? el % KS : el / 64, jb = B_K ? el / KS : el % 64;                  \
-                float va = k0 + ka < (KN) ? LOAD_A(i0 + ia, k0 + ka) : 0.0;                       \
-                float vb = k0 + kb < (KN) ? LOAD_B(k0 + kb, j0 + jb) : 0.0;                       \
-                check_staged(va);                                                                 \
-                check_staged(vb);                                                                 \
-                STAGE_A(ia, ka, va);                                                              \
-                STAGE_B(kb, jb, vb);                                                              \
+                uint ka = A_K ? 2 * (el % (KS / 2)) : 2 * (el / 64), ia = A_K ? el / (KS / 2) : el % 64; \
+                uint kb = B_K ? el % KS : el / 32, jb = B_K ? 2 * (el / KS) : 2 * (el % 32);      \
+                float a0 = LOAD_A(i0 + ia, k0 + ka), a1 = LOAD_A(i0 + ia, k0 + ka + 1);           \
+                float b0 = LOAD_B(k0 + kb, j0 + jb), b1 = LOAD_B(k0 + kb, j0 + jb + 1);           \
+                stage_a[ia * A_WORDS + ka / 2] = pack16(checked(a0), checked(a1));                \
+                stage_b[kb * B_WORDS + jb / 2] = pack16(checked(b0), checked(b1));                \
             }                                                                                     \
             barrier();                                                                            \
             for (uint kk = 0; kk < KS; kk += 16) FRAGMENT_STEP(f0, f1, kk)                        \
@@ -215,11 +259,12 @@ void take_fragment(inout float acc[4][4], uint which) {
         barrier();                                                                                \
         take_fragment(acc, 1u);                                                                   \
     }
-#define COLUMN_PARTIAL(row, col) SCRATCH[64 * (row) + (col)]
+#define COLUMN_PARTIAL(row, col) scratch[64 * (row) + (col)]
 
 // Whether the f32 form must do this chunk instead, this form's verdict: cleared before the chunk's
 // work, written after it.
 bool f32_form_only() {
+    exact_needed = false;
     if (gl_LocalInvocationID.x == 0) chunk_flag = 0;
     return false;
 }
@@ -314,10 +359,10 @@ void main() {
             clear(acc);
 #if defined(OWN_STATES)
 #define LOAD_L(d, t) B_(t, d)
-#define LOAD_R(t, p) (t < nq ? e[t] : 0.0) * u_(t, p)
+#define LOAD_R(t, p) e_(t) * u_(t, p)
 #else
 #define LOAD_L(d, t) C_(t, d)
-#define LOAD_R(t, p) (t < nq ? f[t] : 0.0) * gy(t, p)
+#define LOAD_R(t, p) f_(t) * gy(t, p)
 #endif
             PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
             for (uint x = 0; x < 4; ++x)
