@@ -103,9 +103,6 @@ std::string gpu_matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int6
 std::string gpu_conv2d_kernel(DType dtype);
 // The shader the GPU's ssm_scan (backward: ssm_scan_back) runs at these sizes (empty without a GPU).
 std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, int64_t n_tok, bool mamba1);
-// The kernel of ssm_scan's chunked backward (ssd_chunks_back) for a product dtype (0 f32, 1 f16,
-// 2 bf16: native/ssd_chunks.hpp's SsdProducts), in words (empty without a GPU).
-std::string gpu_ssd_kernel(int64_t products);
 // Tests: fill every new GPU allocation with NaN, so that elements a kernel fails to write show.
 void set_gpu_poison(bool on);
 // Programs recorded from now on time their GPU work per dependency level (Program::level_times);

@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -385,21 +384,6 @@ PYBIND11_MODULE(_native, m) {
         },
         py::arg("backward"), py::arg("d_state"), py::arg("head_dim"), py::arg("n_tok"), py::arg("mamba1") = false,
         "The shader GPU ssm_scan (backward: its backward helper) runs at these sizes; None without a GPU.");
-    m.def(
-        "gpu_ssd_kernel",
-        [](const std::string& product_dtype) -> py::object {
-            const std::vector<std::string> names{"f32", "f16", "bf16"};  // SsdProducts' order
-            const auto at = std::find(names.begin(), names.end(), product_dtype);
-            if (at == names.end())
-                throw std::invalid_argument("gpu_ssd_kernel: product_dtype must be 'f32', 'f16' or 'bf16', got '" +
-                                            product_dtype + "'");
-            const std::string kernel = gpu_ssd_kernel(at - names.begin());
-            if (kernel.empty()) return py::none();
-            return py::str(kernel);
-        },
-        py::arg("product_dtype"),
-        "The kernel of ssm_scan's chunked backward (its chunks' products) for this product_dtype, in words; None "
-        "without a GPU.");
     m.def("gpu_counters", [](bool reset) {
         py::dict d;
         for (const auto& [k, v] : gpu_counters(reset)) d[k.c_str()] = v;

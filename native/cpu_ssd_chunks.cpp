@@ -43,12 +43,9 @@
 namespace rk {
 
 SsdDims ssd_dims(const char* op, const Inputs& in, size_t first_input, const OpAttrs& attrs) {
-    if (attrs.ints.empty() || attrs.ints.size() > 2 || attrs.ints[0] < 1 || attrs.ints[0] > kSsdMaxChunk)
-        throw std::invalid_argument(op_err(op, "expected int attributes: the chunk length L, 1 to " +
-                                                   std::to_string(kSsdMaxChunk) + ", and optionally the products' dtype"));
-    if (attrs.ints.size() == 2 && (attrs.ints[1] < 0 || attrs.ints[1] > 2))
-        throw std::invalid_argument(op_err(op, "the products' dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " +
-                                                   std::to_string(attrs.ints[1])));
+    if (attrs.ints.size() != 1 || attrs.ints[0] < 1 || attrs.ints[0] > kSsdMaxChunk)
+        throw std::invalid_argument(op_err(op, "expected one int attribute: the chunk length L, 1 to " +
+                                                   std::to_string(kSsdMaxChunk)));
     require_same_float_inputs(op, in, first_input, {"u", "log_decay", "B", "C", "first"});
     const TensorImpl &u = *in[first_input], &la = *in[first_input + 1], &B = *in[first_input + 2],
                      &C = *in[first_input + 3], &first = *in[first_input + 4];
@@ -64,8 +61,7 @@ SsdDims ssd_dims(const char* op, const Inputs& in, size_t first_input, const OpA
         throw std::invalid_argument(op_err(op, "first must be [D, P, H, N] = " + sizes({D, P, H, N}) + ", got " +
                                                    first.shape_str()));
     const int64_t L = std::min(attrs.ints[0], std::max<int64_t>(T, 1));
-    const SsdProducts products = attrs.ints.size() == 2 ? SsdProducts(attrs.ints[1]) : SsdProducts::f32;
-    const SsdDims d{P, H, T, N, D, G, L, T / L + (T % L != 0), products};
+    const SsdDims d{P, H, T, N, D, G, L, T / L + (T % L != 0)};
     // every size below, checked: the outputs and the scratch
     size_add(size_mul(P, H, T, N), size_mul(D, P, H, N), size_mul(D, P, H, d.c, N));
     size_add(size_mul(P, H, T, N), size_mul(H, T, N), size_mul(2, D, G, T, N), size_mul(D, P, H, N));

@@ -74,7 +74,6 @@ bool gpu_info(GpuInfo*) { return false; }
 std::string gpu_matmul_kernel(DType, int64_t, int64_t, int64_t, int64_t) { return {}; }
 std::string gpu_conv2d_kernel(DType) { return {}; }
 std::string gpu_scan_kernel(bool, int64_t, int64_t, int64_t, bool) { return {}; }
-std::string gpu_ssd_kernel(int64_t) { return {}; }
 void set_gpu_poison(bool) {}
 bool set_gpu_profiling(bool on) { return !on; }
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }

@@ -3,9 +3,8 @@
 //
 // Inputs, shapes in ne order: u [P, H, T, N] (x times the step), log_decay [H, T, N] (the step
 // times A), B and C [D, G, T, N] (head h reads group h / (H / G)), first [D, P, H, N] (each
-// sequence's initial states); ints: L, the tokens per chunk (1 to kSsdMaxChunk), and optionally
-// the dtype the GPU may round the backward's chunk products' operands to (SsdProducts; the CPU's
-// stay f32). A state's element (d, p) of head h lies at d + D p of its plane of D P.
+// sequence's initial states); ints: L, the tokens per chunk (1 to kSsdMaxChunk). A state's
+// element (d, p) of head h lies at d + D p of its plane of D P.
 #pragma once
 
 #include "kernel_util.hpp"
@@ -15,13 +14,8 @@ namespace rk {
 // The longest chunk the kernels take: the GPU's keep a chunk's [L, L] pairs in shared memory.
 constexpr int64_t kSsdMaxChunk = 64;
 
-// The dtype of the chunk products' operands: f32, or f16 / bf16 on cooperative matrices with f32
-// sums where the device has them.
-enum class SsdProducts : int64_t { f32 = 0, f16 = 1, bf16 = 2 };
-
 struct SsdDims {
     int64_t P, H, T, N, D, G, L, c;  // c: chunks per sequence, the last one short where L does not divide T
-    SsdProducts products = SsdProducts::f32;
     int64_t plane() const { return D * P; }
     int64_t y() const { return P * H * T * N; }
     int64_t finals() const { return plane() * H * N; }

@@ -508,9 +508,8 @@ def _device_line(row: dict) -> str:
 
 def _gpu_kernel_lines() -> list[str]:
     """Which kernel GPU matmul uses per dtype on this device, at a small and a large output (the
-    tile size follows the output's size), which kernel GPU conv2d uses per dtype, where the
-    matrix-state recurrences keep their state, and what ssm_scan's chunked backward multiplies on
-    for each product_dtype."""
+    tile size follows the output's size), which kernel GPU conv2d uses per dtype, and where the
+    matrix-state recurrences keep their state."""
     from rlkit import _native
 
     sizes = (256, 4096)
@@ -518,9 +517,7 @@ def _gpu_kernel_lines() -> list[str]:
                    if _native.gpu_info()["subgroup_quad"] else "the state in device memory (the device has no quad operations)")
     return ([f"gpu matmul {dtype}: " + "; ".join(f"{n}x{n}: {_native.gpu_matmul_kernel(dtype, n, n)}" for n in sizes)
              for dtype in ("f32", "f16", "bf16")] + [f"gpu conv2d {dtype}: {_native.gpu_conv2d_kernel(dtype)}" for dtype in ("f32", "f16")]
-            + [f"gpu rwkv_wkv6, rwkv_wkv7, gated_linear_attn: {recurrences}"]
-            + [f"gpu ssm_scan chunked backward, product_dtype {dtype}: {_native.gpu_ssd_kernel(dtype)}"
-               for dtype in ("f32", "f16", "bf16")])
+            + [f"gpu rwkv_wkv6, rwkv_wkv7, gated_linear_attn: {recurrences}"])
 
 
 def info_lines() -> list[str]:

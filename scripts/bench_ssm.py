@@ -2,7 +2,7 @@
 Mamba demo, on each device present.
 
     python scripts/bench_ssm.py [--device cpu|gpu|all] [--tokens N] [--demo-epochs N] [--chunk-size N] [--gla-chunk-size N]
-                                [--wkv7-chunk-size N] [--product-dtypes f32,f16,bf16] [--profile]
+                                [--wkv7-chunk-size N] [--profile]
 
 For ssm_scan (Mamba-2 shapes: d_state 128, head_dim 64, 32 heads, 4 sequences) and rwkv_wkv7
 (head size 64, 32 heads, 4 sequences): the median time of the forward op, and of the forward op
@@ -134,18 +134,15 @@ def ssm_scan_inputs(rng, n_tok: int) -> tuple[list, object, str]:
     return list(t.values()), ids, f"d_state {d_state}, head_dim {head_dim}, {n_head} heads, {n_tok} tokens x {n_seqs}"
 
 
-def ssm_scan_cases(rng, n_tok: int, chunk_size: int,
-                   product_dtypes: tuple[str, ...] = ("f32",)) -> tuple[list[tuple], list[TapeCase]]:
+def ssm_scan_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list[TapeCase]]:
     """The recurrence's op (for its op and backward op), then the recurrence and the chunked
-    form (once per product_dtype) as tape cases."""
+    form as tape cases."""
     inputs, ids, shapes = ssm_scan_inputs(rng, n_tok)
     outputs = inputs[1].numel + inputs[0].numel  # y like x, final states like s
-    recurrence = TapeCase("ssm_scan recurrence, on a tape", lambda *p: rc.ssm_scan(*p, ids=ids), inputs, outputs)
-    return [("ssm_scan", inputs + [ids], f"ssm_scan {shapes}")], [recurrence] + [
-        TapeCase(f"ssm_scan chunk_size={chunk_size}" + ("" if dtype == "f32" else f", product_dtype={dtype}") + ", on a tape",
-                 lambda *p, dtype=dtype: rc.ssm_scan(*p, ids=ids, chunk_size=chunk_size, product_dtype=dtype),
-                 inputs, outputs)
-        for dtype in product_dtypes]
+    return [("ssm_scan", inputs + [ids], f"ssm_scan {shapes}")], [
+        TapeCase(f"ssm_scan {'recurrence' if size is None else f'chunk_size={size}'}, on a tape",
+                 lambda *p, size=size: rc.ssm_scan(*p, ids=ids, chunk_size=size), inputs, outputs)
+        for size in (None, chunk_size)]
 
 
 def gated_linear_attn_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list[TapeCase]]:
@@ -188,9 +185,10 @@ def rwkv_wkv7_cases(rng, n_tok: int, chunk_size: int) -> tuple[list[tuple], list
         for size in (None, chunk_size)]
 
 
-def all_cases(rng, n_tok: int, args, product_dtypes: tuple[str, ...]) -> tuple[list[tuple], list[TapeCase]]:
-    op_rows, tape_cases = ssm_scan_cases(rng, n_tok, args.chunk_size, product_dtypes)
-    for make, chunk_size in ((rwkv_wkv7_cases, args.wkv7_chunk_size), (gated_linear_attn_cases, args.gla_chunk_size)):
+def all_cases(rng, n_tok: int, args) -> tuple[list[tuple], list[TapeCase]]:
+    op_rows, tape_cases = [], []
+    for make, chunk_size in ((ssm_scan_cases, args.chunk_size), (rwkv_wkv7_cases, args.wkv7_chunk_size),
+                             (gated_linear_attn_cases, args.gla_chunk_size)):
         ops_of, cases_of = make(rng, n_tok, chunk_size)
         op_rows += ops_of
         tape_cases += cases_of
@@ -246,9 +244,6 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="ssm_scan's chunked form: tokens per chunk")
     parser.add_argument("--gla-chunk-size", type=int, default=16, help="gated_linear_attn's chunked form: tokens per chunk")
     parser.add_argument("--wkv7-chunk-size", type=int, default=16, help="rwkv_wkv7's chunked form: tokens per chunk")
-    parser.add_argument("--product-dtypes", default=None,
-                        help="ssm_scan's chunked form once per product_dtype, comma-separated (default: f32 on the "
-                             "CPU, whose products are f32 whatever it asks; f32,f16,bf16 on the GPU)")
     parser.add_argument("--profile", action="store_true",
                         help="instead of the timings: each form's forward+backward by kernel (captured, timestamped)")
     args = parser.parse_args()
@@ -262,8 +257,7 @@ def main() -> None:
             name = rc.devices()[present.index(device)]["name"]
             print(f"\n{device}: {name}, copy bandwidth {bandwidth / 1e9:.0f} GB/s")
             rng = np.random.default_rng(0)
-            product_dtypes = tuple((args.product_dtypes or ("f32,f16,bf16" if device == "gpu" else "f32")).split(","))
-            op_rows, tape_cases = all_cases(rng, n_tok, args, product_dtypes)
+            op_rows, tape_cases = all_cases(rng, n_tok, args)
             if args.profile:
                 for case in tape_cases:
                     print(kernel_profile(case, device))

@@ -1,5 +1,5 @@
 // The cooperative-matrix fragments of rlkit's tensor-core kernels (matmul_coopmat.comp,
-// conv2d_coopmat.comp, ssd_chunks_coopmat.comp), 16 x 16 at subgroup scope: A and B of ELEMENT
+// conv2d_coopmat.comp), 16 x 16 at subgroup scope: A and B of ELEMENT
 // (f16 or bf16, defined by the includer), f32 sums. VK_KHR_cooperative_matrix where the build's
 // shader compiler knows it (KHR_COOPMAT; its fragments declare their use, A, B or accumulator),
 // else VK_NV_cooperative_matrix (f16 only). The includer declares the extensions.

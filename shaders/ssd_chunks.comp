@@ -1,3 +1,374 @@
-// ssm_scan's chunked form (SSD): ssd_chunks.glsl, in f32.
+// ssm_scan's chunked form (SSD) and its backward, the work of each chunk (native/cpu_ssd_chunks.cpp
+// has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
+// sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
+//   OWN_STATES   X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
+//   START_GRADS  gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
+//   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
+//   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
+//                ssd_pass.comp's GROUP_SUM where groups hold several)
+// Every product is a blocked one: a 64 x 64 block of its output at a time, each invocation 4 x 4
+// of it, its operands staged through shared memory 16 terms at a time. The products over a
+// chunk's pairs of tokens (the triangle s <= t) add only the pairs' terms, so a NaN in a token
+// never reaches the outputs of the tokens before it.
 #version 450
-#include "ssd_chunks.glsl"
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Floats u;       // [P, H, T, N]
+    Floats la;      // the log decays [H, T, N]
+    Floats B;       // [D, G, T, N]
+    Floats C;
+    Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u
+    Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]
+    Floats aux;     // GRADS: gX [D P, H, c, N]
+    Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
+    Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
+    Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
+    uint P;
+    uint H;
+    uint T;
+    uint N;
+    uint D;
+    uint G;
+    uint L;
+    uint c;
+} pc;
+
+const uint LMAX = 64;  // native/ssd_chunks.hpp: kSsdMaxChunk
+shared float a[LMAX], f[LMAX], e[LMAX];
+shared float pairs[LMAX * LMAX];       // [t * LMAX + s], s <= t
+shared vec4 As[16][17], Bs[16][17];  // a product's staged terms: [term][rows 4 i .. 4 i + 3], [term][columns]
+
+uint tid, tx, ty, q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
+
+// This invocation's rows and columns of a 64 x 64 block: 4 consecutive of each (one vec4 of the
+// staged terms apiece).
+uint ri(uint x) { return 4 * tx + x; }
+uint cj(uint y) { return 4 * ty + y; }
+
+uint vec_at(uint t) { return pc.P * (h + pc.H * (t0 + t)); }  // u's, y's, g's token t
+uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token t
+// Each operand's element, 0 outside the chunk and the sizes (and past a product's terms: no other
+// bound is needed). Read without a branch: an element outside reads its array's first and becomes
+// 0. (NVIDIA's compiler waits for a load inside a branch where the branch joins: the products'
+// staging loads went one after another.)
+float u_(uint t, uint p) {
+    uint at = vec_at(t) + p;
+    float v = pc.u.v[t < nq && p < pc.P ? at : 0];
+    return t < nq && p < pc.P ? v : 0.0;
+}
+float gy(uint t, uint p) {
+    uint at = vec_at(t) + p;
+    float v = pc.g.v[t < nq && p < pc.P ? at : 0];
+    return t < nq && p < pc.P ? v : 0.0;
+}
+float B_(uint t, uint d) {
+    uint at = bc_at(t) + d;
+    float v = pc.B.v[t < nq && d < pc.D ? at : 0];
+    return t < nq && d < pc.D ? v : 0.0;
+}
+float C_(uint t, uint d) {
+    uint at = bc_at(t) + d;
+    float v = pc.C.v[t < nq && d < pc.D ? at : 0];
+    return t < nq && d < pc.D ? v : 0.0;
+}
+float Z_(uint d, uint p) {
+    uint at = plane + d + pc.D * p;
+    float v = pc.states.v[d < pc.D && p < pc.P ? at : 0];
+    return d < pc.D && p < pc.P ? v : 0.0;
+}
+float gX(uint d, uint p) {
+    uint at = plane + d + pc.D * p;
+    float v = pc.aux.v[d < pc.D && p < pc.P ? at : 0];
+    return d < pc.D && p < pc.P ? v : 0.0;
+}
+float pair(uint t, uint s) {
+    float v = pairs[t < nq && s < nq ? t * LMAX + s : 0];
+    return t < nq && s < nq ? v : 0.0;
+}
+float e_(uint t) {
+    float v = e[t % LMAX];
+    return t < nq ? v : 0.0;
+}
+float f_(uint t) {
+    float v = f[t % LMAX];
+    return t < nq ? v : 0.0;
+}
+
+// acc[x][y] += sum over k < KN (LOAD_A and LOAD_B are 0 past it) of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
+// invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
+// whether the operand's terms k lie side by side in memory (then consecutive invocations load
+// consecutive terms, else consecutive rows or columns: the loads coalesce either way).
+#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
+    for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                  \
+        barrier();                                                                            \
+        for (uint m = 0; m < 4; ++m) {                                                        \
+            uint el = tid + 256 * m;                                                          \
+            uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
+            uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
+            As[ka][ia / 4][ia % 4] = LOAD_A(i0 + ia, k0 + ka);                                \
+            Bs[kb][jb / 4][jb % 4] = LOAD_B(k0 + kb, j0 + jb);                                \
+        }                                                                                     \
+        barrier();                                                                            \
+        for (uint kk = 0; kk < 16; ++kk) {                                                    \
+            vec4 av = As[kk][tx], bv = Bs[kk][ty];                                            \
+            for (uint x = 0; x < 4; ++x)                                                      \
+                for (uint y = 0; y < 4; ++y)                                                  \
+                    if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];   \
+        }                                                                                     \
+    }
+
+#define ANY(i, j, k) true
+#define UP_TO_J(i, j, k) ((k) <= (j))     // terms s <= t of column t
+#define FROM_J(i, j, k) ((k) >= (j))      // terms t >= s of column s
+
+void clear(inout float acc[4][4]) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
+}
+
+// The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
+void load_decays() {
+    uint group = flat_group();
+    q = group % pc.c;
+    h = (group / pc.c) % pc.H;
+    n = group / (pc.c * pc.H);
+    grp = h / (pc.H / pc.G);
+    nq = min(pc.L, pc.T - q * pc.L);
+    t0 = q * pc.L + pc.T * n;
+    plane = pc.D * pc.P * (h + pc.H * (q + pc.c * n));
+    tid = gl_LocalInvocationID.x;
+    tx = tid % 16;
+    ty = tid / 16;
+    if (tid < nq) a[tid] = pc.la.v[h + pc.H * (t0 + tid)];
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint r = 0; r <= tid; ++r) sum += a[r];
+        f[tid] = exp(sum);
+        float later = 0.0;
+        for (uint r = tid + 1; r < nq; ++r) later += a[r];
+        e[tid] = exp(later);
+    }
+    barrier();
+}
+
+// exp(a_{s+1} + .. + a_t): the decay from token s to token t (s <= t)
+float K(uint t, uint s) {
+    float sum = 0.0;
+    for (uint r = s + 1; r <= t; ++r) sum += a[r];
+    return exp(sum);
+}
+
+// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s (every pair, the triangle's used)
+void scores(out float S[4][4]) {
+    clear(S);
+    uint i0 = 0, j0 = 0;
+#define LOAD_C(t, d) C_(t, d)
+#define LOAD_B(d, s) B_(s, d)
+    STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
+#undef LOAD_C
+#undef LOAD_B
+}
+
+// pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
+void store_decayed(float value[4][4]) {
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
+        }
+    barrier();
+}
+
+#if defined(OWN_STATES) || defined(START_GRADS)
+void main() {
+    load_decays();
+    for (uint i0 = 0; i0 < pc.D; i0 += 64)
+        for (uint j0 = 0; j0 < pc.P; j0 += 64) {
+            float acc[4][4];
+            clear(acc);
+#if defined(OWN_STATES)
+#define LOAD_L(d, t) B_(t, d)
+#define LOAD_R(t, p) e_(t) * u_(t, p)
+#else
+#define LOAD_L(d, t) C_(t, d)
+#define LOAD_R(t, p) f_(t) * gy(t, p)
+#endif
+            STAGED_PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
+            for (uint x = 0; x < 4; ++x)
+                for (uint y = 0; y < 4; ++y) {
+                    uint d = i0 + ri(x), p = j0 + cj(y);
+                    if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
+                }
+        }
+#if defined(OWN_STATES)
+    if (tid == 0) pc.decay.v[h + pc.H * (q + pc.c * n)] = f[nq - 1];
+#endif
+}
+#endif
+
+#if defined(OUTPUTS)
+void main() {
+    load_decays();
+    float S[4][4];
+    scores(S);
+    store_decayed(S);  // M
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+        uint j0 = 0;
+        float acc[4][4], w[4][4];
+        clear(acc);
+        clear(w);
+#define LOAD_U(p, s) u_(s, p)
+#define LOAD_M(s, t) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
+#define LOAD_Z(p, d) Z_(d, p)
+#define LOAD_C(d, t) C_(t, d)
+        STAGED_PRODUCT(w, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + ri(x), t = cj(y);
+                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y] + f[t] * w[x][y];
+            }
+    }
+}
+#endif
+
+#if defined(GRADS)
+shared float E[LMAX], F[LMAX], partial[256];
+
+// Sums each column's 16 partials (one per tx) in order: E or F of the column's token, times its decay.
+void column_sums(float own[4], bool to_E) {
+    barrier();
+    As[tx][ty] = vec4(own[0], own[1], own[2], own[3]);  // row tx, columns cj(0 .. 3)
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint x = 0; x < 16; ++x) sum += As[x][tid / 4][tid % 4];
+        if (to_E) E[tid] = e[tid] * sum;
+        else F[tid] = f[tid] * sum;
+    }
+}
+
+void main() {
+    load_decays();
+    // gA = sum(gX * Z), summed in a fixed tree
+    float own = 0.0;
+    for (uint i = tid; i < pc.D * pc.P; i += 256) own += pc.aux.v[plane + i] * pc.states.v[plane + i];
+    partial[tid] = own;
+    for (uint width = 128; width > 0; width /= 2) {
+        barrier();
+        if (tid < width) partial[tid] += partial[tid + width];
+    }
+    barrier();
+    float gA = partial[0];
+
+    float S[4][4], Gk[4][4];
+    scores(S);
+    clear(Gk);
+    {
+        uint i0 = 0, j0 = 0;
+#define LOAD_GY(t, p) gy(t, p)
+#define LOAD_U(p, s) u_(s, p)
+        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
+    }
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
+        }
+
+    // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
+    store_decayed(S);  // M
+    float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+        uint j0 = 0;
+        float acc[4][4], v[4][4];
+        clear(acc);
+        clear(v);
+#define LOAD_GYT(p, t) gy(t, p)
+#define LOAD_M(t, s) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
+#define LOAD_GX(p, d) gX(d, p)
+#define LOAD_BD(d, s) B_(s, d)
+        STAGED_PRODUCT(v, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + ri(x), s = cj(y);
+                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y] + e[s] * v[x][y];
+                e_part[y] += u_(s, p) * v[x][y];
+            }
+        clear(v);  // w_t = Z^T C_t
+#define LOAD_Z(p, d) Z_(d, p)
+#define LOAD_CD(d, t) C_(t, d)
+        STAGED_PRODUCT(v, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * v[x][y];
+    }
+    column_sums(e_part, true);
+    column_sums(f_part, false);
+
+    // gC_t = sum_{s <= t} G K[t, s] B_s + f[t] Z gy_t; gB_s = sum_{t >= s} G K[t, s] C_t + e[s] gX u_s
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y];
+        }
+    uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
+    for (uint i0 = 0; i0 < pc.D; i0 += 64) {
+        uint j0 = 0;
+        float tri[4][4], dense[4][4];
+        clear(tri);
+        clear(dense);
+#define LOAD_BS(d, s) B_(s, d)
+#define LOAD_PT(s, t) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
+#define LOAD_ZD(d, p) Z_(d, p)
+#define LOAD_GYP(p, t) gy(t, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), t = cj(y);
+                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = tri[x][y] + f[t] * dense[x][y];
+            }
+        clear(tri);
+        clear(dense);
+#define LOAD_CT(d, t) C_(t, d)
+#define LOAD_PS(t, s) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
+#define LOAD_GXD(d, p) gX(d, p)
+#define LOAD_UP(p, s) u_(s, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), s = cj(y);
+                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = tri[x][y] + e[s] * dense[x][y];
+            }
+    }
+
+    // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
+    // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y] * S[x][y];
+        }
+    barrier();
+    if (tid < nq) {
+        float sum = 0.0;
+        for (uint t = nq - 1; t > tid; --t) pairs[t * LMAX + tid] = (sum += pairs[t * LMAX + tid]);
+    }
+    barrier();
+    if (tid < nq) {
+        uint r = tid;
+        float within = 0.0, before = 0.0, after = 0.0;
+        for (uint s = 0; s < r; ++s) within += pairs[r * LMAX + s];
+        for (uint s = 0; s < r; ++s) before += E[s];
+        for (uint t = nq; t-- > r;) after += F[t];
+        pc.o.v[pc.P * pc.H * pc.T * pc.N + h + pc.H * (t0 + r)] = within + before + after + f[nq - 1] * gA;
+    }
+}
+#endif

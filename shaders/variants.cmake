@@ -131,14 +131,6 @@ foreach(kind FORWARD BACKWARD GROUP_SUM)
   string(TOLOWER ${kind} name)
   rk_shader(ssd_pass_${name} ssd_pass.comp ${kind})
 endforeach()
-foreach(kind OWN_STATES START_GRADS GRADS)  # the backward's 16-bit products
-  string(TOLOWER ${kind} name)
-  rk_shader(ssd_chunks_${name}_coopmat ssd_chunks_coopmat.comp ${kind})  # f16 fragments
-  if(RLKIT_COOPMAT_BF16)
-    rk_shader(ssd_chunks_${name}_coopmat_bf16 ssd_chunks_coopmat.comp ${kind} BF16)
-  endif()
-  rk_shader(ssd_chunks_${name}_emulated ssd_chunks.comp ${kind} EMULATED_COOPMAT)  # the same form without fragments (tests)
-endforeach()
 rk_shader(gla_chunks_backward gla_chunks.comp BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)

@@ -106,11 +106,6 @@ std::string gpu_scan_kernel(bool backward, int64_t d_state, int64_t head_dim, in
     return vk::Context::get(&why) ? vk::scan_kernel(d, backward) : std::string();
 }
 
-std::string gpu_ssd_kernel(int64_t products) {
-    std::string why;
-    return vk::Context::get(&why) ? vk::ssd_kernel(SsdProducts(products)) : std::string();
-}
-
 int provoke_validation_error() {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);

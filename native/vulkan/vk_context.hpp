@@ -58,10 +58,6 @@ struct Limits {
     // The same with bf16 inputs (VK_KHR_shader_bfloat16), where the build has the bf16 variants
     // (a shader compiler that knows GL_EXT_bfloat16).
     bool cooperative_matrix_bf16 = false;
-    // RLKIT_VK_EMULATE_COOPMAT: kernels with a cooperative-matrix form run its emulation (the same
-    // staging and rounding, the fragments' sums by the invocations) where the device has no such
-    // fragments, so that a device without them (lavapipe) tests the form's logic.
-    bool emulate_cooperative_matrix = false;
     // Nanoseconds per timestamp tick on the compute queue, and the ticks' valid bits (0: the
     // queue cannot time).
     double timestamp_period_ns = 0;

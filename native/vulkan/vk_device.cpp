@@ -294,7 +294,6 @@ void Context::init(std::string* why) {
         *why = device_name_ + " lacks bufferDeviceAddress or shaderInt64, which rlkit's shaders use";
         return;
     }
-    limits_.emulate_cooperative_matrix = env_flag("RLKIT_VK_EMULATE_COOPMAT");
     limits_.cooperative_matrix_f16 = has_extension(kCoopmatExtension) && fcoop.cooperativeMatrix &&
                                      f11.storageBuffer16BitAccess && f12.shaderFloat16 && f12.vulkanMemoryModel &&
                                      limits_.subgroup_size == 32 && has_fragment(VK_COMPONENT_TYPE_FLOAT16_NV) &&

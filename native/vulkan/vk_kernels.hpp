@@ -5,7 +5,6 @@
 #include <string>
 
 #include "ops.hpp"
-#include "ssd_chunks.hpp"
 #include "ssm_scan.hpp"
 #include "tensor.hpp"
 
@@ -24,7 +23,5 @@ std::string conv2d_kernel(DType dtype);
 std::string matmul_kernel(DType dtype, int64_t m, int64_t n, int64_t k, int64_t batch);
 // The shader ssm_scan (or, with backward, ssm_scan_back) runs for these sizes.
 std::string scan_kernel(const ScanDims& d, bool backward);
-// The kernel ssd_chunks_back's chunk work runs for this product dtype, in words.
-std::string ssd_kernel(SsdProducts products);
 
 }  // namespace rk::vk

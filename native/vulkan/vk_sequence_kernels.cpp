@@ -652,10 +652,9 @@ void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
 namespace {
 
 struct SsdPush {
-    uint64_t u, la, B, C, g, states, aux, o, bc, decay, flags;
-    uint32_t P, H, T, N, D, G, L, c, rounding;
+    uint64_t u, la, B, C, g, states, aux, o, bc, decay;
+    uint32_t P, H, T, N, D, G, L, c;
 };
-static_assert(sizeof(SsdPush) <= 128, "SsdPush must fit the 128 bytes of push constants rlkit's shaders assume");
 
 struct SsdPassPush {
     uint64_t planes, decay, edge, last;
@@ -664,10 +663,9 @@ struct SsdPassPush {
 
 constexpr uint64_t kFloat = sizeof(float);
 
-// An invocation's loop iterations at their largest trip counts (ssd_chunks.glsl's GRADS loops the
-// most: its products, each 260 iterations per 16 terms, over 64 x 64 blocks of their outputs; its
-// emulated fragment form, which only a device without cooperative matrices runs, about 150 per 16
-// terms and 50 per product), and the passing's, refused where the device would cut them short.
+// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS loops the
+// most: its products, each 260 iterations per 16 terms, over 64 x 64 blocks of their outputs), and
+// the passing's, refused where the device would cut them short.
 void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
@@ -689,51 +687,6 @@ SsdPush ssd_push(const SsdDims& d, const Inputs& in, size_t first, const char* o
     return p;
 }
 
-// The suffix of the backward's chunk kernels (ssd_chunks_own_states, _start_grads, _grads) for
-// the product dtype the op asks: their cooperative-matrix form where the device has those
-// fragments, its emulation where RLKIT_VK_EMULATE_COOPMAT asks (tests on devices without them),
-// else none (the f32 form alone).
-std::string ssd_fragment_form(SsdProducts products) {
-    const vk::Limits& limits = ctx().limits();
-    if (products == SsdProducts::f16 && limits.cooperative_matrix_f16) return "_coopmat";
-#if defined(RLKIT_COOPMAT_BF16)
-    if (products == SsdProducts::bf16 && limits.cooperative_matrix_bf16) return "_coopmat_bf16";
-#endif
-    if (products != SsdProducts::f32 && limits.emulate_cooperative_matrix) return "_emulated";
-    return "";
-}
-
-// Records a chunk kernel (a workgroup per chunk): in the fragment form `form` where given, then the
-// f32 form for the chunks that form flagged (a value its 16-bit type cannot hold); else the f32
-// form alone.
-void record_chunks(const std::string& kernel, const std::string& form, SsdPush p, uint64_t tiles,
-                   std::vector<vk::Range> reads, const std::vector<vk::Range>& writes, SsdProducts products) {
-    TensorPtr flags;
-    if (!form.empty()) {
-        flags = make_on(Device::gpu, {int64_t(tiles), 1, 1, 1}, 2, DType::f32);
-        p.flags = flags->address(), p.rounding = uint32_t(products);
-        std::vector<vk::Range> flagged = writes;
-        flagged.push_back(span(*flags));
-        record(kernel + form, p, tiles, reads, flagged);
-        reads.push_back(span(*flags));
-    }
-    record(kernel, p, tiles, reads, writes);
-}
-
-}  // namespace
-
-std::string vk::ssd_kernel(SsdProducts products) {
-    const std::string form = ssd_fragment_form(products);
-    const char* type = products == SsdProducts::bf16 ? "bf16" : "f16";
-    if (form.empty()) return "f32 SIMT, 4x4 outputs an invocation";
-    if (form == "_emulated")
-        return std::string("emulated cooperative matrices (RLKIT_VK_EMULATE_COOPMAT): operands rounded to ") + type +
-               ", f32 sums";
-    return std::string("cooperative matrices, 16x16x16 ") + type + " fragments, f32 sums";
-}
-
-namespace {
-
 void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, uint64_t edge, uint64_t last,
                  const SsdDims& d, std::vector<vk::Range> reads, std::vector<vk::Range> writes, const char* op) {
     const SsdPassPush p{planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op), u32(d.N, op)};
@@ -741,16 +694,14 @@ void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, u
 }
 
 // Records the states at the chunks' starts into `starts` [D P, H, c, N] and the final states
-// into `finals` (the forward's first two steps; u, log_decay, B, C, first at in[at..]), the chunks'
-// own states in the fragment form `form` where given; returns the chunks' decays A_q [H, c, N]
-// they write.
+// into `finals` (the forward's first two steps; u, log_decay, B, C, first at in[at..]); returns
+// the chunks' decays A_q [H, c, N] they write.
 TensorPtr record_start_states(const SsdDims& d, const Inputs& in, size_t at, const TensorImpl& starts, uint64_t finals,
-                              std::vector<vk::Range> written, const std::string& form, const char* op) {
+                              std::vector<vk::Range> written, const char* op) {
     TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
     SsdPush p = ssd_push(d, in, at, op);
     p.o = starts.address(), p.decay = decay->address();
-    record_chunks("ssd_chunks_own_states", form, p, uint64_t(d.c * d.H * d.N), spans(in), {span(starts), span(*decay)},
-                  d.products);
+    record("ssd_chunks_own_states", p, uint64_t(d.c * d.H * d.N), spans(in), {span(starts), span(*decay)});
     written.push_back(span(starts));
     record_pass("ssd_pass_forward", starts.address(), *decay, in[at + 4]->address(), finals, d,
                 {span(starts), span(*decay), span(*in[at + 4])}, written, op);
@@ -765,7 +716,7 @@ void vk_ssd_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     u32(std::max(out.numel(), d.starts()), op);  // every index in the shaders is smaller
     check_ssd_loops(op, d);
     TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
-    record_start_states(d, in, 0, *starts, out.address() + kFloat * d.y(), {span(out)}, "", op);  // f32: the outputs' states
+    record_start_states(d, in, 0, *starts, out.address() + kFloat * d.y(), {span(out)}, op);
     SsdPush p = ssd_push(d, in, 0, op);
     p.states = starts->address(), p.o = out.address();
     std::vector<vk::Range> reads = spans(in);
@@ -783,8 +734,7 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     check_ssd_loops(op, d);
     TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
     TensorPtr finals = make_on(Device::gpu, {d.finals(), 1, 1, 1}, 2, DType::f32);  // not read: the forward's
-    const std::string form = ssd_fragment_form(d.products);
-    TensorPtr decay = record_start_states(d, in, 1, *starts, finals->address(), {span(*finals)}, form, op);
+    TensorPtr decay = record_start_states(d, in, 1, *starts, finals->address(), {span(*finals)}, op);
     TensorPtr planes = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
     TensorPtr heads = grouped ? make_on(Device::gpu, {per_head, 1, 1, 1}, 2, DType::f32) : nullptr;
     const uint64_t g = in[0]->address(), g_finals = g + kFloat * d.y();
@@ -793,7 +743,7 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     std::vector<vk::Range> reads = spans(in);
     SsdPush p = ssd_push(d, in, 1, op);
     p.g = g, p.o = planes->address();
-    record_chunks("ssd_chunks_start_grads", form, p, tiles, reads, {span(*planes)}, d.products);
+    record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes)});
     record_pass("ssd_pass_backward", planes->address(), *decay, g_finals, gfirst, d,
                 {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)}, op);
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
@@ -801,7 +751,7 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     reads.push_back(span(*starts));
     std::vector<vk::Range> writes{span(out)};
     if (grouped) writes.push_back(span(*heads));
-    record_chunks("ssd_chunks_grads", form, p, tiles, reads, writes, d.products);
+    record("ssd_chunks_grads", p, tiles, reads, writes);
     if (grouped) {
         const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op), u32(d.T * d.N, op)};
         record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});

@@ -21,9 +21,6 @@ from rlkit.core.tensor import Tensor
 SSD_MAX_CHUNK = 64
 """The longest chunk ssm_scan's chunked form takes (native/ssd_chunks.hpp: kSsdMaxChunk)."""
 
-SSD_PRODUCT_DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
-"""ssm_scan's product_dtype names and their codes in the ssd ops' ints (native/ssd_chunks.hpp: SsdProducts)."""
-
 
 def ssm_conv(sx, c) -> Tensor:
     """Mamba's causal depthwise convolution, as ggml_ssm_conv: ``sx`` [d_conv - 1 + n_t,
@@ -35,8 +32,7 @@ def ssm_conv(sx, c) -> Tensor:
     return apply("ssm_conv", (sx, as_tensor(c, like=sx, op="ssm_conv", arg="c")))
 
 
-def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None,
-             product_dtype: str = "f32") -> tuple[Tensor, Tensor]:
+def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
     """Mamba's selective scan, as ggml_ssm_scan (shapes in ne order):
 
     - ``s`` [d_state, head_dim, n_head, n_rs]: initial states; sequence q starts from s[..., ids[q]]
@@ -58,17 +54,7 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None,
     same function in another order of sums: within a few f32 roundings of the recurrence
     (tests/test_ssm.py bounds both against float64). A NaN or an infinity in one token reaches the
     outputs of its head in its sequence from that token on, and its final state, as in the
-    recurrence.
-
-    ``product_dtype`` ("f32", "f16" or "bf16"; the chunked form only) lets the GPU round the
-    operands of the backward's chunk products to that 16-bit type and multiply them on its
-    cooperative matrices (tensor cores), with f32 sums, where it has them: faster, at that type's
-    precision (relative errors near 2^-11 for f16, 2^-8 for bf16 per operand; tests/test_ssm.py
-    bounds the gradients' error). f16 holds values up to 65504 and loses gradients below about
-    6e-5 to its subnormals; bf16 has f32's range. A chunk holding a value the type cannot hold (a
-    NaN, an infinity, past f16's range) is computed in f32, so a NaN reaches what it reaches in the
-    f32 form. "f32" (the default), the CPU, and GPUs without those fragments compute every product
-    in f32."""
+    recurrence."""
     x = as_tensor(x, op="ssm_scan", arg="x")
     s, dt, A, B, C = (as_tensor(t, like=x, op="ssm_scan", arg=name) for t, name in
                       ((s, "s"), (dt, "dt"), (A, "A"), (B, "B"), (C, "C")))
@@ -79,14 +65,9 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None,
                              f"got {n_rs}; pass ids to pick states")
         ids = reshape(cast(arange(n_seqs, device=x.device), "i32"), (n_seqs,))  # on the device: traceable
     ids = _index(ids, "ssm_scan", x.device, n_rs, "states of s")
-    if product_dtype not in SSD_PRODUCT_DTYPES:
-        raise ValueError(f"ssm_scan: product_dtype must be one of {tuple(SSD_PRODUCT_DTYPES)}, got {product_dtype!r}")
     if chunk_size is not None:
         check_inputs("ssm_scan", (s, x, dt, A, B, C, ids))
-        return _ssd_scan(s, x, dt, A, B, C, ids, chunk_size, product_dtype)
-    if product_dtype != "f32":
-        raise ValueError(f"ssm_scan: product_dtype={product_dtype!r} needs the chunked form (chunk_size): the "
-                         "recurrence has no products to round")
+        return _ssd_scan(s, x, dt, A, B, C, ids, chunk_size)
     packed = apply("ssm_scan", (s, x, dt, A, B, C, ids))  # one column [y, final states]
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
@@ -128,9 +109,9 @@ def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
     return t if padded == n_tok else slice_rows(reshape(t, (size * padded, n_seqs)), 0, size * n_tok)
 
 
-def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size, product_dtype) -> tuple[Tensor, Tensor]:
+def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size) -> tuple[Tensor, Tensor]:
     """ssm_scan in chunks (Mamba-2's state-space duality): one op, ssd_chunks, and its backward op
-    (native/cpu_ssd_chunks.cpp, shaders/ssd_chunks.glsl): each chunk's own state and its outputs
+    (native/cpu_ssd_chunks.cpp, shaders/ssd_chunks.comp): each chunk's own state and its outputs
     computed for every chunk at once, only the states passed along the chunks in order."""
     d_state = _ne4(B)[0]
     head_dim, n_head, n_tok, n_seqs = _ne4(x)
@@ -146,8 +127,7 @@ def _ssd_scan(s, x, dt, A, B, C, ids, chunk_size, product_dtype) -> tuple[Tensor
     inputs = mul(reshape(x, (head_dim, n_head, n_tok, n_seqs)), reshape(step, (1, n_head, n_tok, n_seqs)))  # [P, H, T, N]
     E = d_state * head_dim
     first = reshape(get_rows(reshape(s, (E * n_head, _ne4(s)[3])), ids), (d_state, head_dim, n_head, n_seqs))
-    products = SSD_PRODUCT_DTYPES[product_dtype]
-    packed = apply("ssd_chunks", (inputs, log_decay, B, C, first), ints=(L, products), chunk=L, products=products)  # one column
+    packed = apply("ssd_chunks", (inputs, log_decay, B, C, first), ints=(L,), chunk=L)  # one column
     n_y, n_final = math.prod(_ne4(x)), E * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state

@@ -48,9 +48,9 @@ def _gla_chunks(g, out, k, v, q, log_gate, state, chunk, scale):
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (k, v, q, log_gate, state)]))
 
 
-def _ssd_chunks(g, out, u, log_decay, B, C, first, chunk, products=0):
+def _ssd_chunks(g, out, u, log_decay, B, C, first, chunk):
     # one helper op gives every gradient, packed in the inputs' order (it computes the start states again)
-    grads = ops.apply("ssd_chunks_back", (g, u, log_decay, B, C, first), ints=(chunk, products))
+    grads = ops.apply("ssd_chunks_back", (g, u, log_decay, B, C, first), ints=(chunk,))
     return tuple(ops._unpack_columns(grads, [(t.numel, t.shape) for t in (u, log_decay, B, C, first)]))
 
 
