@@ -52,36 +52,17 @@ uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token
 // bound is needed). Read without a branch: an element outside reads its array's first and becomes
 // 0. (NVIDIA's compiler waits for a load inside a branch where the branch joins: the products'
 // staging loads went one after another.)
-float u_(uint t, uint p) {
-    uint at = vec_at(t) + p;
-    float v = pc.u.v[t < nq && p < pc.P ? at : 0];
-    return t < nq && p < pc.P ? v : 0.0;
+float element(Floats array, uint at, bool inside) {
+    float v = array.v[inside ? at : 0];
+    return inside ? v : 0.0;
 }
-float gy(uint t, uint p) {
-    uint at = vec_at(t) + p;
-    float v = pc.g.v[t < nq && p < pc.P ? at : 0];
-    return t < nq && p < pc.P ? v : 0.0;
-}
-float B_(uint t, uint d) {
-    uint at = bc_at(t) + d;
-    float v = pc.B.v[t < nq && d < pc.D ? at : 0];
-    return t < nq && d < pc.D ? v : 0.0;
-}
-float C_(uint t, uint d) {
-    uint at = bc_at(t) + d;
-    float v = pc.C.v[t < nq && d < pc.D ? at : 0];
-    return t < nq && d < pc.D ? v : 0.0;
-}
-float Z_(uint d, uint p) {
-    uint at = plane + d + pc.D * p;
-    float v = pc.states.v[d < pc.D && p < pc.P ? at : 0];
-    return d < pc.D && p < pc.P ? v : 0.0;
-}
-float gX(uint d, uint p) {
-    uint at = plane + d + pc.D * p;
-    float v = pc.aux.v[d < pc.D && p < pc.P ? at : 0];
-    return d < pc.D && p < pc.P ? v : 0.0;
-}
+float u_(uint t, uint p) { return element(pc.u, vec_at(t) + p, t < nq && p < pc.P); }
+float gy(uint t, uint p) { return element(pc.g, vec_at(t) + p, t < nq && p < pc.P); }
+float B_(uint t, uint d) { return element(pc.B, bc_at(t) + d, t < nq && d < pc.D); }
+float C_(uint t, uint d) { return element(pc.C, bc_at(t) + d, t < nq && d < pc.D); }
+float Z_(uint d, uint p) { return element(pc.states, plane + d + pc.D * p, d < pc.D && p < pc.P); }
+float gX(uint d, uint p) { return element(pc.aux, plane + d + pc.D * p, d < pc.D && p < pc.P); }
+// the same for the shared arrays (which GLSL cannot pass)
 float pair(uint t, uint s) {
     float v = pairs[t < nq && s < nq ? t * LMAX + s : 0];
     return t < nq && s < nq ? v : 0.0;
