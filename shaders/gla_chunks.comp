@@ -1,205 +1,295 @@
 // gla_chunks and its backward (native/cpu_gla_chunks.cpp has the layouts and formulas): gated
-// linear attention in chunks, one workgroup per (sequence, head) walking its chunks in order
-// (backward: from the last), the state carried in the output (forward: the start states' region;
-// backward: two slots of the scratch). Per chunk the decays D and E and the pairs A go to this
-// workgroup's scratch, each a running sum of log gates from s up (as the CPU's), then every output
-// of the chunk is an invocation's sum over the channels or tokens it reads.
+// linear attention in chunks, every chunk's work at once and only the states passed along the
+// chunks in order (ssd_pass.comp with a decay per key channel). Each variant is an invocation per
+// element of what it writes, its sums over a chunk's tokens or a state's channels in a loop:
+//   DECAYS       per (channel i, chunk): E[t, i], F[s, i] (layout of k) and the chunk's decay E[n-1, i]
+//   PAIRS        per (t, s, chunk): A[t, s] (BACKWARD: dA[t, s] = dy[t] . v[s] too), 0 above the diagonal
+//   OWN_STATES   per state element: X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j] into the chunk's plane
+//   OUTPUTS      per element of y: the start state's part, then the chunk's tokens s <= t
+//   START_GRADS  per state element: the start state's gradient's own part, g of that start state added
+//   STATE_PRODUCTS per (channel i, token): ZY[t, i], ZV[s, i] (and W[i] at each chunk's first token)
+//   GRADS        per (token, channel): gk, gv, gq and glog_gate
+// The decays between two tokens are exp of the log gates summed from one token to the other
+// (never a difference of two running sums, which loses the digits of gates near 1), so none is
+// above 1; a pair's terms are read for s <= t only, so a NaN reaches no earlier token.
 #version 450
 #include "common.glsl"
 
-// Storage that invocations of one workgroup write and then read from one another.
-layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Shared { float v[]; };
-
 layout(push_constant) uniform Push {
-#if defined(BACKWARD)
-    Floats g;    // the upstream gradient, shaped like the forward's output
-    Floats fwd;  // the forward's output: its start states
-#else
-    Floats state;
-#endif
-    Floats k;
+    Floats k;        // [S, H, T N]
     Floats v;
     Floats q;
-    Floats lg;
-    Shared o;
-    Shared scratch;
+    Floats lg;       // the log gates
+    Floats g;        // BACKWARD: the upstream gradient, laid out as the forward's output
+    Floats states;   // the states at the chunks' starts Z_q [S S, c, H, N] (OWN_STATES writes X_q there)
+    Floats planes;   // BACKWARD: the gradients of the chunks' end states dZ'_q, laid out as states
+    Floats scratch;  // decay [S, c, H, N], E, F, A [L L, c, H, N]; BACKWARD: dA, W, ZY, ZV
+    Floats o;        // OUTPUTS: y; GRADS: [gk, gv, gq, glog_gate]
     uint S;
     uint H;
-    uint n_tok;   // per sequence
-    uint L;       // tokens per chunk (the last chunk may have fewer)
-    uint c;       // chunks per sequence
-    uint n_seqs;
+    uint T;          // tokens per sequence
+    uint N;
+    uint L;
+    uint c;
     float scale;
 } pc;
 
-// Makes every invocation's global writes visible to the whole workgroup.
-void sync() {
-    memoryBarrierBuffer();
-    barrier();
+// The scratch's arrays: Y floats each token-shaped one, P the planes (chunks of every head).
+uint Y() { return pc.S * pc.H * pc.T * pc.N; }
+uint P() { return pc.c * pc.H * pc.N; }
+uint E_at() { return pc.S * P(); }
+uint F_at() { return E_at() + Y(); }
+uint A_at() { return F_at() + Y(); }
+uint dA_at() { return A_at() + pc.L * pc.L * P(); }
+uint W_at() { return dA_at() + pc.L * pc.L * P(); }
+uint ZY_at() { return W_at() + pc.S * P(); }
+uint ZV_at() { return ZY_at() + Y(); }
+
+// This invocation's chunk: its plane (b H + h) c + q, its tokens n, its first token's vector.
+uint plane, n, first;
+uint stride() { return pc.S * pc.H; }  // a token's vector to the next's
+uint tok(uint t) { return first + t * stride(); }
+
+void chunk_of_plane(uint p) {
+    plane = p;
+    uint q = p % pc.c, bh = p / pc.c, h = bh % pc.H, b = bh / pc.H;
+    n = min(pc.L, pc.T - q * pc.L);
+    first = ((b * pc.T + q * pc.L) * pc.H + h) * pc.S;
 }
 
-uint S, n, stride, at;      // channels; this chunk's tokens; a token's vector to the next's; the first's
-uint D_at, E_at, A_at;      // this workgroup's scratch: D [s][t][i], E [t][i], A [t][s] (rows of L)
-
-uint tok(uint t) { return at + t * stride; }
-float D(uint s, uint t, uint i) { return pc.scratch.v[D_at + (s * pc.L + t) * S + i]; }
-float E(uint t, uint i) { return pc.scratch.v[E_at + t * S + i]; }
-float A(uint t, uint s) { return pc.scratch.v[A_at + t * pc.L + s]; }
-
-// The chunk's decays, then its pairs A[t, s] = scale sum_i q[t, i] k[s, i] D[s, t, i] (s <= t).
-void decays_and_pairs() {
-    uint tid = gl_LocalInvocationID.x;
-    for (uint i = tid; i < S; i += 256) {
-        float sum = 0.0;
-        for (uint t = 0; t < n; ++t) {
-            sum += pc.lg.v[tok(t) + i];
-            pc.scratch.v[E_at + t * S + i] = exp(sum);
-        }
-    }
-    for (uint e = tid; e < n * S; e += 256) {  // range from s, channel i: consecutive invocations, consecutive channels
-        uint s = e / S, i = e % S;
-        float sum = 0.0;
-        pc.scratch.v[D_at + (s * pc.L + s) * S + i] = 1.0;
-        for (uint t = s + 1; t < n; ++t) {
-            sum += pc.lg.v[tok(t) + i];
-            pc.scratch.v[D_at + (s * pc.L + t) * S + i] = exp(sum);
-        }
-    }
-    sync();
-    for (uint e = tid; e < n * n; e += 256) {
-        uint t = e / n, s = e % n;
-        if (s > t) continue;
-        float a = 0.0;
-        for (uint i = 0; i < S; ++i) a += pc.q.v[tok(t) + i] * pc.k.v[tok(s) + i] * D(s, t, i);
-        pc.scratch.v[A_at + t * pc.L + s] = pc.scale * a;
-    }
-    sync();
+// For an element e of a token-shaped array: its chunk, and its token t in the chunk (returned).
+uint chunk_of_element(uint e) {
+    uint h = (e / pc.S) % pc.H, token = e / stride(), b = token / pc.T, within = token % pc.T;
+    uint q = within / pc.L;
+    chunk_of_plane((b * pc.H + h) * pc.c + q);
+    return within % pc.L;
 }
 
-#if !defined(BACKWARD)
+float lg(uint t, uint i) { return pc.lg.v[tok(t) + i]; }
+float E(uint t, uint i) { return pc.scratch.v[E_at() + tok(t) + i]; }
+float F(uint s, uint i) { return pc.scratch.v[F_at() + tok(s) + i]; }
+float A(uint t, uint s) { return pc.scratch.v[A_at() + pc.L * (pc.L * plane + t) + s]; }
+float dA(uint t, uint s) { return pc.scratch.v[dA_at() + pc.L * (pc.L * plane + t) + s]; }
+float Z(uint i, uint j) { return pc.states.v[pc.S * (pc.S * plane + i) + j]; }
+float dZ(uint i, uint j) { return pc.planes.v[pc.S * (pc.S * plane + i) + j]; }
+
+#if defined(DECAYS)
 void main() {
-    uint wg = flat_group(), tid = gl_LocalInvocationID.x;
-    if (wg >= pc.n_seqs * pc.H) return;  // a whole workgroup of the folded grid's padding
-    uint b = wg / pc.H, h = wg % pc.H, SS = pc.S * pc.S;
-    S = pc.S;
-    stride = S * pc.H;
-    uint ny = stride * pc.n_tok * pc.n_seqs, states = SS * pc.H * pc.n_seqs;
-    uint final_at = ny + wg * SS, starts_at = ny + states + wg * pc.c * SS;  // wg = b H + h
-    D_at = wg * (pc.L * pc.L * S + pc.L * S + pc.L * pc.L);
-    E_at = D_at + pc.L * pc.L * S;
-    A_at = E_at + pc.L * S;
-    for (uint e = tid; e < SS; e += 256) pc.o.v[starts_at + e] = pc.state.v[wg * SS + e];
-    sync();
-    for (uint chunk = 0; chunk < pc.c; ++chunk) {
-        uint t0 = chunk * pc.L;
-        n = min(pc.L, pc.n_tok - t0);
-        at = ((b * pc.n_tok + t0) * pc.H + h) * S;
-        uint z = starts_at + chunk * SS, z_next = chunk + 1 < pc.c ? z + SS : final_at;
-        decays_and_pairs();
-        for (uint e = tid; e < n * S; e += 256) {  // y[t, j]: the start state's part, then the chunk's tokens
-            uint t = e / S, j = e % S;
-            float y = 0.0;
-            for (uint i = 0; i < S; ++i) y += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * pc.o.v[z + i * S + j];
-            for (uint s = 0; s <= t; ++s) y += A(t, s) * pc.v.v[tok(s) + j];
-            pc.o.v[tok(t) + j] = y;
-        }
-        for (uint e = tid; e < SS; e += 256) {  // the next start state [i, j]
-            uint i = e / S, j = e % S;
-            float next = E(n - 1, i) * pc.o.v[z + e];
-            for (uint s = 0; s < n; ++s) next += pc.k.v[tok(s) + i] * D(s, n - 1, i) * pc.v.v[tok(s) + j];
-            pc.o.v[z_next + e] = next;
-        }
-        sync();
+    uint id = flat_invocation(), i = id % pc.S;
+    if (id >= pc.S * P()) return;
+    chunk_of_plane(id / pc.S);
+    float sum = 0.0;
+    for (uint t = 0; t < n; ++t) {  // from the chunk's start through t
+        sum += lg(t, i);
+        pc.scratch.v[E_at() + tok(t) + i] = exp(sum);
+    }
+    pc.scratch.v[id] = exp(sum);  // the chunk's decay
+    sum = 0.0;
+    pc.scratch.v[F_at() + tok(n - 1) + i] = 1.0;
+    for (uint s = n - 1; s-- > 0;) {  // from s + 1 through the chunk's last
+        sum += lg(s + 1, i);
+        pc.scratch.v[F_at() + tok(s) + i] = exp(sum);
     }
 }
+#endif
+
+#if defined(PAIRS) || defined(STATE_PRODUCTS)
+const uint LMAX = 64;  // the longest chunk on the GPU (vk_sequence_kernels.cpp refuses longer)
+
+// An element of an input, 0 outside the chunk or the channels. Read without a branch: an element
+// outside reads its array's first (NVIDIA's compiler waits for a load inside a branch where the
+// branch joins, so the staging's loads would go one after another).
+float element(Floats array, uint at, bool inside) {
+    float v = array.v[inside ? at : 0];
+    return inside ? v : 0.0;
+}
+#endif
+
+#if defined(PAIRS)
+// A workgroup per chunk, the channels 16 at a time through shared memory: each invocation one
+// token s and the tokens t = s + lane, s + lane + lanes, .. (at most 16), so that it sums the log
+// gates from s + 1 up once for all its t.
+shared float lgs[LMAX][17], qs[LMAX][17], ks[LMAX][17];  // [token][channel of the block]
+#if defined(BACKWARD)
+shared float gs[LMAX][17], vs[LMAX][17];
+#endif
+
+void main() {
+    if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
+    chunk_of_plane(flat_group());
+    uint tid = gl_LocalInvocationID.x, lanes = 256 / pc.L, s = tid / lanes, lane = tid % lanes;
+    float a[16], da[16];
+    for (uint m = 0; m < 16; ++m) a[m] = da[m] = 0.0;
+    for (uint i0 = 0; i0 < pc.S; i0 += 16) {
+        barrier();
+        for (uint el = tid; el < LMAX * 16; el += 256) {
+            uint t = el / 16, i = i0 + el % 16, at = tok(t) + i;
+            bool inside = t < n && i < pc.S;
+            lgs[t][el % 16] = element(pc.lg, at, inside);
+            qs[t][el % 16] = element(pc.q, at, inside);
+            ks[t][el % 16] = element(pc.k, at, inside);
+#if defined(BACKWARD)
+            gs[t][el % 16] = element(pc.g, at, inside);
+            vs[t][el % 16] = element(pc.v, at, inside);
+#endif
+        }
+        barrier();
+        if (s >= n) continue;
+        for (uint i = 0; i < 16; ++i) {
+            float sum = 0.0;  // the log gates from s + 1 through t
+            uint r = s;
+            for (uint m = 0; m < 16; ++m) {
+                uint t = s + lane + lanes * m;
+                if (t >= n) break;
+                while (r < t) sum += lgs[++r][i];
+                a[m] += qs[t][i] * ks[s][i] * exp(sum);
+#if defined(BACKWARD)
+                da[m] += gs[t][i] * vs[s][i];
+#endif
+            }
+        }
+    }
+    uint LL = pc.L * pc.L, at = LL * plane;
+    for (uint m = 0; m < 16; ++m) {
+        uint t = s + lane + lanes * m;
+        if (s >= n || t >= n) break;
+        pc.scratch.v[A_at() + at + pc.L * t + s] = pc.scale * a[m];
+#if defined(BACKWARD)
+        pc.scratch.v[dA_at() + at + pc.L * t + s] = da[m];
+#endif
+    }
+    for (uint p = tid; p < LL; p += 256) {  // the pairs no invocation owns: 0
+        uint row = p / pc.L, column = p % pc.L;
+        if (row >= n || column > row) {
+            pc.scratch.v[A_at() + at + p] = 0.0;
+#if defined(BACKWARD)
+            pc.scratch.v[dA_at() + at + p] = 0.0;
+#endif
+        }
+    }
+}
+#endif
+
+#if defined(OWN_STATES) || defined(START_GRADS)
+void main() {
+    uint id = flat_invocation(), SS = pc.S * pc.S;
+    if (id >= SS * P()) return;
+    uint i = (id % SS) / pc.S, j = id % pc.S;
+    chunk_of_plane(id / SS);
+#if defined(OWN_STATES)
+    float x = 0.0;  // X_q[i, j]: the chunk's tokens decayed to its end
+    for (uint s = 0; s < n; ++s) x += pc.k.v[tok(s) + i] * F(s, i) * pc.v.v[tok(s) + j];
+    pc.states.v[id] = x;
 #else
-uint dA_at, ZY_at, ZV_at, W_at;  // more scratch: dA [t][s], ZY [t][i], ZV [s][i], W [i]
+    float x = pc.g.v[Y() + SS * pc.H * pc.N + id];  // g of this start state, then what its chunk's outputs read
+    for (uint t = 0; t < n; ++t) x += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * pc.g.v[tok(t) + j];
+    pc.planes.v[id] = x;
+#endif
+}
+#endif
 
-float dA(uint t, uint s) { return pc.scratch.v[dA_at + t * pc.L + s]; }
-float ZY(uint t, uint i) { return pc.scratch.v[ZY_at + t * S + i]; }
-float ZV(uint s, uint i) { return pc.scratch.v[ZV_at + s * S + i]; }
+#if defined(OUTPUTS)
+void main() {
+    uint id = flat_invocation();
+    if (id >= Y()) return;
+    uint t = chunk_of_element(id), j = id % pc.S;
+    float y = 0.0;
+    for (uint i = 0; i < pc.S; ++i) y += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * Z(i, j);
+    for (uint s = 0; s <= t; ++s) y += A(t, s) * pc.v.v[tok(s) + j];
+    pc.o.v[id] = y;
+}
+#endif
+
+#if defined(STATE_PRODUCTS)
+// A workgroup per chunk: each invocation a channel i of a block of 64 and the tokens t = lane,
+// lane + 4, .. (at most 16), the sums over j 16 at a time through shared memory (rows of Z and dZ'
+// read along j, the tokens' vectors along j: every load coalesces).
+shared float Zs[16][65], dZs[16][65];    // [j of the block][i of the block]
+shared float gs[16][LMAX], vs[16][LMAX];  // [j of the block][token]
 
 void main() {
-    uint wg = flat_group(), tid = gl_LocalInvocationID.x;
-    if (wg >= pc.n_seqs * pc.H) return;  // a whole workgroup of the folded grid's padding
-    uint b = wg / pc.H, h = wg % pc.H, SS = pc.S * pc.S;
-    S = pc.S;
-    stride = S * pc.H;
-    uint ny = stride * pc.n_tok * pc.n_seqs, states = SS * pc.H * pc.n_seqs;
-    uint final_at = ny + wg * SS, starts_at = ny + states + wg * pc.c * SS;  // in g and in fwd alike
-    uint LL = pc.L * pc.L, LS = pc.L * S;
-    D_at = wg * (LL * S + 3 * LS + 2 * LL + S + 2 * SS);
-    E_at = D_at + LL * S;
-    A_at = E_at + LS;
-    dA_at = A_at + LL;
-    ZY_at = dA_at + LL;
-    ZV_at = ZY_at + LS;
-    W_at = ZV_at + LS;
-    uint slots = W_at + S, dZ = slots, dZ_next = slots + SS;  // the walking gradient, two slots
-    for (uint e = tid; e < SS; e += 256) pc.scratch.v[dZ + e] = pc.g.v[final_at + e];
-    sync();
-    for (uint chunk = pc.c; chunk-- > 0;) {
-        uint t0 = chunk * pc.L;
-        n = min(pc.L, pc.n_tok - t0);
-        at = ((b * pc.n_tok + t0) * pc.H + h) * S;
-        uint z = starts_at + chunk * SS;  // this chunk's start state in fwd, its own gradient in g
-        decays_and_pairs();
-        for (uint e = tid; e < n * n; e += 256) {  // dA[t, s] = dy[t] . v[s]
-            uint t = e / n, s = e % n;
-            if (s > t) continue;
-            float a = 0.0;
-            for (uint j = 0; j < S; ++j) a += pc.g.v[tok(t) + j] * pc.v.v[tok(s) + j];
-            pc.scratch.v[dA_at + t * pc.L + s] = a;
-        }
-        for (uint e = tid; e < n * S; e += 256) {  // ZY[t, i] = Z[i] . dy[t], ZV[t, i] = dZ'[i] . v[t]
-            uint t = e / S, i = e % S;
-            float zy = 0.0, zv = 0.0;
-            for (uint j = 0; j < S; ++j) {
-                zy += pc.fwd.v[z + i * S + j] * pc.g.v[tok(t) + j];
-                zv += pc.scratch.v[dZ + i * S + j] * pc.v.v[tok(t) + j];
+    if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
+    chunk_of_plane(flat_group());
+    uint tid = gl_LocalInvocationID.x, ii = tid % 64, lane = tid / 64, state = pc.S * pc.S * plane;
+    for (uint i0 = 0; i0 < pc.S; i0 += 64) {
+        float zy[16], zv[16], w = 0.0;
+        for (uint m = 0; m < 16; ++m) zy[m] = zv[m] = 0.0;
+        for (uint j0 = 0; j0 < pc.S; j0 += 16) {
+            barrier();
+            for (uint el = tid; el < 1024; el += 256) {
+                uint jj = el % 16, j = j0 + jj, i = i0 + el / 16, t = el / 16;
+                bool in_state = i < pc.S && j < pc.S, in_chunk = t < n && j < pc.S;
+                Zs[jj][el / 16] = element(pc.states, state + pc.S * i + j, in_state);
+                dZs[jj][el / 16] = element(pc.planes, state + pc.S * i + j, in_state);
+                gs[jj][t] = element(pc.g, tok(t) + j, in_chunk);
+                vs[jj][t] = element(pc.v, tok(t) + j, in_chunk);
             }
-            pc.scratch.v[ZY_at + t * S + i] = zy;
-            pc.scratch.v[ZV_at + t * S + i] = zv;
-        }
-        for (uint i = tid; i < S; i += 256) {  // W[i] = Z[i] . dZ'[i]
-            float w = 0.0;
-            for (uint j = 0; j < S; ++j) w += pc.fwd.v[z + i * S + j] * pc.scratch.v[dZ + i * S + j];
-            pc.scratch.v[W_at + i] = w;
-        }
-        sync();
-        for (uint e = tid; e < n * S; e += 256) {  // token x, channel ch: gv, gk, gq and glog_gate
-            uint x = e / S, ch = e % S;
-            float gv = 0.0;
-            for (uint t = x; t < n; ++t) gv += A(t, x) * pc.g.v[tok(t) + ch];
-            for (uint i = 0; i < S; ++i) gv += pc.k.v[tok(x) + i] * D(x, n - 1, i) * pc.scratch.v[dZ + i * S + ch];
-            float gk = 0.0;
-            for (uint t = x; t < n; ++t) gk += dA(t, x) * pc.q.v[tok(t) + ch] * D(x, t, ch);
-            gk = pc.scale * gk + D(x, n - 1, ch) * ZV(x, ch);
-            float gq = E(x, ch) * ZY(x, ch);
-            for (uint s = 0; s <= x; ++s) gq += dA(x, s) * pc.k.v[tok(s) + ch] * D(s, x, ch);
-            float span = E(n - 1, ch) * pc.scratch.v[W_at + ch];  // each decay that spans log gate x
-            for (uint t = x; t < n; ++t) span += pc.scale * pc.q.v[tok(t) + ch] * E(t, ch) * ZY(t, ch);
-            for (uint s = 0; s < x; ++s) {
-                float pairs = 0.0;
-                for (uint t = x; t < n; ++t) pairs += dA(t, s) * pc.q.v[tok(t) + ch] * D(s, t, ch);
-                span += pc.k.v[tok(s) + ch] * (D(s, n - 1, ch) * ZV(s, ch) + pc.scale * pairs);
+            barrier();
+            for (uint jj = 0; jj < 16; ++jj) {
+                float z = Zs[jj][ii], dz = dZs[jj][ii];
+                w += z * dz;
+                for (uint m = 0; m < 16; ++m) {
+                    zy[m] += z * gs[jj][lane + 4 * m];
+                    zv[m] += dz * vs[jj][lane + 4 * m];
+                }
             }
-            pc.o.v[tok(x) + ch] = gk;
-            pc.o.v[ny + tok(x) + ch] = gv;
-            pc.o.v[2 * ny + tok(x) + ch] = pc.scale * gq;
-            pc.o.v[3 * ny + tok(x) + ch] = span;
         }
-        for (uint e = tid; e < SS; e += 256) {  // the start state's gradient, its own added
-            uint i = e / S, j = e % S;
-            float next = E(n - 1, i) * pc.scratch.v[dZ + e] + pc.g.v[z + e];
-            for (uint t = 0; t < n; ++t) next += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * pc.g.v[tok(t) + j];
-            pc.scratch.v[dZ_next + e] = next;
+        uint i = i0 + ii;
+        for (uint m = 0; m < 16 && i < pc.S; ++m) {
+            uint t = lane + 4 * m;
+            if (t >= n) break;
+            pc.scratch.v[ZY_at() + tok(t) + i] = zy[m];
+            pc.scratch.v[ZV_at() + tok(t) + i] = zv[m];
         }
-        sync();
-        uint swap = dZ;
-        dZ = dZ_next;
-        dZ_next = swap;
+        if (lane == 0 && i < pc.S) pc.scratch.v[W_at() + pc.S * plane + i] = w;
     }
-    for (uint e = tid; e < SS; e += 256) pc.o.v[4 * ny + wg * SS + e] = pc.scratch.v[dZ + e];
+}
+#endif
+
+#if defined(GRADS)
+float ZY(uint t, uint i) { return pc.scratch.v[ZY_at() + tok(t) + i]; }
+float ZV(uint s, uint i) { return pc.scratch.v[ZV_at() + tok(s) + i]; }
+
+void main() {
+    uint id = flat_invocation();
+    if (id >= Y()) return;
+    uint x = chunk_of_element(id), ch = id % pc.S;
+    float gv = 0.0;
+    for (uint t = x; t < n; ++t) gv += A(t, x) * pc.g.v[tok(t) + ch];
+    for (uint i = 0; i < pc.S; ++i) gv += pc.k.v[tok(x) + i] * F(x, i) * dZ(i, ch);
+
+    float gk = 0.0, sum = 0.0;  // sum: the log gates from x + 1 through t
+    for (uint t = x; t < n; ++t) {
+        if (t > x) sum += lg(t, ch);
+        gk += dA(t, x) * pc.q.v[tok(t) + ch] * exp(sum);
+    }
+    gk = pc.scale * gk + F(x, ch) * ZV(x, ch);
+
+    float gq = E(x, ch) * ZY(x, ch);
+    sum = 0.0;  // the log gates from s + 1 through x
+    for (uint s = x + 1; s-- > 0;) {
+        if (s < x) sum += lg(s + 1, ch);
+        gq += dA(x, s) * pc.k.v[tok(s) + ch] * exp(sum);
+    }
+
+    // each decay that spans log gate x: the start state's to the tokens t >= x, the tokens s < x
+    // to the end, and the pairs s < x <= t
+    float span = E(n - 1, ch) * pc.scratch.v[W_at() + pc.S * plane + ch];
+    for (uint t = x; t < n; ++t) span += pc.scale * pc.q.v[tok(t) + ch] * E(t, ch) * ZY(t, ch);
+    float base = 0.0;  // the log gates from s + 1 through x
+    for (uint s = x; s-- > 0;) {
+        base += lg(s + 1, ch);
+        float pairs = 0.0;
+        sum = base;
+        for (uint t = x; t < n; ++t) {
+            if (t > x) sum += lg(t, ch);
+            pairs += dA(t, s) * pc.q.v[tok(t) + ch] * exp(sum);
+        }
+        span += pc.k.v[tok(s) + ch] * (F(s, ch) * ZV(s, ch) + pc.scale * pairs);
+    }
+    pc.o.v[id] = gk;
+    pc.o.v[Y() + id] = gv;
+    pc.o.v[2 * Y() + id] = pc.scale * gq;
+    pc.o.v[3 * Y() + id] = span;
 }
 #endif

@@ -1,5 +1,6 @@
 // ssm_scan's chunked form (SSD): the states passed along the chunks, and a group's heads' gradients
-// summed (native/cpu_ssd_chunks.cpp has the layouts and formulas). Variants:
+// summed (native/cpu_ssd_chunks.cpp has the layouts and formulas); gated_linear_attn's chunked form
+// (gla_chunks.comp) passes its states here too, with H = 1 and a decay per row of its planes. Variants:
 //   FORWARD    in place in the planes [D P, H, c, N]: each holds X_q and leaves with Z_q, the state
 //              at its chunk's start (Z_0 from `edge`, the final Z_c to `last`)
 //   BACKWARD   each holds gZ_q and leaves with gX_q (gZ'_c from `edge`, gZ'_0 to `last`)
@@ -11,13 +12,14 @@
 
 layout(push_constant) uniform Push {
     Floats planes;  // GROUP_SUM: the heads' gB, gC
-    Floats decay;   // [H, c, N]
+    Floats decay;   // [rows, H, c, N]
     Floats edge;    // GROUP_SUM: the output's gB, then gC
     Floats last;
     uint R;         // a plane's elements, D P (GROUP_SUM: D)
     uint H;
     uint c;         // GROUP_SUM: G
     uint N;         // GROUP_SUM: T N
+    uint rows;      // decays per plane, each for R / rows consecutive elements (SSD: 1)
 } pc;
 
 #if defined(BACKWARD)
@@ -38,7 +40,7 @@ void main() {
     pc.edge.v[id] = sum;
 #else
     if (id >= pc.R * pc.H * pc.N) return;
-    uint r = id % pc.R, hn = id / pc.R, h = hn % pc.H, n = hn / pc.H;
+    uint r = id % pc.R, hn = id / pc.R, h = hn % pc.H, n = hn / pc.H, row = r / (pc.R / pc.rows);
     float z = pc.edge.v[id];
     // 4 chunks at a time, their loads before any store (a store to the planes might alias a later
     // load, so the compiler keeps them in order): 4 loads in flight where the walk had one
@@ -48,7 +50,7 @@ void main() {
         for (uint k = 0; k < 4; ++k) {
             uint q = chunk_at(min(step + k, pc.c - 1));
             at[k] = pc.R * (h + pc.H * (q + pc.c * n)) + r;
-            A[k] = pc.decay.v[h + pc.H * (q + pc.c * n)];
+            A[k] = pc.decay.v[row + pc.rows * (h + pc.H * (q + pc.c * n))];
             x[k] = pc.planes.v[at[k]];
         }
         for (uint k = 0; k < 4 && step + k < pc.c; ++k) {

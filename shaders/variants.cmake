@@ -122,7 +122,6 @@ endforeach()
 rk_shader(decayed_pairs_forward_staged decayed_pairs.comp FORWARD_STAGED)  # chunks of at most 64 tokens
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
-rk_shader(gla_chunks_forward gla_chunks.comp FORWARD)
 foreach(kind OWN_STATES START_GRADS OUTPUTS GRADS)  # ssm_scan's chunked form (SSD)
   string(TOLOWER ${kind} name)
   rk_shader(ssd_chunks_${name} ssd_chunks.comp ${kind})
@@ -131,7 +130,11 @@ foreach(kind FORWARD BACKWARD GROUP_SUM)
   string(TOLOWER ${kind} name)
   rk_shader(ssd_pass_${name} ssd_pass.comp ${kind})
 endforeach()
-rk_shader(gla_chunks_backward gla_chunks.comp BACKWARD)
+foreach(kind DECAYS PAIRS OWN_STATES OUTPUTS START_GRADS STATE_PRODUCTS GRADS)  # gated_linear_attn's chunked form
+  string(TOLOWER ${kind} name)
+  rk_shader(gla_chunks_${name} gla_chunks.comp ${kind})
+endforeach()
+rk_shader(gla_chunks_pairs_backward gla_chunks.comp PAIRS BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)

@@ -269,12 +269,16 @@ def test_chunked_gla_in_float32_is_as_close_to_float64_as_the_recurrence(device,
     assert_chunked_within_recurrent_error(["y", "final state", "k", "v", "q", "g", "state"], exact, recurrent, chunked)
 
 
-def test_chunked_gla_keeps_float32_precision_over_long_chunks():
+def test_chunked_gla_keeps_float32_precision_over_long_chunks(device):
     """Chunks of 64 tokens of gates in [0.05, 1): the log gates between two tokens are summed
     over the steps between them, not taken as a difference of running sums (an error of 1e-6 of
     the gradients, 30x the recurrence's, before). Within a few times the recurrence's error."""
     arrays, weights = _gla_arrays(np.random.default_rng(9), 16, 2, 128, 2)
-    exact = _gla_with_gradients(arrays, None, "f64", weights)
+    previous = rc.device("cpu")
+    try:
+        exact = _gla_with_gradients(arrays, None, "f64", weights)
+    finally:
+        rc.device(previous)
     recurrent = _gla_with_gradients(arrays, None, "f32", weights)
     chunked = _gla_with_gradients(arrays, 64, "f32", weights)
     assert_chunked_within_recurrent_error(["y", "final state", "k", "v", "q", "g", "state"], exact, recurrent, chunked)
@@ -348,9 +352,11 @@ def test_gla_chunks_gradients_match_finite_differences(S, H, T, n_seqs, chunk):
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("S, H, T, n_seqs, chunk", [(3, 2, 7, 1, 3), (5, 3, 12, 2, 4), (16, 2, 40, 1, 16)])
+@pytest.mark.parametrize("S, H, T, n_seqs, chunk", [(3, 2, 7, 1, 3), (5, 3, 12, 2, 4), (16, 2, 40, 1, 16),
+                                                   (33, 1, 70, 2, 64), (1, 3, 5, 3, 2), (7, 2, 9, 1, 1)])
 def test_gla_chunks_gpu_matches_the_cpu(S, H, T, n_seqs, chunk):
-    """Forward and every gradient in float32, the start states' gradient too."""
+    """Forward and every gradient in float32, the start states' gradient too: head sizes and
+    chunks of 1 to 64, a last chunk shorter, one chunk longer than the sequence."""
     rng = np.random.default_rng(S * T)
     arrays, _ = _gla_arrays(rng, S, H, T, n_seqs)
     arrays = [a.astype(np.float32) for a in arrays[:3]] + [np.log(arrays[3]).astype(np.float32), arrays[4].astype(np.float32)]
@@ -360,6 +366,16 @@ def test_gla_chunks_gpu_matches_the_cpu(S, H, T, n_seqs, chunk):
     for name, g, c in zip(names, _gla_chunks_grads(arrays, chunk, "f32", "gpu", weights),
                           _gla_chunks_grads(arrays, chunk, "f32", "cpu", weights)):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+
+
+@pytest.mark.requires_gpu
+def test_gla_chunks_on_the_gpu_refuse_chunks_over_64_tokens():
+    """The GPU's kernels stage a chunk's tokens in shared memory: longer chunks are refused, not cut."""
+    vectors = rc.tensor(np.ones((2, 1, 70), np.float32), device="gpu")
+    state = rc.tensor(np.zeros((4, 1), np.float32), device="gpu")
+    with pytest.raises(ValueError, match=r"^gla_chunks: chunks of at most 64 tokens on the GPU, got 65 \(pass a smaller"):
+        ops.apply("gla_chunks", (vectors,) * 4 + (state,), ints=(65,), floats=(1.0,))
+    assert ops.apply("gla_chunks", (vectors,) * 4 + (state,), ints=(64,), floats=(1.0,)).shape == (140 + 4 + 8, 1)
 
 
 def test_gla_chunks_refuse_bad_attributes_and_gradients():

@@ -558,95 +558,6 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
 }
 
-// ---- gated linear attention in chunks, one workgroup per (sequence, head) (gla_chunks) ----------
-
-namespace {
-
-// A kernel that walks each (sequence, head)'s chunks (gla_chunks.comp): a
-// workgroup each, its own scratch of `scratch_per_head` floats, refused where the device would cut
-// its loops short. `push` makes the push constants from the scratch's address.
-template <typename MakePush>
-void record_chunk_walk(const char* op, const char* shader, const Inputs& in, TensorImpl& out, int64_t heads,
-                       int64_t scratch_per_head, int64_t chunks, double iterations, const MakePush& push) {
-    TensorPtr scratch = make_on(Device::gpu, {size_mul(heads, scratch_per_head), 1, 1, 1}, 2, DType::f32);
-    u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
-    check_loop_budget(op, chunks, "chunks per sequence", iterations);
-    const std::vector<vk::Range> reads = spans(in);
-    record(shader, push(scratch->address()), uint64_t(heads), reads, {span(out), span(*scratch)});
-}
-
-struct GlaChunkSizes {
-    int64_t S, H, n_tok, n_seqs, L, c;
-};
-
-// The sizes of gla_chunks' inputs k [S, H, T] and state [S*S*H, n_seqs] (the shape rule checked
-// them) and its chunk length, as cpu_gla_chunks.cpp takes it.
-GlaChunkSizes gla_chunk_sizes(const TensorImpl& k, const TensorImpl& state, const OpAttrs& attrs) {
-    const int64_t n_seqs = state.ne[1], n_tok = k.ne[2] / n_seqs;
-    const int64_t L = std::min(attrs.ints[0], std::max<int64_t>(1, n_tok));
-    return {k.ne[0], k.ne[1], n_tok, n_seqs, L, (n_tok + L - 1) / L};
-}
-
-// Scratch floats per workgroup (gla_chunks.comp): D, E and A; the backward's dA, ZY, ZV, W and the
-// walking gradient's two slots besides.
-int64_t gla_scratch_per_head(const GlaChunkSizes& z, bool backward) {
-    const int64_t LL = z.L * z.L, LS = z.L * z.S;
-    return backward ? size_add(size_mul(LL, z.S), 3 * LS, 2 * LL, z.S, size_mul(2, z.S, z.S))
-                    : size_add(size_mul(LL, z.S), LS, LL);
-}
-
-// An invocation's loop iterations at their largest trip counts, every chunk.
-double gla_chunks_loop_iterations(const GlaChunkSizes& z, bool backward) {
-    auto rounds = [](int64_t n) { return std::ceil(double(n) / 256.0); };
-    const double L = double(z.L), S = double(z.S);
-    double chunk = rounds(z.S) * L + rounds(z.L * z.S) * L + rounds(z.L * z.L) * S;  // decays, pairs
-    if (!backward) chunk += rounds(z.L * z.S) * (S + L) + rounds(z.S * z.S) * L;
-    else chunk += rounds(z.L * z.L) * S + rounds(z.L * z.S) * (2 * S + 4 * L + L * L) + rounds(z.S) * S +
-                  rounds(z.S * z.S) * L;
-    return kLoopMargin * (double(z.c) * chunk + rounds(z.S * z.S));
-}
-
-void record_gla_chunks(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs, TensorImpl& out) {
-    const bool backward = first == 1;
-    const TensorImpl &k = *in[first], &state = *in[first + 4];
-    const GlaChunkSizes z = gla_chunk_sizes(k, state, attrs);
-    const uint64_t v = in[first + 1]->address(), q = in[first + 2]->address(), lg = in[first + 3]->address();
-    struct Sizes {
-        uint32_t S, H, n_tok, L, c, n_seqs;
-        float scale;
-    } const tail{u32(z.S, op), u32(z.H, op), u32(z.n_tok, op), u32(z.L, op), u32(z.c, op), u32(z.n_seqs, op),
-                 float(attrs.floats[0])};
-    const int64_t heads = z.n_seqs * z.H, scratch = gla_scratch_per_head(z, backward);
-    const double iterations = gla_chunks_loop_iterations(z, backward);
-    if (!backward) {
-        struct Push {
-            uint64_t state, k, v, q, lg, o, scratch;
-            Sizes sizes;
-        };
-        record_chunk_walk(op, "gla_chunks_forward", in, out, heads, scratch, z.c, iterations, [&](uint64_t at) {
-            return Push{state.address(), k.address(), v, q, lg, out.address(), at, tail};
-        });
-    } else {
-        struct Push {
-            uint64_t g, fwd, k, v, q, lg, o, scratch;
-            Sizes sizes;
-        };
-        record_chunk_walk(op, "gla_chunks_backward", in, out, heads, scratch, z.c, iterations, [&](uint64_t at) {
-            return Push{in[0]->address(), in[6]->address(), k.address(), v, q, lg, out.address(), at, tail};
-        });
-    }
-}
-
-}  // namespace
-
-void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    record_gla_chunks("gla_chunks", in, 0, attrs, out);
-}
-
-void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    record_gla_chunks("gla_chunks_back", in, 1, attrs, out);
-}
-
 // ---- ssm_scan's chunked form (SSD): every chunk's work at once, the states passed in order ------
 
 namespace {
@@ -659,6 +570,7 @@ struct SsdPush {
 struct SsdPassPush {
     uint64_t planes, decay, edge, last;
     uint32_t R, H, c, N;
+    uint32_t rows;  // decays per plane (ssd_pass.comp)
 };
 
 constexpr uint64_t kFloat = sizeof(float);
@@ -689,7 +601,8 @@ SsdPush ssd_push(const SsdDims& d, const Inputs& in, size_t first, const char* o
 
 void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, uint64_t edge, uint64_t last,
                  const SsdDims& d, std::vector<vk::Range> reads, std::vector<vk::Range> writes, const char* op) {
-    const SsdPassPush p{planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op), u32(d.N, op)};
+    const SsdPassPush p{planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op),
+                        u32(d.N, op), 1};
     record(shader, p, groups(uint64_t(d.finals())), reads, writes);
 }
 
@@ -753,9 +666,124 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     if (grouped) writes.push_back(span(*heads));
     record("ssd_chunks_grads", p, tiles, reads, writes);
     if (grouped) {
-        const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op), u32(d.T * d.N, op)};
+        const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op),
+                              u32(d.T * d.N, op), 1};
         record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});
     }
+}
+
+
+// ---- gated linear attention in chunks (gla_chunks): every chunk's work at once, the states passed
+// along the chunks by ssd_pass.comp with a decay per key channel ----------------------------------
+
+namespace {
+
+struct GlaChunkSizes {
+    int64_t S, H, T, N, L, c;  // T tokens per sequence, c chunks of L tokens each (the last may be shorter)
+    int64_t y() const { return size_mul(S, H, T, N); }
+    int64_t states() const { return size_mul(S, S, H, N); }
+    int64_t planes() const { return size_mul(c, H, N); }
+    int64_t plane_states() const { return size_mul(S, S, planes()); }
+    int64_t pairs() const { return size_mul(L, L, planes()); }
+    // Scratch floats (gla_chunks.comp): decay, E, F and A; the backward's dA, W, ZY and ZV besides.
+    int64_t scratch(bool backward) const {
+        const int64_t forward = size_add(size_mul(S, planes()), size_mul(2, y()), pairs());
+        return backward ? size_add(forward, pairs(), size_mul(S, planes()), size_mul(2, y())) : forward;
+    }
+};
+
+// The sizes of gla_chunks' inputs k [S, H, T N] and state [S*S*H, N] (the shape rule checked them)
+// and its chunk length, as cpu_gla_chunks.cpp takes it.
+GlaChunkSizes gla_chunk_sizes(const TensorImpl& k, const TensorImpl& state, const OpAttrs& attrs) {
+    const int64_t N = state.ne[1], T = k.ne[2] / N;
+    const int64_t L = std::min(attrs.ints[0], std::max<int64_t>(1, T));
+    return {k.ne[0], k.ne[1], T, N, L, (T + L - 1) / L};
+}
+
+struct GlaPush {
+    uint64_t k, v, q, lg, g, states, planes, scratch, o;
+    uint32_t S, H, T, N, L, c;
+    float scale;
+};
+
+GlaPush gla_push(const GlaChunkSizes& z, const Inputs& in, size_t first, const OpAttrs& attrs, const char* op) {
+    GlaPush p{};
+    p.k = in[first]->address(), p.v = in[first + 1]->address(), p.q = in[first + 2]->address();
+    p.lg = in[first + 3]->address();
+    p.S = u32(z.S, op), p.H = u32(z.H, op), p.T = u32(z.T, op), p.N = u32(z.N, op), p.L = u32(z.L, op);
+    p.c = u32(z.c, op), p.scale = float(attrs.floats[0]);
+    return p;
+}
+
+constexpr int64_t kGlaMaxChunk = 64;  // gla_chunks.comp: LMAX
+
+// Refuses chunks longer than the shaders stage, and invocations whose loops the device would cut
+// short (GRADS' are the longest: the pairs s < x <= t).
+void check_gla_chunks(const char* op, const GlaChunkSizes& z) {
+    if (z.L > kGlaMaxChunk)
+        throw std::invalid_argument(op_err(op, "chunks of at most " + std::to_string(kGlaMaxChunk) +
+                                                   " tokens on the GPU, got " + std::to_string(z.L) +
+                                                   " (pass a smaller chunk_size, or run it on the CPU)"));
+    const double L = double(z.L), S = double(z.S), blocks = std::ceil(S / 16);
+    const double pairs = blocks * (4 + 16 * (L + 16)), grads = L * L + 5 * L + S;
+    const double states = std::max(L, S) + std::ceil(S / 64) * blocks * (4 + 16 * 17);
+    check_loop_budget(op, z.L, "tokens per chunk", kLoopMargin * std::max({pairs, grads, states}));
+}
+
+// The states passed along each (sequence, head)'s chunks in place in `planes` (ssd_pass.comp, its
+// "heads" the (sequence, head) pairs), from `edge`, the last to `last`; the decays the scratch's first.
+void record_gla_pass(const char* shader, const GlaChunkSizes& z, uint64_t planes, const TensorImpl& scratch,
+                     uint64_t edge, uint64_t last, std::vector<vk::Range> reads, std::vector<vk::Range> writes,
+                     const char* op) {
+    const SsdPassPush p{planes, scratch.address(), edge, last, u32(z.S * z.S, op), 1, u32(z.c, op),
+                        u32(z.H * z.N, op), u32(z.S, op)};
+    record(shader, p, groups(uint64_t(z.states())), reads, writes);
+}
+
+}  // namespace
+
+void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "gla_chunks";
+    const GlaChunkSizes z = gla_chunk_sizes(*in[0], *in[4], attrs);
+    check_gla_chunks(op, z);
+    TensorPtr scratch = make_on(Device::gpu, {z.scratch(false), 1, 1, 1}, 2, DType::f32);
+    u32(std::max(out.numel(), scratch->numel()), op);  // every index in the shader is smaller
+    const uint64_t finals = out.address() + kFloat * z.y(), starts = finals + kFloat * z.states();
+    GlaPush p = gla_push(z, in, 0, attrs, op);
+    p.states = starts, p.scratch = scratch->address(), p.o = out.address();
+    std::vector<vk::Range> reads = spans(in);
+    record("gla_chunks_decays", p, groups(uint64_t(z.S * z.planes())), reads, {span(*scratch)});
+    record("gla_chunks_pairs", p, uint64_t(z.planes()), reads, {span(*scratch)});
+    reads.push_back(span(*scratch));
+    record("gla_chunks_own_states", p, groups(uint64_t(z.plane_states())), reads, {span(out)});
+    record_gla_pass("ssd_pass_forward", z, starts, *scratch, in[4]->address(), finals,
+                    {span(out), span(*scratch), span(*in[4])}, {span(out)}, op);
+    reads.push_back(span(out));
+    record("gla_chunks_outputs", p, groups(uint64_t(z.y())), reads, {span(out)});
+}
+
+void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const char* op = "gla_chunks_back";
+    const GlaChunkSizes z = gla_chunk_sizes(*in[1], *in[5], attrs);
+    check_gla_chunks(op, z);
+    TensorPtr scratch = make_on(Device::gpu, {z.scratch(true), 1, 1, 1}, 2, DType::f32);
+    TensorPtr planes = make_on(Device::gpu, {z.plane_states(), 1, 1, 1}, 2, DType::f32);
+    u32(std::max({out.numel(), in[0]->numel(), in[6]->numel(), scratch->numel()}), op);
+    const uint64_t g = in[0]->address(), fwd = in[6]->address();
+    GlaPush p = gla_push(z, in, 1, attrs, op);
+    p.g = g, p.states = fwd + kFloat * (z.y() + z.states()), p.planes = planes->address();
+    p.scratch = scratch->address(), p.o = out.address();
+    std::vector<vk::Range> reads = spans(in);
+    record("gla_chunks_decays", p, groups(uint64_t(z.S * z.planes())), reads, {span(*scratch)});
+    record("gla_chunks_pairs_backward", p, uint64_t(z.planes()), reads, {span(*scratch)});
+    reads.push_back(span(*scratch));
+    record("gla_chunks_start_grads", p, groups(uint64_t(z.plane_states())), reads, {span(*planes)});
+    record_gla_pass("ssd_pass_backward", z, planes->address(), *scratch, g + kFloat * z.y(),
+                    out.address() + kFloat * 4 * z.y(), {span(*planes), span(*scratch), span(*in[0])},
+                    {span(*planes), span(out)}, op);
+    reads.push_back(span(*planes));
+    record("gla_chunks_state_products", p, uint64_t(z.planes()), reads, {span(*scratch)});
+    record("gla_chunks_grads", p, groups(uint64_t(z.y())), reads, {span(out)});
 }
 
 }  // namespace rk

@@ -168,14 +168,15 @@ def gated_linear_attn(k, v, q, g, state, scale: float, chunk_size: int | None = 
     state); differentiable in every tensor (``scale`` is a constant).
 
     ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
-    (as flash-linear-attention's fused_chunk_gla), one op and its backward op (gla_chunks,
-    native/cpu_gla_chunks.cpp and shaders/gla_chunks.comp: per sequence and head the chunks in
-    order, the state carried between them): within a chunk every pair of tokens is weighted per
+    (as flash-linear-attention's chunk_gla), one op and its backward op (gla_chunks,
+    native/cpu_gla_chunks.cpp: per sequence and head the chunks in order, the state carried
+    between them; shaders/gla_chunks.comp: every chunk's work at once, only the states passed
+    along the chunks in order): within a chunk every pair of tokens is weighted per
     key channel by its gates' product, exp of the sum of the log gates between them (never above
     1, so strong gates cannot overflow), and the outputs read the chunk's start state and its
     tokens. It takes log(g): gates must be positive (a gate of 0 is taken as e^-80; a negative
-    one gives NaN). Chunks of 16 to 64 tokens (the GPU's backward pass grows with the cube of the
-    chunk length); a NaN in one token reaches the outputs of its head in its sequence from that
+    one gives NaN). Chunks of 16 to 64 tokens (the GPU takes at most 64, and its backward pass
+    grows with the cube of the chunk length); a NaN in one token reaches the outputs of its head in its sequence from that
     token on, and the final state, as in the recurrence. On the GPU the recurrence is the faster
     form (head sizes up to 64 keep its state in registers; BENCHMARKS.md), on the CPU this one."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
