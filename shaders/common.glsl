@@ -18,6 +18,14 @@ uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupI
 // This invocation's index in the folded grid.
 uint flat_invocation() { return flat_group() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
 
+// array[at] where `inside`, else 0: read without a branch (an element outside reads the array's
+// first). NVIDIA's compiler waits for a load inside a branch where the branch joins, so a staging
+// loop's loads written as branches go one after another.
+float element(Floats array, uint at, bool inside) {
+    float v = array.v[inside ? at : 0];
+    return inside ? v : 0.0;
+}
+
 // The functions the values of the elementwise ops call (native/elementwise.def), each defined alike
 // in native/kernel_util.hpp; the activations among them are the fused linear op's too.
 

@@ -1,14 +1,14 @@
 // gla_chunks and its backward (native/cpu_gla_chunks.cpp has the layouts and formulas): gated
 // linear attention in chunks, every chunk's work at once and only the states passed along the
-// chunks in order (ssd_pass.comp with a decay per key channel). Each variant is an invocation per
-// element of what it writes, its sums over a chunk's tokens or a state's channels in a loop:
-//   DECAYS       per (channel i, chunk): E[t, i], F[s, i] (layout of k) and the chunk's decay E[n-1, i]
-//   PAIRS        per (t, s, chunk): A[t, s] (BACKWARD: dA[t, s] = dy[t] . v[s] too), 0 above the diagonal
-//   OWN_STATES   per state element: X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j] into the chunk's plane
-//   OUTPUTS      per element of y: the start state's part, then the chunk's tokens s <= t
-//   START_GRADS  per state element: the start state's gradient's own part, g of that start state added
-//   STATE_PRODUCTS per (channel i, token): ZY[t, i], ZV[s, i] (and W[i] at each chunk's first token)
-//   GRADS        per (token, channel): gk, gv, gq and glog_gate
+// chunks in order (ssd_pass.comp with a decay per key channel). Variants, each what it writes:
+//   DECAYS          per (channel i, chunk) an invocation: E[t, i], F[s, i] (laid out as k) and
+//                   the chunk's decay E[n-1, i]
+//   PAIRS           per chunk a workgroup: A[t, s] (BACKWARD: dA[t, s] = dy[t] . v[s] too), 0 where s > t
+//   OWN_STATES      per 64 x 64 block of a chunk's state a workgroup: X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j]
+//   OUTPUTS         per element of y an invocation: the start state's part, then the tokens s <= t
+//   START_GRADS     as OWN_STATES: the start state's gradient's own part, g of that start state added
+//   STATE_PRODUCTS  per chunk a workgroup: ZY[t, i], ZV[s, i] and W[i]
+//   GRADS           per (token, channel) an invocation: gk, gv, gq and glog_gate
 // The decays between two tokens are exp of the log gates summed from one token to the other
 // (never a difference of two running sums, which loses the digits of gates near 1), so none is
 // above 1; a pair's terms are read for s <= t only, so a NaN reaches no earlier token.
@@ -95,96 +95,114 @@ void main() {
 
 #if defined(PAIRS) || defined(STATE_PRODUCTS)
 const uint LMAX = 64;  // the longest chunk on the GPU (vk_sequence_kernels.cpp refuses longer)
-
-// An element of an input, 0 outside the chunk or the channels. Read without a branch: an element
-// outside reads its array's first (NVIDIA's compiler waits for a load inside a branch where the
-// branch joins, so the staging's loads would go one after another).
-float element(Floats array, uint at, bool inside) {
-    float v = array.v[inside ? at : 0];
-    return inside ? v : 0.0;
-}
 #endif
 
 #if defined(PAIRS)
-// A workgroup per chunk, the channels 16 at a time through shared memory: each invocation one
-// token s and the tokens t = s + lane, s + lane + lanes, .. (at most 16), so that it sums the log
-// gates from s + 1 up once for all its t.
+// A workgroup per chunk, the channels 16 at a time through shared memory, and of those CB at a
+// time (as many as 4096 decays hold: 16 for chunks of 16 tokens, 1 for 64) the decays D[s, t, i]
+// of every pair, each s's a running sum along t (as the CPU's), then each pair's terms.
 shared float lgs[LMAX][17], qs[LMAX][17], ks[LMAX][17];  // [token][channel of the block]
-#if defined(BACKWARD)
-shared float gs[LMAX][17], vs[LMAX][17];
-#endif
+shared float Ds[4096];                                    // [s][t][channel of the CB]
+
+// Stages the chunk's tokens' channels i0 .. i0 + 15 of x and y into qs and ks (and of the log
+// gates into lgs, where asked).
+void stage(uint i0, Floats x, Floats y, bool gates) {
+    barrier();
+    for (uint el = gl_LocalInvocationID.x; el < n * 16; el += 256) {
+        uint t = el / 16, c = el % 16, at = tok(t) + i0 + c;
+        bool inside = i0 + c < pc.S;
+        qs[t][c] = element(x, at, inside);
+        ks[t][c] = element(y, at, inside);
+        if (gates) lgs[t][c] = element(pc.lg, at, inside);
+    }
+    barrier();
+}
 
 void main() {
     if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
     chunk_of_plane(flat_group());
-    uint tid = gl_LocalInvocationID.x, lanes = 256 / pc.L, s = tid / lanes, lane = tid % lanes;
-    float a[16], da[16];
+    uint tid = gl_LocalInvocationID.x, L = pc.L, LL = L * L, CB = clamp(4096 / LL, 1, 16);
+    float a[16], da[16];  // this invocation's pairs p = tid + 256 m: t = p / L, s = p % L
     for (uint m = 0; m < 16; ++m) a[m] = da[m] = 0.0;
+#if defined(BACKWARD)
+    for (uint i0 = 0; i0 < pc.S; i0 += 16) {  // dA[t, s] = dy[t] . v[s]
+        stage(i0, pc.g, pc.v, false);
+        for (uint m = 0; m < 16; ++m) {
+            uint p = tid + 256 * m, t = p / L, s = p % L;
+            if (p >= LL || t >= n || s > t) continue;
+            for (uint c = 0; c < 16; ++c) da[m] += qs[t][c] * ks[s][c];
+        }
+    }
+#endif
     for (uint i0 = 0; i0 < pc.S; i0 += 16) {
-        barrier();
-        for (uint el = tid; el < LMAX * 16; el += 256) {
-            uint t = el / 16, i = i0 + el % 16, at = tok(t) + i;
-            bool inside = t < n && i < pc.S;
-            lgs[t][el % 16] = element(pc.lg, at, inside);
-            qs[t][el % 16] = element(pc.q, at, inside);
-            ks[t][el % 16] = element(pc.k, at, inside);
-#if defined(BACKWARD)
-            gs[t][el % 16] = element(pc.g, at, inside);
-            vs[t][el % 16] = element(pc.v, at, inside);
-#endif
-        }
-        barrier();
-        if (s >= n) continue;
-        for (uint i = 0; i < 16; ++i) {
-            float sum = 0.0;  // the log gates from s + 1 through t
-            uint r = s;
-            for (uint m = 0; m < 16; ++m) {
-                uint t = s + lane + lanes * m;
-                if (t >= n) break;
-                while (r < t) sum += lgs[++r][i];
-                a[m] += qs[t][i] * ks[s][i] * exp(sum);
-#if defined(BACKWARD)
-                da[m] += gs[t][i] * vs[s][i];
-#endif
+        stage(i0, pc.q, pc.k, true);
+        for (uint c0 = 0; c0 < 16; c0 += CB) {
+            uint channels = min(CB, 16 - c0);
+            if (tid < n * channels) {  // the decays from token s of channel c0 + cb
+                uint s = tid / channels, cb = tid % channels;
+                float sum = 0.0;
+                Ds[(s * L + s) * CB + cb] = 1.0;
+                for (uint t = s + 1; t < n; ++t) {
+                    sum += lgs[t][c0 + cb];
+                    Ds[(s * L + t) * CB + cb] = exp(sum);
+                }
             }
+            barrier();
+            for (uint m = 0; m < 16; ++m) {
+                uint p = tid + 256 * m, t = p / L, s = p % L;
+                if (p >= LL || t >= n || s > t) continue;
+                for (uint cb = 0; cb < channels; ++cb)
+                    a[m] += qs[t][c0 + cb] * ks[s][c0 + cb] * Ds[(s * L + t) * CB + cb];
+            }
+            barrier();
         }
     }
-    uint LL = pc.L * pc.L, at = LL * plane;
-    for (uint m = 0; m < 16; ++m) {
-        uint t = s + lane + lanes * m;
-        if (s >= n || t >= n) break;
-        pc.scratch.v[A_at() + at + pc.L * t + s] = pc.scale * a[m];
+    for (uint m = 0; m < 16; ++m) {  // every pair, 0 where s > t or past the chunk's tokens
+        uint p = tid + 256 * m, t = p / L, s = p % L;
+        if (p >= LL) continue;
+        bool pair = t < n && s <= t;
+        pc.scratch.v[A_at() + LL * plane + p] = pair ? pc.scale * a[m] : 0.0;
 #if defined(BACKWARD)
-        pc.scratch.v[dA_at() + at + pc.L * t + s] = da[m];
+        pc.scratch.v[dA_at() + LL * plane + p] = pair ? da[m] : 0.0;
 #endif
-    }
-    for (uint p = tid; p < LL; p += 256) {  // the pairs no invocation owns: 0
-        uint row = p / pc.L, column = p % pc.L;
-        if (row >= n || column > row) {
-            pc.scratch.v[A_at() + at + p] = 0.0;
-#if defined(BACKWARD)
-            pc.scratch.v[dA_at() + at + p] = 0.0;
-#endif
-        }
     }
 }
 #endif
 
 #if defined(OWN_STATES) || defined(START_GRADS)
+// A workgroup per 64 x 64 block of a chunk's state, its sum over the chunk's tokens a blocked
+// product (staged_product.glsl).
+#include "staged_product.glsl"
+
 void main() {
-    uint id = flat_invocation(), SS = pc.S * pc.S;
-    if (id >= SS * P()) return;
-    uint i = (id % SS) / pc.S, j = id % pc.S;
-    chunk_of_plane(id / SS);
+    uint blocks = (pc.S + 63) / 64, group = flat_group(), block = group % (blocks * blocks);
+    if (group >= P() * blocks * blocks) return;  // a whole workgroup of the folded grid's padding
+    chunk_of_plane(group / (blocks * blocks));
+    staged_product_invocation();
+    uint i0 = 64 * (block / blocks), j0 = 64 * (block % blocks), SS = pc.S * pc.S;
+    float acc[4][4];
+    clear(acc);
 #if defined(OWN_STATES)
-    float x = 0.0;  // X_q[i, j]: the chunk's tokens decayed to its end
-    for (uint s = 0; s < n; ++s) x += pc.k.v[tok(s) + i] * F(s, i) * pc.v.v[tok(s) + j];
-    pc.states.v[id] = x;
+    // X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j]: the chunk's tokens decayed to its end
+#define LOAD_KF(i, s) (element(pc.k, tok(s) + (i), (s) < n && (i) < pc.S) * element(pc.scratch, F_at() + tok(s) + (i), (s) < n && (i) < pc.S))
+#define LOAD_V(s, j) element(pc.v, tok(s) + (j), (s) < n && (j) < pc.S)
+    STAGED_PRODUCT(acc, n, LOAD_KF, false, LOAD_V, false, ANY)
 #else
-    float x = pc.g.v[Y() + SS * pc.H * pc.N + id];  // g of this start state, then what its chunk's outputs read
-    for (uint t = 0; t < n; ++t) x += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * pc.g.v[tok(t) + j];
-    pc.planes.v[id] = x;
+    // gZ_q[i, j] = sum_t scale q[t, i] E[t, i] dy[t, j]
+#define LOAD_QE(i, t) (pc.scale * element(pc.q, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, E_at() + tok(t) + (i), (t) < n && (i) < pc.S))
+#define LOAD_DY(t, j) element(pc.g, tok(t) + (j), (t) < n && (j) < pc.S)
+    STAGED_PRODUCT(acc, n, LOAD_QE, false, LOAD_DY, false, ANY)
 #endif
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint i = i0 + ri(x), j = j0 + cj(y), at = SS * plane + pc.S * i + j;
+            if (i >= pc.S || j >= pc.S) continue;
+#if defined(OWN_STATES)
+            pc.states.v[at] = acc[x][y];
+#else
+            pc.planes.v[at] = pc.g.v[Y() + SS * pc.H * pc.N + at] + acc[x][y];  // g of this start state added
+#endif
+        }
 }
 #endif
 
@@ -212,7 +230,7 @@ void main() {
     chunk_of_plane(flat_group());
     uint tid = gl_LocalInvocationID.x, ii = tid % 64, lane = tid / 64, state = pc.S * pc.S * plane;
     for (uint i0 = 0; i0 < pc.S; i0 += 64) {
-        float zy[16], zv[16], w = 0.0;
+        float zy[16], zv[16], w = 0.0;  // tokens lane + 4 m (every 4 m < n: a uniform bound)
         for (uint m = 0; m < 16; ++m) zy[m] = zv[m] = 0.0;
         for (uint j0 = 0; j0 < pc.S; j0 += 16) {
             barrier();
@@ -229,6 +247,7 @@ void main() {
                 float z = Zs[jj][ii], dz = dZs[jj][ii];
                 w += z * dz;
                 for (uint m = 0; m < 16; ++m) {
+                    if (4 * m >= n) continue;
                     zy[m] += z * gs[jj][lane + 4 * m];
                     zv[m] += dz * vs[jj][lane + 4 * m];
                 }

@@ -6,8 +6,8 @@
 //   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
 //   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
 //                ssd_pass.comp's GROUP_SUM where groups hold several)
-// Every product is a blocked one: a 64 x 64 block of its output at a time, each invocation 4 x 4
-// of it, its operands staged through shared memory 16 terms at a time. The products over a
+// Every product is a blocked one (staged_product.glsl): a 64 x 64 block of its output at a time,
+// each invocation 4 x 4 of it, its operands staged through shared memory 16 terms at a time. The products over a
 // chunk's pairs of tokens (the triangle s <= t) add only the pairs' terms, so a NaN in a token
 // never reaches the outputs of the tokens before it.
 #version 450
@@ -37,25 +37,14 @@ layout(push_constant) uniform Push {
 const uint LMAX = 64;  // native/ssd_chunks.hpp: kSsdMaxChunk
 shared float a[LMAX], f[LMAX], e[LMAX];
 shared float pairs[LMAX * LMAX];       // [t * LMAX + s], s <= t
-shared vec4 As[16][17], Bs[16][17];  // a product's staged terms: [term][rows 4 i .. 4 i + 3], [term][columns]
+#include "staged_product.glsl"
 
-uint tid, tx, ty, q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
-
-// This invocation's rows and columns of a 64 x 64 block: 4 consecutive of each (one vec4 of the
-// staged terms apiece).
-uint ri(uint x) { return 4 * tx + x; }
-uint cj(uint y) { return 4 * ty + y; }
+uint q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
 
 uint vec_at(uint t) { return pc.P * (h + pc.H * (t0 + t)); }  // u's, y's, g's token t
 uint bc_at(uint t) { return pc.D * (grp + pc.G * (t0 + t)); }  // B's, C's token t
 // Each operand's element, 0 outside the chunk and the sizes (and past a product's terms: no other
-// bound is needed). Read without a branch: an element outside reads its array's first and becomes
-// 0. (NVIDIA's compiler waits for a load inside a branch where the branch joins: the products'
-// staging loads went one after another.)
-float element(Floats array, uint at, bool inside) {
-    float v = array.v[inside ? at : 0];
-    return inside ? v : 0.0;
-}
+// bound is needed), read without a branch (common.glsl's element).
 float u_(uint t, uint p) { return element(pc.u, vec_at(t) + p, t < nq && p < pc.P); }
 float gy(uint t, uint p) { return element(pc.g, vec_at(t) + p, t < nq && p < pc.P); }
 float B_(uint t, uint d) { return element(pc.B, bc_at(t) + d, t < nq && d < pc.D); }
@@ -76,38 +65,6 @@ float f_(uint t) {
     return t < nq ? v : 0.0;
 }
 
-// acc[x][y] += sum over k < KN (LOAD_A and LOAD_B are 0 past it) of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
-// invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
-// whether the operand's terms k lie side by side in memory (then consecutive invocations load
-// consecutive terms, else consecutive rows or columns: the loads coalesce either way).
-#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
-    for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                  \
-        barrier();                                                                            \
-        for (uint m = 0; m < 4; ++m) {                                                        \
-            uint el = tid + 256 * m;                                                          \
-            uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
-            uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
-            As[ka][ia / 4][ia % 4] = LOAD_A(i0 + ia, k0 + ka);                                \
-            Bs[kb][jb / 4][jb % 4] = LOAD_B(k0 + kb, j0 + jb);                                \
-        }                                                                                     \
-        barrier();                                                                            \
-        for (uint kk = 0; kk < 16; ++kk) {                                                    \
-            vec4 av = As[kk][tx], bv = Bs[kk][ty];                                            \
-            for (uint x = 0; x < 4; ++x)                                                      \
-                for (uint y = 0; y < 4; ++y)                                                  \
-                    if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];   \
-        }                                                                                     \
-    }
-
-#define ANY(i, j, k) true
-#define UP_TO_J(i, j, k) ((k) <= (j))     // terms s <= t of column t
-#define FROM_J(i, j, k) ((k) >= (j))      // terms t >= s of column s
-
-void clear(inout float acc[4][4]) {
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
-}
-
 // The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
 void load_decays() {
     uint group = flat_group();
@@ -118,9 +75,7 @@ void load_decays() {
     nq = min(pc.L, pc.T - q * pc.L);
     t0 = q * pc.L + pc.T * n;
     plane = pc.D * pc.P * (h + pc.H * (q + pc.c * n));
-    tid = gl_LocalInvocationID.x;
-    tx = tid % 16;
-    ty = tid / 16;
+    staged_product_invocation();
     if (tid < nq) a[tid] = pc.la.v[h + pc.H * (t0 + tid)];
     barrier();
     if (tid < nq) {

@@ -685,6 +685,7 @@ struct GlaChunkSizes {
     int64_t planes() const { return size_mul(c, H, N); }
     int64_t plane_states() const { return size_mul(S, S, planes()); }
     int64_t pairs() const { return size_mul(L, L, planes()); }
+    int64_t state_blocks() const { return size_mul((S + 63) / 64, (S + 63) / 64, planes()); }  // 64 x 64 each
     // Scratch floats (gla_chunks.comp): decay, E, F and A; the backward's dA, W, ZY and ZV besides.
     int64_t scratch(bool backward) const {
         const int64_t forward = size_add(size_mul(S, planes()), size_mul(2, y()), pairs());
@@ -755,7 +756,7 @@ void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     record("gla_chunks_decays", p, groups(uint64_t(z.S * z.planes())), reads, {span(*scratch)});
     record("gla_chunks_pairs", p, uint64_t(z.planes()), reads, {span(*scratch)});
     reads.push_back(span(*scratch));
-    record("gla_chunks_own_states", p, groups(uint64_t(z.plane_states())), reads, {span(out)});
+    record("gla_chunks_own_states", p, uint64_t(z.state_blocks()), reads, {span(out)});
     record_gla_pass("ssd_pass_forward", z, starts, *scratch, in[4]->address(), finals,
                     {span(out), span(*scratch), span(*in[4])}, {span(out)}, op);
     reads.push_back(span(out));
@@ -777,7 +778,7 @@ void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     record("gla_chunks_decays", p, groups(uint64_t(z.S * z.planes())), reads, {span(*scratch)});
     record("gla_chunks_pairs_backward", p, uint64_t(z.planes()), reads, {span(*scratch)});
     reads.push_back(span(*scratch));
-    record("gla_chunks_start_grads", p, groups(uint64_t(z.plane_states())), reads, {span(*planes)});
+    record("gla_chunks_start_grads", p, uint64_t(z.state_blocks()), reads, {span(*planes)});
     record_gla_pass("ssd_pass_backward", z, planes->address(), *scratch, g + kFloat * z.y(),
                     out.address() + kFloat * 4 * z.y(), {span(*planes), span(*scratch), span(*in[0])},
                     {span(*planes), span(out)}, op);

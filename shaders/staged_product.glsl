@@ -1,0 +1,51 @@
+// A product blocked through shared memory, for the chunked forms' kernels (ssd_chunks.comp,
+// gla_chunks.comp): a workgroup of 256 makes a 64 x 64 block of the output, each invocation 4 x 4
+// of it (tx its rows, ty its columns, 16 of each), the operands staged 16 terms at a time.
+// Included after common.glsl; staged_product_invocation() sets this invocation's place.
+
+shared vec4 As[16][17], Bs[16][17];  // a product's staged terms: [term][rows 4 i .. 4 i + 3], [term][columns]
+
+uint tid, tx, ty;
+
+void staged_product_invocation() {
+    tid = gl_LocalInvocationID.x;
+    tx = tid % 16;
+    ty = tid / 16;
+}
+
+// This invocation's rows and columns of a 64 x 64 block: 4 consecutive of each (one vec4 of the
+// staged terms apiece).
+uint ri(uint x) { return 4 * tx + x; }
+uint cj(uint y) { return 4 * ty + y; }
+
+// acc[x][y] += sum over k < KN (LOAD_A and LOAD_B are 0 past it) of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
+// invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
+// whether the operand's terms k lie side by side in memory (then consecutive invocations load
+// consecutive terms, else consecutive rows or columns: the loads coalesce either way).
+#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
+    for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                  \
+        barrier();                                                                            \
+        for (uint m = 0; m < 4; ++m) {                                                        \
+            uint el = tid + 256 * m;                                                          \
+            uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                  \
+            uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                  \
+            As[ka][ia / 4][ia % 4] = LOAD_A(i0 + ia, k0 + ka);                                \
+            Bs[kb][jb / 4][jb % 4] = LOAD_B(k0 + kb, j0 + jb);                                \
+        }                                                                                     \
+        barrier();                                                                            \
+        for (uint kk = 0; kk < 16; ++kk) {                                                    \
+            vec4 av = As[kk][tx], bv = Bs[kk][ty];                                            \
+            for (uint x = 0; x < 4; ++x)                                                      \
+                for (uint y = 0; y < 4; ++y)                                                  \
+                    if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];   \
+        }                                                                                     \
+    }
+
+#define ANY(i, j, k) true
+#define UP_TO_J(i, j, k) ((k) <= (j))     // terms s <= t of column t
+#define FROM_J(i, j, k) ((k) >= (j))      // terms t >= s of column s
+
+void clear(inout float acc[4][4]) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
+}
