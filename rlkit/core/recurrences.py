@@ -199,7 +199,10 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     L, _ = _chunks("gated_linear_attn", chunk_size, n_tok)
     log_gate = maximum(log(g), -80.0)  # [S, H, T]
     packed = apply("gla_chunks", (k, v, q, log_gate, state), ints=(L,), floats=(scale,), chunk=L, scale=scale)
-    y, final = _unpack_columns(packed, [(v.numel, (S * H, v.numel // (S * H))), (state.numel, state.shape)])
+    # y and the final state sliced off together: their gradients are added at their own size, and
+    # padded to the packed output's (the start states besides, often 4x as large) once
+    head = slice_rows(reshape(packed, (packed.numel, 1)), 0, v.numel + state.numel)
+    y, final = _unpack_columns(head, [(v.numel, (S * H, v.numel // (S * H))), (state.numel, state.shape)])
     return y, final
 
 
