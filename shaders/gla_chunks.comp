@@ -5,10 +5,12 @@
 //                   the chunk's decay E[n-1, i]
 //   PAIRS           per chunk a workgroup: A[t, s] (BACKWARD: dA[t, s] = dy[t] . v[s] too), 0 where s > t
 //   OWN_STATES      per 64 x 64 block of a chunk's state a workgroup: X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j]
-//   OUTPUTS         per element of y an invocation: the start state's part, then the tokens s <= t
+//   STATE_READS     per (chunk, 64 channels) a workgroup: y's part that reads the start state
+//                   (BACKWARD: gv's that reads the end state's gradient)
+//   OUTPUTS         per element of y an invocation: the tokens s <= t added
 //   START_GRADS     as OWN_STATES: the start state's gradient's own part, g of that start state added
 //   STATE_PRODUCTS  per chunk a workgroup: ZY[t, i], ZV[s, i] and W[i]
-//   GRADS           per (token, channel) an invocation: gk, gv, gq and glog_gate
+//   GRADS           per (token, channel) an invocation: gk, gq and glog_gate, and gv's pairs added
 // The decays between two tokens are exp of the log gates summed from one token to the other
 // (never a difference of two running sums, which loses the digits of gates near 1), so none is
 // above 1; a pair's terms are read for s <= t only, so a NaN reaches no earlier token.
@@ -206,13 +208,44 @@ void main() {
 }
 #endif
 
+#if defined(STATE_READS)
+// A workgroup per (chunk, 64 channels j): what each token reads of a state, a blocked product
+// (staged_product.glsl) over its channels i into the output, which OUTPUTS and GRADS then add to:
+// y's part sum_i Z[i, j] scale q[t, i] E[t, i]; BACKWARD: gv's sum_i dZ'[i, j] k[s, i] F[s, i].
+#include "staged_product.glsl"
+
+void main() {
+    uint blocks = (pc.S + 63) / 64, group = flat_group();
+    if (group >= P() * blocks) return;  // a whole workgroup of the folded grid's padding
+    chunk_of_plane(group / blocks);
+    staged_product_invocation();
+    uint i0 = 64 * (group % blocks), j0 = 0, state = pc.S * pc.S * plane;
+    float acc[4][4];  // [channel j][token]
+    clear(acc);
+#if defined(BACKWARD)
+#define LOAD_M(j, i) element(pc.planes, state + pc.S * (i) + (j), (i) < pc.S && (j) < pc.S)
+#define LOAD_T(i, t) (element(pc.k, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, F_at() + tok(t) + (i), (t) < n && (i) < pc.S))
+    uint to = Y();  // gv's slot
+#else
+#define LOAD_M(j, i) element(pc.states, state + pc.S * (i) + (j), (i) < pc.S && (j) < pc.S)
+#define LOAD_T(i, t) (pc.scale * element(pc.q, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, E_at() + tok(t) + (i), (t) < n && (i) < pc.S))
+    uint to = 0;  // y
+#endif
+    STAGED_PRODUCT(acc, pc.S, LOAD_M, false, LOAD_T, true, ANY)
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint j = i0 + ri(x), t = cj(y);
+            if (j < pc.S && t < n) pc.o.v[to + tok(t) + j] = acc[x][y];
+        }
+}
+#endif
+
 #if defined(OUTPUTS)
 void main() {
     uint id = flat_invocation();
     if (id >= Y()) return;
     uint t = chunk_of_element(id), j = id % pc.S;
-    float y = 0.0;
-    for (uint i = 0; i < pc.S; ++i) y += pc.scale * pc.q.v[tok(t) + i] * E(t, i) * Z(i, j);
+    float y = pc.o.v[id];  // the start state's part (STATE_READS)
     for (uint s = 0; s <= t; ++s) y += A(t, s) * pc.v.v[tok(s) + j];
     pc.o.v[id] = y;
 }
@@ -273,9 +306,8 @@ void main() {
     uint id = flat_invocation();
     if (id >= Y()) return;
     uint x = chunk_of_element(id), ch = id % pc.S;
-    float gv = 0.0;
+    float gv = pc.o.v[Y() + id];  // the end state's part (STATE_READS)
     for (uint t = x; t < n; ++t) gv += A(t, x) * pc.g.v[tok(t) + ch];
-    for (uint i = 0; i < pc.S; ++i) gv += pc.k.v[tok(x) + i] * F(x, i) * dZ(i, ch);
 
     float gk = 0.0, sum = 0.0;  // sum: the log gates from x + 1 through t
     for (uint t = x; t < n; ++t) {

@@ -130,11 +130,12 @@ foreach(kind FORWARD BACKWARD GROUP_SUM)
   string(TOLOWER ${kind} name)
   rk_shader(ssd_pass_${name} ssd_pass.comp ${kind})
 endforeach()
-foreach(kind DECAYS PAIRS OWN_STATES OUTPUTS START_GRADS STATE_PRODUCTS GRADS)  # gated_linear_attn's chunked form
+foreach(kind DECAYS PAIRS OWN_STATES STATE_READS OUTPUTS START_GRADS STATE_PRODUCTS GRADS)  # gated_linear_attn's chunked form
   string(TOLOWER ${kind} name)
   rk_shader(gla_chunks_${name} gla_chunks.comp ${kind})
 endforeach()
 rk_shader(gla_chunks_pairs_backward gla_chunks.comp PAIRS BACKWARD)
+rk_shader(gla_chunks_state_reads_backward gla_chunks.comp STATE_READS BACKWARD)
 # 2-D convolution as implicit GEMMs (their split reductions summed by sum_splits), and max pooling
 foreach(kind FORWARD BACK_INPUT BACK_WEIGHT)
   string(TOLOWER ${kind} name)

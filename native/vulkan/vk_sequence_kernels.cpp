@@ -686,6 +686,7 @@ struct GlaChunkSizes {
     int64_t plane_states() const { return size_mul(S, S, planes()); }
     int64_t pairs() const { return size_mul(L, L, planes()); }
     int64_t state_blocks() const { return size_mul((S + 63) / 64, (S + 63) / 64, planes()); }  // 64 x 64 each
+    int64_t channel_blocks() const { return size_mul((S + 63) / 64, planes()); }
     // Scratch floats (gla_chunks.comp): decay, E, F and A; the backward's dA, W, ZY and ZV besides.
     int64_t scratch(bool backward) const {
         const int64_t forward = size_add(size_mul(S, planes()), size_mul(2, y()), pairs());
@@ -760,6 +761,7 @@ void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     record_gla_pass("ssd_pass_forward", z, starts, *scratch, in[4]->address(), finals,
                     {span(out), span(*scratch), span(*in[4])}, {span(out)}, op);
     reads.push_back(span(out));
+    record("gla_chunks_state_reads", p, uint64_t(z.channel_blocks()), reads, {span(out)});
     record("gla_chunks_outputs", p, groups(uint64_t(z.y())), reads, {span(out)});
 }
 
@@ -784,6 +786,8 @@ void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
                     {span(*planes), span(out)}, op);
     reads.push_back(span(*planes));
     record("gla_chunks_state_products", p, uint64_t(z.planes()), reads, {span(*scratch)});
+    record("gla_chunks_state_reads_backward", p, uint64_t(z.channel_blocks()), reads, {span(out)});
+    reads.push_back(span(out));
     record("gla_chunks_grads", p, groups(uint64_t(z.y())), reads, {span(out)});
 }
 
