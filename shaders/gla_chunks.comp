@@ -104,7 +104,7 @@ const uint LMAX = 64;  // the longest chunk on the GPU (vk_sequence_kernels.cpp 
 // time (as many as 4096 decays hold: 16 for chunks of 16 tokens, 1 for 64) the decays D[s, t, i]
 // of every pair, each s's a running sum along t (as the CPU's), then each pair's terms.
 shared float lgs[LMAX][17], qs[LMAX][17], ks[LMAX][17];  // [token][channel of the block]
-shared float Ds[4096];                                    // [s][t][channel of the CB]
+shared float Ds[4096];  // [channel of the CB][t][s]: consecutive invocations, consecutive s (no bank conflicts)
 
 // Stages the chunk's tokens' channels i0 .. i0 + 15 of x and y into qs and ks (and of the log
 // gates into lgs, where asked).
@@ -141,12 +141,12 @@ void main() {
         for (uint c0 = 0; c0 < 16; c0 += CB) {
             uint channels = min(CB, 16 - c0);
             if (tid < n * channels) {  // the decays from token s of channel c0 + cb
-                uint s = tid / channels, cb = tid % channels;
+                uint s = tid % n, cb = tid / n;
                 float sum = 0.0;
-                Ds[(s * L + s) * CB + cb] = 1.0;
+                Ds[(cb * L + s) * L + s] = 1.0;
                 for (uint t = s + 1; t < n; ++t) {
                     sum += lgs[t][c0 + cb];
-                    Ds[(s * L + t) * CB + cb] = exp(sum);
+                    Ds[(cb * L + t) * L + s] = exp(sum);
                 }
             }
             barrier();
@@ -154,7 +154,7 @@ void main() {
                 uint p = tid + 256 * m, t = p / L, s = p % L;
                 if (p >= LL || t >= n || s > t) continue;
                 for (uint cb = 0; cb < channels; ++cb)
-                    a[m] += qs[t][c0 + cb] * ks[s][c0 + cb] * Ds[(s * L + t) * CB + cb];
+                    a[m] += qs[t][c0 + cb] * ks[s][c0 + cb] * Ds[(cb * L + t) * L + s];
             }
             barrier();
         }
@@ -256,7 +256,7 @@ void main() {
 // lane + 4, .. (at most 16), the sums over j 16 at a time through shared memory (rows of Z and dZ'
 // read along j, the tokens' vectors along j: every load coalesces).
 shared float Zs[16][65], dZs[16][65];    // [j of the block][i of the block]
-shared float gs[16][LMAX], vs[16][LMAX];  // [j of the block][token]
+shared float gs[16][LMAX + 1], vs[16][LMAX + 1];  // [j of the block][token]
 
 void main() {
     if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
