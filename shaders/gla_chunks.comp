@@ -100,73 +100,66 @@ const uint LMAX = 64;  // the longest chunk on the GPU (vk_sequence_kernels.cpp 
 #endif
 
 #if defined(PAIRS)
-// A workgroup per chunk, the channels 16 at a time through shared memory, and of those CB at a
-// time (as many as 4096 decays hold: 16 for chunks of 16 tokens, 1 for 64) the decays D[s, t, i]
-// of every pair, each s's a running sum along t (as the CPU's), then each pair's terms.
+// A workgroup per chunk, the channels 16 at a time through shared memory: each invocation one
+// token s and the tokens t = s + lane, s + lane + lanes, .. (at most 16), so that it sums the log
+// gates from s + 1 up once for all its t.
 shared float lgs[LMAX][17], qs[LMAX][17], ks[LMAX][17];  // [token][channel of the block]
-shared float Ds[4096];  // [channel of the CB][t][s]: consecutive invocations, consecutive s (no bank conflicts)
-
-// Stages the chunk's tokens' channels i0 .. i0 + 15 of x and y into qs and ks (and of the log
-// gates into lgs, where asked).
-void stage(uint i0, Floats x, Floats y, bool gates) {
-    barrier();
-    for (uint el = gl_LocalInvocationID.x; el < n * 16; el += 256) {
-        uint t = el / 16, c = el % 16, at = tok(t) + i0 + c;
-        bool inside = i0 + c < pc.S;
-        qs[t][c] = element(x, at, inside);
-        ks[t][c] = element(y, at, inside);
-        if (gates) lgs[t][c] = element(pc.lg, at, inside);
-    }
-    barrier();
-}
+#if defined(BACKWARD)
+shared float gs[LMAX][17], vs[LMAX][17];
+#endif
 
 void main() {
     if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
     chunk_of_plane(flat_group());
-    uint tid = gl_LocalInvocationID.x, L = pc.L, LL = L * L, CB = clamp(4096 / LL, 1, 16);
-    float a[16], da[16];  // this invocation's pairs p = tid + 256 m: t = p / L, s = p % L
+    uint tid = gl_LocalInvocationID.x, lanes = 256 / pc.L, s = tid / lanes, lane = tid % lanes;
+    float a[16], da[16];
     for (uint m = 0; m < 16; ++m) a[m] = da[m] = 0.0;
-#if defined(BACKWARD)
-    for (uint i0 = 0; i0 < pc.S; i0 += 16) {  // dA[t, s] = dy[t] . v[s]
-        stage(i0, pc.g, pc.v, false);
-        for (uint m = 0; m < 16; ++m) {
-            uint p = tid + 256 * m, t = p / L, s = p % L;
-            if (p >= LL || t >= n || s > t) continue;
-            for (uint c = 0; c < 16; ++c) da[m] += qs[t][c] * ks[s][c];
-        }
-    }
-#endif
     for (uint i0 = 0; i0 < pc.S; i0 += 16) {
-        stage(i0, pc.q, pc.k, true);
-        for (uint c0 = 0; c0 < 16; c0 += CB) {
-            uint channels = min(CB, 16 - c0);
-            if (tid < n * channels) {  // the decays from token s of channel c0 + cb
-                uint s = tid % n, cb = tid / n;
-                float sum = 0.0;
-                Ds[(cb * L + s) * L + s] = 1.0;
-                for (uint t = s + 1; t < n; ++t) {
-                    sum += lgs[t][c0 + cb];
-                    Ds[(cb * L + t) * L + s] = exp(sum);
-                }
-            }
-            barrier();
+        barrier();
+        for (uint el = tid; el < LMAX * 16; el += 256) {
+            uint t = el / 16, i = i0 + el % 16, at = tok(t) + i;
+            bool inside = t < n && i < pc.S;
+            lgs[t][el % 16] = element(pc.lg, at, inside);
+            qs[t][el % 16] = element(pc.q, at, inside);
+            ks[t][el % 16] = element(pc.k, at, inside);
+#if defined(BACKWARD)
+            gs[t][el % 16] = element(pc.g, at, inside);
+            vs[t][el % 16] = element(pc.v, at, inside);
+#endif
+        }
+        barrier();
+        if (s >= n) continue;
+        for (uint i = 0; i < 16; ++i) {
+            float sum = 0.0;  // the log gates from s + 1 through t
+            uint r = s;
             for (uint m = 0; m < 16; ++m) {
-                uint p = tid + 256 * m, t = p / L, s = p % L;
-                if (p >= LL || t >= n || s > t) continue;
-                for (uint cb = 0; cb < channels; ++cb)
-                    a[m] += qs[t][c0 + cb] * ks[s][c0 + cb] * Ds[(cb * L + t) * L + s];
+                uint t = s + lane + lanes * m;
+                if (t >= n) break;
+                while (r < t) sum += lgs[++r][i];
+                a[m] += qs[t][i] * ks[s][i] * exp(sum);
+#if defined(BACKWARD)
+                da[m] += gs[t][i] * vs[s][i];
+#endif
             }
-            barrier();
         }
     }
-    for (uint m = 0; m < 16; ++m) {  // every pair, 0 where s > t or past the chunk's tokens
-        uint p = tid + 256 * m, t = p / L, s = p % L;
-        if (p >= LL) continue;
-        bool pair = t < n && s <= t;
-        pc.scratch.v[A_at() + LL * plane + p] = pair ? pc.scale * a[m] : 0.0;
+    uint LL = pc.L * pc.L, at = LL * plane;
+    for (uint m = 0; m < 16; ++m) {
+        uint t = s + lane + lanes * m;
+        if (s >= n || t >= n) break;
+        pc.scratch.v[A_at() + at + pc.L * t + s] = pc.scale * a[m];
 #if defined(BACKWARD)
-        pc.scratch.v[dA_at() + LL * plane + p] = pair ? da[m] : 0.0;
+        pc.scratch.v[dA_at() + at + pc.L * t + s] = da[m];
 #endif
+    }
+    for (uint p = tid; p < LL; p += 256) {  // the pairs no invocation owns: 0
+        uint row = p / pc.L, column = p % pc.L;
+        if (row >= n || column > row) {
+            pc.scratch.v[A_at() + at + p] = 0.0;
+#if defined(BACKWARD)
+            pc.scratch.v[dA_at() + at + p] = 0.0;
+#endif
+        }
     }
 }
 #endif
