@@ -378,6 +378,16 @@ def test_gla_chunks_on_the_gpu_refuse_chunks_over_64_tokens():
     assert ops.apply("gla_chunks", (vectors,) * 4 + (state,), ints=(64,), floats=(1.0,)).shape == (140 + 4 + 8, 1)
 
 
+@pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
+def test_gla_chunks_on_lavapipe_refuse_what_its_loops_would_cut_short():
+    """lavapipe ends an invocation's loops after 65535 iterations: the products over head size 2048
+    would be cut short there. Refused, naming the chunk's tokens."""
+    vectors = rc.tensor(np.zeros((2048, 1, 4), np.float32), device="gpu")
+    state = rc.tensor(np.zeros((2048 * 2048, 1), np.float32), device="gpu")
+    with pytest.raises(RuntimeError, match=r"^gla_chunks: 4 tokens per chunk need about .*llvmpipe"):
+        ops.apply("gla_chunks", (vectors,) * 4 + (state,), ints=(4,), floats=(1.0,)).numpy()
+
+
 def test_gla_chunks_refuse_bad_attributes_and_gradients():
     arrays = [_f32(2, 3, 4)] * 4 + [_f32(12, 2)]
     with pytest.raises(ValueError, match=r"^gla_chunks: expected one int attribute: the chunk length L >= 1"):

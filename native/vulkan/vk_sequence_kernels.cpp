@@ -729,7 +729,8 @@ void check_gla_chunks(const char* op, const GlaChunkSizes& z) {
     const double L = double(z.L), S = double(z.S), blocks = std::ceil(S / 16);
     const double pairs = blocks * (4 + 16 * (L + 16)), grads = L * L + 5 * L + S;
     const double states = std::max(L, S) + std::ceil(S / 64) * blocks * (4 + 16 * 17);
-    check_loop_budget(op, z.L, "tokens per chunk", kLoopMargin * std::max({pairs, grads, states}));
+    const double products = 260.0 * std::ceil(std::max(L, S) / 16);  // staged_product.glsl's, per 16 terms
+    check_loop_budget(op, z.L, "tokens per chunk", kLoopMargin * std::max({pairs, grads, states, products}));
 }
 
 // The states passed along each (sequence, head)'s chunks in place in `planes` (ssd_pass.comp, its
