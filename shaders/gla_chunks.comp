@@ -72,8 +72,20 @@ float E(uint t, uint i) { return pc.scratch.v[E_at() + tok(t) + i]; }
 float F(uint s, uint i) { return pc.scratch.v[F_at() + tok(s) + i]; }
 float A(uint t, uint s) { return pc.scratch.v[A_at() + pc.L * (pc.L * plane + t) + s]; }
 float dA(uint t, uint s) { return pc.scratch.v[dA_at() + pc.L * (pc.L * plane + t) + s]; }
-float Z(uint i, uint j) { return pc.states.v[pc.S * (pc.S * plane + i) + j]; }
-float dZ(uint i, uint j) { return pc.planes.v[pc.S * (pc.S * plane + i) + j]; }
+
+
+// For the staged kernels, each 0 outside the chunk's tokens and the channels (common.glsl's element:
+// read without a branch): channel i of token t of a token-shaped array that starts `at` floats in
+// (0: an input; E_at(), F_at(): the scratch's), element [i, j] of this chunk's state plane, and
+// the two products of token vectors that the blocked products take.
+float token_element(Floats array, uint at, uint t, uint i) {
+    return element(array, at + tok(t) + i, t < n && i < pc.S);
+}
+float state_element(Floats array, uint i, uint j) {
+    return element(array, pc.S * (pc.S * plane + i) + j, i < pc.S && j < pc.S);
+}
+float kF(uint s, uint i) { return token_element(pc.k, 0, s, i) * token_element(pc.scratch, F_at(), s, i); }
+float qE(uint t, uint i) { return pc.scale * token_element(pc.q, 0, t, i) * token_element(pc.scratch, E_at(), t, i); }
 
 #if defined(DECAYS)
 void main() {
@@ -117,14 +129,13 @@ void main() {
     for (uint i0 = 0; i0 < pc.S; i0 += 16) {
         barrier();
         for (uint el = tid; el < LMAX * 16; el += 256) {
-            uint t = el / 16, i = i0 + el % 16, at = tok(t) + i;
-            bool inside = t < n && i < pc.S;
-            lgs[t][el % 16] = element(pc.lg, at, inside);
-            qs[t][el % 16] = element(pc.q, at, inside);
-            ks[t][el % 16] = element(pc.k, at, inside);
+            uint t = el / 16, i = i0 + el % 16;
+            lgs[t][el % 16] = token_element(pc.lg, 0, t, i);
+            qs[t][el % 16] = token_element(pc.q, 0, t, i);
+            ks[t][el % 16] = token_element(pc.k, 0, t, i);
 #if defined(BACKWARD)
-            gs[t][el % 16] = element(pc.g, at, inside);
-            vs[t][el % 16] = element(pc.v, at, inside);
+            gs[t][el % 16] = token_element(pc.g, 0, t, i);
+            vs[t][el % 16] = token_element(pc.v, 0, t, i);
 #endif
         }
         barrier();
@@ -179,13 +190,13 @@ void main() {
     clear(acc);
 #if defined(OWN_STATES)
     // X_q[i, j] = sum_s k[s, i] F[s, i] v[s, j]: the chunk's tokens decayed to its end
-#define LOAD_KF(i, s) (element(pc.k, tok(s) + (i), (s) < n && (i) < pc.S) * element(pc.scratch, F_at() + tok(s) + (i), (s) < n && (i) < pc.S))
-#define LOAD_V(s, j) element(pc.v, tok(s) + (j), (s) < n && (j) < pc.S)
+#define LOAD_KF(i, s) kF(s, i)
+#define LOAD_V(s, j) token_element(pc.v, 0, s, j)
     STAGED_PRODUCT(acc, n, LOAD_KF, false, LOAD_V, false, ANY)
 #else
     // gZ_q[i, j] = sum_t scale q[t, i] E[t, i] dy[t, j]
-#define LOAD_QE(i, t) (pc.scale * element(pc.q, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, E_at() + tok(t) + (i), (t) < n && (i) < pc.S))
-#define LOAD_DY(t, j) element(pc.g, tok(t) + (j), (t) < n && (j) < pc.S)
+#define LOAD_QE(i, t) qE(t, i)
+#define LOAD_DY(t, j) token_element(pc.g, 0, t, j)
     STAGED_PRODUCT(acc, n, LOAD_QE, false, LOAD_DY, false, ANY)
 #endif
     for (uint x = 0; x < 4; ++x)
@@ -212,16 +223,16 @@ void main() {
     if (group >= P() * blocks) return;  // a whole workgroup of the folded grid's padding
     chunk_of_plane(group / blocks);
     staged_product_invocation();
-    uint i0 = 64 * (group % blocks), j0 = 0, state = pc.S * pc.S * plane;
+    uint i0 = 64 * (group % blocks), j0 = 0;
     float acc[4][4];  // [channel j][token]
     clear(acc);
 #if defined(BACKWARD)
-#define LOAD_M(j, i) element(pc.planes, state + pc.S * (i) + (j), (i) < pc.S && (j) < pc.S)
-#define LOAD_T(i, t) (element(pc.k, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, F_at() + tok(t) + (i), (t) < n && (i) < pc.S))
+#define LOAD_M(j, i) state_element(pc.planes, i, j)
+#define LOAD_T(i, t) kF(t, i)
     uint to = Y();  // gv's slot
 #else
-#define LOAD_M(j, i) element(pc.states, state + pc.S * (i) + (j), (i) < pc.S && (j) < pc.S)
-#define LOAD_T(i, t) (pc.scale * element(pc.q, tok(t) + (i), (t) < n && (i) < pc.S) * element(pc.scratch, E_at() + tok(t) + (i), (t) < n && (i) < pc.S))
+#define LOAD_M(j, i) state_element(pc.states, i, j)
+#define LOAD_T(i, t) qE(t, i)
     uint to = 0;  // y
 #endif
     STAGED_PRODUCT(acc, pc.S, LOAD_M, false, LOAD_T, true, ANY)
@@ -254,7 +265,7 @@ shared float gs[16][LMAX + 1], vs[16][LMAX + 1];  // [j of the block][token]
 void main() {
     if (flat_group() >= P()) return;  // a whole workgroup of the folded grid's padding
     chunk_of_plane(flat_group());
-    uint tid = gl_LocalInvocationID.x, ii = tid % 64, lane = tid / 64, state = pc.S * pc.S * plane;
+    uint tid = gl_LocalInvocationID.x, ii = tid % 64, lane = tid / 64;
     for (uint i0 = 0; i0 < pc.S; i0 += 64) {
         float zy[16], zv[16], w = 0.0;  // tokens lane + 4 m (every 4 m < n: a uniform bound)
         for (uint m = 0; m < 16; ++m) zy[m] = zv[m] = 0.0;
@@ -262,11 +273,10 @@ void main() {
             barrier();
             for (uint el = tid; el < 1024; el += 256) {
                 uint jj = el % 16, j = j0 + jj, i = i0 + el / 16, t = el / 16;
-                bool in_state = i < pc.S && j < pc.S, in_chunk = t < n && j < pc.S;
-                Zs[jj][el / 16] = element(pc.states, state + pc.S * i + j, in_state);
-                dZs[jj][el / 16] = element(pc.planes, state + pc.S * i + j, in_state);
-                gs[jj][t] = element(pc.g, tok(t) + j, in_chunk);
-                vs[jj][t] = element(pc.v, tok(t) + j, in_chunk);
+                Zs[jj][el / 16] = state_element(pc.states, i, j);
+                dZs[jj][el / 16] = state_element(pc.planes, i, j);
+                gs[jj][t] = token_element(pc.g, 0, t, j);
+                vs[jj][t] = token_element(pc.v, 0, t, j);
             }
             barrier();
             for (uint jj = 0; jj < 16; ++jj) {
