@@ -599,11 +599,17 @@ SsdPush ssd_push(const SsdDims& d, const Inputs& in, size_t first, const char* o
     return p;
 }
 
-void record_pass(const char* shader, uint64_t planes, const TensorImpl& decay, uint64_t edge, uint64_t last,
-                 const SsdDims& d, std::vector<vk::Range> reads, std::vector<vk::Range> writes, const char* op) {
-    const SsdPassPush p{planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op),
-                        u32(d.N, op), 1};
-    record(shader, p, groups(uint64_t(d.finals())), reads, writes);
+// The states passed along the chunks in place in p.planes [R, H, c, N] (ssd_pass.comp: an invocation
+// per element of a walk's state, its walks the N sequences of H heads), from p.edge, the last to
+// p.last: ssm_scan's chunked form (a decay per plane) and gated_linear_attn's (p.rows per plane).
+void record_pass(const char* shader, const SsdPassPush& p, std::vector<vk::Range> reads,
+                 std::vector<vk::Range> writes) {
+    record(shader, p, groups(uint64_t(p.R) * p.H * p.N), reads, writes);
+}
+
+SsdPassPush ssd_pass_push(uint64_t planes, const TensorImpl& decay, uint64_t edge, uint64_t last, const SsdDims& d,
+                          const char* op) {
+    return {planes, decay.address(), edge, last, u32(d.plane(), op), u32(d.H, op), u32(d.c, op), u32(d.N, op), 1};
 }
 
 // Records the states at the chunks' starts into `starts` [D P, H, c, N] and the final states
@@ -616,8 +622,8 @@ TensorPtr record_start_states(const SsdDims& d, const Inputs& in, size_t at, con
     p.o = starts.address(), p.decay = decay->address();
     record("ssd_chunks_own_states", p, uint64_t(d.c * d.H * d.N), spans(in), {span(starts), span(*decay)});
     written.push_back(span(starts));
-    record_pass("ssd_pass_forward", starts.address(), *decay, in[at + 4]->address(), finals, d,
-                {span(starts), span(*decay), span(*in[at + 4])}, written, op);
+    record_pass("ssd_pass_forward", ssd_pass_push(starts.address(), *decay, in[at + 4]->address(), finals, d, op),
+                {span(starts), span(*decay), span(*in[at + 4])}, written);
     return decay;
 }
 
@@ -657,8 +663,8 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     SsdPush p = ssd_push(d, in, 1, op);
     p.g = g, p.o = planes->address();
     record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes)});
-    record_pass("ssd_pass_backward", planes->address(), *decay, g_finals, gfirst, d,
-                {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)}, op);
+    record_pass("ssd_pass_backward", ssd_pass_push(planes->address(), *decay, g_finals, gfirst, d, op),
+                {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)});
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
     reads.push_back(span(*planes));
     reads.push_back(span(*starts));
@@ -733,14 +739,13 @@ void check_gla_chunks(const char* op, const GlaChunkSizes& z) {
     check_loop_budget(op, z.L, "tokens per chunk", kLoopMargin * std::max({pairs, grads, states, products}));
 }
 
-// The states passed along each (sequence, head)'s chunks in place in `planes` (ssd_pass.comp, its
-// "heads" the (sequence, head) pairs), from `edge`, the last to `last`; the decays the scratch's first.
-void record_gla_pass(const char* shader, const GlaChunkSizes& z, uint64_t planes, const TensorImpl& scratch,
-                     uint64_t edge, uint64_t last, std::vector<vk::Range> reads, std::vector<vk::Range> writes,
-                     const char* op) {
-    const SsdPassPush p{planes, scratch.address(), edge, last, u32(z.S * z.S, op), 1, u32(z.c, op),
-                        u32(z.H * z.N, op), u32(z.S, op)};
-    record(shader, p, groups(uint64_t(z.states())), reads, writes);
+// ssd_pass.comp's push for the states passed along each (sequence, head)'s chunks in place in
+// `planes` (its walks the (sequence, head) pairs), from `edge`, the last to `last`; the decays the
+// scratch's first, a row of S per plane.
+SsdPassPush gla_pass_push(const GlaChunkSizes& z, uint64_t planes, const TensorImpl& scratch, uint64_t edge,
+                          uint64_t last, const char* op) {
+    return {planes, scratch.address(), edge, last, u32(z.S * z.S, op), 1, u32(z.c, op), u32(z.H * z.N, op),
+            u32(z.S, op)};
 }
 
 }  // namespace
@@ -759,8 +764,8 @@ void vk_gla_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     record("gla_chunks_pairs", p, uint64_t(z.planes()), reads, {span(*scratch)});
     reads.push_back(span(*scratch));
     record("gla_chunks_own_states", p, uint64_t(z.state_blocks()), reads, {span(out)});
-    record_gla_pass("ssd_pass_forward", z, starts, *scratch, in[4]->address(), finals,
-                    {span(out), span(*scratch), span(*in[4])}, {span(out)}, op);
+    record_pass("ssd_pass_forward", gla_pass_push(z, starts, *scratch, in[4]->address(), finals, op),
+                {span(out), span(*scratch), span(*in[4])}, {span(out)});
     reads.push_back(span(out));
     record("gla_chunks_state_reads", p, uint64_t(z.channel_blocks()), reads, {span(out)});
     record("gla_chunks_outputs", p, groups(uint64_t(z.y())), reads, {span(out)});
@@ -782,9 +787,9 @@ void vk_gla_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     record("gla_chunks_pairs_backward", p, uint64_t(z.planes()), reads, {span(*scratch)});
     reads.push_back(span(*scratch));
     record("gla_chunks_start_grads", p, uint64_t(z.state_blocks()), reads, {span(*planes)});
-    record_gla_pass("ssd_pass_backward", z, planes->address(), *scratch, g + kFloat * z.y(),
-                    out.address() + kFloat * 4 * z.y(), {span(*planes), span(*scratch), span(*in[0])},
-                    {span(*planes), span(out)}, op);
+    record_pass("ssd_pass_backward",
+                gla_pass_push(z, planes->address(), *scratch, g + kFloat * z.y(), out.address() + kFloat * 4 * z.y(), op),
+                {span(*planes), span(*scratch), span(*in[0])}, {span(*planes), span(out)});
     reads.push_back(span(*planes));
     record("gla_chunks_state_products", p, uint64_t(z.planes()), reads, {span(*scratch)});
     record("gla_chunks_state_reads_backward", p, uint64_t(z.channel_blocks()), reads, {span(out)});
