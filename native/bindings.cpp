@@ -147,18 +147,32 @@ py::dict stats_dict(const GraphStats& s) {
     return d;
 }
 
-// A program's input arrays as host pointers, each checked against its input's shape (the host
-// views it makes are kept in `keep`, alive while the pointers are read).
-std::vector<const void*> program_inputs(const Program& p, const std::vector<py::array>& arrays, std::vector<TensorPtr>& keep) {
+// A program's input arrays as host pointers, each checked against its input's dtype, order and
+// shape (the arrays themselves stay alive while the pointers are read: the caller holds them). No
+// tensor is made of them: a replay of a small program, such as a policy's forward at every
+// environment step, would spend more on making and freeing those than on its own work.
+std::vector<const void*> program_inputs(const Program& p, const std::vector<py::array>& arrays) {
     const Inputs& inputs = p.inputs();
     std::vector<const void*> in_ptrs;
     for (size_t i = 0; i < arrays.size() && i < inputs.size(); ++i) {
-        TensorPtr host = from_numpy(arrays[i], dtype_name(inputs[i]->dtype), false, "cpu");
-        if (host->ne != inputs[i]->ne)
-            throw std::invalid_argument("replay: input " + std::to_string(i) + " has shape " + host->shape_str() +
-                                        ", the capture expects " + inputs[i]->shape_str());
-        in_ptrs.push_back(host->data());
-        keep.push_back(host);
+        const py::array& arr = arrays[i];
+        const TensorImpl& input = *inputs[i];
+        const auto which = [i] { return "replay: input " + std::to_string(i); };  // for a refusal only
+        if (!arr.dtype().is(numpy_dtype(input.dtype)))
+            throw TypeError(which() + " has dtype " + std::string(py::str(arr.dtype())) + ", the capture expects " +
+                            dtype_name(input.dtype));
+        if (!(arr.flags() & py::array::f_style))
+            throw std::invalid_argument(which() + " must be Fortran-ordered (column-major)");
+        Shape ne{1, 1, 1, 1};
+        bool fits = arr.ndim() <= kMaxDims;
+        for (py::ssize_t d = 0; fits && d < arr.ndim(); ++d) ne[d] = arr.shape(d);
+        if (!fits || ne != input.ne) {
+            std::string shape = "(";
+            for (py::ssize_t d = 0; d < arr.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(arr.shape(d));
+            throw std::invalid_argument(which() + " has shape " + shape + (arr.ndim() == 1 ? ",)" : ")") +
+                                        ", the capture expects " + input.shape_str());
+        }
+        in_ptrs.push_back(arr.data());
     }
     return in_ptrs;
 }
@@ -283,16 +297,14 @@ PYBIND11_MODULE(_native, m) {
             return new Program(g.take_nodes(), inputs, outputs, n_early);
         }), py::arg("graph"), py::arg("inputs"), py::arg("outputs"), py::arg("n_early") = 0)
         .def("replay", [](Program& p, const std::vector<py::array>& arrays) {
-            std::vector<TensorPtr> keep;  // the host views of the inputs stay alive during the replay
-            std::vector<const void*> in_ptrs = program_inputs(p, arrays, keep);
+            std::vector<const void*> in_ptrs = program_inputs(p, arrays);
             auto [results, out_ptrs] = program_outputs(p, p.outputs().size());
             p.replay(in_ptrs, out_ptrs);
             return results;
         }, py::arg("arrays"),
            "Replays with the given input arrays; returns the outputs as Fortran-ordered arrays.")
         .def("launch", [](Program& p, const std::vector<py::array>& arrays) {
-            std::vector<TensorPtr> keep;  // copied into the program's input block before launch returns
-            p.launch(program_inputs(p, arrays, keep));
+            p.launch(program_inputs(p, arrays));  // copied into the program's input block before launch returns
         }, py::arg("arrays"),
            "Starts a replay with the given input arrays: on the GPU it returns while the program runs "
            "(work submitted later runs after it); finish() returns its outputs.")

@@ -66,17 +66,21 @@ int64_t size_mul(int64_t a, int64_t b) {
 }
 
 Extent checked_extent(const char* what, const Shape& ne, int ndim, DType dtype) {
-    std::ostringstream shape;
-    shape << "[";
-    for (int d = 0; d < std::min(std::max(ndim, 2), kMaxDims); ++d) shape << (d ? ", " : "") << ne[d];
-    shape << "]";
-    const std::string prefix = std::string(what) + ": shape " + shape.str() + " of " + dtype_name(dtype);
+    // The message's start, made only for a refusal (every tensor made passes here: a stream
+    // formatted for each would cost more than the rest of a small tensor's making).
+    const auto prefix = [&] {
+        std::ostringstream shape;
+        shape << "[";
+        for (int d = 0; d < std::min(std::max(ndim, 2), kMaxDims); ++d) shape << (d ? ", " : "") << ne[d];
+        shape << "]";
+        return std::string(what) + ": shape " + shape.str() + " of " + dtype_name(dtype);
+    };
     if (ndim < 2 || ndim > kMaxDims)  // a vector is one column: outputs and views have one shape for it
-        throw SizeError(prefix + ": a tensor has 2 to 4 dimensions, got ndim " + std::to_string(ndim));
+        throw SizeError(prefix() + ": a tensor has 2 to 4 dimensions, got ndim " + std::to_string(ndim));
     for (int d = 0; d < kMaxDims; ++d) {
-        if (ne[d] < 1) throw SizeError(prefix + ": every size must be at least 1, got " + std::to_string(ne[d]));
+        if (ne[d] < 1) throw SizeError(prefix() + ": every size must be at least 1, got " + std::to_string(ne[d]));
         if (d >= ndim && ne[d] != 1)
-            throw SizeError(prefix + ": sizes beyond ndim must be 1, got " + std::to_string(ne[d]));
+            throw SizeError(prefix() + ": sizes beyond ndim must be 1, got " + std::to_string(ne[d]));
     }
     // Left to right, so a partial product that passes the limit is refused before the next one
     // could overflow; the exact count goes into the message as a double.
@@ -88,7 +92,7 @@ Extent checked_extent(const char* what, const Shape& ne, int ndim, DType dtype) 
         const double bytes = double(ne[0]) * double(ne[1]) * double(ne[2]) * double(ne[3]) * double(dtype_size(dtype));
         std::ostringstream os;
         os.precision(3);
-        os << prefix << " would take about " << bytes << " bytes, more than 2^48 (256 TiB), the most a tensor may take";
+        os << prefix() << " would take about " << bytes << " bytes, more than 2^48 (256 TiB), the most a tensor may take";
         throw SizeError(os.str());
     }
     return {numel, size_t(nbytes)};
