@@ -116,6 +116,35 @@ def test_repeated_calls_of_one_signature_see_new_values_and_parameter_writes(dev
         rc.dtype(previous)
 
 
+def test_repeated_calls_hand_arrays_of_any_layout_to_the_replay_as_given(device):
+    """A bare program's repeated call (no input checks or host work around it: an acting
+    forward) hands its arrays to the native replay as they are: Fortran, C-ordered, strided and
+    transposed arrays all replay on their own values; names in another order take the full
+    path, as do integer inputs (their values are checked)."""
+    w = rc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4) / 7.0)  # [3, 4]
+    f = rc.capture(lambda a, b: rc.add(rc.matmul(w, a), b), [w])
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal((4, 12)).astype(np.float32)
+    layouts = [np.asfortranarray(wide[:, :6]), np.ascontiguousarray(wide[:, :6]), wide[:, ::2],
+               np.ascontiguousarray(wide[:, :6].T).T]
+    for a in layouts:
+        b = rng.standard_normal((3, 6)).astype(np.float32)
+        np.testing.assert_allclose(f(a=a, b=b), w.numpy() @ a + b, rtol=1e-5, atol=1e-6)
+        assert f._last.direct  # the next call with such arrays takes them as given
+    for a in layouts:
+        b = rng.standard_normal((3, 6)).astype(np.float32)
+        np.testing.assert_allclose(f(b=b, a=a), w.numpy() @ a + b, rtol=1e-5, atol=1e-6)
+        assert not f._last.direct
+    assert f.traces == 1
+    indices = rc.capture(lambda i: rc.scale(rc.cast(i, "f32"), 2.0))
+    i = np.array([[1, 2, 3]], np.int32)
+    np.testing.assert_array_equal(indices(i=i), 2.0 * i)
+    np.testing.assert_array_equal(indices(i=i), 2.0 * i)
+    assert not indices._last.direct
+    with pytest.raises(ValueError, match="i32"):
+        indices(i=np.array([[2**40]], np.int64))
+
+
 def test_a_host_write_to_another_tensor_keeps_the_program_and_one_to_a_parameter_does_not(device):
     """A loop's repeated call compares its parameters' versions only where some tensor was written
     from the host since its last call (one native counter of such writes)."""
