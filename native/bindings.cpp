@@ -166,12 +166,9 @@ std::vector<const void*> program_inputs(const Program& p, const std::vector<py::
         Shape ne{1, 1, 1, 1};
         bool fits = arr.ndim() <= kMaxDims;
         for (py::ssize_t d = 0; fits && d < arr.ndim(); ++d) ne[d] = arr.shape(d);
-        if (!fits || ne != input.ne) {
-            std::string shape = "(";
-            for (py::ssize_t d = 0; d < arr.ndim(); ++d) shape += (d ? ", " : "") + std::to_string(arr.shape(d));
-            throw std::invalid_argument(which() + " has shape " + shape + (arr.ndim() == 1 ? ",)" : ")") +
+        if (!fits || ne != input.ne)
+            throw std::invalid_argument(which() + " has shape " + std::string(py::str(arr.attr("shape"))) +
                                         ", the capture expects " + input.shape_str());
-        }
         in_ptrs.push_back(arr.data());
     }
     return in_ptrs;

@@ -145,6 +145,24 @@ def test_repeated_calls_hand_arrays_of_any_layout_to_the_replay_as_given(device)
         indices(i=np.array([[2**40]], np.int64))
 
 
+def test_a_native_replay_refuses_arrays_unlike_its_inputs_by_name():
+    """The native replay reads its arrays where they are: one of another dtype, order or shape
+    (or with too many dimensions) is refused with the input's index and what the capture expects."""
+    f = rc.capture(lambda a: rc.scale(a, 2.0))
+    a = np.ones((3, 2), np.float32, order="F")
+    f(a=a)
+    native = f._last.program.native
+    np.testing.assert_array_equal(native.replay([a])[0], 2.0 * a)
+    with pytest.raises(TypeError, match=r"replay: input 0 has dtype float64, the capture expects f32"):
+        native.replay([a.astype(np.float64)])
+    with pytest.raises(ValueError, match=r"replay: input 0 must be Fortran-ordered"):
+        native.replay([np.ones((3, 2), np.float32)])
+    with pytest.raises(ValueError, match=re.escape("replay: input 0 has shape (2, 3), the capture expects [3, 2]")):
+        native.replay([np.ones((2, 3), np.float32, order="F")])
+    with pytest.raises(ValueError, match=re.escape("has shape (3, 2, 1, 1, 1), the capture expects [3, 2]")):
+        native.replay([np.ones((3, 2, 1, 1, 1), np.float32, order="F")])
+
+
 def test_a_host_write_to_another_tensor_keeps_the_program_and_one_to_a_parameter_does_not(device):
     """A loop's repeated call compares its parameters' versions only where some tensor was written
     from the host since its last call (one native counter of such writes)."""
