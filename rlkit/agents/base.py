@@ -264,10 +264,7 @@ class OffPolicyAgent(UpdateRounds, Saving):
         ready, self._actions_ready = self._actions_ready, None
         if ready is not None and ready[0] is obs and ready[1] == deterministic:
             return ready[2]
-        act = self._acting.get(deterministic) or self._acting_function(deterministic)
-        if type(obs) is np.ndarray:  # (policy_inputs' array case, written out: this runs at every step)
-            return act(obs=obs.T).T  # [n, actions]
-        return act(**policy_inputs(obs)).T
+        return self._acting_function(deterministic)(**policy_inputs(obs)).T  # [n, actions]
 
     def _acting_function(self, deterministic: bool) -> rc.capturing.CapturedFunction:
         """The captured policy forward that ``_policy`` replays, captured at its first use."""
