@@ -88,7 +88,7 @@ struct Chunk {
     int64_t n_q;                     // tokens
     const T *u, *a, *B, *C;          // token 0's vectors
     int64_t su, sa, sb;              // strides: u's (P H), the log decays' (H), B's and C's (D G)
-    std::vector<T> K, f, e, S, M;    // S[t, s] = C_t . B_s, M = S K (0 above the diagonal)
+    std::vector<T> K, f, e, M;       // M = S K (0 above the diagonal), S[t, s] = C_t . B_s
 
     Chunk(const SsdDims& dims, const T* u_all, const T* la_all, const T* B_all, const T* C_all, int64_t q, int64_t h,
           int64_t n)
@@ -129,8 +129,8 @@ struct Chunk {
             for (int64_t t = 0; t < s; ++t) out[at(t, s)] = T(0);
     }
 
-    // out = pairs times the decays K between their tokens (0 above the diagonal)
-    void decayed(const std::vector<T>& pairs, std::vector<T>& out) const {
+    // out = pairs ([L, L]) times the decays K between their tokens (0 above the diagonal)
+    void decayed(const T* pairs, std::vector<T>& out) const {
         out.assign(d.L * d.L, T(0));
         for (int64_t s = 0; s < n_q; ++s)
             for (int64_t t = s; t < n_q; ++t) out[at(t, s)] = pairs[at(t, s)] * K[at(t, s)];
@@ -219,6 +219,31 @@ std::vector<T> start_states(const SsdDims& d, const Inputs& in, size_t at, T* st
     return decay;
 }
 
+// S[t, s] = C_t . B_s of every chunk's pairs (0 above the diagonal), [L L, c, G, N]: a group's
+// heads read the same B and C, so they share their chunks' scores. u, log_decay, B, C at in[at..].
+template <typename T>
+std::vector<T> group_scores(const SsdDims& d, const Inputs& in, size_t at) {
+    const T *u = in[at]->ptr<T>(), *la = in[at + 1]->ptr<T>(), *B = in[at + 2]->ptr<T>(), *C = in[at + 3]->ptr<T>();
+    std::vector<T> scores(size_mul(d.L, d.L, d.G, d.c, d.N));
+    const int64_t heads = d.H / d.G;
+    parallel_for(d.c * d.G * d.N, 1, [&](int64_t lo, int64_t hi) {
+        std::vector<T> S;
+        for (int64_t i = lo; i < hi; ++i) {
+            const int64_t q = i % d.c, group = (i / d.c) % d.G, n = i / (d.c * d.G);
+            const Chunk<T> k(d, u, la, B, C, q, group * heads, n);  // its first head's: the group's B and C
+            k.dots(k.C, k.sb, k.B, k.sb, d.D, S);
+            std::copy(S.begin(), S.end(), scores.begin() + d.L * d.L * i);
+        }
+    });
+    return scores;
+}
+
+// chunk q's scores in group_scores' [L L, c, G, N] for head h of sequence n
+template <typename T>
+const T* scores_of(const SsdDims& d, const std::vector<T>& scores, int64_t q, int64_t h, int64_t n) {
+    return scores.data() + d.L * d.L * (q + d.c * (h / (d.H / d.G) + d.G * n));
+}
+
 template <typename T>
 void ssd_forward(const SsdDims& d, const Inputs& in, T* out) {
     const T *u = in[0]->ptr<T>(), *la = in[1]->ptr<T>(), *B = in[2]->ptr<T>(), *C = in[3]->ptr<T>();
@@ -226,10 +251,10 @@ void ssd_forward(const SsdDims& d, const Inputs& in, T* out) {
     std::vector<T> starts_kept(d.starts());
     T* starts = starts_kept.data();
     start_states(d, in, 0, starts, out + d.y());
+    const std::vector<T> scores = group_scores<T>(d, in, 0);
     for_each_chunk(d, [&](int64_t q, int64_t h, int64_t n) {
         Chunk<T> k(d, u, la, B, C, q, h, n);
-        k.dots(k.C, k.sb, k.B, k.sb, d.D, k.S);
-        k.decayed(k.S, k.M);
+        k.decayed(scores_of(d, scores, q, h, n), k.M);
         T* y_q = y + (k.u - u);
         triangle_product(k.u, k.su, d.P, k.M, d.L, k.n_q, true, y_q, k.su);  // sum_{s <= t} M[t, s] u_s
         std::vector<T> w(d.P * k.n_q);  // [P, n_q]: Z^T C_t
@@ -239,15 +264,18 @@ void ssd_forward(const SsdDims& d, const Inputs& in, T* out) {
     });
 }
 
-// One chunk's gradients (the header's), gB and gC added into the group's (their heads in order).
+// One chunk's gradients (the header's) from its group's scores S: gB's and gC's terms through the
+// states added into the group's (their heads in order), the pairs' gradient G K added to
+// `pairs_sum` (for pair_gradients, once for the group's heads).
 template <typename T>
-void chunk_gradients(Chunk<T>& k, const T* gy, const T* Z, const T* gX, const SsdDims& d, T* gu, T* ga, T* gB, T* gC) {
+void chunk_gradients(Chunk<T>& k, const T* S, const T* gy, const T* Z, const T* gX, const SsdDims& d, T* gu, T* ga,
+                     T* gB, T* gC, std::vector<T>& pairs_sum) {
     const int64_t n_q = k.n_q, P = d.P, D = d.D, L = d.L;
-    k.dots(k.C, k.sb, k.B, k.sb, D, k.S);
-    k.decayed(k.S, k.M);
-    std::vector<T> G, gS, v(P * n_q), w(P * n_q), dense(D * n_q), tri(D * n_q), E(n_q), F(n_q);
+    k.decayed(S, k.M);
+    std::vector<T> G, gS, v(P * n_q), w(P * n_q), dense(D * n_q), E(n_q), F(n_q);
     k.dots(gy, k.su, k.u, k.su, P, G);  // G[t, s] = gy_t . u_s
-    k.decayed(G, gS);
+    k.decayed(G.data(), gS);
+    for (int64_t i = 0; i < L * L; ++i) pairs_sum[i] += gS[i];
     gemm_serial(true, false, P, n_q, D, gX, D, k.B, k.sb, v.data(), P, false);  // v_s = gX^T B_s
     gemm_serial(true, false, P, n_q, D, Z, D, k.C, k.sb, w.data(), P, false);   // w_t = Z^T C_t
     triangle_product(gy, k.su, P, k.M, L, n_q, false, gu, k.su);                 // sum_{t >= s} M[t, s] gy_t
@@ -256,20 +284,18 @@ void chunk_gradients(Chunk<T>& k, const T* gy, const T* Z, const T* gX, const Ss
         E[s] = k.e[s] * dot(k.u_at(s), v.data() + P * s, P);
         F[s] = k.f[s] * dot(gy + k.su * s, w.data() + P * s, P);
     }
-    triangle_product(k.B, k.sb, D, gS, L, n_q, true, tri.data(), D);  // sum_{s <= t} G K[t, s] B_s
     gemm_serial(false, false, D, n_q, P, Z, D, gy, k.su, dense.data(), D, false);  // Z gy_t
     for (int64_t t = 0; t < n_q; ++t)
-        for (int64_t i = 0; i < D; ++i) gC[k.sb * t + i] += tri[i + D * t] + k.f[t] * dense[i + D * t];
-    triangle_product(k.C, k.sb, D, gS, L, n_q, false, tri.data(), D);  // sum_{t >= s} G K[t, s] C_t
+        for (int64_t i = 0; i < D; ++i) gC[k.sb * t + i] += k.f[t] * dense[i + D * t];
     gemm_serial(false, false, D, n_q, P, gX, D, k.u, k.su, dense.data(), D, false);  // gX u_s
     for (int64_t s = 0; s < n_q; ++s)
-        for (int64_t i = 0; i < D; ++i) gB[k.sb * s + i] += tri[i + D * s] + k.e[s] * dense[i + D * s];
+        for (int64_t i = 0; i < D; ++i) gB[k.sb * s + i] += k.e[s] * dense[i + D * s];
     const T gA = dot(gX, Z, d.plane());
     // the pairs' part: R[t, s] = sum over t' >= t of G K S (= G M), then each r's sum over s < r
     std::vector<T> R(L * L, T(0));
     for (int64_t s = 0; s < n_q; ++s) {
         T sum = 0;
-        for (int64_t t = n_q - 1; t > s; --t) R[k.at(t, s)] = sum += gS[k.at(t, s)] * k.S[k.at(t, s)];
+        for (int64_t t = n_q - 1; t > s; --t) R[k.at(t, s)] = sum += gS[k.at(t, s)] * S[k.at(t, s)];
     }
     T E_before = 0, F_from = 0;
     std::vector<T> F_suffix(n_q);
@@ -280,6 +306,20 @@ void chunk_gradients(Chunk<T>& k, const T* gy, const T* Z, const T* gX, const Ss
         ga[k.sa * r] = pairs + E_before + F_suffix[r] + k.chunk_decay() * gA;
         E_before += E[r];
     }
+}
+
+// gC_t += sum_{s <= t} P[t, s] B_s, gB_s += sum_{t >= s} P[t, s] C_t: the terms through the pairs
+// of a group's chunk, P its heads' G K summed (B and C are the group's)
+template <typename T>
+void pair_gradients(const Chunk<T>& k, const std::vector<T>& pairs, T* gB, T* gC) {
+    const int64_t D = k.d.D, n_q = k.n_q;
+    std::vector<T> tri(D * n_q);
+    triangle_product(k.B, k.sb, D, pairs, k.d.L, n_q, true, tri.data(), D);
+    for (int64_t t = 0; t < n_q; ++t)
+        for (int64_t i = 0; i < D; ++i) gC[k.sb * t + i] += tri[i + D * t];
+    triangle_product(k.C, k.sb, D, pairs, k.d.L, n_q, false, tri.data(), D);
+    for (int64_t s = 0; s < n_q; ++s)
+        for (int64_t i = 0; i < D; ++i) gB[k.sb * s + i] += tri[i + D * s];
 }
 
 template <typename T>
@@ -296,15 +336,20 @@ void ssd_backward(const SsdDims& d, const Inputs& in, T* out) {
     });
     pass_states(d, planes.data(), decay.data(), g + d.y(), gfirst, true);
     std::fill_n(gB, 2 * d.inputs_bc(), T(0));
+    const std::vector<T> scores = group_scores<T>(d, in, 1);
     const int64_t heads = d.H / d.G;
     parallel_for(d.c * d.G * d.N, 1, [&](int64_t lo, int64_t hi) {  // a group's heads in order: gB, gC summed alike
+        std::vector<T> pairs_sum(d.L * d.L);
         for (int64_t i = lo; i < hi; ++i) {
             const int64_t q = i % d.c, group = (i / d.c) % d.G, n = i / (d.c * d.G);
+            std::fill(pairs_sum.begin(), pairs_sum.end(), T(0));
             for (int64_t h = group * heads; h < (group + 1) * heads; ++h) {
                 Chunk<T> k(d, u, la, B, C, q, h, n);
                 const int64_t at = start_plane(d, q, h, n), from_u = k.u - u, from_b = k.B - B;
-                chunk_gradients(k, g + from_u, starts + at, planes.data() + at, d, gu + from_u, ga + (k.a - la),
-                                gB + from_b, gC + from_b);
+                chunk_gradients(k, scores_of(d, scores, q, h, n), g + from_u, starts + at, planes.data() + at, d,
+                                gu + from_u, ga + (k.a - la), gB + from_b, gC + from_b, pairs_sum);
+                if (h == (group + 1) * heads - 1)  // after the group's last head (its chunk's B and C are the group's)
+                    pair_gradients(k, pairs_sum, gB + from_b, gC + from_b);
             }
         }
     });

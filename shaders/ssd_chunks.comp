@@ -1,11 +1,17 @@
 // ssm_scan's chunked form (SSD) and its backward, the work of each chunk (native/cpu_ssd_chunks.cpp
 // has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
 // sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
-//   OWN_STATES   X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
-//   START_GRADS  gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
-//   OUTPUTS      y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
-//   GRADS        gu, glog_decay, and each head's gB and gC (summed over a group's heads by
-//                ssd_pass.comp's GROUP_SUM where groups hold several)
+//   SCORES      S[t, s] = C_t . B_s of every pair of the chunk's tokens, once per (chunk, group,
+//               sequence): a group's heads share B and C, so they share S (read by OUTPUTS, GRADS)
+//   OWN_STATES  X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
+//   START_GRADS gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
+//   OUTPUTS     y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
+//   GRADS       gu, glog_decay, each head's pairs' gradient G K, and each head's terms of gB and gC
+//               through its states (summed over a group's heads by ssd_pass.comp's GROUP_SUM where
+//               groups hold several)
+//   PAIR_GRADS  once per (chunk, group, sequence): the group's heads' G K summed, and the terms of
+//               gB and gC through the pairs added to theirs (B and C are the group's: one product
+//               of the heads' sum for the group, where each head made its own)
 // Every product is a blocked one (staged_product.glsl): a 64 x 64 block of its output at a time,
 // each invocation 4 x 4 of it, its operands staged through shared memory 16 terms at a time. The products over a
 // chunk's pairs of tokens (the triangle s <= t) add only the pairs' terms, so a NaN in a token
@@ -24,6 +30,8 @@ layout(push_constant) uniform Push {
     Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
     Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
     Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
+    Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
+    Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t (written by GRADS, read by PAIR_GRADS)
     uint P;
     uint H;
     uint T;
@@ -65,17 +73,25 @@ float f_(uint t) {
     return t < nq ? v : 0.0;
 }
 
-// The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
-void load_decays() {
+// This workgroup's chunk q of sequence n and its lane (a head, or a group where `lanes` is G).
+uint locate_chunk(uint lanes) {
+    staged_product_invocation();
     uint group = flat_group();
     q = group % pc.c;
-    h = (group / pc.c) % pc.H;
-    n = group / (pc.c * pc.H);
-    grp = h / (pc.H / pc.G);
+    n = group / (pc.c * lanes);
     nq = min(pc.L, pc.T - q * pc.L);
     t0 = q * pc.L + pc.T * n;
+    return (group / pc.c) % lanes;
+}
+
+// Where the pairs of chunk q's lane (a group's S, a head's G K) begin: [L L, lanes, c, N]
+uint pairs_at(uint lane, uint lanes) { return pc.L * pc.L * (lane + lanes * (q + pc.c * n)); }
+
+// The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
+void load_decays() {
+    h = locate_chunk(pc.H);
+    grp = h / (pc.H / pc.G);
     plane = pc.D * pc.P * (h + pc.H * (q + pc.c * n));
-    staged_product_invocation();
     if (tid < nq) a[tid] = pc.la.v[h + pc.H * (t0 + tid)];
     barrier();
     if (tid < nq) {
@@ -96,15 +112,14 @@ float K(uint t, uint s) {
     return exp(sum);
 }
 
-// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s (every pair, the triangle's used)
-void scores(out float S[4][4]) {
-    clear(S);
-    uint i0 = 0, j0 = 0;
-#define LOAD_C(t, d) C_(t, d)
-#define LOAD_B(d, s) B_(s, d)
-    STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
-#undef LOAD_C
-#undef LOAD_B
+// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
+void load_scores(out float S[4][4]) {
+    uint at = pairs_at(grp, pc.G);
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
+        }
 }
 
 // pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
@@ -117,6 +132,24 @@ void store_decayed(float value[4][4]) {
         }
     barrier();
 }
+
+#if defined(SCORES)
+void main() {
+    grp = locate_chunk(pc.G);
+    float S[4][4];
+    clear(S);
+    uint i0 = 0, j0 = 0;
+#define LOAD_C(t, d) C_(t, d)
+#define LOAD_B(d, s) B_(s, d)
+    STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
+    uint at = pairs_at(grp, pc.G);
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s < nq) pc.o.v[at + t * pc.L + s] = S[x][y];
+        }
+}
+#endif
 
 #if defined(OWN_STATES) || defined(START_GRADS)
 void main() {
@@ -149,7 +182,7 @@ void main() {
 void main() {
     load_decays();
     float S[4][4];
-    scores(S);
+    load_scores(S);
     store_decayed(S);  // M
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {
         uint j0 = 0;
@@ -201,7 +234,7 @@ void main() {
     float gA = partial[0];
 
     float S[4][4], Gk[4][4];
-    scores(S);
+    load_scores(S);
     clear(Gk);
     {
         uint i0 = 0, j0 = 0;
@@ -245,42 +278,35 @@ void main() {
     column_sums(e_part, true);
     column_sums(f_part, false);
 
-    // gC_t = sum_{s <= t} G K[t, s] B_s + f[t] Z gy_t; gB_s = sum_{t >= s} G K[t, s] C_t + e[s] gX u_s
-    barrier();
+    // This head's G K (s <= t) for PAIR_GRADS, which adds the terms through the pairs to gB and gC;
+    // here each head's terms through its states: gC_t = f[t] Z gy_t, gB_s = e[s] gX u_s
+    uint pg = pairs_at(h, pc.H);
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y];
+            if (t < nq && s < nq) pc.pairs_g.v[pg + t * pc.L + s] = s <= t ? Gk[x][y] : 0.0;
         }
     uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
-        float tri[4][4], dense[4][4];
-        clear(tri);
+        float dense[4][4];
         clear(dense);
-#define LOAD_BS(d, s) B_(s, d)
-#define LOAD_PT(s, t) pair(t, s)
-        STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
 #define LOAD_ZD(d, p) Z_(d, p)
 #define LOAD_GYP(p, t) gy(t, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
-                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = tri[x][y] + f[t] * dense[x][y];
+                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
             }
-        clear(tri);
         clear(dense);
-#define LOAD_CT(d, t) C_(t, d)
-#define LOAD_PS(t, s) pair(t, s)
-        STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
 #define LOAD_GXD(d, p) gX(d, p)
 #define LOAD_UP(p, s) u_(s, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
-                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = tri[x][y] + e[s] * dense[x][y];
+                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
             }
     }
 
@@ -305,6 +331,44 @@ void main() {
         for (uint s = 0; s < r; ++s) before += E[s];
         for (uint t = nq; t-- > r;) after += F[t];
         pc.o.v[pc.P * pc.H * pc.T * pc.N + h + pc.H * (t0 + r)] = within + before + after + f[nq - 1] * gA;
+    }
+}
+#endif
+
+#if defined(PAIR_GRADS)
+// gC_t += sum_{s <= t} P[t, s] B_s, gB_s += sum_{t >= s} P[t, s] C_t, P the group's heads' G K summed
+void main() {
+    grp = locate_chunk(pc.G);
+    uint heads = pc.H / pc.G;
+    for (uint i = tid; i < nq * nq; i += 256) {
+        uint t = i / nq, s = i % nq;
+        float sum = 0.0;
+        if (s <= t)
+            for (uint j = 0; j < heads; ++j) sum += pc.pairs_g.v[pairs_at(grp * heads + j, pc.H) + t * pc.L + s];
+        pairs[t * LMAX + s] = sum;
+    }
+    uint gC_at = pc.D * pc.G * pc.T * pc.N;  // gC after gB in pc.bc
+    for (uint i0 = 0; i0 < pc.D; i0 += 64) {
+        uint j0 = 0;
+        float tri[4][4];
+        clear(tri);
+#define LOAD_BS(d, s) B_(s, d)
+#define LOAD_PT(s, t) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), t = cj(y);
+                if (d < pc.D && t < nq) pc.bc.v[gC_at + bc_at(t) + d] += tri[x][y];
+            }
+        clear(tri);
+#define LOAD_CT(d, t) C_(t, d)
+#define LOAD_PS(t, s) pair(t, s)
+        STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), s = cj(y);
+                if (d < pc.D && s < nq) pc.bc.v[bc_at(s) + d] += tri[x][y];
+            }
     }
 }
 #endif

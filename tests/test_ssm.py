@@ -366,9 +366,10 @@ def _ssd_chunks_grads(arrays, L, dtype, device, weights):
 
 # (D, P, H, T, N, G, L): a group shared by the heads, the last chunk short; groups of two heads;
 # a group per head; chunks of one token; sizes past a workgroup's 256 invocations, chunks of 64;
-# 6 chunks (the GPU's passing loads 4 at a time), states of 9 elements
+# 6 chunks (the GPU's passing loads 4 at a time), states of 9 elements; three heads of a group
+# with states past a 64-row block, the last chunk short
 SSD_SHAPES = [(3, 2, 2, 7, 1, 1, 3), (5, 3, 4, 12, 2, 2, 4), (4, 3, 2, 9, 2, 2, 4), (2, 2, 2, 3, 1, 1, 1),
-              (40, 20, 2, 70, 1, 1, 64), (3, 3, 1, 11, 2, 1, 2)]
+              (40, 20, 2, 70, 1, 1, 64), (3, 3, 1, 11, 2, 1, 2), (70, 5, 3, 20, 1, 1, 8)]
 
 
 @pytest.mark.parametrize("shape", SSD_SHAPES[:4])
@@ -392,6 +393,25 @@ def test_ssd_chunks_gpu_matches_the_cpu(shape):
     for name, g, c in zip(names, _ssd_chunks_grads(arrays, shape[6], "f32", "gpu", weights),
                           _ssd_chunks_grads(arrays, shape[6], "f32", "cpu", weights)):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+
+
+@pytest.mark.requires_gpu
+def test_ssd_chunks_gpu_gradients_carry_a_nan_as_the_cpu():
+    """A NaN in one head's input at one token: the GPU's gradients are NaN where the CPU's are
+    (the group's B and C gradients sum the heads' pairs once per group there) and equal elsewhere."""
+    shape = (5, 3, 3, 12, 2, 1, 4)  # three heads sharing one group, three chunks, two sequences
+    arrays = [a.astype(np.float32) for a in _ssd_inputs(*shape[:6], seed=8)]
+    arrays[0][1, 1, 6, 0] = np.nan  # u of head 1, token 6 (the second chunk) of sequence 0
+    weights = np.random.default_rng(9).normal(size=(_ssd_outputs(*shape[:5]), 1)).astype(np.float32)
+    names = ["output", "u", "log_decay", "B", "C", "first"]
+    for name, g, c in zip(names, _ssd_chunks_grads(arrays, shape[6], "f32", "gpu", weights),
+                          _ssd_chunks_grads(arrays, shape[6], "f32", "cpu", weights)):
+        if name in ("output", "log_decay", "B", "C"):  # gu and gfirst do not read u
+            assert np.isnan(c).any() and not np.isnan(c).all(), name
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(c), err_msg=name)
+        finite = ~np.isnan(c)
+        np.testing.assert_allclose(g[finite], c[finite], rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c[finite]).max())),
+                                   err_msg=name)
 
 
 @pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")

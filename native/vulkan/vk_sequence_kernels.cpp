@@ -563,7 +563,7 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
 namespace {
 
 struct SsdPush {
-    uint64_t u, la, B, C, g, states, aux, o, bc, decay;
+    uint64_t u, la, B, C, g, states, aux, o, bc, decay, scores, pairs_g;
     uint32_t P, H, T, N, D, G, L, c;
 };
 
@@ -575,16 +575,16 @@ struct SsdPassPush {
 
 constexpr uint64_t kFloat = sizeof(float);
 
-// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS loops the
-// most: its products, each 260 iterations per 16 terms, over 64 x 64 blocks of their outputs), and
-// the passing's, refused where the device would cut them short.
+// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS and
+// PAIR_GRADS loop the most: their products, each 260 iterations per 16 terms, over 64 x 64 blocks
+// of their outputs), and the passing's, refused where the device would cut them short.
 void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
-    const double grads = product(d.D) + product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) +
-                         blocks_D * (2 * product(d.L) + 2 * product(d.P)) + 2.0 * 16 * double(d.L) +
-                         double(d.D * d.P) / 256 + 3.0 * double(d.L);
-    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * grads);
+    const double grads = product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) + blocks_D * 2 * product(d.P) +
+                         2.0 * 16 * double(d.L) + double(d.D * d.P) / 256 + 3.0 * double(d.L);
+    const double pair_grads = double(d.L * d.L + 255) / 256 * double(d.H / d.G) + blocks_D * 2 * product(d.L);
+    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * std::max({grads, pair_grads, product(d.D)}));
     check_loop_budget(op, d.c, "chunks per sequence", kLoopMargin * double(d.c));
 }
 
@@ -597,6 +597,17 @@ SsdPush ssd_push(const SsdDims& d, const Inputs& in, size_t first, const char* o
     p.P = u32(d.P, op), p.H = u32(d.H, op), p.T = u32(d.T, op), p.N = u32(d.N, op);
     p.D = u32(d.D, op), p.G = u32(d.G, op), p.L = u32(d.L, op), p.c = u32(d.c, op);
     return p;
+}
+
+// Records S of every (chunk, group, sequence) into scratch [L L, G, c, N] (ssd_chunks.comp's SCORES)
+// and returns it.
+TensorPtr record_scores(const SsdDims& d, const Inputs& in, size_t at, const char* op) {
+    TensorPtr scores = make_on(Device::gpu, {size_mul(d.L, d.L, d.G, d.c, d.N), 1, 1, 1}, 2, DType::f32);
+    u32(scores->numel(), op);
+    SsdPush p = ssd_push(d, in, at, op);
+    p.o = scores->address();
+    record("ssd_chunks_scores", p, uint64_t(d.c * d.G * d.N), spans(in), {span(*scores)});
+    return scores;
 }
 
 // The states passed along the chunks in place in p.planes [R, H, c, N] (ssd_pass.comp: an invocation
@@ -636,10 +647,12 @@ void vk_ssd_chunks(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     check_ssd_loops(op, d);
     TensorPtr starts = make_on(Device::gpu, {d.starts(), 1, 1, 1}, 2, DType::f32);
     record_start_states(d, in, 0, *starts, out.address() + kFloat * d.y(), {span(out)}, op);
+    TensorPtr scores = record_scores(d, in, 0, op);
     SsdPush p = ssd_push(d, in, 0, op);
-    p.states = starts->address(), p.o = out.address();
+    p.states = starts->address(), p.o = out.address(), p.scores = scores->address();
     std::vector<vk::Range> reads = spans(in);
     reads.push_back(span(*starts));
+    reads.push_back(span(*scores));
     record("ssd_chunks_outputs", p, uint64_t(d.c * d.H * d.N), reads, {span(out)});
 }
 
@@ -665,10 +678,15 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     record("ssd_chunks_start_grads", p, tiles, reads, {span(*planes)});
     record_pass("ssd_pass_backward", ssd_pass_push(planes->address(), *decay, g_finals, gfirst, d, op),
                 {span(*planes), span(*decay), span(*in[0])}, {span(*planes), span(out)});
+    TensorPtr scores = record_scores(d, in, 1, op);
+    TensorPtr pairs_g = make_on(Device::gpu, {size_mul(d.L, d.L, d.H, d.c, d.N), 1, 1, 1}, 2, DType::f32);
+    u32(pairs_g->numel(), op);
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
+    p.scores = scores->address(), p.pairs_g = pairs_g->address();
     reads.push_back(span(*planes));
     reads.push_back(span(*starts));
-    std::vector<vk::Range> writes{span(out)};
+    reads.push_back(span(*scores));
+    std::vector<vk::Range> writes{span(out), span(*pairs_g)};
     if (grouped) writes.push_back(span(*heads));
     record("ssd_chunks_grads", p, tiles, reads, writes);
     if (grouped) {
@@ -676,6 +694,12 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
                               u32(d.T * d.N, op), 1};
         record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});
     }
+    // the terms of gB and gC through the pairs, once per group, added to the heads' sums
+    p.bc = gB;
+    std::vector<vk::Range> pair_reads = spans(in);
+    pair_reads.push_back(span(*pairs_g));
+    pair_reads.push_back(span(out));
+    record("ssd_chunks_pair_grads", p, uint64_t(d.c * d.G * d.N), pair_reads, {span(out)});
 }
 
 
