@@ -247,6 +247,15 @@ void main() {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
         }
+    // This head's G K (s <= t) for PAIR_GRADS, which adds the terms through the pairs to gB and gC,
+    // and for the pairs' part of glog_decay below (read back there: S and G K stay out of registers
+    // through the products)
+    uint pg = pairs_at(h, pc.H);
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s < nq) pc.pairs_g.v[pg + t * pc.L + s] = s <= t ? Gk[x][y] : 0.0;
+        }
 
     // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
     store_decayed(S);  // M
@@ -278,14 +287,7 @@ void main() {
     column_sums(e_part, true);
     column_sums(f_part, false);
 
-    // This head's G K (s <= t) for PAIR_GRADS, which adds the terms through the pairs to gB and gC;
-    // here each head's terms through its states: gC_t = f[t] Z gy_t, gB_s = e[s] gX u_s
-    uint pg = pairs_at(h, pc.H);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s < nq) pc.pairs_g.v[pg + t * pc.L + s] = s <= t ? Gk[x][y] : 0.0;
-        }
+    // each head's terms of gB and gC through its states: gC_t = f[t] Z gy_t, gB_s = e[s] gX u_s
     uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
@@ -316,7 +318,8 @@ void main() {
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * LMAX + s] = Gk[x][y] * S[x][y];
+            uint at = t * pc.L + s;  // this invocation's own G K, written above
+            if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[pairs_at(grp, pc.G) + at];
         }
     barrier();
     if (tid < nq) {
