@@ -350,6 +350,7 @@ void main() {
             for (uint j = 0; j < heads; ++j) sum += pc.pairs_g.v[pairs_at(grp * heads + j, pc.H) + t * pc.L + s];
         pairs[t * LMAX + s] = sum;
     }
+    barrier();
     uint gC_at = pc.D * pc.G * pc.T * pc.N;  // gC after gB in pc.bc
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
