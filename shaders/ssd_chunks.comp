@@ -115,8 +115,8 @@ float K(uint t, uint s) {
 // This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
 void load_scores(out float S[4][4]) {
     uint at = pairs_at(grp, pc.G);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
         }
@@ -125,8 +125,8 @@ void load_scores(out float S[4][4]) {
 // pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
 void store_decayed(float value[4][4]) {
     barrier();
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
         }
@@ -143,8 +143,8 @@ void main() {
 #define LOAD_B(d, s) B_(s, d)
     STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
     uint at = pairs_at(grp, pc.G);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s < nq) pc.o.v[at + t * pc.L + s] = S[x][y];
         }
@@ -166,8 +166,8 @@ void main() {
 #define LOAD_R(t, p) f_(t) * gy(t, p)
 #endif
             STAGED_PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
-            for (uint x = 0; x < 4; ++x)
-                for (uint y = 0; y < 4; ++y) {
+            [[unroll]] for (uint x = 0; x < 4; ++x)
+                [[unroll]] for (uint y = 0; y < 4; ++y) {
                     uint d = i0 + ri(x), p = j0 + cj(y);
                     if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
                 }
@@ -195,8 +195,8 @@ void main() {
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_C(d, t) C_(t, d)
         STAGED_PRODUCT(w, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), t = cj(y);
                 if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y] + f[t] * w[x][y];
             }
@@ -242,8 +242,8 @@ void main() {
 #define LOAD_U(p, s) u_(s, p)
         STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
     }
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
         }
@@ -251,8 +251,8 @@ void main() {
     // and for the pairs' part of glog_decay below (read back there: S and G K stay out of registers
     // through the products)
     uint pg = pairs_at(h, pc.H);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s < nq) pc.pairs_g.v[pg + t * pc.L + s] = s <= t ? Gk[x][y] : 0.0;
         }
@@ -271,8 +271,8 @@ void main() {
 #define LOAD_GX(p, d) gX(d, p)
 #define LOAD_BD(d, s) B_(s, d)
         STAGED_PRODUCT(v, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y] + e[s] * v[x][y];
                 e_part[y] += u_(s, p) * v[x][y];
@@ -281,8 +281,8 @@ void main() {
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_CD(d, t) C_(t, d)
         STAGED_PRODUCT(v, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * v[x][y];
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * v[x][y];
     }
     column_sums(e_part, true);
     column_sums(f_part, false);
@@ -296,8 +296,8 @@ void main() {
 #define LOAD_ZD(d, p) Z_(d, p)
 #define LOAD_GYP(p, t) gy(t, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
                 if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
             }
@@ -305,8 +305,8 @@ void main() {
 #define LOAD_GXD(d, p) gX(d, p)
 #define LOAD_UP(p, s) u_(s, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
             }
@@ -315,8 +315,8 @@ void main() {
     // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
     // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
     barrier();
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             uint at = t * pc.L + s;  // this invocation's own G K, written above
             if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[pairs_at(grp, pc.G) + at];
@@ -359,8 +359,8 @@ void main() {
 #define LOAD_BS(d, s) B_(s, d)
 #define LOAD_PT(s, t) pair(t, s)
         STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
                 if (d < pc.D && t < nq) pc.bc.v[gC_at + bc_at(t) + d] += tri[x][y];
             }
@@ -368,8 +368,8 @@ void main() {
 #define LOAD_CT(d, t) C_(t, d)
 #define LOAD_PS(t, s) pair(t, s)
         STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[bc_at(s) + d] += tri[x][y];
             }

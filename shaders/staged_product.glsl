@@ -25,37 +25,37 @@ uint cj(uint y) { return 4 * ty + y; }
 // terms are loaded into registers before this 16's products, so that their loads' latency passes
 // while the products run; the first 16 before the first barrier, so an operand read from shared
 // memory must be complete there.
-#define STAGED_LOAD(k0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                            \
-    for (uint m = 0; m < 4; ++m) {                                                            \
-        uint el = tid + 256 * m;                                                              \
-        uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                      \
-        uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                      \
-        next_a[m] = LOAD_A(i0 + ia, (k0) + ka);                                               \
-        next_b[m] = LOAD_B((k0) + kb, j0 + jb);                                               \
+#define STAGED_LOAD(k0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                                   \
+    [[unroll]] for (uint m = 0; m < 4; ++m) {                                                       \
+        uint el = tid + 256 * m;                                                                    \
+        uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                            \
+        uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                            \
+        next_a[m] = LOAD_A(i0 + ia, (k0) + ka);                                                     \
+        next_b[m] = LOAD_B((k0) + kb, j0 + jb);                                                     \
     }
 
-#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                              \
-    {                                                                                         \
-        float next_a[4], next_b[4];                                                           \
-        STAGED_LOAD(0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                              \
-        for (uint k0 = 0; k0 < (KN); k0 += 16) {                                              \
-            barrier();                                                                        \
-            for (uint m = 0; m < 4; ++m) {                                                    \
-                uint el = tid + 256 * m;                                                      \
-                uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;              \
-                uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;              \
-                As[ka][ia / 4][ia % 4] = next_a[m];                                           \
-                Bs[kb][jb / 4][jb % 4] = next_b[m];                                           \
-            }                                                                                 \
-            barrier();                                                                        \
-            if (k0 + 16 < (KN)) STAGED_LOAD(k0 + 16, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b) \
-            for (uint kk = 0; kk < 16; ++kk) {                                                \
-                vec4 av = As[kk][tx], bv = Bs[kk][ty];                                        \
-                for (uint x = 0; x < 4; ++x)                                                  \
-                    for (uint y = 0; y < 4; ++y)                                              \
-                        if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y]; \
-            }                                                                                 \
-        }                                                                                     \
+#define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                                    \
+    {                                                                                               \
+        float next_a[4], next_b[4];                                                                 \
+        STAGED_LOAD(0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                                    \
+        for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                    \
+            barrier();                                                                              \
+            [[unroll]] for (uint m = 0; m < 4; ++m) {                                               \
+                uint el = tid + 256 * m;                                                            \
+                uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                    \
+                uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                    \
+                As[ka][ia / 4][ia % 4] = next_a[m];                                                 \
+                Bs[kb][jb / 4][jb % 4] = next_b[m];                                                 \
+            }                                                                                       \
+            barrier();                                                                              \
+            if (k0 + 16 < (KN)) STAGED_LOAD(k0 + 16, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)      \
+            [[unroll]] for (uint kk = 0; kk < 16; ++kk) {                                           \
+                vec4 av = As[kk][tx], bv = Bs[kk][ty];                                              \
+                [[unroll]] for (uint x = 0; x < 4; ++x)                                             \
+                    [[unroll]] for (uint y = 0; y < 4; ++y)                                         \
+                        if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];     \
+            }                                                                                       \
+        }                                                                                           \
     }
 
 #define ANY(i, j, k) true
@@ -63,6 +63,6 @@ uint cj(uint y) { return 4 * ty + y; }
 #define FROM_J(i, j, k) ((k) >= (j))      // terms t >= s of column s
 
 void clear(inout float acc[4][4]) {
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
+    [[unroll]] for (uint x = 0; x < 4; ++x)
+        [[unroll]] for (uint y = 0; y < 4; ++y) acc[x][y] = 0.0;
 }
