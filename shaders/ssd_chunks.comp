@@ -27,8 +27,9 @@ layout(push_constant) uniform Push {
     Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u
     Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]
     Floats aux;     // GRADS: gX [D P, H, c, N]
-    Floats o;       // OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y; GRADS: [gu, glog_decay]
-    Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each
+    Floats o;       // SCORES: the scores; OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y;
+                    // GRADS: [gu, glog_decay]
+    Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
     Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
     Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
     Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t (written by GRADS, read by PAIR_GRADS)
