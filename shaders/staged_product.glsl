@@ -18,6 +18,12 @@ void staged_product_invocation() {
 uint ri(uint x) { return 4 * tx + x; }
 uint cj(uint y) { return 4 * ty + y; }
 
+// Where staged element el (of the 64 x 16 a product stages per operand per step) lies: its term
+// and its row or column, with the terms side by side (along_k: 16 consecutive invocations, one
+// row's 16 terms) or the rows or columns (64 consecutive, one term's).
+uint staged_term(uint el, bool along_k) { return along_k ? el % 16 : el / 64; }
+uint staged_row(uint el, bool along_k) { return along_k ? el / 16 : el % 64; }
+
 // acc[x][y] += sum over k < KN (LOAD_A and LOAD_B are 0 past it) of LOAD_A(i, k) LOAD_B(k, j) where ALLOW(i, j, k), for this
 // invocation's i = i0 + ri(x), j = j0 + cj(y); in uniform control flow (barriers). A_K, B_K:
 // whether the operand's terms k lie side by side in memory (then consecutive invocations load
@@ -28,10 +34,8 @@ uint cj(uint y) { return 4 * ty + y; }
 #define STAGED_LOAD(k0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                                   \
     [[unroll]] for (uint m = 0; m < 4; ++m) {                                                       \
         uint el = tid + 256 * m;                                                                    \
-        uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                            \
-        uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                            \
-        next_a[m] = LOAD_A(i0 + ia, (k0) + ka);                                                     \
-        next_b[m] = LOAD_B((k0) + kb, j0 + jb);                                                     \
+        next_a[m] = LOAD_A(i0 + staged_row(el, A_K), (k0) + staged_term(el, A_K));                  \
+        next_b[m] = LOAD_B((k0) + staged_term(el, B_K), j0 + staged_row(el, B_K));                  \
     }
 
 #define STAGED_PRODUCT(acc, KN, LOAD_A, A_K, LOAD_B, B_K, ALLOW)                                    \
@@ -42,10 +46,9 @@ uint cj(uint y) { return 4 * ty + y; }
             barrier();                                                                              \
             [[unroll]] for (uint m = 0; m < 4; ++m) {                                               \
                 uint el = tid + 256 * m;                                                            \
-                uint ka = A_K ? el % 16 : el / 64, ia = A_K ? el / 16 : el % 64;                    \
-                uint kb = B_K ? el % 16 : el / 64, jb = B_K ? el / 16 : el % 64;                    \
-                As[ka][ia / 4][ia % 4] = next_a[m];                                                 \
-                Bs[kb][jb / 4][jb % 4] = next_b[m];                                                 \
+                uint ia = staged_row(el, A_K), jb = staged_row(el, B_K);                            \
+                As[staged_term(el, A_K)][ia / 4][ia % 4] = next_a[m];                               \
+                Bs[staged_term(el, B_K)][jb / 4][jb % 4] = next_b[m];                               \
             }                                                                                       \
             barrier();                                                                              \
             if (k0 + 16 < (KN)) STAGED_LOAD(k0 + 16, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)      \
