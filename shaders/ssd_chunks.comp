@@ -32,7 +32,7 @@ layout(push_constant) uniform Push {
     Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
     Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
     Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
-    Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t (written by GRADS, read by PAIR_GRADS)
+    Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t only (written by GRADS, read by PAIR_GRADS)
     uint P;
     uint H;
     uint T;
@@ -248,14 +248,14 @@ void main() {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
         }
-    // This head's G K (s <= t) for PAIR_GRADS, which adds the terms through the pairs to gB and gC,
-    // and for the pairs' part of glog_decay below (read back there: S and G K stay out of registers
-    // through the products)
+    // This head's G K (s <= t: nothing reads the pairs above the diagonal) for PAIR_GRADS, which
+    // adds the terms through the pairs to gB and gC, and for the pairs' part of glog_decay below
+    // (read back there: S and G K stay out of registers through the products)
     uint pg = pairs_at(h, pc.H);
     [[unroll]] for (uint x = 0; x < 4; ++x)
         [[unroll]] for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
-            if (t < nq && s < nq) pc.pairs_g.v[pg + t * pc.L + s] = s <= t ? Gk[x][y] : 0.0;
+            if (t < nq && s <= t) pc.pairs_g.v[pg + t * pc.L + s] = Gk[x][y];
         }
 
     // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
@@ -316,11 +316,11 @@ void main() {
     // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
     // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
     barrier();
+    uint sc = pairs_at(grp, pc.G);  // the group's S
     [[unroll]] for (uint x = 0; x < 4; ++x)
         [[unroll]] for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            uint at = t * pc.L + s;  // this invocation's own G K, written above
-            if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[pairs_at(grp, pc.G) + at];
+            uint t = ri(x), s = cj(y), at = t * pc.L + s;  // this invocation's own G K, written above
+            if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[sc + at];
         }
     barrier();
     if (tid < nq) {
