@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -93,6 +94,7 @@ struct GpuInfo {
     uint64_t memory_in_use = 0, memory_reserved = 0;
     bool validation = false;  // the Khronos validation layer is on (RLKIT_VK_VALIDATION=1)
     bool subgroup_quad = false;  // quad operations in compute shaders (the register recurrences need them)
+    bool pipeline_statistics = false;  // pipelines' statistics are kept (gpu_pipeline_statistics)
 };
 bool gpu_info(GpuInfo* info);
 // The kernel GPU matmul uses for operands of this dtype and an [m, n] output with `batch`
@@ -109,6 +111,10 @@ void set_gpu_poison(bool on);
 // false where the GPU cannot time its queue.
 bool set_gpu_profiling(bool on);
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
+// The driver compiler's statistics of each GPU pipeline made so far (registers, spills, shared
+// memory), by shader, as (name, value) pairs: empty unless RLKIT_VK_PIPELINE_STATISTICS=1 was set
+// before the GPU's first use and the driver offers VK_KHR_pipeline_executable_properties.
+std::map<std::string, std::vector<std::pair<std::string, std::string>>> gpu_pipeline_statistics();
 // Tests: errors the validation layer reports for one deliberately invalid Vulkan call (-1 when
 // the layer is off or there is no GPU): proof that validation is really active.
 int provoke_validation_error();

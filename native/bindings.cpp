@@ -354,6 +354,7 @@ PYBIND11_MODULE(_native, m) {
         d["memory_reserved"] = info.memory_reserved;
         d["validation"] = info.validation;
         d["subgroup_quad"] = info.subgroup_quad;
+        d["pipeline_statistics"] = info.pipeline_statistics;
         return d;
     });
     m.def(
@@ -398,6 +399,17 @@ PYBIND11_MODULE(_native, m) {
         for (const auto& [k, v] : gpu_counters(reset)) d[k.c_str()] = v;
         return d;
     }, py::arg("reset") = false);
+    m.def("gpu_pipeline_statistics", [] {
+        py::dict d;
+        for (const auto& [shader, statistics] : gpu_pipeline_statistics()) {
+            py::dict named;
+            for (const auto& [name, value] : statistics) named[name.c_str()] = value;
+            d[shader.c_str()] = named;
+        }
+        return d;
+    }, "{shader: {statistic: value}}: what the driver's compiler reports of each GPU pipeline made so far "
+       "(registers, spills, shared memory), where RLKIT_VK_PIPELINE_STATISTICS=1 was set before the GPU's "
+       "first use and the driver offers VK_KHR_pipeline_executable_properties; else {}.");
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
     m.def("set_gpu_profiling", &set_gpu_profiling, py::arg("on"),
           "Programs recorded from now on time each dependency level; False where the GPU cannot time.");

@@ -6,7 +6,10 @@ CI runs these on Mesa's lavapipe (software Vulkan) with the Khronos validation l
 Vulkan device exists they are skipped, unless RLKIT_REQUIRE_GPU=1 makes that a failure.
 """
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -275,6 +278,37 @@ def test_validation_layer_is_on_when_asked():
     if os.environ.get("RLKIT_VK_VALIDATION") == "1":
         assert _native.gpu_info()["validation"] is True
     assert _native.gpu_counters()["validation_errors"] == 0  # even in a process that has not used the GPU yet
+
+
+_STATISTICS_PROBE = """
+import json
+import numpy as np
+import rlkit.core as rc
+from rlkit import _native
+rc.device("gpu")
+x = rc.tensor(np.ones((64, 64), np.float32))
+(rc.matmul(x, x) + 1.0).numpy()
+print(json.dumps([_native.gpu_info()["pipeline_statistics"], _native.gpu_pipeline_statistics()]))
+"""
+
+
+def test_pipeline_statistics_only_where_asked():
+    """RLKIT_VK_PIPELINE_STATISTICS=1 keeps the driver compiler's statistics of every pipeline
+    made (where the driver offers VK_KHR_pipeline_executable_properties: NVIDIA's does, lavapipe's
+    of Mesa 22 does not), and the device works either way; without it nothing is kept."""
+    env = {**os.environ, "RLKIT_VK_PIPELINE_STATISTICS": "1"}
+    done = subprocess.run([sys.executable, "-c", _STATISTICS_PROBE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept, statistics = json.loads(done.stdout.strip().splitlines()[-1])
+    if kept:
+        assert len(statistics) >= 2  # the product's shader and the add's
+        for shader, named in statistics.items():
+            assert named and all(isinstance(value, str) and value for value in named.values()), (shader, named)
+    else:
+        assert statistics == {}
+    if os.environ.get("RLKIT_VK_PIPELINE_STATISTICS", "0") == "0":
+        rc.synchronize()
+        assert _native.gpu_info()["pipeline_statistics"] is False and _native.gpu_pipeline_statistics() == {}
 
 
 def test_f16_tensors_compute_in_f32_on_the_gpu(on_gpu):

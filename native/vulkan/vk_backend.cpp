@@ -75,6 +75,12 @@ bool set_gpu_profiling(bool on) {
     return ctx->profiling() == on;
 }
 
+std::map<std::string, std::vector<std::pair<std::string, std::string>>> gpu_pipeline_statistics() {
+    std::string why;
+    vk::Context* ctx = vk::Context::get(&why);
+    return ctx ? ctx->pipeline_statistics() : vk::Context::PipelineStatistics{};
+}
+
 bool gpu_info(GpuInfo* info) {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);
@@ -87,6 +93,7 @@ bool gpu_info(GpuInfo* info) {
     info->memory_reserved = ctx->memory_reserved();
     info->validation = ctx->validating();
     info->subgroup_quad = ctx->limits().subgroup_quad;
+    info->pipeline_statistics = ctx->keeps_pipeline_statistics();
     return true;
 }
 

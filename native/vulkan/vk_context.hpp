@@ -110,6 +110,13 @@ class Context {
     // Programs recorded from now on time each dependency level (where the queue can time).
     void set_profiling(bool on) { profiling_ = on && limits_.timestamp_bits > 0; }
     bool profiling() const { return profiling_; }
+    // What the driver's compiler says of each pipeline made so far (registers, spills, shared
+    // memory: VK_KHR_pipeline_executable_properties), by shader, as (name, value) pairs; empty
+    // unless RLKIT_VK_PIPELINE_STATISTICS=1 was set when the context was made and the driver
+    // offers the extension. Which workgroups an SM holds follows from these without a profiler.
+    using PipelineStatistics = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+    const PipelineStatistics& pipeline_statistics() const { return pipeline_statistics_; }
+    bool keeps_pipeline_statistics() const { return get_statistics_ != nullptr; }
 
     // Records one compute dispatch of `shader` over `groups` workgroups (x may exceed the device
     // limit: it is folded into y); the shader reads `reads` and writes `writes`.
@@ -200,6 +207,7 @@ class Context {
     void barrier();
     void access(const std::vector<Range>& reads, const std::vector<Range>& writes);
     VkPipeline pipeline(const std::string& shader);
+    void keep_statistics(const std::string& shader, VkPipeline pipeline);
     std::pair<VkBuffer, uint64_t> locate(const TensorImpl& t) const;
 
     Api api_;
@@ -232,6 +240,10 @@ class Context {
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;  // the recording slot's command buffer
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     std::unordered_map<std::string, VkPipeline> pipelines_;
+    // Set where the device was made with pipelineExecutableInfo (RLKIT_VK_PIPELINE_STATISTICS=1).
+    PFN_vkGetPipelineExecutablePropertiesKHR get_executables_ = nullptr;
+    PFN_vkGetPipelineExecutableStatisticsKHR get_statistics_ = nullptr;
+    PipelineStatistics pipeline_statistics_;
     std::unique_ptr<MemoryPool> device_pool_, staging_pool_;
     Limits limits_;
     std::string device_name_;

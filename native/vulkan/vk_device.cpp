@@ -288,7 +288,12 @@ void Context::init(std::string* why) {
 #endif
     VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, &fcoop};
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &f11};
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fexec{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, &f12};
+    const bool want_statistics = env_flag("RLKIT_VK_PIPELINE_STATISTICS") &&
+                                 has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                 want_statistics ? static_cast<void*>(&fexec) : static_cast<void*>(&f12)};
     api_.vkGetPhysicalDeviceFeatures2(physical_, &f2);
     if (!f12.bufferDeviceAddress || !f2.features.shaderInt64) {
         *why = device_name_ + " lacks bufferDeviceAddress or shaderInt64, which rlkit's shaders use";
@@ -351,6 +356,16 @@ void Context::init(std::string* why) {
     enable12.vulkanMemoryModel = coop;
     VkPhysicalDeviceFeatures2 enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &enable12};
     enable.features.shaderInt64 = VK_TRUE;
+    // The compiler's statistics per pipeline, only on request (capturing them may slow the
+    // pipelines' creation).
+    const bool statistics = want_statistics && fexec.pipelineExecutableInfo;
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR enable_exec{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, &enable12};
+    enable_exec.pipelineExecutableInfo = VK_TRUE;
+    if (statistics) {
+        enable.pNext = &enable_exec;
+        device_extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    }
     VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &enable};
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
@@ -360,6 +375,13 @@ void Context::init(std::string* why) {
 #define RK_LOAD_DEVICE(name) api_.name = reinterpret_cast<PFN_##name>(api_.vkGetDeviceProcAddr(device_, #name));
     RK_VK_DEVICE_FUNCTIONS(RK_LOAD_DEVICE)
 #undef RK_LOAD_DEVICE
+    if (statistics) {
+        get_executables_ = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+            api_.vkGetDeviceProcAddr(device_, "vkGetPipelineExecutablePropertiesKHR"));
+        get_statistics_ = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+            api_.vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableStatisticsKHR"));
+        if (!get_executables_ || !get_statistics_) get_executables_ = nullptr, get_statistics_ = nullptr;
+    }
     api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 
     VkPhysicalDeviceMemoryProperties mem;

@@ -24,12 +24,52 @@ VkPipeline Context::pipeline(const std::string& shader) {
     cpci.stage.module = module;
     cpci.stage.pName = "main";
     cpci.layout = layout_;
+    if (get_statistics_) cpci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
     VkPipeline p;
     VkResult r = api_.vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &cpci, nullptr, &p);
     api_.vkDestroyShaderModule(device_, module, nullptr);
     check(r, ("vkCreateComputePipelines(" + shader + ")").c_str());
     pipelines_[shader] = p;
+    if (get_statistics_) keep_statistics(shader, p);
     return p;
+}
+
+namespace {
+
+std::string statistic_value(const VkPipelineExecutableStatisticKHR& s) {
+    switch (s.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: return s.value.b32 ? "true" : "false";
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: return std::to_string(s.value.i64);
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: return std::to_string(s.value.u64);
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: return std::to_string(s.value.f64);
+        default: return "?";
+    }
+}
+
+}  // namespace
+
+void Context::keep_statistics(const std::string& shader, VkPipeline pipeline) {
+    VkPipelineInfoKHR info{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+    info.pipeline = pipeline;
+    uint32_t n_executables = 0;
+    check(get_executables_(device_, &info, &n_executables, nullptr), "vkGetPipelineExecutablePropertiesKHR");
+    std::vector<VkPipelineExecutablePropertiesKHR> executables(
+        n_executables, VkPipelineExecutablePropertiesKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
+    check(get_executables_(device_, &info, &n_executables, executables.data()), "vkGetPipelineExecutablePropertiesKHR");
+    auto& kept = pipeline_statistics_[shader];
+    for (uint32_t e = 0; e < n_executables; ++e) {
+        VkPipelineExecutableInfoKHR which{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+        which.pipeline = pipeline;
+        which.executableIndex = e;
+        uint32_t n = 0;
+        check(get_statistics_(device_, &which, &n, nullptr), "vkGetPipelineExecutableStatisticsKHR");
+        std::vector<VkPipelineExecutableStatisticKHR> statistics(
+            n, VkPipelineExecutableStatisticKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+        check(get_statistics_(device_, &which, &n, statistics.data()), "vkGetPipelineExecutableStatisticsKHR");
+        // One executable (a compute pipeline's usual case): the statistics' own names.
+        const std::string prefix = n_executables > 1 ? std::string(executables[e].name) + ": " : "";
+        for (const auto& s : statistics) kept.emplace_back(prefix + s.name, statistic_value(s));
+    }
 }
 
 }  // namespace rk::vk
