@@ -6,9 +6,9 @@
 //   OWN_STATES  X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
 //   START_GRADS gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
 //   OUTPUTS     y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
-//   GRADS       gu, glog_decay, each head's pairs' gradient G K, and each head's terms of gB and gC
-//               through its states (summed over a group's heads by ssd_pass.comp's GROUP_SUM where
-//               groups hold several)
+//   GRADS       gu, glog_decay and each head's pairs' gradient G K
+//   STATE_GRADS each head's terms of gB and gC through its states (summed over a group's heads by
+//               ssd_pass.comp's GROUP_SUM where groups hold several)
 //   PAIR_GRADS  once per (chunk, group, sequence): the group's heads' G K summed, and the terms of
 //               gB and gC through the pairs added to theirs (B and C are the group's: one product
 //               of the heads' sum for the group, where each head made its own)
@@ -29,7 +29,7 @@ layout(push_constant) uniform Push {
     Floats aux;     // GRADS: gX [D P, H, c, N]
     Floats o;       // SCORES: the scores; OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y;
                     // GRADS: [gu, glog_decay]
-    Floats bc;      // GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
+    Floats bc;      // STATE_GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
     Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
     Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
     Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t only (written by GRADS, read by PAIR_GRADS)
@@ -234,8 +234,7 @@ void main() {
     barrier();
     float gA = partial[0];
 
-    float S[4][4], Gk[4][4];
-    load_scores(S);
+    float Gk[4][4];
     clear(Gk);
     {
         uint i0 = 0, j0 = 0;
@@ -259,6 +258,8 @@ void main() {
         }
 
     // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
+    float S[4][4];  // loaded here, not held through G's product
+    load_scores(S);
     store_decayed(S);  // M
     float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {
@@ -288,31 +289,6 @@ void main() {
     column_sums(e_part, true);
     column_sums(f_part, false);
 
-    // each head's terms of gB and gC through its states: gC_t = f[t] Z gy_t, gB_s = e[s] gX u_s
-    uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
-    for (uint i0 = 0; i0 < pc.D; i0 += 64) {
-        uint j0 = 0;
-        float dense[4][4];
-        clear(dense);
-#define LOAD_ZD(d, p) Z_(d, p)
-#define LOAD_GYP(p, t) gy(t, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
-                uint d = i0 + ri(x), t = cj(y);
-                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
-            }
-        clear(dense);
-#define LOAD_GXD(d, p) gX(d, p)
-#define LOAD_UP(p, s) u_(s, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
-                uint d = i0 + ri(x), s = cj(y);
-                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
-            }
-    }
-
     // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
     // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
     barrier();
@@ -335,6 +311,38 @@ void main() {
         for (uint s = 0; s < r; ++s) before += E[s];
         for (uint t = nq; t-- > r;) after += F[t];
         pc.o.v[pc.P * pc.H * pc.T * pc.N + h + pc.H * (t0 + r)] = within + before + after + f[nq - 1] * gA;
+    }
+}
+#endif
+
+#if defined(STATE_GRADS)
+// Each head's terms of gB and gC through its states, gC_t = f[t] Z gy_t and gB_s = e[s] gX u_s: a
+// kernel of their own beside GRADS (the same level of a program: they write apart), whose few live
+// registers let an SM hold several of its workgroups where GRADS holds one.
+void main() {
+    load_decays();
+    uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
+    for (uint i0 = 0; i0 < pc.D; i0 += 64) {
+        uint j0 = 0;
+        float dense[4][4];
+        clear(dense);
+#define LOAD_ZD(d, p) Z_(d, p)
+#define LOAD_GYP(p, t) gy(t, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), t = cj(y);
+                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
+            }
+        clear(dense);
+#define LOAD_GXD(d, p) gX(d, p)
+#define LOAD_UP(p, s) u_(s, p)
+        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
+                uint d = i0 + ri(x), s = cj(y);
+                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
+            }
     }
 }
 #endif

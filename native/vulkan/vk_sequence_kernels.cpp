@@ -575,16 +575,17 @@ struct SsdPassPush {
 
 constexpr uint64_t kFloat = sizeof(float);
 
-// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS and
-// PAIR_GRADS loop the most: their products, each 260 iterations per 16 terms, over 64 x 64 blocks
+// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS, STATE_GRADS
+// and PAIR_GRADS loop the most: their products, each 260 iterations per 16 terms, over 64 x 64 blocks
 // of their outputs), and the passing's, refused where the device would cut them short.
 void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
-    const double grads = product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) + blocks_D * 2 * product(d.P) +
-                         2.0 * 16 * double(d.L) + double(d.D * d.P) / 256 + 3.0 * double(d.L);
+    const double grads = product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) + 2.0 * 16 * double(d.L) +
+                         double(d.D * d.P) / 256 + 3.0 * double(d.L);
+    const double state_grads = blocks_D * 2 * product(d.P);
     const double pair_grads = double(d.L * d.L + 255) / 256 * double(d.H / d.G) + blocks_D * 2 * product(d.L);
-    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * std::max({grads, pair_grads, product(d.D)}));
+    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * std::max({grads, state_grads, pair_grads, product(d.D)}));
     check_loop_budget(op, d.c, "chunks per sequence", kLoopMargin * double(d.c));
 }
 
@@ -686,9 +687,11 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     reads.push_back(span(*planes));
     reads.push_back(span(*starts));
     reads.push_back(span(*scores));
-    std::vector<vk::Range> writes{span(out), span(*pairs_g)};
-    if (grouped) writes.push_back(span(*heads));
-    record("ssd_chunks_grads", p, tiles, reads, writes);
+    // GRADS writes gu and glog_decay, STATE_GRADS the heads' terms of gB and gC: apart, so that
+    // they share a level
+    record("ssd_chunks_grads", p, tiles, reads, {{out.address(), gB}, span(*pairs_g)});
+    const vk::Range bc = grouped ? span(*heads) : vk::Range{gB, gB + kFloat * 2 * uint64_t(d.inputs_bc())};
+    record("ssd_chunks_state_grads", p, tiles, reads, {bc});
     if (grouped) {
         const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op),
                               u32(d.T * d.N, op), 1};
