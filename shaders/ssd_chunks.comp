@@ -262,29 +262,34 @@ void main() {
     load_scores(S);
     store_decayed(S);  // M
     float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
         uint j0 = 0;
-        float acc[4][4], v[4][4];
-        clear(acc);
-        clear(v);
-#define LOAD_GYT(p, t) gy(t, p)
-#define LOAD_M(t, s) pair(t, s)
-        STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
+        float acc[4][4];
+        clear(acc);  // v_s
 #define LOAD_GX(p, d) gX(d, p)
 #define LOAD_BD(d, s) B_(s, d)
-        STAGED_PRODUCT(v, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
+        STAGED_PRODUCT(acc, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
         [[unroll]] for (uint x = 0; x < 4; ++x)
             [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
-                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y] + e[s] * v[x][y];
-                e_part[y] += u_(s, p) * v[x][y];
+                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = e[s] * acc[x][y];
+                e_part[y] += u_(s, p) * acc[x][y];
             }
-        clear(v);  // w_t = Z^T C_t
+        clear(acc);  // the pairs' terms of gu, added to what this invocation wrote
+#define LOAD_GYT(p, t) gy(t, p)
+#define LOAD_M(t, s) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + ri(x), s = cj(y);
+                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] += acc[x][y];
+            }
+        clear(acc);  // w_t = Z^T C_t
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_CD(d, t) C_(t, d)
-        STAGED_PRODUCT(v, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
+        STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
         [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * v[x][y];
+            [[unroll]] for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * acc[x][y];
     }
     column_sums(e_part, true);
     column_sums(f_part, false);
