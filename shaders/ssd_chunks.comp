@@ -185,21 +185,26 @@ void main() {
     float S[4][4];
     load_scores(S);
     store_decayed(S);  // M
-    for (uint i0 = 0; i0 < pc.P; i0 += 64) {
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
         uint j0 = 0;
-        float acc[4][4], w[4][4];
-        clear(acc);
-        clear(w);
-#define LOAD_U(p, s) u_(s, p)
-#define LOAD_M(s, t) pair(t, s)
-        STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
+        float acc[4][4];
+        clear(acc);  // Z^T C_t: the start state's terms, written
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_C(d, t) C_(t, d)
-        STAGED_PRODUCT(w, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
+        STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
         [[unroll]] for (uint x = 0; x < 4; ++x)
             [[unroll]] for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), t = cj(y);
-                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y] + f[t] * w[x][y];
+                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = f[t] * acc[x][y];
+            }
+        clear(acc);  // the pairs' terms, added to what this invocation wrote
+#define LOAD_U(p, s) u_(s, p)
+#define LOAD_M(s, t) pair(t, s)
+        STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
+        [[unroll]] for (uint x = 0; x < 4; ++x)
+            [[unroll]] for (uint y = 0; y < 4; ++y) {
+                uint p = i0 + ri(x), t = cj(y);
+                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] += acc[x][y];
             }
     }
 }
