@@ -3,7 +3,6 @@
 // (at most 128 bytes), and a long 1-D dispatch is folded into (x, y) workgroups by the host.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
-#extension GL_EXT_control_flow_attributes : require
 
 // Every rlkit shader runs 256 invocations per workgroup (declared here, before anything below
 // reads gl_WorkGroupSize).

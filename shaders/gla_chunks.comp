@@ -125,7 +125,7 @@ void main() {
     chunk_of_plane(flat_group());
     uint tid = gl_LocalInvocationID.x, lanes = 256 / pc.L, s = tid / lanes, lane = tid % lanes;
     float a[16], da[16];
-    [[unroll]] for (uint m = 0; m < 16; ++m) a[m] = da[m] = 0.0;
+    for (uint m = 0; m < 16; ++m) a[m] = da[m] = 0.0;
     for (uint i0 = 0; i0 < pc.S; i0 += 16) {
         barrier();
         for (uint el = tid; el < LMAX * 16; el += 256) {
@@ -143,7 +143,7 @@ void main() {
         for (uint i = 0; i < 16; ++i) {
             float sum = 0.0;  // the log gates from s + 1 through t
             uint r = s;
-            [[unroll]] for (uint m = 0; m < 16; ++m) {
+            for (uint m = 0; m < 16; ++m) {
                 uint t = s + lane + lanes * m;
                 if (t >= n) break;
                 while (r < t) sum += lgs[++r][i];
@@ -155,7 +155,7 @@ void main() {
         }
     }
     uint LL = pc.L * pc.L, at = LL * plane;
-    [[unroll]] for (uint m = 0; m < 16; ++m) {
+    for (uint m = 0; m < 16; ++m) {
         uint t = s + lane + lanes * m;
         if (s >= n || t >= n) break;
         pc.scratch.v[A_at() + at + pc.L * t + s] = pc.scale * a[m];
@@ -199,8 +199,8 @@ void main() {
 #define LOAD_DY(t, j) token_element(pc.g, 0, t, j)
     STAGED_PRODUCT(acc, n, LOAD_QE, false, LOAD_DY, false, ANY)
 #endif
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint i = i0 + ri(x), j = j0 + cj(y), at = SS * plane + pc.S * i + j;
             if (i >= pc.S || j >= pc.S) continue;
 #if defined(OWN_STATES)
@@ -236,8 +236,8 @@ void main() {
     uint to = 0;  // y
 #endif
     STAGED_PRODUCT(acc, pc.S, LOAD_M, false, LOAD_T, true, ANY)
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint j = i0 + ri(x), t = cj(y);
             if (j < pc.S && t < n) pc.o.v[to + tok(t) + j] = acc[x][y];
         }
@@ -268,7 +268,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x, ii = tid % 64, lane = tid / 64;
     for (uint i0 = 0; i0 < pc.S; i0 += 64) {
         float zy[16], zv[16], w = 0.0;  // tokens lane + 4 m (every 4 m < n: a uniform bound)
-        [[unroll]] for (uint m = 0; m < 16; ++m) zy[m] = zv[m] = 0.0;
+        for (uint m = 0; m < 16; ++m) zy[m] = zv[m] = 0.0;
         for (uint j0 = 0; j0 < pc.S; j0 += 16) {
             barrier();
             for (uint el = tid; el < 1024; el += 256) {
@@ -282,7 +282,7 @@ void main() {
             for (uint jj = 0; jj < 16; ++jj) {
                 float z = Zs[jj][ii], dz = dZs[jj][ii];
                 w += z * dz;
-                [[unroll]] for (uint m = 0; m < 16; ++m) {
+                for (uint m = 0; m < 16; ++m) {
                     if (4 * m >= n) continue;
                     zy[m] += z * gs[jj][lane + 4 * m];
                     zv[m] += dz * vs[jj][lane + 4 * m];

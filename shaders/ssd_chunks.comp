@@ -116,8 +116,8 @@ float K(uint t, uint s) {
 // This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
 void load_scores(out float S[4][4]) {
     uint at = pairs_at(grp, pc.G);
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
         }
@@ -126,8 +126,8 @@ void load_scores(out float S[4][4]) {
 // pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
 void store_decayed(float value[4][4]) {
     barrier();
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
         }
@@ -144,8 +144,8 @@ void main() {
 #define LOAD_B(d, s) B_(s, d)
     STAGED_PRODUCT(S, pc.D, LOAD_C, true, LOAD_B, true, ANY)
     uint at = pairs_at(grp, pc.G);
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s < nq) pc.o.v[at + t * pc.L + s] = S[x][y];
         }
@@ -167,8 +167,8 @@ void main() {
 #define LOAD_R(t, p) f_(t) * gy(t, p)
 #endif
             STAGED_PRODUCT(acc, nq, LOAD_L, false, LOAD_R, false, ANY)
-            [[unroll]] for (uint x = 0; x < 4; ++x)
-                [[unroll]] for (uint y = 0; y < 4; ++y) {
+            for (uint x = 0; x < 4; ++x)
+                for (uint y = 0; y < 4; ++y) {
                     uint d = i0 + ri(x), p = j0 + cj(y);
                     if (d < pc.D && p < pc.P) pc.o.v[plane + d + pc.D * p] = acc[x][y];
                 }
@@ -192,8 +192,8 @@ void main() {
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_C(d, t) C_(t, d)
         STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), t = cj(y);
                 if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = f[t] * acc[x][y];
             }
@@ -201,8 +201,8 @@ void main() {
 #define LOAD_U(p, s) u_(s, p)
 #define LOAD_M(s, t) pair(t, s)
         STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), t = cj(y);
                 if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] += acc[x][y];
             }
@@ -247,8 +247,8 @@ void main() {
 #define LOAD_U(p, s) u_(s, p)
         STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
     }
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
         }
@@ -256,8 +256,8 @@ void main() {
     // adds the terms through the pairs to gB and gC, and for the pairs' part of glog_decay below
     // (read back there: S and G K stay out of registers through the products)
     uint pg = pairs_at(h, pc.H);
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
             if (t < nq && s <= t) pc.pairs_g.v[pg + t * pc.L + s] = Gk[x][y];
         }
@@ -274,8 +274,8 @@ void main() {
 #define LOAD_GX(p, d) gX(d, p)
 #define LOAD_BD(d, s) B_(s, d)
         STAGED_PRODUCT(acc, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = e[s] * acc[x][y];
                 e_part[y] += u_(s, p) * acc[x][y];
@@ -284,8 +284,8 @@ void main() {
 #define LOAD_GYT(p, t) gy(t, p)
 #define LOAD_M(t, s) pair(t, s)
         STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] += acc[x][y];
             }
@@ -293,8 +293,8 @@ void main() {
 #define LOAD_Z(p, d) Z_(d, p)
 #define LOAD_CD(d, t) C_(t, d)
         STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * acc[x][y];
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * acc[x][y];
     }
     column_sums(e_part, true);
     column_sums(f_part, false);
@@ -303,8 +303,8 @@ void main() {
     // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
     barrier();
     uint sc = pairs_at(grp, pc.G);  // the group's S
-    [[unroll]] for (uint x = 0; x < 4; ++x)
-        [[unroll]] for (uint y = 0; y < 4; ++y) {
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y), at = t * pc.L + s;  // this invocation's own G K, written above
             if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[sc + at];
         }
@@ -339,8 +339,8 @@ void main() {
 #define LOAD_ZD(d, p) Z_(d, p)
 #define LOAD_GYP(p, t) gy(t, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
                 if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
             }
@@ -348,8 +348,8 @@ void main() {
 #define LOAD_GXD(d, p) gX(d, p)
 #define LOAD_UP(p, s) u_(s, p)
         STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
             }
@@ -378,8 +378,8 @@ void main() {
 #define LOAD_BS(d, s) B_(s, d)
 #define LOAD_PT(s, t) pair(t, s)
         STAGED_PRODUCT(tri, nq, LOAD_BS, false, LOAD_PT, false, UP_TO_J)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
                 if (d < pc.D && t < nq) pc.bc.v[gC_at + bc_at(t) + d] += tri[x][y];
             }
@@ -387,8 +387,8 @@ void main() {
 #define LOAD_CT(d, t) C_(t, d)
 #define LOAD_PS(t, s) pair(t, s)
         STAGED_PRODUCT(tri, nq, LOAD_CT, false, LOAD_PS, false, FROM_J)
-        [[unroll]] for (uint x = 0; x < 4; ++x)
-            [[unroll]] for (uint y = 0; y < 4; ++y) {
+        for (uint x = 0; x < 4; ++x)
+            for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[bc_at(s) + d] += tri[x][y];
             }
