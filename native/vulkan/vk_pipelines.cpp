@@ -2,6 +2,7 @@
 // (push constants only: shaders address tensors by buffer device address).
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "vulkan/vk_context.hpp"
 #include "vulkan/vk_shaders.hpp"
@@ -46,28 +47,37 @@ std::string statistic_value(const VkPipelineExecutableStatisticKHR& s) {
     }
 }
 
+// Vulkan's two-call enumeration: the count, then that many elements, each made from `blank`.
+template <typename T, typename Call>
+std::vector<T> enumerated(T blank, Call call, const char* what) {
+    uint32_t n = 0;
+    check(call(&n, nullptr), what);
+    std::vector<T> all(n, blank);
+    check(call(&n, all.data()), what);
+    all.resize(n);
+    return all;
+}
+
 }  // namespace
 
 void Context::keep_statistics(const std::string& shader, VkPipeline pipeline) {
     VkPipelineInfoKHR info{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
     info.pipeline = pipeline;
-    uint32_t n_executables = 0;
-    check(get_executables_(device_, &info, &n_executables, nullptr), "vkGetPipelineExecutablePropertiesKHR");
-    std::vector<VkPipelineExecutablePropertiesKHR> executables(
-        n_executables, VkPipelineExecutablePropertiesKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
-    check(get_executables_(device_, &info, &n_executables, executables.data()), "vkGetPipelineExecutablePropertiesKHR");
+    const auto executables = enumerated(
+        VkPipelineExecutablePropertiesKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR},
+        [&](uint32_t* n, VkPipelineExecutablePropertiesKHR* out) { return get_executables_(device_, &info, n, out); },
+        "vkGetPipelineExecutablePropertiesKHR");
     auto& kept = pipeline_statistics_[shader];
-    for (uint32_t e = 0; e < n_executables; ++e) {
+    for (uint32_t e = 0; e < executables.size(); ++e) {
         VkPipelineExecutableInfoKHR which{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
         which.pipeline = pipeline;
         which.executableIndex = e;
-        uint32_t n = 0;
-        check(get_statistics_(device_, &which, &n, nullptr), "vkGetPipelineExecutableStatisticsKHR");
-        std::vector<VkPipelineExecutableStatisticKHR> statistics(
-            n, VkPipelineExecutableStatisticKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
-        check(get_statistics_(device_, &which, &n, statistics.data()), "vkGetPipelineExecutableStatisticsKHR");
+        const auto statistics = enumerated(
+            VkPipelineExecutableStatisticKHR{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR},
+            [&](uint32_t* n, VkPipelineExecutableStatisticKHR* out) { return get_statistics_(device_, &which, n, out); },
+            "vkGetPipelineExecutableStatisticsKHR");
         // One executable (a compute pipeline's usual case): the statistics' own names.
-        const std::string prefix = n_executables > 1 ? std::string(executables[e].name) + ": " : "";
+        const std::string prefix = executables.size() > 1 ? std::string(executables[e].name) + ": " : "";
         for (const auto& s : statistics) kept.emplace_back(prefix + s.name, statistic_value(s));
     }
 }
