@@ -24,9 +24,9 @@ layout(push_constant) uniform Push {
     Floats la;      // the log decays [H, T, N]
     Floats B;       // [D, G, T, N]
     Floats C;
-    Floats g;       // START_GRADS, GRADS: the gradient of y, laid out as u
-    Floats states;  // OUTPUTS, GRADS: the start states Z [D P, H, c, N]
-    Floats aux;     // GRADS: gX [D P, H, c, N]
+    Floats g;       // START_GRADS, GRADS, STATE_GRADS: the gradient of y, laid out as u
+    Floats states;  // OUTPUTS, GRADS, STATE_GRADS: the start states Z [D P, H, c, N]
+    Floats aux;     // GRADS, STATE_GRADS: gX [D P, H, c, N]
     Floats o;       // SCORES: the scores; OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y;
                     // GRADS: [gu, glog_decay]
     Floats bc;      // STATE_GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
