@@ -32,7 +32,7 @@ uint staged_row(uint el, bool along_k) { return along_k ? el / 16 : el % 64; }
 // while the products run; the first 16 before the first barrier, so an operand read from shared
 // memory must be complete there.
 #define STAGED_LOAD(k0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                                   \
-    for (uint m = 0; m < 4; ++m) {                                                       \
+    for (uint m = 0; m < 4; ++m) {                                                                  \
         uint el = tid + 256 * m;                                                                    \
         next_a[m] = LOAD_A(i0 + staged_row(el, A_K), (k0) + staged_term(el, A_K));                  \
         next_b[m] = LOAD_B((k0) + staged_term(el, B_K), j0 + staged_row(el, B_K));                  \
@@ -44,7 +44,7 @@ uint staged_row(uint el, bool along_k) { return along_k ? el / 16 : el % 64; }
         STAGED_LOAD(0, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)                                    \
         for (uint k0 = 0; k0 < (KN); k0 += 16) {                                                    \
             barrier();                                                                              \
-            for (uint m = 0; m < 4; ++m) {                                               \
+            for (uint m = 0; m < 4; ++m) {                                                          \
                 uint el = tid + 256 * m;                                                            \
                 uint ia = staged_row(el, A_K), jb = staged_row(el, B_K);                            \
                 As[staged_term(el, A_K)][ia / 4][ia % 4] = next_a[m];                               \
@@ -52,10 +52,10 @@ uint staged_row(uint el, bool along_k) { return along_k ? el / 16 : el % 64; }
             }                                                                                       \
             barrier();                                                                              \
             if (k0 + 16 < (KN)) STAGED_LOAD(k0 + 16, LOAD_A, A_K, LOAD_B, B_K, next_a, next_b)      \
-            for (uint kk = 0; kk < 16; ++kk) {                                           \
+            for (uint kk = 0; kk < 16; ++kk) {                                                      \
                 vec4 av = As[kk][tx], bv = Bs[kk][ty];                                              \
-                for (uint x = 0; x < 4; ++x)                                             \
-                    for (uint y = 0; y < 4; ++y)                                         \
+                for (uint x = 0; x < 4; ++x)                                                        \
+                    for (uint y = 0; y < 4; ++y)                                                    \
                         if (ALLOW(i0 + ri(x), j0 + cj(y), k0 + kk)) acc[x][y] += av[x] * bv[y];     \
             }                                                                                       \
         }                                                                                           \
