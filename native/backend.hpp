@@ -114,7 +114,8 @@ std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
 // The driver compiler's statistics of each GPU pipeline made so far (registers, spills, shared
 // memory), by shader, as (name, value) pairs: empty unless RLKIT_VK_PIPELINE_STATISTICS=1 was set
 // before the GPU's first use and the driver offers VK_KHR_pipeline_executable_properties.
-std::map<std::string, std::vector<std::pair<std::string, std::string>>> gpu_pipeline_statistics();
+using PipelineStatistics = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+PipelineStatistics gpu_pipeline_statistics();
 // Tests: errors the validation layer reports for one deliberately invalid Vulkan call (-1 when
 // the layer is off or there is no GPU): proof that validation is really active.
 int provoke_validation_error();

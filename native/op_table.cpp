@@ -77,7 +77,7 @@ std::string gpu_scan_kernel(bool, int64_t, int64_t, int64_t, bool) { return {}; 
 void set_gpu_poison(bool) {}
 bool set_gpu_profiling(bool on) { return !on; }
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }
-std::map<std::string, std::vector<std::pair<std::string, std::string>>> gpu_pipeline_statistics() { return {}; }
+PipelineStatistics gpu_pipeline_statistics() { return {}; }
 int provoke_validation_error() { return -1; }
 #endif
 

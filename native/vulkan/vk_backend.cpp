@@ -75,10 +75,10 @@ bool set_gpu_profiling(bool on) {
     return ctx->profiling() == on;
 }
 
-std::map<std::string, std::vector<std::pair<std::string, std::string>>> gpu_pipeline_statistics() {
+PipelineStatistics gpu_pipeline_statistics() {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);
-    return ctx ? ctx->pipeline_statistics() : vk::Context::PipelineStatistics{};
+    return ctx ? ctx->pipeline_statistics() : PipelineStatistics{};
 }
 
 bool gpu_info(GpuInfo* info) {

@@ -114,7 +114,6 @@ class Context {
     // memory: VK_KHR_pipeline_executable_properties), by shader, as (name, value) pairs; empty
     // unless RLKIT_VK_PIPELINE_STATISTICS=1 was set when the context was made and the driver
     // offers the extension. Which workgroups an SM holds follows from these without a profiler.
-    using PipelineStatistics = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
     const PipelineStatistics& pipeline_statistics() const { return pipeline_statistics_; }
     bool keeps_pipeline_statistics() const { return get_statistics_ != nullptr; }
 

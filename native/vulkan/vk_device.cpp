@@ -380,7 +380,10 @@ void Context::init(std::string* why) {
             api_.vkGetDeviceProcAddr(device_, "vkGetPipelineExecutablePropertiesKHR"));
         get_statistics_ = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
             api_.vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableStatisticsKHR"));
-        if (!get_executables_ || !get_statistics_) get_executables_ = nullptr, get_statistics_ = nullptr;
+        if (!get_executables_ || !get_statistics_) {  // both or neither
+            get_executables_ = nullptr;
+            get_statistics_ = nullptr;
+        }
     }
     api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 
