@@ -26,8 +26,9 @@
 //   gu_s  = sum_{t >= s} M[t, s] gy_t + e[s] gX_q^T B_s
 //   gC_t  = sum_{s <= t} G[t, s] K[t, s] B_s + f[t] Z_q gy_t
 //   gB_s  = sum_{t >= s} G[t, s] K[t, s] C_t + e[s] gX_q u_s          (summed over the group's heads)
-//   ga_r  = sum_{s < r <= t} G[t, s] M[t, s] + sum_{s < r} e[s] u_s . gX_q^T B_s
-//         + sum_{t >= r} f[t] gy_t . Z_q^T C_t + A_q sum(gX_q * Z_q)
+//   ga_r  = sum_{s < r <= t} G[t, s] M[t, s] + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q sum(gX_q * Z_q),
+//           E[s] = e[s] u_s . gX_q^T B_s = B_s . (e[s] gX_q u_s)    (the last, gB_s's term through the state)
+//           F[t] = f[t] gy_t . Z_q^T C_t = C_t . (f[t] Z_q gy_t)    (the last, gC_t's)
 // A NaN in a token reaches the outputs of its head from that token on, and the final state, as in
 // the recurrence: the products over pairs of tokens add the triangle s <= t only, never a later
 // token's vector times 0 (triangle_product).
@@ -272,24 +273,37 @@ void chunk_gradients(Chunk<T>& k, const T* S, const T* gy, const T* Z, const T* 
                      T* gB, T* gC, std::vector<T>& pairs_sum) {
     const int64_t n_q = k.n_q, P = d.P, D = d.D, L = d.L;
     k.decayed(S, k.M);
-    std::vector<T> G, gS, v(P * n_q), w(P * n_q), dense(D * n_q), E(n_q), F(n_q);
+    std::vector<T> G, gS, v(P * n_q), dense(D * n_q), E(n_q), F(n_q);
     k.dots(gy, k.su, k.u, k.su, P, G);  // G[t, s] = gy_t . u_s
     k.decayed(G.data(), gS);
     for (int64_t i = 0; i < L * L; ++i) pairs_sum[i] += gS[i];
     gemm_serial(true, false, P, n_q, D, gX, D, k.B, k.sb, v.data(), P, false);  // v_s = gX^T B_s
-    gemm_serial(true, false, P, n_q, D, Z, D, k.C, k.sb, w.data(), P, false);   // w_t = Z^T C_t
     triangle_product(gy, k.su, P, k.M, L, n_q, false, gu, k.su);                 // sum_{t >= s} M[t, s] gy_t
-    for (int64_t s = 0; s < n_q; ++s) {
-        for (int64_t p = 0; p < P; ++p) gu[k.su * s + p] += k.e[s] * v[p + P * s];
-        E[s] = k.e[s] * dot(k.u_at(s), v.data() + P * s, P);
-        F[s] = k.f[s] * dot(gy + k.su * s, w.data() + P * s, P);
-    }
-    gemm_serial(false, false, D, n_q, P, Z, D, gy, k.su, dense.data(), D, false);  // Z gy_t
-    for (int64_t t = 0; t < n_q; ++t)
-        for (int64_t i = 0; i < D; ++i) gC[k.sb * t + i] += k.f[t] * dense[i + D * t];
-    gemm_serial(false, false, D, n_q, P, gX, D, k.u, k.su, dense.data(), D, false);  // gX u_s
     for (int64_t s = 0; s < n_q; ++s)
-        for (int64_t i = 0; i < D; ++i) gB[k.sb * s + i] += k.e[s] * dense[i + D * s];
+        for (int64_t p = 0; p < P; ++p) gu[k.su * s + p] += k.e[s] * v[p + P * s];
+    // gC's and gB's terms through the states, and from them the tokens' terms of glog_decay
+    // E[s] = e[s] u_s . v_s = B_s . gB_s and F[t] = f[t] gy_t . Z^T C_t = C_t . gC_t (one product
+    // fewer than through Z^T C_t; the GPU's STATE_GRADS makes them so too)
+    gemm_serial(false, false, D, n_q, P, Z, D, gy, k.su, dense.data(), D, false);  // Z gy_t
+    for (int64_t t = 0; t < n_q; ++t) {
+        T sum = 0;
+        for (int64_t i = 0; i < D; ++i) {
+            const T term = k.f[t] * dense[i + D * t];
+            gC[k.sb * t + i] += term;
+            sum += k.C[k.sb * t + i] * term;
+        }
+        F[t] = sum;
+    }
+    gemm_serial(false, false, D, n_q, P, gX, D, k.u, k.su, dense.data(), D, false);  // gX u_s
+    for (int64_t s = 0; s < n_q; ++s) {
+        T sum = 0;
+        for (int64_t i = 0; i < D; ++i) {
+            const T term = k.e[s] * dense[i + D * s];
+            gB[k.sb * s + i] += term;
+            sum += k.B[k.sb * s + i] * term;
+        }
+        E[s] = sum;
+    }
     const T gA = dot(gX, Z, d.plane());
     // the pairs' part: R[t, s] = sum over t' >= t of G K S (= G M), then each r's sum over s < r
     std::vector<T> R(L * L, T(0));

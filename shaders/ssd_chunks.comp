@@ -6,12 +6,13 @@
 //   OWN_STATES  X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
 //   START_GRADS gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
 //   OUTPUTS     y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
-//   GRADS       gu, glog_decay and each head's pairs' gradient G K
+//   GRADS       gu, each head's pairs' gradient G K, and glog_decay's terms through the pairs and gA
 //   STATE_GRADS each head's terms of gB and gC through its states (summed over a group's heads by
-//               ssd_pass.comp's GROUP_SUM where groups hold several)
+//               ssd_pass.comp's GROUP_SUM where groups hold several), and E and F of its tokens
 //   PAIR_GRADS  once per (chunk, group, sequence): the group's heads' G K summed, and the terms of
 //               gB and gC through the pairs added to theirs (B and C are the group's: one product
-//               of the heads' sum for the group, where each head made its own)
+//               of the heads' sum for the group, where each head made its own); the group's heads'
+//               terms of glog_decay through E and F added to theirs
 // Every product is a blocked one (staged_product.glsl): a 64 x 64 block of its output at a time,
 // each invocation 4 x 4 of it, its operands staged through shared memory 16 terms at a time. The products over a
 // chunk's pairs of tokens (the triangle s <= t) add only the pairs' terms, so a NaN in a token
@@ -28,9 +29,10 @@ layout(push_constant) uniform Push {
     Floats states;  // OUTPUTS, GRADS, STATE_GRADS: the start states Z [D P, H, c, N]
     Floats aux;     // GRADS, STATE_GRADS: gX [D P, H, c, N]
     Floats o;       // SCORES: the scores; OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y;
-                    // GRADS: [gu, glog_decay]
+                    // GRADS, PAIR_GRADS: [gu, glog_decay]
     Floats bc;      // STATE_GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
-    Floats decay;   // [H, c, N]: each chunk's decay A_q (written by OWN_STATES)
+    Floats per_chunk; // OWN_STATES: each chunk's decay A_q [H, c, N]; STATE_GRADS: E and F of each
+                    // head's tokens [2 L, H, c, N] (read by PAIR_GRADS)
     Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
     Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t only (written by GRADS, read by PAIR_GRADS)
     uint P;
@@ -87,6 +89,9 @@ uint locate_chunk(uint lanes) {
 
 // Where the pairs of chunk q's lane (a group's S, a head's G K) begin: [L L, lanes, c, N]
 uint pairs_at(uint lane, uint lanes) { return pc.L * pc.L * (lane + lanes * (q + pc.c * n)); }
+
+// Where glog_decay of this chunk's token r of head `head` lies in GRADS' and PAIR_GRADS' o (after gu)
+uint glog_decay_at(uint head, uint r) { return pc.P * pc.H * pc.T * pc.N + head + pc.H * (t0 + r); }
 
 // The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
 void load_decays() {
@@ -174,7 +179,7 @@ void main() {
                 }
         }
 #if defined(OWN_STATES)
-    if (tid == 0) pc.decay.v[h + pc.H * (q + pc.c * n)] = f[nq - 1];
+    if (tid == 0) pc.per_chunk.v[h + pc.H * (q + pc.c * n)] = f[nq - 1];
 #endif
 }
 #endif
@@ -211,34 +216,10 @@ void main() {
 #endif
 
 #if defined(GRADS)
-shared float E[LMAX], F[LMAX], partial[256];
-
-// Sums each column's 16 partials (one per tx) in order: E or F of the column's token, times its decay.
-void column_sums(float own[4], bool to_E) {
-    barrier();
-    As[tx][ty] = vec4(own[0], own[1], own[2], own[3]);  // row tx, columns cj(0 .. 3)
-    barrier();
-    if (tid < nq) {
-        float sum = 0.0;
-        for (uint x = 0; x < 16; ++x) sum += As[x][tid / 4][tid % 4];
-        if (to_E) E[tid] = e[tid] * sum;
-        else F[tid] = f[tid] * sum;
-    }
-}
+shared float partial[256];
 
 void main() {
     load_decays();
-    // gA = sum(gX * Z), summed in a fixed tree
-    float own = 0.0;
-    for (uint i = tid; i < pc.D * pc.P; i += 256) own += pc.aux.v[plane + i] * pc.states.v[plane + i];
-    partial[tid] = own;
-    for (uint width = 128; width > 0; width /= 2) {
-        barrier();
-        if (tid < width) partial[tid] += partial[tid + width];
-    }
-    barrier();
-    float gA = partial[0];
-
     float Gk[4][4];
     clear(Gk);
     {
@@ -262,11 +243,10 @@ void main() {
             if (t < nq && s <= t) pc.pairs_g.v[pg + t * pc.L + s] = Gk[x][y];
         }
 
-    // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s; E[s] = e[s] u_s . v_s, F[t] = f[t] gy_t . Z^T C_t
+    // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s
     float S[4][4];  // loaded here, not held through G's product
     load_scores(S);
     store_decayed(S);  // M
-    float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
         uint j0 = 0;
         float acc[4][4];
@@ -278,7 +258,6 @@ void main() {
             for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = e[s] * acc[x][y];
-                e_part[y] += u_(s, p) * acc[x][y];
             }
         clear(acc);  // the pairs' terms of gu, added to what this invocation wrote
 #define LOAD_GYT(p, t) gy(t, p)
@@ -289,18 +268,10 @@ void main() {
                 uint p = i0 + ri(x), s = cj(y);
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] += acc[x][y];
             }
-        clear(acc);  // w_t = Z^T C_t
-#define LOAD_Z(p, d) Z_(d, p)
-#define LOAD_CD(d, t) C_(t, d)
-        STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_CD, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) f_part[y] += gy(cj(y), i0 + ri(x)) * acc[x][y];
     }
-    column_sums(e_part, true);
-    column_sums(f_part, false);
 
     // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
-    // glog_decay[r] = sum_{s < r} (those sums at r) + sum_{s < r} E[s] + sum_{t >= r} F[t] + A_q gA
+    // glog_decay[r] = sum_{s < r} (those sums at r) + A_q gA (PAIR_GRADS adds the terms through E and F)
     barrier();
     uint sc = pairs_at(grp, pc.G);  // the group's S
     for (uint x = 0; x < 4; ++x)
@@ -313,14 +284,21 @@ void main() {
         float sum = 0.0;
         for (uint t = nq - 1; t > tid; --t) pairs[t * LMAX + tid] = (sum += pairs[t * LMAX + tid]);
     }
+    // gA = sum(gX * Z), summed in a fixed tree
+    float own = 0.0;
+    for (uint i = tid; i < pc.D * pc.P; i += 256) own += pc.aux.v[plane + i] * pc.states.v[plane + i];
+    partial[tid] = own;
+    for (uint width = 128; width > 0; width /= 2) {
+        barrier();
+        if (tid < width) partial[tid] += partial[tid + width];
+    }
     barrier();
+    float gA = partial[0];
     if (tid < nq) {
         uint r = tid;
-        float within = 0.0, before = 0.0, after = 0.0;
+        float within = 0.0;
         for (uint s = 0; s < r; ++s) within += pairs[r * LMAX + s];
-        for (uint s = 0; s < r; ++s) before += E[s];
-        for (uint t = nq; t-- > r;) after += F[t];
-        pc.o.v[pc.P * pc.H * pc.T * pc.N + h + pc.H * (t0 + r)] = within + before + after + f[nq - 1] * gA;
+        pc.o.v[glog_decay_at(h, r)] = within + f[nq - 1] * gA;
     }
 }
 #endif
@@ -328,10 +306,25 @@ void main() {
 #if defined(STATE_GRADS)
 // Each head's terms of gB and gC through its states, gC_t = f[t] Z gy_t and gB_s = e[s] gX u_s: a
 // kernel of their own beside GRADS (the same level of a program: they write apart), whose few live
-// registers let an SM hold several of its workgroups where GRADS holds one.
+// registers let an SM hold several of its workgroups where GRADS holds one. Also the tokens' terms
+// of glog_decay through the states, E[s] = e[s] u_s . gX^T B_s = B_s . gB_s and
+// F[t] = f[t] gy_t . Z^T C_t = C_t . gC_t, from those terms as they are made.
+
+// Sums each column's 16 partials (one per tx) in order: the column's token's (tid < nq).
+float column_sum(float own[4]) {
+    barrier();
+    As[tx][ty] = vec4(own[0], own[1], own[2], own[3]);  // row tx, columns cj(0 .. 3)
+    barrier();
+    float sum = 0.0;
+    if (tid < nq)
+        for (uint x = 0; x < 16; ++x) sum += As[x][tid / 4][tid % 4];
+    return sum;
+}
+
 void main() {
     load_decays();
     uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
+    float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
         float dense[4][4];
@@ -342,7 +335,9 @@ void main() {
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
-                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = f[t] * dense[x][y];
+                float term = f_(t) * dense[x][y];
+                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = term;
+                f_part[y] += C_(t, d) * term;
             }
         clear(dense);
 #define LOAD_GXD(d, p) gX(d, p)
@@ -351,8 +346,16 @@ void main() {
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), s = cj(y);
-                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = e[s] * dense[x][y];
+                float term = e_(s) * dense[x][y];
+                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = term;
+                e_part[y] += B_(s, d) * term;
             }
+    }
+    uint at = 2 * pc.L * (h + pc.H * (q + pc.c * n));
+    float E = column_sum(e_part), F = column_sum(f_part);
+    if (tid < nq) {
+        pc.per_chunk.v[at + tid] = E;
+        pc.per_chunk.v[at + pc.L + tid] = F;
     }
 }
 #endif
@@ -392,6 +395,14 @@ void main() {
                 uint d = i0 + ri(x), s = cj(y);
                 if (d < pc.D && s < nq) pc.bc.v[bc_at(s) + d] += tri[x][y];
             }
+    }
+    // each of the group's heads' glog_decay[r] += sum_{s < r} E[s] + sum_{t >= r} F[t]
+    for (uint i = tid; i < heads * nq; i += 256) {
+        uint head = grp * heads + i / nq, r = i % nq, at = 2 * pc.L * (head + pc.H * (q + pc.c * n));
+        float before = 0.0, after = 0.0;
+        for (uint s = 0; s < r; ++s) before += pc.per_chunk.v[at + s];
+        for (uint t = nq; t-- > r;) after += pc.per_chunk.v[at + pc.L + t];
+        pc.o.v[glog_decay_at(head, r)] += before + after;
     }
 }
 #endif

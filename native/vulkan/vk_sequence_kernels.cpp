@@ -563,7 +563,7 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
 namespace {
 
 struct SsdPush {
-    uint64_t u, la, B, C, g, states, aux, o, bc, decay, scores, pairs_g;
+    uint64_t u, la, B, C, g, states, aux, o, bc, per_chunk, scores, pairs_g;
     uint32_t P, H, T, N, D, G, L, c;
 };
 
@@ -581,10 +581,12 @@ constexpr uint64_t kFloat = sizeof(float);
 void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
-    const double grads = product(d.P) + blocks_P * (product(d.L) + 2 * product(d.D)) + 2.0 * 16 * double(d.L) +
-                         double(d.D * d.P) / 256 + 3.0 * double(d.L);
-    const double state_grads = blocks_D * 2 * product(d.P);
-    const double pair_grads = double(d.L * d.L + 255) / 256 * double(d.H / d.G) + blocks_D * 2 * product(d.L);
+    const double grads = product(d.P) + blocks_P * (product(d.L) + product(d.D)) + double(d.D * d.P) / 256 +
+                         2.0 * double(d.L);
+    const double state_grads = blocks_D * 2 * product(d.P) + 2.0 * 16;
+    const double heads = double(d.H / d.G);
+    const double pair_grads = double(d.L * d.L + 255) / 256 * heads + blocks_D * 2 * product(d.L) +
+                              (double(d.L) * heads + 255) / 256 * double(d.L);
     check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * std::max({grads, state_grads, pair_grads, product(d.D)}));
     check_loop_budget(op, d.c, "chunks per sequence", kLoopMargin * double(d.c));
 }
@@ -631,7 +633,7 @@ TensorPtr record_start_states(const SsdDims& d, const Inputs& in, size_t at, con
                               std::vector<vk::Range> written, const char* op) {
     TensorPtr decay = make_on(Device::gpu, {d.H * d.c * d.N, 1, 1, 1}, 2, DType::f32);
     SsdPush p = ssd_push(d, in, at, op);
-    p.o = starts.address(), p.decay = decay->address();
+    p.o = starts.address(), p.per_chunk = decay->address();
     record("ssd_chunks_own_states", p, uint64_t(d.c * d.H * d.N), spans(in), {span(starts), span(*decay)});
     written.push_back(span(starts));
     record_pass("ssd_pass_forward", ssd_pass_push(starts.address(), *decay, in[at + 4]->address(), finals, d, op),
@@ -682,25 +684,29 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     TensorPtr scores = record_scores(d, in, 1, op);
     TensorPtr pairs_g = make_on(Device::gpu, {size_mul(d.L, d.L, d.H, d.c, d.N), 1, 1, 1}, 2, DType::f32);
     u32(pairs_g->numel(), op);
+    TensorPtr ends = make_on(Device::gpu, {size_mul(2, d.L, d.H, d.c, d.N), 1, 1, 1}, 2, DType::f32);  // E and F
+    u32(ends->numel(), op);
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
-    p.scores = scores->address(), p.pairs_g = pairs_g->address();
+    p.scores = scores->address(), p.pairs_g = pairs_g->address(), p.per_chunk = ends->address();
     reads.push_back(span(*planes));
     reads.push_back(span(*starts));
     reads.push_back(span(*scores));
-    // GRADS writes gu and glog_decay, STATE_GRADS the heads' terms of gB and gC: apart, so that
-    // they share a level
+    // GRADS writes gu and glog_decay, STATE_GRADS the heads' terms of gB and gC and E and F: apart,
+    // so that they share a level
     record("ssd_chunks_grads", p, tiles, reads, {{out.address(), gB}, span(*pairs_g)});
     const vk::Range bc = grouped ? span(*heads) : vk::Range{gB, gB + kFloat * 2 * uint64_t(d.inputs_bc())};
-    record("ssd_chunks_state_grads", p, tiles, reads, {bc});
+    record("ssd_chunks_state_grads", p, tiles, reads, {bc, span(*ends)});
     if (grouped) {
         const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op),
                               u32(d.T * d.N, op), 1};
         record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});
     }
-    // the terms of gB and gC through the pairs, once per group, added to the heads' sums
+    // the terms of gB and gC through the pairs, once per group, added to the heads' sums; the
+    // heads' terms of glog_decay through E and F added to GRADS'
     p.bc = gB;
     std::vector<vk::Range> pair_reads = spans(in);
     pair_reads.push_back(span(*pairs_g));
+    pair_reads.push_back(span(*ends));
     pair_reads.push_back(span(out));
     record("ssd_chunks_pair_grads", p, uint64_t(d.c * d.G * d.N), pair_reads, {span(out)});
 }
