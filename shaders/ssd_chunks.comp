@@ -111,12 +111,37 @@ void load_decays() {
     barrier();
 }
 
-// exp(a_{s+1} + .. + a_t): the decay from token s to token t (s <= t)
-float K(uint t, uint s) {
-    float sum = 0.0;
-    for (uint r = s + 1; r <= t; ++r) sum += a[r];
-    return exp(sum);
+#if defined(OUTPUTS) || defined(GRADS)
+// pairs[t, s] = K[t, s] = exp(a_{s+1} + .. + a_t) (s <= t < nq), the decay from token s to token t,
+// until store_decayed multiplies each by its pair's value: each column s summed down from t = s, in
+// the order the CPU sums it (a loop per pair took up to 63 steps for each of an invocation's 16
+// pairs, one after another).
+void load_pair_decays() {
+    if (tid < nq) {
+        float sum = 0.0;
+        pairs[tid * LMAX + tid] = exp(sum);
+        for (uint t = tid + 1; t < nq; ++t) {
+            sum += a[t];
+            pairs[t * LMAX + tid] = exp(sum);
+        }
+    }
+    barrier();
 }
+
+float K(uint t, uint s) { return pairs[t * LMAX + s]; }  // while pairs holds the decays
+
+// pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs, each decay
+// read where it is replaced)
+void store_decayed(float value[4][4]) {
+    barrier();
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
+        }
+    barrier();
+}
+#endif
 
 // This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
 void load_scores(out float S[4][4]) {
@@ -126,17 +151,6 @@ void load_scores(out float S[4][4]) {
             uint t = ri(x), s = cj(y);
             S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
         }
-}
-
-// pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs)
-void store_decayed(float value[4][4]) {
-    barrier();
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
-        }
-    barrier();
 }
 
 #if defined(SCORES)
@@ -187,6 +201,7 @@ void main() {
 #if defined(OUTPUTS)
 void main() {
     load_decays();
+    load_pair_decays();
     float S[4][4];
     load_scores(S);
     store_decayed(S);  // M
@@ -220,6 +235,7 @@ shared float partial[256];
 
 void main() {
     load_decays();
+    load_pair_decays();
     float Gk[4][4];
     clear(Gk);
     {
