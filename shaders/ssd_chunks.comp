@@ -6,9 +6,11 @@
 //   OWN_STATES  X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
 //   START_GRADS gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
 //   OUTPUTS     y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t
-//   GRADS       gu, each head's pairs' gradient G K, and glog_decay's terms through the pairs and gA
-//   STATE_GRADS each head's terms of gB and gC through its states (summed over a group's heads by
-//               ssd_pass.comp's GROUP_SUM where groups hold several), and E and F of its tokens
+//   GRADS_U     gu
+//   GRADS_PAIRS each head's pairs' gradient G K, and glog_decay's terms through the pairs and gA
+//   STATE_GRADS_C, STATE_GRADS_B  each head's terms of gC (gB) through its states (summed over a
+//               group's heads by ssd_pass.comp's GROUP_SUM where groups hold several), and F (E) of
+//               its tokens
 //   PAIR_GRADS  once per (chunk, group, sequence): the group's heads' G K summed, and the terms of
 //               gB and gC through the pairs added to theirs (B and C are the group's: one product
 //               of the heads' sum for the group, where each head made its own); the group's heads'
@@ -25,14 +27,14 @@ layout(push_constant) uniform Push {
     Floats la;      // the log decays [H, T, N]
     Floats B;       // [D, G, T, N]
     Floats C;
-    Floats g;       // START_GRADS, GRADS, STATE_GRADS: the gradient of y, laid out as u
-    Floats states;  // OUTPUTS, GRADS, STATE_GRADS: the start states Z [D P, H, c, N]
-    Floats aux;     // GRADS, STATE_GRADS: gX [D P, H, c, N]
+    Floats g;       // START_GRADS and the backward's later kernels: the gradient of y, laid out as u
+    Floats states;  // OUTPUTS, GRADS_*, STATE_GRADS_*: the start states Z [D P, H, c, N]
+    Floats aux;     // GRADS_*, STATE_GRADS_*: gX [D P, H, c, N]
     Floats o;       // SCORES: the scores; OWN_STATES, START_GRADS: planes [D P, H, c, N]; OUTPUTS: y;
-                    // GRADS, PAIR_GRADS: [gu, glog_decay]
-    Floats bc;      // STATE_GRADS: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
-    Floats per_chunk; // OWN_STATES: each chunk's decay A_q [H, c, N]; STATE_GRADS: E and F of each
-                    // head's tokens [2 L, H, c, N] (read by PAIR_GRADS)
+                    // GRADS_*, PAIR_GRADS: [gu, glog_decay]
+    Floats bc;      // STATE_GRADS_*: gB, then gC, per head [D, H, T, N] each; PAIR_GRADS: the output's [D, G, T, N]
+    Floats per_chunk; // OWN_STATES: each chunk's decay A_q [H, c, N]; STATE_GRADS_*: E, then F, of each
+                    // head's tokens [L, H, c, N] each (read by PAIR_GRADS)
     Floats scores;  // [L L, G, c, N]: S of each (chunk, group), row t at t L (written by SCORES)
     Floats pairs_g; // [L L, H, c, N]: each head's G K, s <= t only (written by GRADS, read by PAIR_GRADS)
     uint P;
@@ -90,7 +92,7 @@ uint locate_chunk(uint lanes) {
 // Where the pairs of chunk q's lane (a group's S, a head's G K) begin: [L L, lanes, c, N]
 uint pairs_at(uint lane, uint lanes) { return pc.L * pc.L * (lane + lanes * (q + pc.c * n)); }
 
-// Where glog_decay of this chunk's token r of head `head` lies in GRADS' and PAIR_GRADS' o (after gu)
+// Where glog_decay of this chunk's token r of head `head` lies in GRADS_PAIRS' and PAIR_GRADS' o (after gu)
 uint glog_decay_at(uint head, uint r) { return pc.P * pc.H * pc.T * pc.N + head + pc.H * (t0 + r); }
 
 // The chunk's log decays a, f[t] = exp(a_0 + .. + a_t), e[s] = exp(a_{s+1} + .. + a_{nq-1}).
@@ -111,7 +113,7 @@ void load_decays() {
     barrier();
 }
 
-#if defined(OUTPUTS) || defined(GRADS)
+#if defined(OUTPUTS) || defined(GRADS_U) || defined(GRADS_PAIRS)
 // pairs[t, s] = K[t, s] = exp(a_{s+1} + .. + a_t) (s <= t < nq), the decay from token s to token t,
 // until store_decayed multiplies each by its pair's value: each column s summed down from t = s, in
 // the order the CPU sums it (a loop per pair took up to 63 steps for each of an invocation's 16
@@ -230,37 +232,12 @@ void main() {
 }
 #endif
 
-#if defined(GRADS)
-shared float partial[256];
-
+#if defined(GRADS_U)
+// gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s
 void main() {
     load_decays();
     load_pair_decays();
-    float Gk[4][4];
-    clear(Gk);
-    {
-        uint i0 = 0, j0 = 0;
-#define LOAD_GY(t, p) gy(t, p)
-#define LOAD_U(p, s) u_(s, p)
-        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
-    }
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) Gk[x][y] *= K(t, s);  // G K
-        }
-    // This head's G K (s <= t: nothing reads the pairs above the diagonal) for PAIR_GRADS, which
-    // adds the terms through the pairs to gB and gC, and for the pairs' part of glog_decay below
-    // (read back there: S and G K stay out of registers through the products)
-    uint pg = pairs_at(h, pc.H);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pc.pairs_g.v[pg + t * pc.L + s] = Gk[x][y];
-        }
-
-    // gu_s = sum_{t >= s} M[t, s] gy_t + e[s] v_s, v_s = gX^T B_s
-    float S[4][4];  // loaded here, not held through G's product
+    float S[4][4];
     load_scores(S);
     store_decayed(S);  // M
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
@@ -285,15 +262,38 @@ void main() {
                 if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] += acc[x][y];
             }
     }
+}
+#endif
 
-    // the pairs' gradient of their log decays, G K S, summed down each column from the end, then
-    // glog_decay[r] = sum_{s < r} (those sums at r) + A_q gA (PAIR_GRADS adds the terms through E and F)
-    barrier();
-    uint sc = pairs_at(grp, pc.G);  // the group's S
+#if defined(GRADS_PAIRS)
+shared float partial[256];
+
+// This head's pairs' gradient G K (G[t, s] = gy_t . u_s) for PAIR_GRADS, which adds the terms through
+// the pairs to gB and gC; and glog_decay's terms through the pairs, G K S summed down each column
+// from the end, then glog_decay[r] = sum_{s < r} (those sums at r) + A_q gA (PAIR_GRADS adds the
+// terms through E and F)
+void main() {
+    load_decays();
+    load_pair_decays();
+    float Gk[4][4];
+    clear(Gk);
+    {
+        uint i0 = 0, j0 = 0;
+#define LOAD_GY(t, p) gy(t, p)
+#define LOAD_U(p, s) u_(s, p)
+        STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
+    }
+    float S[4][4];
+    load_scores(S);
+    uint pg = pairs_at(h, pc.H);
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y), at = t * pc.L + s;  // this invocation's own G K, written above
-            if (t < nq && s <= t) pairs[t * LMAX + s] = pc.pairs_g.v[pg + at] * pc.scores.v[sc + at];
+            uint t = ri(x), s = cj(y);
+            if (t < nq && s <= t) {  // (nothing reads the pairs above the diagonal)
+                float gk = Gk[x][y] * K(t, s);
+                pc.pairs_g.v[pg + t * pc.L + s] = gk;
+                pairs[t * LMAX + s] = gk * S[x][y];  // where its decay was: this invocation's own pair
+            }
         }
     barrier();
     if (tid < nq) {
@@ -319,12 +319,25 @@ void main() {
 }
 #endif
 
-#if defined(STATE_GRADS)
-// Each head's terms of gB and gC through its states, gC_t = f[t] Z gy_t and gB_s = e[s] gX u_s: a
-// kernel of their own beside GRADS (the same level of a program: they write apart), whose few live
-// registers let an SM hold several of its workgroups where GRADS holds one. Also the tokens' terms
-// of glog_decay through the states, E[s] = e[s] u_s . gX^T B_s = B_s . gB_s and
-// F[t] = f[t] gy_t . Z^T C_t = C_t . gC_t, from those terms as they are made.
+#if defined(STATE_GRADS_C) || defined(STATE_GRADS_B)
+// Each head's terms of gC and gB through its states, gC_t = f[t] Z gy_t (STATE_GRADS_C) and
+// gB_s = e[s] gX u_s (STATE_GRADS_B): kernels of their own beside GRADS_U and GRADS_PAIRS (the same
+// level of a program: they write apart), whose few live registers let an SM hold more of their
+// workgroups. Also the tokens' terms of glog_decay through the states, F[t] = f[t] gy_t . Z^T C_t
+// = C_t . gC_t and E[s] = e[s] u_s . gX^T B_s = B_s . gB_s, from those terms as they are made.
+#if defined(STATE_GRADS_C)
+#define LOAD_STATE(d, p) Z_(d, p)
+#define LOAD_TOKEN(p, t) gy(t, p)
+#define TOKEN_DECAY(t) f_(t)
+#define OWN_VECTOR(t, d) C_(t, d)
+const uint HALF = 1;  // gC's, and F's, half of pc.bc and pc.per_chunk
+#else
+#define LOAD_STATE(d, p) gX(d, p)
+#define LOAD_TOKEN(p, s) u_(s, p)
+#define TOKEN_DECAY(s) e_(s)
+#define OWN_VECTOR(s, d) B_(s, d)
+const uint HALF = 0;
+#endif
 
 // Sums each column's 16 partials (one per tx) in order: the column's token's (tid < nq).
 float column_sum(float own[4]) {
@@ -339,40 +352,24 @@ float column_sum(float own[4]) {
 
 void main() {
     load_decays();
-    uint per_head = pc.D * pc.H * pc.T * pc.N, head_at = pc.D * (h + pc.H * t0);
-    float e_part[4] = float[4](0.0, 0.0, 0.0, 0.0), f_part[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    uint bc_at = HALF * pc.D * pc.H * pc.T * pc.N + pc.D * (h + pc.H * t0);
+    float part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
         float dense[4][4];
         clear(dense);
-#define LOAD_ZD(d, p) Z_(d, p)
-#define LOAD_GYP(p, t) gy(t, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_ZD, false, LOAD_GYP, true, ANY)
+        STAGED_PRODUCT(dense, pc.P, LOAD_STATE, false, LOAD_TOKEN, true, ANY)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
-                float term = f_(t) * dense[x][y];
-                if (d < pc.D && t < nq) pc.bc.v[per_head + head_at + pc.D * pc.H * t + d] = term;
-                f_part[y] += C_(t, d) * term;
-            }
-        clear(dense);
-#define LOAD_GXD(d, p) gX(d, p)
-#define LOAD_UP(p, s) u_(s, p)
-        STAGED_PRODUCT(dense, pc.P, LOAD_GXD, false, LOAD_UP, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
-                uint d = i0 + ri(x), s = cj(y);
-                float term = e_(s) * dense[x][y];
-                if (d < pc.D && s < nq) pc.bc.v[head_at + pc.D * pc.H * s + d] = term;
-                e_part[y] += B_(s, d) * term;
+                float term = TOKEN_DECAY(t) * dense[x][y];
+                if (d < pc.D && t < nq) pc.bc.v[bc_at + pc.D * pc.H * t + d] = term;
+                part[y] += OWN_VECTOR(t, d) * term;
             }
     }
-    uint at = 2 * pc.L * (h + pc.H * (q + pc.c * n));
-    float E = column_sum(e_part), F = column_sum(f_part);
-    if (tid < nq) {
-        pc.per_chunk.v[at + tid] = E;
-        pc.per_chunk.v[at + pc.L + tid] = F;
-    }
+    float sum = column_sum(part);
+    uint chunks = pc.H * pc.c * pc.N;
+    if (tid < nq) pc.per_chunk.v[pc.L * (HALF * chunks + h + pc.H * (q + pc.c * n)) + tid] = sum;
 }
 #endif
 
@@ -413,11 +410,12 @@ void main() {
             }
     }
     // each of the group's heads' glog_decay[r] += sum_{s < r} E[s] + sum_{t >= r} F[t]
+    uint F_at = pc.L * pc.H * pc.c * pc.N;  // F after E in pc.per_chunk
     for (uint i = tid; i < heads * nq; i += 256) {
-        uint head = grp * heads + i / nq, r = i % nq, at = 2 * pc.L * (head + pc.H * (q + pc.c * n));
+        uint head = grp * heads + i / nq, r = i % nq, at = pc.L * (head + pc.H * (q + pc.c * n));
         float before = 0.0, after = 0.0;
         for (uint s = 0; s < r; ++s) before += pc.per_chunk.v[at + s];
-        for (uint t = nq; t-- > r;) after += pc.per_chunk.v[at + pc.L + t];
+        for (uint t = nq; t-- > r;) after += pc.per_chunk.v[F_at + at + t];
         pc.o.v[glog_decay_at(head, r)] += before + after;
     }
 }

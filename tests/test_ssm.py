@@ -417,8 +417,8 @@ def test_ssd_chunks_gpu_gradients_carry_a_nan_as_the_cpu():
 @pytest.mark.skipif("llvmpipe" not in str(rc.devices()), reason="a guard for lavapipe's loop limit")
 def test_ssd_chunks_on_lavapipe_refuses_what_its_loops_would_cut_short():
     """lavapipe ends an invocation's loops after 65535 iterations: a chunk of 64 tokens with states
-    of 512 x 128 would be cut short there. Refused, naming the chunk's tokens."""
-    arrays = [rc.tensor(np.zeros(s, np.float32), device="gpu") for s in _ssd_shapes(512, 128, 1, 64, 1, 1)]
+    of 1024 x 256 would be cut short there. Refused, naming the chunk's tokens."""
+    arrays = [rc.tensor(np.zeros(s, np.float32), device="gpu") for s in _ssd_shapes(1024, 256, 1, 64, 1, 1)]
     with pytest.raises(RuntimeError, match=r"^ssd_chunks: 64 tokens per chunk need about .*llvmpipe"):
         ops.apply("ssd_chunks", tuple(arrays), ints=(64,)).numpy()
 

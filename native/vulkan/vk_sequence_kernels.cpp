@@ -575,19 +575,20 @@ struct SsdPassPush {
 
 constexpr uint64_t kFloat = sizeof(float);
 
-// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's GRADS, STATE_GRADS
-// and PAIR_GRADS loop the most: their products, each 260 iterations per 16 terms, over 64 x 64 blocks
-// of their outputs), and the passing's, refused where the device would cut them short.
+// An invocation's loop iterations at their largest trip counts (ssd_chunks.comp's backward kernels
+// loop the most: their products, each 260 iterations per 16 terms, over 64 x 64 blocks of their
+// outputs), and the passing's, refused where the device would cut them short.
 void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
-    const double grads = product(d.P) + blocks_P * (product(d.L) + product(d.D)) + double(d.D * d.P) / 256 +
-                         2.0 * double(d.L);
-    const double state_grads = blocks_D * 2 * product(d.P) + 2.0 * 16;
+    const double grads_u = double(d.L) + blocks_P * (product(d.L) + product(d.D));
+    const double grads_pairs = 2.0 * double(d.L) + product(d.P) + double(d.D * d.P) / 256 + 2.0 * double(d.L);
+    const double state_grads = blocks_D * product(d.P) + 16;
     const double heads = double(d.H / d.G);
     const double pair_grads = double(d.L * d.L + 255) / 256 * heads + blocks_D * 2 * product(d.L) +
                               (double(d.L) * heads + 255) / 256 * double(d.L);
-    check_loop_budget(op, d.L, "tokens per chunk", kLoopMargin * std::max({grads, state_grads, pair_grads, product(d.D)}));
+    check_loop_budget(op, d.L, "tokens per chunk",
+                      kLoopMargin * std::max({grads_u, grads_pairs, state_grads, pair_grads, product(d.D)}));
     check_loop_budget(op, d.c, "chunks per sequence", kLoopMargin * double(d.c));
 }
 
@@ -684,18 +685,25 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     TensorPtr scores = record_scores(d, in, 1, op);
     TensorPtr pairs_g = make_on(Device::gpu, {size_mul(d.L, d.L, d.H, d.c, d.N), 1, 1, 1}, 2, DType::f32);
     u32(pairs_g->numel(), op);
-    TensorPtr ends = make_on(Device::gpu, {size_mul(2, d.L, d.H, d.c, d.N), 1, 1, 1}, 2, DType::f32);  // E and F
+    const int64_t per_token = size_mul(d.L, d.H, d.c, d.N);  // E's, and F's, terms [L, H, c, N]
+    TensorPtr ends = make_on(Device::gpu, {size_mul(2, per_token), 1, 1, 1}, 2, DType::f32);  // E, then F
     u32(ends->numel(), op);
     p.states = starts->address(), p.aux = planes->address(), p.o = out.address(), p.bc = grouped ? heads->address() : gB;
     p.scores = scores->address(), p.pairs_g = pairs_g->address(), p.per_chunk = ends->address();
     reads.push_back(span(*planes));
     reads.push_back(span(*starts));
     reads.push_back(span(*scores));
-    // GRADS writes gu and glog_decay, STATE_GRADS the heads' terms of gB and gC and E and F: apart,
-    // so that they share a level
-    record("ssd_chunks_grads", p, tiles, reads, {{out.address(), gB}, span(*pairs_g)});
-    const vk::Range bc = grouped ? span(*heads) : vk::Range{gB, gB + kFloat * 2 * uint64_t(d.inputs_bc())};
-    record("ssd_chunks_state_grads", p, tiles, reads, {bc, span(*ends)});
+    // four kernels that write apart, so that they share a level: GRADS_U gu, GRADS_PAIRS the pairs'
+    // G K and glog_decay, STATE_GRADS_B (_C) the heads' terms of gB (gC) and E (F)
+    const uint64_t glog = out.address() + kFloat * d.y();
+    record("ssd_chunks_grads_u", p, tiles, reads, {{out.address(), glog}});
+    record("ssd_chunks_grads_pairs", p, tiles, reads, {{glog, gB}, span(*pairs_g)});
+    const uint64_t bc_half = kFloat * uint64_t(per_head / 2);  // the heads' gB, then gC, [D, H, T, N] each (G = H: the output's)
+    const uint64_t ends_half = kFloat * uint64_t(per_token);
+    record("ssd_chunks_state_grads_b", p, tiles, reads,
+           {{p.bc, p.bc + bc_half}, {ends->address(), ends->address() + ends_half}});
+    record("ssd_chunks_state_grads_c", p, tiles, reads,
+           {{p.bc + bc_half, p.bc + 2 * bc_half}, {ends->address() + ends_half, ends->address() + 2 * ends_half}});
     if (grouped) {
         const SsdPassPush sum{heads->address(), 0, gB, 0, u32(d.D, op), u32(d.H, op), u32(d.G, op),
                               u32(d.T * d.N, op), 1};
