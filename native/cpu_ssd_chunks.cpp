@@ -283,27 +283,23 @@ void chunk_gradients(Chunk<T>& k, const T* S, const T* gy, const T* Z, const T* 
         for (int64_t p = 0; p < P; ++p) gu[k.su * s + p] += k.e[s] * v[p + P * s];
     // gC's and gB's terms through the states, and from them the tokens' terms of glog_decay
     // E[s] = e[s] u_s . v_s = B_s . gB_s and F[t] = f[t] gy_t . Z^T C_t = C_t . gC_t (one product
-    // fewer than through Z^T C_t; the GPU's STATE_GRADS makes them so too)
+    // fewer than through Z^T C_t; the GPU's STATE_GRADS_B and _C make them so too): each token's
+    // term decay[t] dense_t added to g's, and own_t . term into ends[t]
+    auto add_state_terms = [&](const std::vector<T>& decay, const T* own, T* g, std::vector<T>& ends) {
+        for (int64_t t = 0; t < n_q; ++t) {
+            T sum = 0;
+            for (int64_t i = 0; i < D; ++i) {
+                const T term = decay[t] * dense[i + D * t];
+                g[k.sb * t + i] += term;
+                sum += own[k.sb * t + i] * term;
+            }
+            ends[t] = sum;
+        }
+    };
     gemm_serial(false, false, D, n_q, P, Z, D, gy, k.su, dense.data(), D, false);  // Z gy_t
-    for (int64_t t = 0; t < n_q; ++t) {
-        T sum = 0;
-        for (int64_t i = 0; i < D; ++i) {
-            const T term = k.f[t] * dense[i + D * t];
-            gC[k.sb * t + i] += term;
-            sum += k.C[k.sb * t + i] * term;
-        }
-        F[t] = sum;
-    }
+    add_state_terms(k.f, k.C, gC, F);
     gemm_serial(false, false, D, n_q, P, gX, D, k.u, k.su, dense.data(), D, false);  // gX u_s
-    for (int64_t s = 0; s < n_q; ++s) {
-        T sum = 0;
-        for (int64_t i = 0; i < D; ++i) {
-            const T term = k.e[s] * dense[i + D * s];
-            gB[k.sb * s + i] += term;
-            sum += k.B[k.sb * s + i] * term;
-        }
-        E[s] = sum;
-    }
+    add_state_terms(k.e, k.B, gB, E);
     const T gA = dot(gX, Z, d.plane());
     // the pairs' part: R[t, s] = sum over t' >= t of G K S (= G M), then each r's sum over s < r
     std::vector<T> R(L * L, T(0));
