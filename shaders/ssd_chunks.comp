@@ -2,7 +2,8 @@
 // has the layouts, the formulas and the same order of sums): a workgroup per (chunk, head,
 // sequence), all of them at once; only ssd_pass.comp walks the chunks in order. Variants:
 //   SCORES      S[t, s] = C_t . B_s of every pair of the chunk's tokens, once per (chunk, group,
-//               sequence): a group's heads share B and C, so they share S (read by OUTPUTS, GRADS)
+//               sequence): a group's heads share B and C, so they share S (read by OUTPUTS,
+//               GRADS_U and GRADS_PAIRS)
 //   OWN_STATES  X_q = sum_s B_s (e[s] u_s)^T into the chunk's plane, and the chunk's decay A_q
 //   START_GRADS gZ_q = sum_t C_t (f[t] gy_t)^T into the chunk's plane
 //   OUTPUTS     y_t = sum_{s <= t} M[t, s] u_s + f[t] Z_q^T C_t

@@ -710,7 +710,7 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
         record("ssd_pass_group_sum", sum, groups(uint64_t(2 * d.inputs_bc())), {span(*heads)}, {span(out)});
     }
     // the terms of gB and gC through the pairs, once per group, added to the heads' sums; the
-    // heads' terms of glog_decay through E and F added to GRADS'
+    // heads' terms of glog_decay through E and F added to GRADS_PAIRS'
     p.bc = gB;
     std::vector<vk::Range> pair_reads = spans(in);
     pair_reads.push_back(span(*pairs_g));
