@@ -582,7 +582,8 @@ void check_ssd_loops(const char* op, const SsdDims& d) {
     auto product = [](int64_t terms) { return 260.0 * double((terms + 15) / 16); };
     const double blocks_D = double((d.D + 63) / 64), blocks_P = double((d.P + 63) / 64);
     const double grads_u = double(d.L) + blocks_P * (product(d.L) + product(d.D));
-    const double grads_pairs = 2.0 * double(d.L) + product(d.P) + double(d.D * d.P) / 256 + 2.0 * double(d.L);
+    // GRADS_PAIRS: G's product, gA's share, the pair decays, the sums down columns and along rows
+    const double grads_pairs = product(d.P) + double(d.D * d.P) / 256 + 3.0 * double(d.L);
     const double state_grads = blocks_D * product(d.P) + 16;
     const double heads = double(d.H / d.G);
     const double pair_grads = double(d.L * d.L + 255) / 256 * heads + blocks_D * 2 * product(d.L) +
@@ -698,7 +699,8 @@ void vk_ssd_chunks_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out)
     const uint64_t glog = out.address() + kFloat * d.y();
     record("ssd_chunks_grads_u", p, tiles, reads, {{out.address(), glog}});
     record("ssd_chunks_grads_pairs", p, tiles, reads, {{glog, gB}, span(*pairs_g)});
-    const uint64_t bc_half = kFloat * uint64_t(per_head / 2);  // the heads' gB, then gC, [D, H, T, N] each (G = H: the output's)
+    // the heads' gB, then gC, [D, H, T, N] each (in the output where each group is one head)
+    const uint64_t bc_half = kFloat * uint64_t(per_head / 2);
     const uint64_t ends_half = kFloat * uint64_t(per_token);
     record("ssd_chunks_state_grads_b", p, tiles, reads,
            {{p.bc, p.bc + bc_half}, {ends->address(), ends->address() + ends_half}});
