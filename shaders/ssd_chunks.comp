@@ -93,6 +93,9 @@ uint locate_chunk(uint lanes) {
 // Where the pairs of chunk q's lane (a group's S, a head's G K) begin: [L L, lanes, c, N]
 uint pairs_at(uint lane, uint lanes) { return pc.L * pc.L * (lane + lanes * (q + pc.c * n)); }
 
+// Where E (which 0) or F (which 1) of this chunk's tokens of head `head` begin: [L, H, c, N] each
+uint token_terms_at(uint which, uint head) { return pc.L * (which * pc.H * pc.c * pc.N + head + pc.H * (q + pc.c * n)); }
+
 // Where glog_decay of this chunk's token r of head `head` lies in GRADS_PAIRS' and PAIR_GRADS' o (after gu)
 uint glog_decay_at(uint head, uint r) { return pc.P * pc.H * pc.T * pc.N + head + pc.H * (t0 + r); }
 
@@ -114,9 +117,19 @@ void load_decays() {
     barrier();
 }
 
+// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
+void load_scores(out float S[4][4]) {
+    uint at = pairs_at(grp, pc.G);
+    for (uint x = 0; x < 4; ++x)
+        for (uint y = 0; y < 4; ++y) {
+            uint t = ri(x), s = cj(y);
+            S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
+        }
+}
+
 #if defined(OUTPUTS) || defined(GRADS_U) || defined(GRADS_PAIRS)
 // pairs[t, s] = K[t, s] = exp(a_{s+1} + .. + a_t) (s <= t < nq), the decay from token s to token t,
-// until store_decayed multiplies each by its pair's value: each column s summed down from t = s, in
+// until store_M multiplies each by its pair's score: each column s summed down from t = s, in
 // the order the CPU sums it (a loop per pair took up to 63 steps for each of an invocation's 16
 // pairs, one after another).
 void load_pair_decays() {
@@ -132,29 +145,23 @@ void load_pair_decays() {
 }
 
 float K(uint t, uint s) { return pairs[t * LMAX + s]; }  // while pairs holds the decays
+#endif
 
-// pairs[t, s] = value[x][y] times K[t, s] below the diagonal (this invocation's pairs, each decay
+#if defined(OUTPUTS) || defined(GRADS_U)
+// pairs[t, s] = M[t, s] = S[t, s] K[t, s] below the diagonal (this invocation's pairs, each decay
 // read where it is replaced)
-void store_decayed(float value[4][4]) {
+void store_M() {
+    float S[4][4];
+    load_scores(S);
     barrier();
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * LMAX + s] = value[x][y] * K(t, s);
+            if (t < nq && s <= t) pairs[t * LMAX + s] = S[x][y] * K(t, s);
         }
     barrier();
 }
 #endif
-
-// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
-void load_scores(out float S[4][4]) {
-    uint at = pairs_at(grp, pc.G);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
-        }
-}
 
 #if defined(SCORES)
 void main() {
@@ -205,9 +212,7 @@ void main() {
 void main() {
     load_decays();
     load_pair_decays();
-    float S[4][4];
-    load_scores(S);
-    store_decayed(S);  // M
+    store_M();
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
         uint j0 = 0;
         float acc[4][4];
@@ -238,9 +243,7 @@ void main() {
 void main() {
     load_decays();
     load_pair_decays();
-    float S[4][4];
-    load_scores(S);
-    store_decayed(S);  // M
+    store_M();
     for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
         uint j0 = 0;
         float acc[4][4];
@@ -353,7 +356,7 @@ float column_sum(float own[4]) {
 
 void main() {
     load_decays();
-    uint bc_at = HALF * pc.D * pc.H * pc.T * pc.N + pc.D * (h + pc.H * t0);
+    uint terms_at = HALF * pc.D * pc.H * pc.T * pc.N + pc.D * (h + pc.H * t0);  // this head's token 0
     float part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     for (uint i0 = 0; i0 < pc.D; i0 += 64) {
         uint j0 = 0;
@@ -364,13 +367,12 @@ void main() {
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
                 float term = TOKEN_DECAY(t) * dense[x][y];
-                if (d < pc.D && t < nq) pc.bc.v[bc_at + pc.D * pc.H * t + d] = term;
+                if (d < pc.D && t < nq) pc.bc.v[terms_at + pc.D * pc.H * t + d] = term;
                 part[y] += OWN_VECTOR(t, d) * term;
             }
     }
     float sum = column_sum(part);
-    uint chunks = pc.H * pc.c * pc.N;
-    if (tid < nq) pc.per_chunk.v[pc.L * (HALF * chunks + h + pc.H * (q + pc.c * n)) + tid] = sum;
+    if (tid < nq) pc.per_chunk.v[token_terms_at(HALF, h) + tid] = sum;
 }
 #endif
 
@@ -411,12 +413,11 @@ void main() {
             }
     }
     // each of the group's heads' glog_decay[r] += sum_{s < r} E[s] + sum_{t >= r} F[t]
-    uint F_at = pc.L * pc.H * pc.c * pc.N;  // F after E in pc.per_chunk
     for (uint i = tid; i < heads * nq; i += 256) {
-        uint head = grp * heads + i / nq, r = i % nq, at = pc.L * (head + pc.H * (q + pc.c * n));
+        uint head = grp * heads + i / nq, r = i % nq, E_at = token_terms_at(0, head), F_at = token_terms_at(1, head);
         float before = 0.0, after = 0.0;
-        for (uint s = 0; s < r; ++s) before += pc.per_chunk.v[at + s];
-        for (uint t = nq; t-- > r;) after += pc.per_chunk.v[F_at + at + t];
+        for (uint s = 0; s < r; ++s) before += pc.per_chunk.v[E_at + s];
+        for (uint t = nq; t-- > r;) after += pc.per_chunk.v[F_at + t];
         pc.o.v[glog_decay_at(head, r)] += before + after;
     }
 }

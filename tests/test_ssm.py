@@ -384,9 +384,11 @@ def test_ssd_chunks_gradients_match_finite_differences(shape):
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", SSD_SHAPES)
+@pytest.mark.parametrize("shape", SSD_SHAPES + [(512, 128, 1, 64, 1, 1, 64)])
 def test_ssd_chunks_gpu_matches_the_cpu(shape):
-    """Forward and every gradient in float32."""
+    """Forward and every gradient in float32. The last shape, states of 512 x 128 and a chunk of
+    64 tokens, has the backward kernels' longest loops (about 19000 iterations), under lavapipe's
+    limit: accepted there, and not cut short."""
     arrays = [a.astype(np.float32) for a in _ssd_inputs(*shape[:6], seed=3)]
     weights = np.random.default_rng(4).normal(size=(_ssd_outputs(*shape[:5]), 1)).astype(np.float32)
     names = ["output", "u", "log_decay", "B", "C", "first"]
@@ -421,20 +423,6 @@ def test_ssd_chunks_on_lavapipe_refuses_what_its_loops_would_cut_short():
     arrays = [rc.tensor(np.zeros(s, np.float32), device="gpu") for s in _ssd_shapes(1024, 256, 1, 64, 1, 1)]
     with pytest.raises(RuntimeError, match=r"^ssd_chunks: 64 tokens per chunk need about .*llvmpipe"):
         ops.apply("ssd_chunks", tuple(arrays), ints=(64,)).numpy()
-
-
-@pytest.mark.requires_gpu
-def test_ssd_chunks_gpu_runs_large_states_whole():
-    """States of 512 x 128, a chunk of 64 tokens: the backward kernels' longest loops (about 19000
-    iterations) under lavapipe's limit, so accepted there, and not cut short: every gradient as
-    the CPU's."""
-    shape = (512, 128, 1, 64, 1, 1)
-    arrays = [a.astype(np.float32) for a in _ssd_inputs(*shape, seed=3)]
-    weights = np.random.default_rng(4).normal(size=(_ssd_outputs(*shape[:5]), 1)).astype(np.float32)
-    names = ["output", "u", "log_decay", "B", "C", "first"]
-    for name, g, c in zip(names, _ssd_chunks_grads(arrays, 64, "f32", "gpu", weights),
-                          _ssd_chunks_grads(arrays, 64, "f32", "cpu", weights)):
-        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
 
 
 def _ssd_shapes(D, P, H, T, N, G):
