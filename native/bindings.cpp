@@ -144,6 +144,7 @@ py::dict stats_dict(const GraphStats& s) {
     d["intermediate_bytes"] = s.intermediate_bytes;
     d["kept_bytes"] = s.kept_bytes;
     d["n_skipped"] = s.n_skipped;
+    d["n_views"] = s.n_views;
     return d;
 }
 
@@ -318,6 +319,8 @@ PYBIND11_MODULE(_native, m) {
            "computed them (on the GPU, while the rest of it runs).")
         .def_property_readonly("n_nodes", &Program::n_nodes)
         .def_property_readonly("n_live", &Program::n_live)
+        .def_property_readonly("n_views", &Program::n_views,
+                               "Live nodes that read their input's bytes in place rather than copy them (native/views.hpp).")
         .def_property_readonly("arena_bytes", &Program::arena_bytes)
         .def("level_times", [](const Program& p) {
             py::list levels;

@@ -5,6 +5,7 @@
 
 #include "backend.hpp"
 #include "planner.hpp"
+#include "views.hpp"
 
 namespace rk {
 
@@ -53,6 +54,16 @@ GraphStats Graph::run() {
         }
     }
 
+    // Reshapes and slices of an intermediate's column read its bytes in place (no copy), which
+    // then stay until the views' last reader.
+    const std::vector<std::optional<View>> views = find_views(nodes, live, [&](size_t k) { return !external[k]; });
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        if (!views[k]) continue;
+        auto read = last_use.find(nodes[k].out.get());
+        size_t& root_read = last_use[nodes[views[k]->root].out.get()];
+        if (read != last_use.end()) root_read = std::max(root_read, read->second);
+    }
+
     // Live intermediates share one arena by liveness; a block is free again after its last reader.
     // Tiny tensors (scalars, constants) get a region of their own: placed in the holes large
     // intermediates leave, they would split those holes and push the next large one past them.
@@ -63,12 +74,12 @@ GraphStats Graph::run() {
     std::vector<bool> in_arena(nodes.size(), false);
     std::vector<std::vector<size_t>> frees_after(nodes.size());
     for (size_t k = 0; k < nodes.size(); ++k) {
-        if (!live[k]) continue;
         TensorImpl* out = nodes[k].out.get();
-        if (external[k]) {
+        const bool runs = live[k] && !views[k];  // frees due after a node that does not run still happen
+        if (runs && external[k]) {
             out->storage = backend(out->device).allocate(out->nbytes());
             stats.kept_bytes += out->nbytes();
-        } else {
+        } else if (runs) {
             in_arena[k] = true;
             offset[k] = planner_for(out->nbytes()).allocate(out->nbytes());
             stats.intermediate_bytes += out->nbytes();
@@ -81,6 +92,7 @@ GraphStats Graph::run() {
         if (in_arena[k] && nodes[k].out->nbytes() <= kSmall) offset[k] += planner.high_water();
     stats.arena_bytes = planner.high_water() + small_planner.high_water();
     stats.n_skipped = std::count(live.begin(), live.end(), false);
+    stats.n_views = size_t(std::count_if(views.begin(), views.end(), [](const auto& v) { return v.has_value(); }));
 
     Backend& be = backend(device);
     std::shared_ptr<Storage> arena = be.allocate(stats.arena_bytes);
@@ -89,8 +101,9 @@ GraphStats Graph::run() {
         nodes[k].out->storage = arena;
         nodes[k].out->offset = offset[k];
     }
+    place_views(nodes, views);
     for (size_t k = 0; k < nodes.size(); ++k) {
-        if (!live[k]) continue;
+        if (!live[k] || views[k]) continue;
         try {
             execute(nodes[k].op, nodes[k].inputs, nodes[k].attrs, *nodes[k].out);
         } catch (...) {

@@ -129,6 +129,7 @@ struct GraphStats {
     size_t intermediate_bytes = 0;  // what they would take without reuse
     size_t kept_bytes = 0;          // outputs still referenced outside the graph
     size_t n_skipped = 0;           // dead nodes (no live reader, no outside reference)
+    size_t n_views = 0;             // reshapes and slices that read their input's bytes in place (views.hpp)
 };
 
 class Graph {

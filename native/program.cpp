@@ -11,6 +11,7 @@
 #include "product_epilogues.hpp"
 #include "planner.hpp"
 #include "random.hpp"
+#include "views.hpp"
 
 namespace rk {
 namespace {
@@ -95,6 +96,10 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
         }
     }
 
+    // Reshapes and slices of a column read their input's bytes in place (an output keeps its own
+    // place in the output block): no copy, and no kernel.
+    views_ = find_views(nodes_, live_, [&](size_t k) { return !is_output.count(nodes_[k].out.get()); });
+
     // Inputs and outputs get blocks of their own (one transfer each way); intermediates share
     // an arena by liveness, planned once for every replay.
     Backend& be = backend(device_);
@@ -121,15 +126,24 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
     // levels stay, a slack of 0 made them 55). On the CPU nodes run one after another: bytes
     // are reused at once.
     const bool gpu = device_ == Device::gpu;
-    const DataLevels levels = gpu ? data_levels() : DataLevels{std::vector<uint32_t>(nodes_.size(), 0),
-                                                               std::vector<uint32_t>(nodes_.size(), 0)};
-    const std::vector<uint32_t>&level = levels.level, &ready = levels.ready;
+    DataLevels levels = gpu ? data_levels() : DataLevels{std::vector<uint32_t>(nodes_.size(), 0),
+                                                         std::vector<uint32_t>(nodes_.size(), 0)};
+    const std::vector<uint32_t>& level = levels.level;
+    std::vector<uint32_t>& ready = levels.ready;
+    for (size_t k = 0; k < nodes_.size(); ++k) {  // a view's root keeps its bytes until the view's last reader
+        if (!views_[k]) continue;
+        const size_t root = views_[k]->root;
+        ready[root] = std::max(ready[root], ready[k]);
+        auto read = last_use.find(nodes_[k].out.get());
+        size_t& root_read = last_use[nodes_[root].out.get()];
+        if (read != last_use.end()) root_read = std::max(root_read, read->second);
+    }
     ArenaPlanner planner;
     std::vector<size_t> offset(nodes_.size(), 0);
     std::vector<std::vector<size_t>> frees_after(nodes_.size());
     for (size_t k = 0; k < nodes_.size(); ++k) {
         if (!live_[k]) continue;
-        if (!is_output.count(nodes_[k].out.get())) {
+        if (!is_output.count(nodes_[k].out.get()) && !views_[k]) {
             const uint32_t before = gpu ? (level[k] > kGpuReuseSlack ? level[k] - kGpuReuseSlack : 0)
                                         : FreeList::kAnyLevel;
             offset[k] = planner.allocate(nodes_[k].out->nbytes(), before);
@@ -141,10 +155,11 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
     arena_bytes_ = planner.high_water();
     arena_ = be.allocate(std::max<size_t>(arena_bytes_, kArenaAlign));
     for (size_t k = 0; k < nodes_.size(); ++k) {
-        if (!live_[k] || is_output.count(nodes_[k].out.get())) continue;
+        if (!live_[k] || is_output.count(nodes_[k].out.get()) || views_[k]) continue;
         nodes_[k].out->storage = arena_;
         nodes_[k].out->offset = offset[k];
     }
+    place_views(nodes_, views_);
     recorded_ = be.recorded_program(*input_block_, *output_block_, early_bytes_);
     if (!recorded_ && cpu_profiling) node_seconds_.assign(nodes_.size(), 0.0);
 }
@@ -190,13 +205,17 @@ std::vector<LevelTime> Program::level_times() const {
     std::vector<LevelTime> times;
     if (!timed_runs_) return times;
     for (size_t k = 0; k < nodes_.size(); ++k)
-        if (live_[k])
+        if (live_[k] && !views_[k])
             times.push_back({node_seconds_[k] * 1e6 / double(timed_runs_),
                              std::string(op_info(nodes_[k].op).name) + " " + nodes_[k].out->shape_str()});
     return times;
 }
 
 size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
+
+size_t Program::n_views() const {
+    return size_t(std::count_if(views_.begin(), views_.end(), [](const auto& v) { return v.has_value(); }));
+}
 
 void Program::replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
     if (host_outputs.size() != outputs_.size())
@@ -271,7 +290,7 @@ void Program::execute_nodes() {
     using clock = std::chrono::steady_clock;
     const bool timed = !node_seconds_.empty();
     for (size_t k = 0; k < nodes_.size(); ++k) {
-        if (!live_[k]) continue;
+        if (!live_[k] || views_[k]) continue;
         const clock::time_point start = timed ? clock::now() : clock::time_point{};
         execute(nodes_[k].op, nodes_[k].inputs, nodes_[k].attrs, *nodes_[k].out);
         if (timed) node_seconds_[k] += std::chrono::duration<double>(clock::now() - start).count();

@@ -18,6 +18,7 @@
 
 #include "backend.hpp"
 #include "ops.hpp"
+#include "views.hpp"
 
 namespace rk {
 
@@ -47,6 +48,8 @@ class Program {
     const Inputs& outputs() const { return outputs_; }
     size_t n_nodes() const { return nodes_.size(); }
     size_t n_live() const;
+    // Live nodes that read their input's bytes in place rather than run (native/views.hpp).
+    size_t n_views() const;
     size_t arena_bytes() const { return arena_bytes_; }
     Device device() const { return device_; }
     // On the GPU: the mean GPU time of each dependency level and what it runs, where the program
@@ -69,6 +72,7 @@ class Program {
 
     std::vector<Node> nodes_;
     std::vector<bool> live_;
+    std::vector<std::optional<View>> views_;  // per node: the node whose bytes it reads, where it is a view
     Inputs inputs_, outputs_;
     size_t n_early_ = 0, early_bytes_ = 0;  // the early outputs, and the bytes of the block they lead
     Device device_ = Device::cpu;

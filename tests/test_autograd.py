@@ -2,9 +2,12 @@
 scoping, the memory report and gradcheck. Gradients are compared with hand-derived numpy
 formulas."""
 
+import itertools
+
 import numpy as np
 import pytest
 
+import rlkit._native
 import rlkit.core as rc
 import rlkit.core.vjp
 from rlkit.core import optim
@@ -180,6 +183,57 @@ def test_mlp_gradients_match_numpy():
     dW1, db1 = dZ @ X.T, dZ.sum(1, keepdims=True)
     for name, ref in dict(W1=dW1, b1=db1, W2=dW2, b2=db2).items():
         np.testing.assert_allclose(grads[name], ref, rtol=1e-10, atol=1e-14)
+
+
+def test_slices_of_rows_give_their_summed_gradient_in_every_layout_of_blocks(device):
+    """slice_rows' gradients of one tensor are kept as blocks and assembled once (vjp.RowBlock):
+    blocks that tile the rows, blocks with gaps (zero there), one range read twice (added), and
+    overlapping ranges (padded and added), each against numpy's sum of the padded gradients."""
+    rng = np.random.default_rng(40)
+    rows, cols = 24, 3
+    layouts = {
+        "tiling": [(0, 16), (16, 8)], "three tiling": [(8, 8), (0, 8), (16, 8)], "gaps": [(2, 5), (12, 4)],
+        "one range twice": [(4, 8), (4, 8), (12, 12)], "overlapping": [(0, 10), (6, 10)], "one block": [(5, 3)],
+    }
+    for (name, ranges), factor in itertools.product(layouts.items(), (1.0, 2.0)):
+        X = rng.normal(size=(rows, cols)).astype(np.float32)
+        weights = [rng.normal(size=(n, cols)).astype(np.float32) for _, n in ranges]
+        x = rc.param(X)
+        with rc.grad_tape():
+            h = x if factor == 1.0 else rc.scale(x, factor)  # the leaf itself, or an intermediate (a packed op's output)
+            parts = [rc.sum(rc.mul(rc.slice_rows(h, start, n), rc.tensor(w))) for (start, n), w in zip(ranges, weights)]
+            loss = parts[0]
+            for part in parts[1:]:
+                loss = rc.add(loss, part)
+        expected = np.zeros((rows, cols))
+        for (start, n), w in zip(ranges, weights):
+            expected[start:start + n] += factor * w
+        np.testing.assert_allclose(np.asarray(rc.backward(loss)[x]), expected, rtol=1e-6, atol=1e-6,
+                                   err_msg=f"{name}, factor {factor}")
+
+
+def test_the_gradient_of_a_packed_output_is_one_concatenation():
+    """Two slices that tile an intermediate's rows (a packed op's outputs): the backward pass
+    writes their gradients side by side, one concat_rows, rather than padding each to the whole
+    and adding them (the nodes of a captured CPU program, profiled, are the ops that run)."""
+    x = rc.param(np.arange(6, dtype=np.float32).reshape(6, 1))
+
+    def gradient():
+        with rc.grad_tape():
+            packed = rc.scale(x, 2.0)
+            loss = rc.add(rc.sum(rc.square(rc.slice_rows(packed, 0, 4))), rc.sum(rc.slice_rows(packed, 4, 2)))
+        return rc.backward(loss).tensor(x)
+
+    rlkit._native.set_cpu_profiling(True)
+    try:
+        step = rc.capture(gradient, [x])
+        got = step()
+    finally:
+        rlkit._native.set_cpu_profiling(False)
+    np.testing.assert_allclose(got.ravel(), [0.0, 8.0, 16.0, 24.0, 2.0, 2.0])  # d/dx (2x)^2 = 8x, d/dx 2x = 2
+    (program,) = step._programs.values()
+    ran = [label.split()[0] for _, label in program.native.level_times()]
+    assert ran.count("concat_rows") == 1 and "pad_rows" not in ran
 
 
 def test_explicit_output_gradient():

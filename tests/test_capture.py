@@ -310,6 +310,35 @@ def test_cpu_programs_made_with_profiling_on_time_each_node():
     assert plain_program.native.level_times() == []
 
 
+def test_a_program_reads_reshapes_and_column_slices_of_its_intermediates_in_place(device):
+    """native/views.hpp in a program: reshapes of intermediates and aligned slices of a column run
+    no kernel (the profile of a CPU program lists the nodes that run), an output keeps its own
+    copy, and replays equal the eager function."""
+    X = np.random.default_rng(9).standard_normal((16, 8)).astype(np.float32)
+    x = rc.param(X)
+
+    def packed_outputs():  # a packed op's output, unpacked as recurrences.py does
+        flat = rc.reshape(rc.tanh(x * 2.0), (128, 1))  # a view
+        head, tail = rc.slice_rows(flat, 0, 96), rc.slice_rows(flat, 96, 32)  # views (0 and 384 bytes in)
+        other = rc.tanh(rc.tanh(x * 3.0) * 0.5)  # would take tanh's bytes, were they free before the views' reads
+        return rc.reshape(head, (8, 12)) * 3.0, rc.reshape(tail, (4, 8)), other  # a view; an output: copies
+
+    eager = [t.numpy() for t in packed_outputs()]
+    _native.set_cpu_profiling(True)
+    try:
+        step = rc.capture(packed_outputs, [x])
+        replayed = [step() for _ in range(2)][-1]
+    finally:
+        _native.set_cpu_profiling(False)
+    (program,) = step._programs.values()
+    assert program.native.n_views == 4
+    for got, want in zip(replayed, eager):
+        np.testing.assert_array_equal(got, want)
+    if device == "cpu":
+        labels = [label for _, label in program.native.level_times()]
+        assert [label for label in labels if label.split()[0] in ("reshape", "slice_rows")] == ["reshape [4, 8]"]
+
+
 def test_update_step_outside_a_capture_and_bad_clipping_are_refused():
     w = rc.param(np.ones((2, 2)))
     optimizer = rc.optim.SGD([w], lr=0.1)

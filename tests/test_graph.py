@@ -123,6 +123,53 @@ def test_tensors_referenced_from_python_keep_their_storage():
     np.testing.assert_allclose(e.numpy(), chain_numpy(X, 5), atol=1e-5)
 
 
+def test_reshapes_and_aligned_column_slices_of_intermediates_read_their_bytes_in_place(device):
+    """native/views.hpp: a reshape of an intermediate, and slices of its one column at multiples of
+    64 bytes, run no kernel and read the intermediate's bytes, which the planner keeps until the
+    views' last reader (a chain of intermediates of the same size runs in between, which would
+    take those bytes were they free); a slice 12 bytes in and a reshape held outside the graph
+    copy."""
+    X = rand((64, 32), 7)
+
+    def results(x):  # its locals are the graph's intermediates: nothing outside holds them
+        flat = rc.reshape(rc.tanh(x), (64 * 32, 1))  # a view of tanh's output
+        first, second = rc.slice_rows(flat, 0, 1024), rc.slice_rows(flat, 1024, 1024)  # views, 0 and 4096 bytes in
+        unaligned = rc.slice_rows(flat, 3, 16)  # copies
+        later = chain(x, 3)
+        return rc.add(rc.scale(first, 2.0), second), rc.sum(unaligned), rc.reshape(later, (32, 64))
+
+    g = _native.Graph()
+    with g:
+        combined, total, held = results(rc.tensor(X))  # held: a reshape referenced from Python copies
+    stats = g.run()
+    assert stats["n_views"] == 3
+    column = np.tanh(X.astype(np.float64)).reshape(-1, 1, order="F")
+    np.testing.assert_allclose(combined.numpy(), 2.0 * column[:1024] + column[1024:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(total.numpy(), column[3:19].sum(keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(held.numpy(), chain_numpy(X, 3).reshape(32, 64, order="F"), rtol=1e-5, atol=1e-6)
+
+
+def test_a_reshape_of_a_tensor_written_in_place_keeps_its_copy(device):
+    """An op that writes its input in place (put_cols) after a reshape of it: the reshape copies,
+    so what reads it later sees the values from before the write."""
+    X = rand((8, 6), 8)
+
+    def sums(x):
+        h = rc.exp(x)
+        snapshot = rc.reshape(h, (6, 8))
+        rc.put_cols(h, np.array([[1]], dtype=np.int32), rc.tensor(np.zeros((8, 1), np.float32)))
+        return rc.sum(snapshot), rc.sum(h)
+
+    g = _native.Graph()
+    with g:
+        before, after = sums(rc.tensor(X))
+    stats = g.run()
+    assert stats["n_views"] == 0
+    np.testing.assert_allclose(before.numpy(), np.exp(X.astype(np.float64)).sum(keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(after.numpy(), np.exp(X.astype(np.float64)).sum(keepdims=True) - np.exp(X[:, 1]).sum(),
+                               rtol=1e-5)
+
+
 def test_reading_a_pending_tensor_is_an_error():
     g = _native.Graph()
     with g:

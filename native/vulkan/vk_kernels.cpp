@@ -135,9 +135,17 @@ struct RowsPush {
 };
 
 void rows_window(const TensorImpl& x, TensorImpl& out, int64_t src0, int64_t dst0, int64_t n, bool zero_outside) {
+    const int64_t columns = n_columns(out);
     RowsPush p{x.address(), out.address(), u32(x.ne[0], "rows"), u32(out.ne[0], "rows"), u32(src0, "rows"),
-               u32(dst0, "rows"), u32(n, "rows"), zero_outside ? 1u : 0u, u32(out.numel(), "rows")};
-    record("rows", p, groups(p.total), {span(x)}, {span(out)});
+               u32(dst0, "rows"), u32(n, "rows"), zero_outside ? 1u : 0u,
+               u32(zero_outside ? out.numel() : n * columns, "rows")};  // n * columns <= out.numel()
+    // A window of one column is one run of bytes: the two halves of a concat write apart, so
+    // the recorder runs them side by side.
+    const uint64_t word = dtype_size(out.dtype);
+    const vk::Range written = zero_outside || columns != 1
+                                  ? span(out)
+                                  : vk::Range{out.address() + uint64_t(dst0) * word, out.address() + uint64_t(dst0 + n) * word};
+    record("rows", p, groups(p.total), {span(x)}, {written});
 }
 
 struct RandomPush {

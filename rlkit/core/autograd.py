@@ -10,13 +10,14 @@ records the whole backward pass as one native graph, and runs it once.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping
 
 from rlkit import _native
 from rlkit.core import ops
 from rlkit.core.tape import TAPE, DeviceGradient, no_grad
 from rlkit.core.tensor import Tensor
-from rlkit.core.vjp import VJP
+from rlkit.core.vjp import VJP, RowBlock
 
 
 class Gradients(Mapping):
@@ -95,6 +96,55 @@ def _topological_order(root: Tensor) -> list[Tensor]:
     return order
 
 
+def _concat_blocks(blocks: list[RowBlock]) -> Tensor:
+    """The gradient of a tensor read only through slices of its rows: the blocks' sum. Blocks of
+    one range are added at their size; blocks apart are concatenated (in pairs, so that each row
+    is copied about log2(blocks) times), zero rows filling the gaps; blocks that overlap without
+    being equal are padded to the whole and added, as slice_rows' plain rule does."""
+    by_range: dict[tuple[int, int], Tensor] = {}
+    for b in blocks:
+        key = (b.start, b.stop)
+        by_range[key] = b.g if key not in by_range else ops.add(by_range[key], b.g)
+    ranges, rows = sorted(by_range), blocks[0].rows
+    if any(stop > next_start for (_, stop), (next_start, _) in zip(ranges, ranges[1:])):
+        return functools.reduce(ops.add, (RowBlock(by_range[r], r[0], rows).dense() for r in ranges))
+    pieces, end = [], 0
+    for start, stop in ranges:
+        g = by_range[(start, stop)]
+        pieces.append(g if start == end else ops.pad_rows(g, start - end, 0))
+        end = stop
+    if end < rows:
+        pieces[-1] = ops.pad_rows(pieces[-1], 0, rows - end)
+    while len(pieces) > 1:
+        pieces = [ops.concat_rows(*pieces[i:i + 2]) if i + 1 < len(pieces) else pieces[i]
+                  for i in range(0, len(pieces), 2)]
+    return pieces[0]
+
+
+def _shaped_like(g: Tensor, x: Tensor) -> Tensor:
+    """The one place broadcast gradients are summed back to their input's shape; a shape that
+    differs only in trailing sizes of 1 (a parameter's [5, 6, 2] against [5, 6, 2, 1]) is no
+    broadcast: reshaped, not summed."""
+    if ops._ne4(g) != ops._ne4(x):
+        return ops.sum_to(g, x.shape)
+    return g if g.shape == x.shape else ops.reshape(g, x.shape)
+
+
+def _summed(g) -> Tensor:
+    """A tensor's gradient as one tensor: itself, or its row blocks concatenated."""
+    return _concat_blocks(g) if isinstance(g, list) else g
+
+
+def _accumulated(previous, g):
+    """previous + g, where either may be row blocks (a list of RowBlock, kept apart until the
+    tensor's gradient is read) and previous may be None."""
+    if isinstance(g, RowBlock):
+        if previous is None or isinstance(previous, list):
+            return (previous or []) + [g]
+        return ops.add(previous, g.dense())
+    return g if previous is None else ops.add(_summed(previous), g)
+
+
 def _check_loss(loss, grad) -> None:
     if not isinstance(loss, Tensor):
         raise TypeError(f"backward: expected a Tensor, got {type(loss).__name__}")
@@ -130,23 +180,18 @@ def backward(loss: Tensor, grad=None) -> Gradients:
             g = grads.pop(id(t), None)
             if g is None:
                 continue
+            g = _summed(g)
             node = t._node
             input_grads = VJP[node.op](g, t, *node.inputs, **node.attrs)
             for inp, gi in zip(node.inputs, input_grads):
                 if gi is None or not inp.requires_grad:
                     continue
-                # the one place broadcast gradients are summed back; a shape that differs only in
-                # trailing sizes of 1 (a parameter's [5, 6, 2] against [5, 6, 2, 1]) is no
-                # broadcast: reshaped, not summed
-                if ops._ne4(gi) != ops._ne4(inp):
-                    gi = ops.sum_to(gi, inp.shape)
-                elif gi.shape != inp.shape:
-                    gi = ops.reshape(gi, inp.shape)
-                previous = grads.get(id(inp))
-                grads[id(inp)] = gi if previous is None else ops.add(previous, gi)
+                if not isinstance(gi, RowBlock):  # a RowBlock is of its input's shape
+                    gi = _shaped_like(gi, inp)
+                grads[id(inp)] = _accumulated(grads.get(id(inp)), gi)
                 if inp._node is None:
                     leaves[id(inp)] = inp
-        this_pass = {leaf: grads[key] for key, leaf in leaves.items()}
+        this_pass = {leaf: _summed(grads[key]) for key, leaf in leaves.items()}
         if captured:  # a captured step uses this pass's gradients; .grad keeps what it had
             return Gradients(this_pass)
         accumulated = {

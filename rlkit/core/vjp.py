@@ -2,7 +2,7 @@
 
 A rule takes ``(g, out, *inputs, **attrs)``: the gradient flowing into the op's output, the
 output itself, the op's inputs and the attributes its op function recorded. It returns one
-gradient per input (None where no gradient flows). A gradient may keep the output's broadcast
+gradient per input (None where no gradient flows; slice_rows' a :class:`RowBlock`). A gradient may keep the output's broadcast
 shape: the backward walker sums it back to the input's shape, once, for every op.
 
 The ops that have a rule are those marked ``grad`` in native/ops.def (``ops.DIFFERENTIABLE``);
@@ -12,6 +12,28 @@ tests/test_op_table.py fails when a ``grad`` op has no rule or a ``no_grad`` op 
 from __future__ import annotations
 
 from rlkit.core import ops
+
+
+class RowBlock:
+    """slice_rows' gradient: ``g`` as the rows [start, start + g's rows) of a tensor of ``rows``
+    rows, zero elsewhere. The backward walker keeps the blocks of one tensor at their own size and
+    concatenates them once, with zeros between (a packed op's outputs are such slices: padding
+    each block to the whole and adding them would write the whole once per block and read it
+    back); :meth:`dense` is the rule's plain form."""
+
+    __slots__ = ("g", "start", "rows")
+
+    def __init__(self, g, start: int, rows: int):
+        self.g, self.start, self.rows = g, start, rows
+
+    @property
+    def stop(self) -> int:
+        """One past the block's last row."""
+        return self.start + self.g.shape[0]
+
+    def dense(self):
+        """The gradient of the whole tensor: g padded with zero rows."""
+        return ops.pad_rows(self.g, self.start, self.rows - self.stop)
 
 
 def _matmul(g, out, a, b, transpose_a, transpose_b):
@@ -166,7 +188,7 @@ VJP = {
     "transpose": lambda g, out, x: (ops.transpose(g),),
     "permute": lambda g, out, x, dims: (ops.permute(g, tuple(sorted(range(len(dims)), key=dims.__getitem__))),),
     "reshape": lambda g, out, x: (ops.reshape(g, x.shape),),
-    "slice_rows": lambda g, out, x, start, n: (ops.pad_rows(g, start, x.shape[0] - start - n),),
+    "slice_rows": lambda g, out, x, start, n: (RowBlock(g, start, x.shape[0]),),
     "pad_rows": lambda g, out, x, before, after: (ops.slice_rows(g, before, x.shape[0]),),
     "concat_rows": lambda g, out, a, b: (ops.slice_rows(g, 0, a.shape[0]), ops.slice_rows(g, a.shape[0], b.shape[0])),
     "gather": lambda g, out, x, index: (ops.mul(ops.expand(g, x.shape), ops.one_hot(index, x.shape[0], x.dtype)), None),
