@@ -2,8 +2,9 @@
 
 A rule takes ``(g, out, *inputs, **attrs)``: the gradient flowing into the op's output, the
 output itself, the op's inputs and the attributes its op function recorded. It returns one
-gradient per input (None where no gradient flows; slice_rows' a :class:`RowBlock`). A gradient may keep the output's broadcast
-shape: the backward walker sums it back to the input's shape, once, for every op.
+gradient per input (None where no gradient flows; slice_rows' a :class:`RowBlock`). A gradient
+may keep the output's broadcast shape: the backward walker sums it back to the input's shape,
+once, for every op.
 
 The ops that have a rule are those marked ``grad`` in native/ops.def (``ops.DIFFERENTIABLE``);
 tests/test_op_table.py fails when a ``grad`` op has no rule or a ``no_grad`` op has one.
