@@ -57,12 +57,7 @@ GraphStats Graph::run() {
     // Reshapes and slices of an intermediate's column read its bytes in place (no copy), which
     // then stay until the views' last reader.
     const std::vector<std::optional<View>> views = find_views(nodes, live, [&](size_t k) { return !external[k]; });
-    for (size_t k = 0; k < nodes.size(); ++k) {
-        if (!views[k]) continue;
-        auto read = last_use.find(nodes[k].out.get());
-        size_t& root_read = last_use[nodes[views[k]->root].out.get()];
-        if (read != last_use.end()) root_read = std::max(root_read, read->second);
-    }
+    extend_roots_last_use(nodes, views, last_use);
 
     // Live intermediates share one arena by liveness; a block is free again after its last reader.
     // Tiny tensors (scalars, constants) get a region of their own: placed in the holes large
@@ -92,7 +87,7 @@ GraphStats Graph::run() {
         if (in_arena[k] && nodes[k].out->nbytes() <= kSmall) offset[k] += planner.high_water();
     stats.arena_bytes = planner.high_water() + small_planner.high_water();
     stats.n_skipped = std::count(live.begin(), live.end(), false);
-    stats.n_views = size_t(std::count_if(views.begin(), views.end(), [](const auto& v) { return v.has_value(); }));
+    stats.n_views = count_views(views);
 
     Backend& be = backend(device);
     std::shared_ptr<Storage> arena = be.allocate(stats.arena_bytes);

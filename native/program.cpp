@@ -130,14 +130,10 @@ Program::Program(std::vector<Node> nodes, Inputs inputs, Inputs outputs, size_t 
                                                          std::vector<uint32_t>(nodes_.size(), 0)};
     const std::vector<uint32_t>& level = levels.level;
     std::vector<uint32_t>& ready = levels.ready;
-    for (size_t k = 0; k < nodes_.size(); ++k) {  // a view's root keeps its bytes until the view's last reader
-        if (!views_[k]) continue;
-        const size_t root = views_[k]->root;
-        ready[root] = std::max(ready[root], ready[k]);
-        auto read = last_use.find(nodes_[k].out.get());
-        size_t& root_read = last_use[nodes_[root].out.get()];
-        if (read != last_use.end()) root_read = std::max(root_read, read->second);
-    }
+    // a view's root keeps its bytes until the view's last reader (by node on the CPU, by level on the GPU)
+    extend_roots_last_use(nodes_, views_, last_use);
+    for (size_t k = 0; k < nodes_.size(); ++k)
+        if (views_[k]) ready[views_[k]->root] = std::max(ready[views_[k]->root], ready[k]);
     ArenaPlanner planner;
     std::vector<size_t> offset(nodes_.size(), 0);
     std::vector<std::vector<size_t>> frees_after(nodes_.size());
@@ -213,9 +209,7 @@ std::vector<LevelTime> Program::level_times() const {
 
 size_t Program::n_live() const { return size_t(std::count(live_.begin(), live_.end(), true)); }
 
-size_t Program::n_views() const {
-    return size_t(std::count_if(views_.begin(), views_.end(), [](const auto& v) { return v.has_value(); }));
-}
+size_t Program::n_views() const { return count_views(views_); }
 
 void Program::replay(const std::vector<const void*>& host_inputs, const std::vector<void*>& host_outputs) {
     if (host_outputs.size() != outputs_.size())

@@ -1,6 +1,6 @@
 #include "views.hpp"
 
-#include <unordered_map>
+#include <algorithm>
 #include <unordered_set>
 
 #include "planner.hpp"
@@ -39,12 +39,22 @@ std::vector<std::optional<View>> find_views(const std::vector<Node>& nodes, cons
         if (!offset || written.count(nodes[k].out.get()) || !may_share(k)) continue;
         const TensorImpl* x = nodes[k].inputs[0].get();
         auto p = producer.find(x);
-        if (p == producer.end() || p->second >= k || written.count(x)) continue;
+        if (p == producer.end() || written.count(x)) continue;
         // A view of a view reads its root's bytes; the tensors between were each checked when made.
         views[k] = views[p->second] ? View{views[p->second]->root, views[p->second]->byte_offset + *offset}
                                     : View{p->second, *offset};
     }
     return views;
+}
+
+void extend_roots_last_use(const std::vector<Node>& nodes, const std::vector<std::optional<View>>& views,
+                           std::unordered_map<const TensorImpl*, size_t>& last_use) {
+    for (size_t k = 0; k < nodes.size(); ++k) {
+        if (!views[k]) continue;
+        auto read = last_use.find(nodes[k].out.get());
+        size_t& root_read = last_use[nodes[views[k]->root].out.get()];
+        if (read != last_use.end()) root_read = std::max(root_read, read->second);
+    }
 }
 
 void place_views(const std::vector<Node>& nodes, const std::vector<std::optional<View>>& views) {
@@ -54,6 +64,10 @@ void place_views(const std::vector<Node>& nodes, const std::vector<std::optional
         nodes[k].out->storage = root.storage;
         nodes[k].out->offset = root.offset + views[k]->byte_offset;
     }
+}
+
+size_t count_views(const std::vector<std::optional<View>>& views) {
+    return size_t(std::count_if(views.begin(), views.end(), [](const auto& v) { return v.has_value(); }));
 }
 
 }  // namespace rk

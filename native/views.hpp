@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "ops.hpp"
@@ -25,7 +26,15 @@ struct View {
 std::vector<std::optional<View>> find_views(const std::vector<Node>& nodes, const std::vector<bool>& live,
                                             const std::function<bool(size_t)>& may_share);
 
+// Extends each root's last read (`last_use`: a tensor's last reader, by node index) to its views'
+// last reads, so that a planner keeps the root's bytes while a view is still read.
+void extend_roots_last_use(const std::vector<Node>& nodes, const std::vector<std::optional<View>>& views,
+                           std::unordered_map<const TensorImpl*, size_t>& last_use);
+
 // Gives each view its root's storage (at its offset); the roots must have theirs.
 void place_views(const std::vector<Node>& nodes, const std::vector<std::optional<View>>& views);
+
+// How many nodes are views.
+size_t count_views(const std::vector<std::optional<View>>& views);
 
 }  // namespace rk
