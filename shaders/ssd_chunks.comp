@@ -213,26 +213,20 @@ void main() {
     load_decays();
     load_pair_decays();
     store_M();
-    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one block of sums at a time, both products into it
         uint j0 = 0;
         float acc[4][4];
-        clear(acc);  // Z^T C_t: the start state's terms, written
+        clear(acc);  // Z^T (f[t] C_t), the start state's terms, then the pairs': one store, no read back
 #define LOAD_Z(p, d) Z_(d, p)
-#define LOAD_C(d, t) C_(t, d)
-        STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_C, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
-                uint p = i0 + ri(x), t = cj(y);
-                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = f[t] * acc[x][y];
-            }
-        clear(acc);  // the pairs' terms, added to what this invocation wrote
+#define LOAD_FC(d, t) (f_(t) * C_(t, d))
+        STAGED_PRODUCT(acc, pc.D, LOAD_Z, true, LOAD_FC, true, ANY)
 #define LOAD_U(p, s) u_(s, p)
 #define LOAD_M(s, t) pair(t, s)
         STAGED_PRODUCT(acc, nq, LOAD_U, false, LOAD_M, false, UP_TO_J)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), t = cj(y);
-                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] += acc[x][y];
+                if (p < pc.P && t < nq) pc.o.v[vec_at(t) + p] = acc[x][y];
             }
     }
 }
@@ -244,26 +238,20 @@ void main() {
     load_decays();
     load_pair_decays();
     store_M();
-    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one product's sums live at a time
+    for (uint i0 = 0; i0 < pc.P; i0 += 64) {  // one block of sums at a time, both products into it
         uint j0 = 0;
         float acc[4][4];
-        clear(acc);  // v_s
+        clear(acc);  // gX^T (e[s] B_s), then the pairs' terms: one store, no read back
 #define LOAD_GX(p, d) gX(d, p)
-#define LOAD_BD(d, s) B_(s, d)
+#define LOAD_BD(d, s) (e_(s) * B_(s, d))
         STAGED_PRODUCT(acc, pc.D, LOAD_GX, true, LOAD_BD, true, ANY)
-        for (uint x = 0; x < 4; ++x)
-            for (uint y = 0; y < 4; ++y) {
-                uint p = i0 + ri(x), s = cj(y);
-                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = e[s] * acc[x][y];
-            }
-        clear(acc);  // the pairs' terms of gu, added to what this invocation wrote
 #define LOAD_GYT(p, t) gy(t, p)
 #define LOAD_M(t, s) pair(t, s)
         STAGED_PRODUCT(acc, nq, LOAD_GYT, false, LOAD_M, false, FROM_J)
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint p = i0 + ri(x), s = cj(y);
-                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] += acc[x][y];
+                if (p < pc.P && s < nq) pc.o.v[vec_at(s) + p] = acc[x][y];
             }
     }
 }
