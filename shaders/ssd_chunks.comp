@@ -50,7 +50,10 @@ layout(push_constant) uniform Push {
 
 const uint LMAX = 64;  // native/ssd_chunks.hpp: kSsdMaxChunk
 shared float a[LMAX], f[LMAX], e[LMAX];
-shared float pairs[LMAX * LMAX];       // [t * LMAX + s], s <= t
+const uint ROW = LMAX + 1;  // a row of pairs every 65 floats: at 64 the pairs of one column (s fixed,
+                            // t varying) shared a bank, and the invocations of a warp reading them at
+                            // once (the sums along rows, the 4 x 4 blocks of pairs) waited on it in turn
+shared float pairs[LMAX * ROW];        // [t * ROW + s], s <= t
 #include "staged_product.glsl"
 
 uint q, h, n, grp, nq, t0, plane;  // this invocation; this chunk: its tokens, the first's index along T N
@@ -67,7 +70,7 @@ float Z_(uint d, uint p) { return element(pc.states, plane + d + pc.D * p, d < p
 float gX(uint d, uint p) { return element(pc.aux, plane + d + pc.D * p, d < pc.D && p < pc.P); }
 // the same for the shared arrays (which GLSL cannot pass)
 float pair(uint t, uint s) {
-    float v = pairs[t < nq && s < nq ? t * LMAX + s : 0];
+    float v = pairs[t < nq && s < nq ? t * ROW + s : 0];
     return t < nq && s < nq ? v : 0.0;
 }
 float e_(uint t) {
@@ -135,16 +138,16 @@ void load_scores(out float S[4][4]) {
 void load_pair_decays() {
     if (tid < nq) {
         float sum = 0.0;
-        pairs[tid * LMAX + tid] = exp(sum);
+        pairs[tid * ROW + tid] = exp(sum);
         for (uint t = tid + 1; t < nq; ++t) {
             sum += a[t];
-            pairs[t * LMAX + tid] = exp(sum);
+            pairs[t * ROW + tid] = exp(sum);
         }
     }
     barrier();
 }
 
-float K(uint t, uint s) { return pairs[t * LMAX + s]; }  // while pairs holds the decays
+float K(uint t, uint s) { return pairs[t * ROW + s]; }  // while pairs holds the decays
 #endif
 
 #if defined(OUTPUTS) || defined(GRADS_U)
@@ -157,7 +160,7 @@ void store_M() {
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
             uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * LMAX + s] = S[x][y] * K(t, s);
+            if (t < nq && s <= t) pairs[t * ROW + s] = S[x][y] * K(t, s);
         }
     barrier();
 }
@@ -284,13 +287,13 @@ void main() {
             if (t < nq && s <= t) {  // (nothing reads the pairs above the diagonal)
                 float gk = Gk[x][y] * K(t, s);
                 pc.pairs_g.v[pg + t * pc.L + s] = gk;
-                pairs[t * LMAX + s] = gk * S[x][y];  // where its decay was: this invocation's own pair
+                pairs[t * ROW + s] = gk * S[x][y];  // where its decay was: this invocation's own pair
             }
         }
     barrier();
     if (tid < nq) {
         float sum = 0.0;
-        for (uint t = nq - 1; t > tid; --t) pairs[t * LMAX + tid] = (sum += pairs[t * LMAX + tid]);
+        for (uint t = nq - 1; t > tid; --t) pairs[t * ROW + tid] = (sum += pairs[t * ROW + tid]);
     }
     // gA = sum(gX * Z), summed in a fixed tree
     float own = 0.0;
@@ -305,7 +308,7 @@ void main() {
     if (tid < nq) {
         uint r = tid;
         float within = 0.0;
-        for (uint s = 0; s < r; ++s) within += pairs[r * LMAX + s];
+        for (uint s = 0; s < r; ++s) within += pairs[r * ROW + s];
         pc.o.v[glog_decay_at(h, r)] = within + f[nq - 1] * gA;
     }
 }
@@ -319,14 +322,12 @@ void main() {
 // = C_t . gC_t and E[s] = e[s] u_s . gX^T B_s = B_s . gB_s, from those terms as they are made.
 #if defined(STATE_GRADS_C)
 #define LOAD_STATE(d, p) Z_(d, p)
-#define LOAD_TOKEN(p, t) gy(t, p)
-#define TOKEN_DECAY(t) f_(t)
+#define LOAD_TOKEN(p, t) (f_(t) * gy(t, p))
 #define OWN_VECTOR(t, d) C_(t, d)
 const uint HALF = 1;  // gC's, and F's, half of pc.bc and pc.per_chunk
 #else
 #define LOAD_STATE(d, p) gX(d, p)
-#define LOAD_TOKEN(p, s) u_(s, p)
-#define TOKEN_DECAY(s) e_(s)
+#define LOAD_TOKEN(p, s) (e_(s) * u_(s, p))
 #define OWN_VECTOR(s, d) B_(s, d)
 const uint HALF = 0;
 #endif
@@ -354,7 +355,7 @@ void main() {
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
-                float term = TOKEN_DECAY(t) * dense[x][y];
+                float term = dense[x][y];
                 if (d < pc.D && t < nq) pc.bc.v[terms_at + pc.D * pc.H * t + d] = term;
                 part[y] += OWN_VECTOR(t, d) * term;
             }
@@ -374,7 +375,7 @@ void main() {
         float sum = 0.0;
         if (s <= t)
             for (uint j = 0; j < heads; ++j) sum += pc.pairs_g.v[pairs_at(grp * heads + j, pc.H) + t * pc.L + s];
-        pairs[t * LMAX + s] = sum;
+        pairs[t * ROW + s] = sum;
     }
     barrier();
     uint gC_at = pc.D * pc.G * pc.T * pc.N;  // gC after gB in pc.bc
