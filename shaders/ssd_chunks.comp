@@ -161,17 +161,19 @@ float K(uint t, uint s) { return pairs[t * ROW + s]; }  // while pairs holds the
 #endif
 
 #if defined(OUTPUTS) || defined(GRADS_U)
-// pairs[t, s] = M[t, s] = S[t, s] K[t, s] below the diagonal (this invocation's pairs, each decay
-// read where it is replaced)
+// pairs[t, s] = M[t, s] = S[t, s] K[t, s] below the diagonal, each invocation's pairs every 256th
+// of the chunk's in order (the scores read a row at a time; each decay read where it is replaced)
 void store_M() {
-    float S[4][4];
-    load_scores(S);
-    barrier();
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) pairs[t * ROW + s] = S[x][y] * K(t, s);
-        }
+    uint at = pairs_at(grp, pc.G);
+    float S[16];
+    for (uint m = 0; m < 16; ++m) {
+        uint i = tid + 256 * m, t = i / LMAX, s = i % LMAX;
+        S[m] = element(pc.scores, at + t * pc.L + s, t < nq && s <= t);
+    }
+    for (uint m = 0; m < 16; ++m) {
+        uint i = tid + 256 * m, t = i / LMAX, s = i % LMAX;
+        if (t < nq && s <= t) pairs[t * ROW + s] = S[m] * K(t, s);
+    }
     barrier();
 }
 #endif
