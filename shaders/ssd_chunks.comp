@@ -120,14 +120,17 @@ void load_decays() {
     barrier();
 }
 
-// This invocation's pairs (t = ri(x), s = cj(y)) of C_t . B_s, as SCORES left them (0 outside the chunk)
-void load_scores(out float S[4][4]) {
+// The chunk's pairs row by row, each invocation every 256th: its m-th pair's t and s
+uint row_pair_t(uint m) { return (tid + 256 * m) / LMAX; }
+uint row_pair_s(uint m) { return (tid + 256 * m) % LMAX; }
+
+// Those pairs' C_t . B_s, as SCORES left them, for s <= t < nq (else 0): read a row at a time
+void load_row_scores(out float S[16]) {
     uint at = pairs_at(grp, pc.G);
-    for (uint x = 0; x < 4; ++x)
-        for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            S[x][y] = element(pc.scores, at + t * pc.L + s, t < nq && s < nq);
-        }
+    for (uint m = 0; m < 16; ++m) {
+        uint t = row_pair_t(m), s = row_pair_s(m);
+        S[m] = element(pc.scores, at + t * pc.L + s, t < nq && s <= t);
+    }
 }
 
 #if defined(OUTPUTS) || defined(GRADS_U) || defined(GRADS_PAIRS)
@@ -164,14 +167,10 @@ float K(uint t, uint s) { return pairs[t * ROW + s]; }  // while pairs holds the
 // pairs[t, s] = M[t, s] = S[t, s] K[t, s] below the diagonal, each invocation's pairs every 256th
 // of the chunk's in order (the scores read a row at a time; each decay read where it is replaced)
 void store_M() {
-    uint at = pairs_at(grp, pc.G);
     float S[16];
+    load_row_scores(S);
     for (uint m = 0; m < 16; ++m) {
-        uint i = tid + 256 * m, t = i / LMAX, s = i % LMAX;
-        S[m] = element(pc.scores, at + t * pc.L + s, t < nq && s <= t);
-    }
-    for (uint m = 0; m < 16; ++m) {
-        uint i = tid + 256 * m, t = i / LMAX, s = i % LMAX;
+        uint t = row_pair_t(m), s = row_pair_s(m);
         if (t < nq && s <= t) pairs[t * ROW + s] = S[m] * K(t, s);
     }
     barrier();
@@ -290,18 +289,23 @@ void main() {
 #define LOAD_U(p, s) u_(s, p)
         STAGED_PRODUCT(Gk, pc.P, LOAD_GY, true, LOAD_U, true, ANY)
     }
-    float S[4][4];
-    load_scores(S);
-    uint pg = pairs_at(h, pc.H);
+    float S[16];
+    load_row_scores(S);
     for (uint x = 0; x < 4; ++x)
         for (uint y = 0; y < 4; ++y) {
-            uint t = ri(x), s = cj(y);
-            if (t < nq && s <= t) {  // (nothing reads the pairs above the diagonal)
-                float gk = Gk[x][y] * K(t, s);
-                pc.pairs_g.v[pg + t * pc.L + s] = gk;
-                pairs[t * ROW + s] = gk * S[x][y];  // where its decay was: this invocation's own pair
-            }
+            uint t = ri(x), s = cj(y);  // G K where its decay was: this invocation's own pair
+            if (t < nq && s <= t) pairs[t * ROW + s] = Gk[x][y] * K(t, s);  // (nothing reads those above the diagonal)
         }
+    barrier();
+    uint pg = pairs_at(h, pc.H);
+    for (uint m = 0; m < 16; ++m) {  // G K stored a row at a time, and times S kept
+        uint t = row_pair_t(m), s = row_pair_s(m);
+        if (t < nq && s <= t) {
+            float gk = pairs[t * ROW + s];
+            pc.pairs_g.v[pg + t * pc.L + s] = gk;
+            pairs[t * ROW + s] = gk * S[m];
+        }
+    }
     barrier();
     if (tid < nq) {
         float sum = 0.0;
