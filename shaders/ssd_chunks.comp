@@ -274,6 +274,8 @@ void main() {
 #if defined(GRADS_PAIRS)
 shared float partial[256];
 
+float gX_Z(uint i) { return pc.aux.v[plane + i] * pc.states.v[plane + i]; }  // element i of the plane's gX * Z
+
 // This head's pairs' gradient G K (G[t, s] = gy_t . u_s) for PAIR_GRADS, which adds the terms through
 // the pairs to gB and gC; and glog_decay's terms through the pairs, G K S summed down each column
 // from the end, then glog_decay[r] = sum_{s < r} (those sums at r) + A_q gA (PAIR_GRADS adds the
@@ -315,16 +317,13 @@ void main() {
     float own = 0.0;
     uint i = tid, plane_size = pc.D * pc.P;
     for (; i + 768 < plane_size; i += 1024) {  // 4 products' reads at once, added in order
-        float x0 = pc.aux.v[plane + i] * pc.states.v[plane + i];
-        float x1 = pc.aux.v[plane + i + 256] * pc.states.v[plane + i + 256];
-        float x2 = pc.aux.v[plane + i + 512] * pc.states.v[plane + i + 512];
-        float x3 = pc.aux.v[plane + i + 768] * pc.states.v[plane + i + 768];
+        float x0 = gX_Z(i), x1 = gX_Z(i + 256), x2 = gX_Z(i + 512), x3 = gX_Z(i + 768);
         own += x0;
         own += x1;
         own += x2;
         own += x3;
     }
-    for (; i < plane_size; i += 256) own += pc.aux.v[plane + i] * pc.states.v[plane + i];
+    for (; i < plane_size; i += 256) own += gX_Z(i);
     partial[tid] = own;
     for (uint width = 128; width > 0; width /= 2) {
         barrier();
@@ -382,9 +381,8 @@ void main() {
         for (uint x = 0; x < 4; ++x)
             for (uint y = 0; y < 4; ++y) {
                 uint d = i0 + ri(x), t = cj(y);
-                float term = dense[x][y];
-                if (d < pc.D && t < nq) pc.bc.v[terms_at + pc.D * pc.H * t + d] = term;
-                part[y] += OWN_VECTOR(t, d) * term;
+                if (d < pc.D && t < nq) pc.bc.v[terms_at + pc.D * pc.H * t + d] = dense[x][y];
+                part[y] += OWN_VECTOR(t, d) * dense[x][y];
             }
     }
     float sum = column_sum(part);
