@@ -122,6 +122,10 @@ endforeach()
 rk_shader(decayed_pairs_forward_staged decayed_pairs.comp FORWARD_STAGED)  # chunks of at most 64 tokens
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
+foreach(kind PAIRS SOLVE BACK_SOLVE BACK_PAIRS BACK_CHANNELS)  # rwkv_wkv7's chunked form: each chunk's own terms
+  string(TOLOWER ${kind} name)
+  rk_shader(wkv7_chunk_terms_${name} wkv7_chunk_terms.comp ${kind})
+endforeach()
 foreach(kind SCORES OWN_STATES START_GRADS OUTPUTS GRADS_U GRADS_PAIRS STATE_GRADS_C STATE_GRADS_B PAIR_GRADS)  # ssm_scan's chunked form (SSD)
   string(TOLOWER ${kind} name)
   rk_shader(ssd_chunks_${name} ssd_chunks.comp ${kind})

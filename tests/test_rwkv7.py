@@ -11,7 +11,7 @@ import pytest
 import rlkit.core as rc
 from rlkit.core import ops
 from op_references import (assert_chunked_within_recurrent_error, assert_gpu_matches_cpu, np_rwkv_wkv7, np_wkv7_chunk_states,
-                           packed)
+                           np_wkv7_chunk_terms, packed)
 
 CHUNK = 16  # tokens between the backward's checkpoints (native/cpu_rwkv7.cpp, wkv7.comp)
 
@@ -306,6 +306,84 @@ def test_chunked_form_keeps_a_nan_in_its_head_and_sequence():
     bad[4:8, 8:16] = True  # rows of head 1, tokens of sequence 1
     assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all()
     assert np.isnan(final[16:32, 1]).all() and np.isfinite(final[:16]).all() and np.isfinite(final[16:32, 0]).all()
+
+
+# ---- wkv7_chunk_terms: what each chunk computes from its own tokens -------------------------------
+
+def _chunk_terms_inputs(S, L, B, seed=0, w_low=0.5):
+    """r, k, v, a, b, log_decay [S, L, B] as the chunked form makes them (a = -kk, b = kk * gate)."""
+    rng = np.random.default_rng(seed)
+    r, k, v = (rng.normal(size=(S, L, B)) for _ in range(3))
+    kk = rng.normal(size=(S, L, B))
+    kk /= np.linalg.norm(kk, axis=0, keepdims=True)
+    a, b = -kk, kk * rng.uniform(0.0, 1.0, size=(S, L, B))
+    return [r, k, v, a, b, np.log(rng.uniform(w_low, 1.0, size=(S, L, B)))]
+
+
+def _chunk_terms(arrays, dtype="f32", device=None):
+    return ops.apply("wkv7_chunk_terms", tuple(rc.tensor(np.asfortranarray(x), dtype=dtype, device=device)
+                                               for x in arrays))
+
+
+# (S, L, B): one token, one channel; sizes that do not divide the GPU's 256 invocations; the
+# shaders' channel blocks (64 at chunks of 16, 16 at chunks of 64) filled and split; chunks of 64
+CHUNK_TERM_SHAPES = [(1, 1, 1), (3, 5, 2), (7, 16, 3), (70, 16, 2), (20, 64, 1)]
+
+
+@pytest.mark.parametrize("shape", CHUNK_TERM_SHAPES)
+def test_chunk_terms_match_the_numpy_formulas(device, shape):
+    arrays = _chunk_terms_inputs(*shape)
+    want = np_wkv7_chunk_terms(*arrays)
+    for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
+        got = _chunk_terms(arrays, dtype).numpy().ravel()
+        tol = 1e-12 if dtype == "f64" else 2e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 2), (4, 7, 1)])
+def test_chunk_terms_gradients_match_finite_differences(shape):
+    """Every input's gradient in float64, every part of the output weighted."""
+    arrays = _chunk_terms_inputs(*shape, seed=1)
+    n_out = np_wkv7_chunk_terms(*arrays).size
+    weight = rc.tensor(np.random.default_rng(2).normal(size=(n_out, 1)), dtype="f64")
+    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("wkv7_chunk_terms", xs), (-1, 1)), weight),
+                        [np.asfortranarray(x) for x in arrays])
+
+
+@pytest.mark.requires_gpu
+@pytest.mark.parametrize("shape", [(3, 5, 2), (7, 16, 3), (64, 16, 5), (70, 16, 2), (20, 64, 1), (9, 33, 2)])
+def test_chunk_terms_gpu_matches_the_cpu(shape):
+    """Forward and every gradient, float32, strong decays: chunks of 16 (every channel of 64 in one
+    block of shared memory, or two blocks), of 33 and 64 (blocks of 32 and 16 channels)."""
+    assert_gpu_matches_cpu("wkv7_chunk_terms", _chunk_terms_inputs(*shape, seed=3, w_low=0.05),
+                           ["terms", "r", "k", "v", "a", "b", "log_decay"])
+
+
+@pytest.mark.requires_gpu
+def test_chunk_terms_refuse_chunks_longer_than_the_gpu_kernels_hold():
+    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms: chunks of at most 64 tokens on the GPU, got 65"):
+        _chunk_terms(_chunk_terms_inputs(2, 65, 1), device="gpu")
+
+
+@pytest.mark.parametrize("args, exc, message", [
+    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 5)], ValueError, r"log_decay must be \[S, L, B\] like r \[2, 3, 4\], got \[2, 3, 5\]"),
+    (lambda: [_f(2, 3, 4)] * 2 + [_f(2, 3, 4, 2)] + [_f(2, 3, 4)] * 3, ValueError,
+     r"v must be \[S, L, B\] like r \[2, 3, 4\], got \[2, 3, 4, 2\]"),
+    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 4, dtype="f64")], TypeError, r"dtypes differ: r is f32 but log_decay is f64"),
+    (lambda: [rc.tensor(np.ones((2, 3, 4), np.int32))] + [_f(2, 3, 4)] * 5, TypeError, r"r must be a float tensor"),
+])
+def test_chunk_terms_refuse_bad_inputs(args, exc, message):
+    with pytest.raises(exc, match=r"^wkv7_chunk_terms: " + message):
+        ops.apply("wkv7_chunk_terms", tuple(args()))
+
+
+def test_chunk_terms_backward_checks_the_upstream_gradient():
+    inputs = [_f(2, 3, 4)] * 6
+    out = ops.apply("wkv7_chunk_terms", tuple(inputs))  # 5 * 24 + 2 * 36 + 8 = 200 elements
+    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms_back: g \[7, 1\] is not the forward's output shape \[200, 1\]"):
+        ops.apply("wkv7_chunk_terms_back", (_f(7), *inputs, out))
+    with pytest.raises(TypeError, match=r"^wkv7_chunk_terms_back: dtypes differ: r is f32 but out is f64"):
+        ops.apply("wkv7_chunk_terms_back", (out, *inputs, rc.tensor(out.numpy(), dtype="f64")))
 
 
 # ---- wkv7_chunk_states: the op that passes the chunked form's state from chunk to chunk ----------

@@ -159,6 +159,10 @@ def _builders() -> dict:
     b["rwkv_wkv7"], b["rwkv_wkv7_back"] = _recurrence(6, False, []), _recurrence(6, True, [])
     b["decayed_pairs"] = lambda a, b_, c, d: ([((a, b_, c), F)] * 3, [d % 2], [])
     b["decayed_pairs_back"] = lambda a, b_, c, d: ([((b_, b_, c), F)] + [((a, b_, c), F)] * 3, [d % 2], [])
+    b["wkv7_chunk_terms"] = lambda a, b_, c, d: ([((a, b_, c), F)] * 6, [], [])
+    b["wkv7_chunk_terms_back"] = lambda a, b_, c, d: (
+        [((5 * a * b_ * c + 2 * b_ * b_ * c + a * c,), F)] + [((a, b_, c), F)] * 6
+        + [((5 * a * b_ * c + 2 * b_ * b_ * c + a * c,), F)], [], [])
     b["wkv7_chunk_states"] = lambda a, b_, c, d: (_chunk_states_inputs(a, b_, c, d), [], [])
     b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
         [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)

@@ -459,6 +459,70 @@ void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& o
            {span(out)});
 }
 
+// ---- RWKV-7's chunked form: what each chunk computes from its own tokens -----------------------
+
+namespace {
+
+struct ChunkTermsPush {
+    uint64_t r, k, v, a, b, log_decay, o, pairs, columns, g, fwd;
+    uint32_t S, L, B, with_q;
+};
+
+// wkv7_chunk_terms.comp keeps up to 16 pairs of a chunk in each invocation's registers.
+constexpr int64_t kChunkTermsMaxTokens = 64;
+
+// The shape rule has checked the inputs (r, k, v, a, b, log_decay at in[first..]); refuses chunks
+// longer than the kernels hold, and loops the device would cut short (wkv7_chunk_terms.comp's
+// longest: PAIRS' channels times each pair's range, and BACK_CHANNELS' pairs).
+ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first) {
+    const TensorImpl& r = *in[first];
+    const int64_t S = r.ne[0], L = r.ne[1];
+    if (L > kChunkTermsMaxTokens)
+        throw std::invalid_argument(std::string(op) + ": chunks of at most " + std::to_string(kChunkTermsMaxTokens) +
+                                    " tokens on the GPU, got " + std::to_string(L));
+    const double l = double(L);
+    check_loop_budget(op, L, "tokens per chunk", kLoopMargin * std::max(double(S) * l * 16.0, l * (l + 1.0) * 2.0));
+    u32(size_mul(6, r.numel()), op);  // every index in the shaders is smaller
+    u32(size_mul(4, L, L, r.ne[2]), op);
+    ChunkTermsPush p{};
+    p.r = r.address(), p.k = in[first + 1]->address(), p.v = in[first + 2]->address();
+    p.a = in[first + 3]->address(), p.b = in[first + 4]->address(), p.log_decay = in[first + 5]->address();
+    p.S = u32(S, op), p.L = u32(L, op), p.B = u32(r.ne[2], op);
+    return p;
+}
+
+}  // namespace
+
+// wkv7_chunk_terms: PAIRS (a workgroup per chunk), then SOLVE (an invocation per chunk and column).
+void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const char* op = "wkv7_chunk_terms";
+    ChunkTermsPush p = chunk_terms_push(op, in, 0);
+    TensorPtr pairs = make_on(Device::gpu, {size_mul(2, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
+    p.o = out.address(), p.pairs = pairs->address(), p.with_q = 1;
+    record("wkv7_chunk_terms_pairs", p, p.B, spans(in), {span(out), span(*pairs)});
+    std::vector<vk::Range> reads = spans(in);
+    reads.push_back(span(*pairs));
+    record("wkv7_chunk_terms_solve", p, groups(uint64_t(2) * p.S * p.B), reads, {span(out)});
+}
+
+// wkv7_chunk_terms_back: PAIRS (P_ab, P_ak again), BACK_SOLVE, BACK_PAIRS, BACK_CHANNELS.
+void vk_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+    const char* op = "wkv7_chunk_terms_back";
+    ChunkTermsPush p = chunk_terms_push(op, in, 1);
+    TensorPtr pairs = make_on(Device::gpu, {size_mul(4, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
+    TensorPtr columns = make_on(Device::gpu, {size_mul(3, p.S, p.L, p.B), 1, 1, 1}, 2, DType::f32);
+    p.o = out.address(), p.pairs = pairs->address(), p.columns = columns->address();
+    p.g = in[0]->address(), p.fwd = in[7]->address(), p.with_q = 0;
+    std::vector<vk::Range> reads = spans(in);
+    record("wkv7_chunk_terms_pairs", p, p.B, reads, {span(*pairs)});
+    reads.push_back(span(*pairs));
+    record("wkv7_chunk_terms_back_solve", p, groups(uint64_t(2) * p.S * p.B), reads, {span(*columns), span(out)});
+    reads.push_back(span(*columns));
+    record("wkv7_chunk_terms_back_pairs", p, p.B, reads, {span(*pairs)});
+    reads.push_back(span(out));
+    record("wkv7_chunk_terms_back_channels", p, groups(uint64_t(p.S) * p.B), reads, {span(out), span(*columns)});
+}
+
 // ---- RWKV-7's chunked form: the state passed from chunk to chunk ----------------------------
 
 namespace {

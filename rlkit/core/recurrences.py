@@ -263,12 +263,12 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
 
 
 def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
-    """rwkv_wkv7 in chunks, from the differentiable ops (the tape gives its backward). In each
-    chunk, with Z = S^T the state [key, value] at its start and u_t = sa of token t:
-    u_t = (a_t decayed from the start)^T Z + sum_{s<t} (P_ab[t,s] u_s + P_ak[t,s] v_s), so
-    U = T (A0 Z + P_ak V) with T = (I - P_ab)^-1; y_t and the state at the chunk's end follow
-    from Z, U and V. Dims in ne order: S the head size, L the chunk length, c the chunks per
-    sequence, B = H c N the (head, chunk, sequence) batch with the head fastest."""
+    """rwkv_wkv7 in chunks: each chunk's own terms from its tokens (one op, wkv7_chunk_terms:
+    with Z = S^T the state [key, value] at the chunk's start, its tokens' sa are U = W Z + U0,
+    its outputs Rf Z + Q_rb U + Q_rk V, its end state decay Z + Be^T U + Ke^T V), the states
+    passed from chunk to chunk (one op, wkv7_chunk_states), then the outputs' products. Dims in ne
+    order: S the head size, L the chunk length, c the chunks per sequence, B = H c N the (head,
+    chunk, sequence) batch with the head fastest."""
     S, H = _ne4(k)[:2]
     n_seqs = state.shape[1]
     n_tok = k.numel // (S * H * n_seqs)  # per sequence
@@ -278,30 +278,14 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     def in_chunks(t: Tensor) -> Tensor:
         return _heads_in_chunks(t, S, H, n_tok, n_seqs, L)  # [S, L, B]
 
-    def tokens_in_rows(t: Tensor) -> Tensor:
-        return permute(t, (1, 0, 2))  # [S, L, B] -> [L, S, B]
-
     log_decay = in_chunks(maximum(log(w), -80.0))  # [S(key), L, B]
     r, k, v, a, b = (in_chunks(t) for t in (r, k, v, a, b))  # [S, L, B]
-    through, before = _lower_triangle(L, k), _lower_triangle(L, k, strict=True)  # [t, s]: s <= t, s < t
-    from_start = exp(matmul(log_decay, through, transpose_b=True))  # [S, L, B]: the decays through token t
-    to_start = exp(matmul(log_decay, before, transpose_b=True))  # [S, L, B]: those before token t
-    to_end = exp(matmul(log_decay, sub(1.0, through), transpose_b=True))  # [S, L, B]: those after token s
-    chunk_decay = exp(sum_to(log_decay, (S, 1, log_decay.shape[2])))  # [S, 1, B]
-
-    # pairs within the chunk: what u_t reads of u_s and v_s (s < t), what y_t reads of them (s <= t)
-    P_ab, P_ak = (_decayed_pairs(a, t, log_decay, through_last=False) for t in (b, k))  # [L(t), L(s), B]
-    Q_rb, Q_rk = (_decayed_pairs(r, t, log_decay) for t in (b, k))  # [L(t), L(s), B]
-
-    # T = (I - P_ab)^-1 = (I + P)(I + P^2)(I + P^4)...: P_ab is strictly lower, so P^L = 0
-    solve, power, covered = add(sub(through, before), P_ab), P_ab, 2  # I + P: powers below 2
-    while covered < L:
-        power = matmul(power, power)
-        solve = add(solve, matmul(solve, power))
-        covered *= 2
-    values = tokens_in_rows(v)  # [L, S(value), B]
-    W = matmul(solve, tokens_in_rows(mul(a, to_start)))  # [L, S(key), B]: u's part from the start state
-    U_inputs = matmul(solve, matmul(P_ak, values))  # [L, S(value), B]: u's part from the chunk's values
+    terms = apply("wkv7_chunk_terms", (r, k, v, a, b, log_decay))  # one column
+    n_block, n_pairs = S * L * H * c * n_seqs, L * L * H * c * n_seqs
+    W, U_inputs, B_end, K_end, R_from, Q_rb, Q_rk, chunk_decay = _unpack_columns(
+        terms, [(n_block, (L, S, n_block // (L * S)))] * 5 + [(n_pairs, (L, L, n_pairs // (L * L)))] * 2
+        + [(S * H * c * n_seqs, (S, 1, H * c * n_seqs))])
+    values = permute(v, (1, 0, 2))  # [L, S(value), B]
 
     # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel):
     # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs; the op wants the chunk slowest
@@ -310,12 +294,11 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
         rows = t.numel // (H * c * n_seqs)
         return reshape(permute(reshape(t, (rows, H, c, n_seqs)), (0, 1, 3, 2)), t.shape[:-1] + (HN, c))
 
-    B_end, K_end = tokens_in_rows(mul(b, to_end)), tokens_in_rows(mul(k, to_end))  # [L, S(key), B]
     states = apply("wkv7_chunk_states", tuple(chunk_last(t) for t in (W, U_inputs, B_end, K_end, values)) + (
         reshape(chunk_last(chunk_decay), (S, HN, c)), reshape(state, (S, S, HN))))  # one column
     Z_start, final_state = _unpack_columns(states, [(S * S * HN * c, (S * S, H, n_seqs, c)), (state.numel, state.shape)])
     Z_start = reshape(permute(Z_start, (0, 1, 3, 2)), (S, S, -1))  # [S(key), S(value), B]
 
     U = add(matmul(W, Z_start), U_inputs)  # [L, S(value), B]
-    y = add(matmul(tokens_in_rows(mul(r, from_start)), Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]
+    y = add(matmul(R_from, Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]
     return _heads_out_of_chunks(y, S, H, n_tok, n_seqs), final_state

@@ -59,6 +59,12 @@ def _decayed_pairs(g, out, left, right, log_decay, through_last):
     return tuple(ops._unpack_columns(grads, [(left.numel, left.shape)] * 3))
 
 
+def _wkv7_chunk_terms(g, out, r, k, v, a, b, log_decay):
+    # one helper op gives every gradient, packed in the inputs' order; it reads the forward's W and U
+    grads = ops.apply("wkv7_chunk_terms_back", (g, r, k, v, a, b, log_decay, out))  # a column
+    return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6))
+
+
 def _wkv7_chunk_states(g, out, W, U, B, K, V, decay, Z0):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's states
     grads = ops.apply("wkv7_chunk_states_back", (g, W, U, B, K, V, decay, Z0, out))  # a column
@@ -200,6 +206,7 @@ VJP = {
     "rwkv_wkv6": _rwkv_wkv6,
     "gated_linear_attn": _gated_linear_attn,
     "rwkv_wkv7": _rwkv_wkv7,
+    "wkv7_chunk_terms": _wkv7_chunk_terms,
     "wkv7_chunk_states": _wkv7_chunk_states,
     "decayed_pairs": _decayed_pairs,
     "gla_chunks": _gla_chunks,

@@ -1,0 +1,295 @@
+// wkv7_chunk_terms and its backward (native/cpu_wkv7_chunk_terms.cpp has the layouts and the
+// formulas): what each chunk of rwkv_wkv7's chunked form computes from its own tokens, every chunk
+// at once. Inputs r, k, v, a, b, log_decay [S, L, B] (channels fastest); the outputs W, U, Be, Ke,
+// Rf [L, S, B] (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B]. Kernels:
+//   PAIRS (a workgroup per chunk): P_ab, P_ak into scratch [L, L, B] each and, with `with_q`,
+//     Q_rb, Q_rk into the output; each pair (t, s) an invocation's, its channels a block at a
+//     time through shared memory, each channel's decay a running sum from s (the CPU's order).
+//   SOLVE (an invocation per chunk and column: S of W's, then S of U's): the forward
+//     substitution down the column, and on W's side the column's channel: A0, Rf, Be, Ke, decay.
+//   BACK_SOLVE (an invocation per chunk and column): the back substitution, gA0 and gPV into
+//     scratch [2S, L, B] (gA0's S channels, then gPV's); on gPV's side gv, on gA0's the start
+//     decays' terms of ga, gr and glog_decay.
+//   BACK_PAIRS (a workgroup per chunk): gP_ab, gP_ak into scratch [L, L, B] each.
+//   BACK_CHANNELS (an invocation per chunk and channel): the pairs' terms and Be's and Ke's,
+//     added to BACK_SOLVE's ga, gr and glog_decay; gb and gk.
+// Every sum is an invocation's own, in a fixed order: no atomics, deterministic.
+#version 450
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+
+layout(push_constant) uniform Push {
+    Floats r;
+    Floats k;
+    Floats v;
+    Floats a;
+    Floats b;
+    Floats log_decay;
+    Floats o;        // the output: the forward's column, or the backward's [gr, gk, gv, ga, gb, glog_decay]
+    Floats pairs;    // scratch: P_ab, P_ak [L, L, B] each
+    Floats columns;  // the backward's scratch: gA0, gPV [2S, L, B]; after them, BACK_CHANNELS' terms [S, L, B]
+    Floats g;        // the backward's: the upstream gradient (like the forward's column)
+    Floats fwd;      // the backward's: the forward's column (W, U)
+    uint S;
+    uint L;
+    uint B;
+    uint with_q;     // PAIRS: also the Q pairs (the forward)
+} pc;
+
+uint block() { return pc.S * pc.L * pc.B; }
+uint pair_block() { return pc.L * pc.L * pc.B; }
+// An input's element (channel j, token t) of chunk c.
+uint input_at(uint c, uint t, uint j) { return (c * pc.L + t) * pc.S + j; }
+// A [L, S, B] output's element (token t, channel j) of chunk c.
+uint row_at(uint c, uint t, uint j) { return (c * pc.S + j) * pc.L + t; }
+// A pair's element (t, s) of chunk c.
+uint pair_at(uint c, uint t, uint s) { return (c * pc.L + s) * pc.L + t; }
+
+#if defined(PAIRS) || defined(BACK_PAIRS)
+// A block of channels' arrays in shared memory, [array][channel][token], each channel's tokens a
+// row of L + 1 (odd: invocations reading down a column of tokens fall in different banks).
+const uint STAGE = 5440, MAX_PAIRS_EACH = 16;  // 5 arrays of up to 1088 floats; pairs of chunks up to 64
+shared float stage[STAGE];
+
+uint block_channels() { return max(1u, min(pc.S, STAGE / 5u / (pc.L + 1u))); }
+uint staged(uint array, uint cb, uint jj, uint t) { return (array * cb + jj) * (pc.L + 1u) + t; }
+
+// Stages channels [j0, j0 + cb) of chunk c's tokens: from an input (channels fastest) where
+// `tokens_fastest` is false, else from an [L, S, B] output (tokens fastest); coalesced either way.
+void stage_array(uint array, Floats x, bool tokens_fastest, uint c, uint j0, uint cb) {
+    for (uint e = gl_LocalInvocationID.x; e < cb * pc.L; e += 256) {
+        uint jj, t;
+        if (tokens_fastest) { t = e % pc.L; jj = e / pc.L; }
+        else { jj = e % cb; t = e / cb; }
+        uint at = tokens_fastest ? row_at(c, t, j0 + jj) : input_at(c, t, j0 + jj);
+        stage[staged(array, cb, jj, t)] = x.v[at];
+    }
+}
+#endif
+
+#if defined(PAIRS)
+// stage arrays: a, b, k, r, log_decay
+void main() {
+    uint c = flat_group(), tid = gl_LocalInvocationID.x, L = pc.L, LL = L * L;
+    if (c >= pc.B) return;  // a whole workgroup of the folded grid's padding
+    float pab[MAX_PAIRS_EACH], pak[MAX_PAIRS_EACH], qrb[MAX_PAIRS_EACH], qrk[MAX_PAIRS_EACH];
+    [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) { pab[m] = 0.0; pak[m] = 0.0; qrb[m] = 0.0; qrk[m] = 0.0; }
+    uint cb_max = block_channels();
+    for (uint j0 = 0; j0 < pc.S; j0 += cb_max) {
+        uint cb = min(cb_max, pc.S - j0);
+        barrier();  // the last block's reads are done
+        stage_array(0, pc.a, false, c, j0, cb);
+        stage_array(1, pc.b, false, c, j0, cb);
+        stage_array(2, pc.k, false, c, j0, cb);
+        stage_array(3, pc.r, false, c, j0, cb);
+        stage_array(4, pc.log_decay, false, c, j0, cb);
+        barrier();
+        [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
+            uint p = tid + 256 * m, t = p % L, s = p / L;
+            if (p >= LL || s > t) continue;
+            for (uint jj = 0; jj < cb; ++jj) {
+                float sum = 0.0;  // the log decays over s < u < t, then through t
+                for (uint u = s + 1; u < t; ++u) sum += stage[staged(4, cb, jj, u)];
+                float b_s = stage[staged(1, cb, jj, s)], k_s = stage[staged(2, cb, jj, s)];
+                if (s < t) {
+                    float x = exp(sum), a_t = stage[staged(0, cb, jj, t)];
+                    pab[m] += a_t * (b_s * x);
+                    pak[m] += a_t * (k_s * x);
+                    sum += stage[staged(4, cb, jj, t)];
+                }
+                if (pc.with_q == 1u) {
+                    float x = exp(sum), r_t = stage[staged(3, cb, jj, t)];
+                    qrb[m] += r_t * (b_s * x);
+                    qrk[m] += r_t * (k_s * x);
+                }
+            }
+        }
+    }
+    uint q_rb = 5 * block(), q_rk = q_rb + pair_block();
+    [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
+        uint p = tid + 256 * m, t = p % L, s = p / L;
+        if (p >= LL) continue;
+        uint at = pair_at(c, t, s);
+        pc.pairs.v[at] = pab[m];
+        pc.pairs.v[pair_block() + at] = pak[m];
+        if (pc.with_q == 1u) {
+            pc.o.v[q_rb + at] = qrb[m];
+            pc.o.v[q_rk + at] = qrk[m];
+        }
+    }
+}
+#endif
+
+#if defined(SOLVE)
+void main() {
+    uint e = flat_invocation(), S = pc.S, L = pc.L;
+    if (e >= 2 * S * pc.B) return;
+    uint c = e / (2 * S), col = e % (2 * S), j = col % S;
+    uint P_ab = 0, P_ak = pair_block();
+    if (col < S) {  // W's column j: A0 = a start(t-1); the channel's Rf, Be, Ke and decay
+        uint W = 0, Be = 2 * block(), Ke = 3 * block(), Rf = 4 * block(), decay = 5 * block() + 2 * pair_block();
+        float sum = 0.0;
+        for (uint t = 0; t < L; ++t) {
+            float x = pc.a.v[input_at(c, t, j)] * exp(sum);  // start(t-1): 1 at the first token
+            for (uint s = 0; s < t; ++s) x += pc.pairs.v[P_ab + pair_at(c, t, s)] * pc.o.v[W + row_at(c, s, j)];
+            pc.o.v[W + row_at(c, t, j)] = x;
+            sum += pc.log_decay.v[input_at(c, t, j)];
+            pc.o.v[Rf + row_at(c, t, j)] = pc.r.v[input_at(c, t, j)] * exp(sum);
+        }
+        pc.o.v[decay + c * S + j] = exp(sum);
+        float after = 0.0;  // the log decays after token s, from the end
+        for (uint s = L; s-- > 0;) {
+            float x = exp(after);
+            pc.o.v[Be + row_at(c, s, j)] = pc.b.v[input_at(c, s, j)] * x;
+            pc.o.v[Ke + row_at(c, s, j)] = pc.k.v[input_at(c, s, j)] * x;
+            after += pc.log_decay.v[input_at(c, s, j)];
+        }
+    } else {  // U's column j: P_ak V, then the forward substitution
+        uint U = block();
+        for (uint t = 0; t < L; ++t) {
+            float pv = 0.0;
+            for (uint s = 0; s < t; ++s) pv += pc.pairs.v[P_ak + pair_at(c, t, s)] * pc.v.v[input_at(c, s, j)];
+            float x = pv;
+            for (uint s = 0; s < t; ++s) x += pc.pairs.v[P_ab + pair_at(c, t, s)] * pc.o.v[U + row_at(c, s, j)];
+            pc.o.v[U + row_at(c, t, j)] = x;
+        }
+    }
+}
+#endif
+
+#if defined(BACK_SOLVE)
+// column col's gradient (gA0 or gPV) at token t of chunk c
+uint column_at(uint c, uint t, uint col) { return (c * pc.L + t) * 2 * pc.S + col; }
+
+void main() {
+    uint e = flat_invocation(), S = pc.S, L = pc.L;
+    if (e >= 2 * S * pc.B) return;
+    uint c = e / (2 * S), col = e % (2 * S), j = col % S;
+    uint P_ab = 0, P_ak = pair_block();
+    uint gx = col < S ? 0 : block();  // gW's or gU's column in g
+    for (uint t = L; t-- > 0;) {  // G[t] = g[t] + sum over u > t of P_ab[u, t] G[u]
+        float x = pc.g.v[gx + row_at(c, t, j)];
+        for (uint u = t + 1; u < L; ++u) x += pc.pairs.v[P_ab + pair_at(c, u, t)] * pc.columns.v[column_at(c, u, col)];
+        pc.columns.v[column_at(c, t, col)] = x;
+    }
+    uint gr = 0, gv = 2 * block(), ga = 3 * block(), glog = 5 * block();
+    if (col >= S) {  // gv[s] = sum over t > s of P_ak[t, s] gPV[t]
+        for (uint s = 0; s < L; ++s) {
+            float x = 0.0;
+            for (uint t = s + 1; t < L; ++t) x += pc.pairs.v[P_ak + pair_at(c, t, s)] * pc.columns.v[column_at(c, t, col)];
+            pc.o.v[gv + input_at(c, s, j)] = x;
+        }
+        return;
+    }
+    // the start decays: ga = gA0 start(t-1), gr = gRf start(t); glog_decay's terms start(t) (gRf r
+    // + gA0[t + 1] a[t + 1], or + gdecay at the last), summed from the end
+    uint gRf = 4 * block(), gdecay = 5 * block() + 2 * pair_block();
+    float sum = 0.0;
+    for (uint t = 0; t < L; ++t) {
+        pc.o.v[ga + input_at(c, t, j)] = pc.columns.v[column_at(c, t, col)] * exp(sum);
+        sum += pc.log_decay.v[input_at(c, t, j)];
+        float start = exp(sum), g_rf = pc.g.v[gRf + row_at(c, t, j)];
+        pc.o.v[gr + input_at(c, t, j)] = g_rf * start;
+        float term = g_rf * pc.r.v[input_at(c, t, j)];
+        term += t + 1 < L ? pc.columns.v[column_at(c, t + 1, col)] * pc.a.v[input_at(c, t + 1, j)]
+                          : pc.g.v[gdecay + c * S + j];
+        pc.o.v[glog + input_at(c, t, j)] = start * term;
+    }
+    float acc = 0.0;
+    for (uint t = L; t-- > 0;) {
+        acc += pc.o.v[glog + input_at(c, t, j)];
+        pc.o.v[glog + input_at(c, t, j)] = acc;
+    }
+}
+#endif
+
+#if defined(BACK_PAIRS)
+// stage arrays: gA0, gPV (from the columns' scratch), W, U (the forward's), v
+void stage_columns(uint array, uint first, uint c, uint j0, uint cb) {
+    for (uint e = gl_LocalInvocationID.x; e < cb * pc.L; e += 256) {
+        uint jj = e % cb, t = e / cb;
+        stage[staged(array, cb, jj, t)] = pc.columns.v[(c * pc.L + t) * 2 * pc.S + first + j0 + jj];
+    }
+}
+
+void main() {
+    uint c = flat_group(), tid = gl_LocalInvocationID.x, L = pc.L, LL = L * L;
+    if (c >= pc.B) return;
+    float gab[MAX_PAIRS_EACH], gak[MAX_PAIRS_EACH];
+    [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) { gab[m] = 0.0; gak[m] = 0.0; }
+    uint cb_max = block_channels();
+    for (uint j0 = 0; j0 < pc.S; j0 += cb_max) {
+        uint cb = min(cb_max, pc.S - j0);
+        barrier();
+        stage_columns(0, 0, c, j0, cb);
+        stage_columns(1, pc.S, c, j0, cb);
+        stage_array(2, pc.fwd, true, c, j0, cb);
+        stage_array(3, Floats(uint64_t(pc.fwd) + 4 * uint64_t(block())), true, c, j0, cb);
+        stage_array(4, pc.v, false, c, j0, cb);
+        barrier();
+        [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
+            uint p = tid + 256 * m, t = p % L, s = p / L;
+            if (p >= LL || s >= t) continue;
+            for (uint jj = 0; jj < cb; ++jj) {
+                float g_pv = stage[staged(1, cb, jj, t)];
+                gab[m] += stage[staged(0, cb, jj, t)] * stage[staged(2, cb, jj, s)] + g_pv * stage[staged(3, cb, jj, s)];
+                gak[m] += g_pv * stage[staged(4, cb, jj, s)];
+            }
+        }
+    }
+    [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
+        uint p = tid + 256 * m, t = p % L, s = p / L;
+        if (p >= LL) continue;
+        uint at = pair_at(c, t, s);
+        pc.pairs.v[2 * pair_block() + at] = gab[m];
+        pc.pairs.v[3 * pair_block() + at] = gak[m];
+    }
+}
+#endif
+
+#if defined(BACK_CHANNELS)
+void main() {
+    uint e = flat_invocation(), S = pc.S, L = pc.L;
+    if (e >= S * pc.B) return;
+    uint c = e / S, j = e % S;
+    uint gr = 0, gk = block(), ga = 3 * block(), gb = 4 * block(), glog = 5 * block();
+    uint gBe = 2 * block(), gKe = 3 * block(), gQ_rb = 5 * block(), gQ_rk = gQ_rb + pair_block();
+    uint gP_ab = 2 * pair_block(), gP_ak = 3 * pair_block();
+    uint terms = 2 * block();  // this channel's decay terms m[t], in the columns' scratch after gA0, gPV
+    for (uint s = 0; s < L; ++s) {
+        float b_s = pc.b.v[input_at(c, s, j)], k_s = pc.k.v[input_at(c, s, j)];
+        float g_b = 0.0, g_k = 0.0, sum = 0.0;
+        for (uint t = s; t < L; ++t) {
+            if (t > s) sum += pc.log_decay.v[input_at(c, t, j)];
+            float x = exp(sum), r_t = pc.r.v[input_at(c, t, j)];
+            float cqb = pc.g.v[gQ_rb + pair_at(c, t, s)], cqk = pc.g.v[gQ_rk + pair_at(c, t, s)];
+            float wq = cqb * b_s + cqk * k_s;
+            pc.o.v[gr + input_at(c, t, j)] += x * wq;
+            g_b += x * cqb * r_t;
+            g_k += x * cqk * r_t;
+            float term = r_t * wq;
+            if (t + 1 < L) {
+                float cpb = pc.pairs.v[gP_ab + pair_at(c, t + 1, s)], cpk = pc.pairs.v[gP_ak + pair_at(c, t + 1, s)];
+                float a_n = pc.a.v[input_at(c, t + 1, j)], wp = cpb * b_s + cpk * k_s;
+                pc.o.v[ga + input_at(c, t + 1, j)] += x * wp;
+                g_b += x * cpb * a_n;
+                g_k += x * cpk * a_n;
+                term += a_n * wp;
+            } else {
+                float gbe = pc.g.v[gBe + row_at(c, s, j)], gke = pc.g.v[gKe + row_at(c, s, j)];
+                g_b += x * gbe;
+                g_k += x * gke;
+                term += gbe * b_s + gke * k_s;
+            }
+            pc.columns.v[terms + input_at(c, t, j)] = x * term;
+        }
+        pc.o.v[gb + input_at(c, s, j)] = g_b;
+        pc.o.v[gk + input_at(c, s, j)] = g_k;
+        float acc = 0.0;  // X(s, t)'s range holds u for s < u <= t: suffix sums over t
+        for (uint u = L - 1; u > s; --u) {
+            acc += pc.columns.v[terms + input_at(c, u, j)];
+            pc.o.v[glog + input_at(c, u, j)] += acc;
+        }
+    }
+}
+#endif
