@@ -117,9 +117,7 @@ foreach(kind FORWARD BACKWARD)
   rk_shader(wkv7_${name} wkv7.comp ${kind})
   rk_shader(wkv7_registers_${name} wkv7_registers.comp ${kind})
   rk_shader(wkv7_chunks_${name} wkv7_chunks.comp ${kind})
-  rk_shader(decayed_pairs_${name} decayed_pairs.comp ${kind})
 endforeach()
-rk_shader(decayed_pairs_forward_staged decayed_pairs.comp FORWARD_STAGED)  # chunks of at most 64 tokens
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
 rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
 foreach(kind PAIRS SOLVE BACK_SOLVE BACK_PAIRS BACK_CHANNELS)  # rwkv_wkv7's chunked form: each chunk's own terms

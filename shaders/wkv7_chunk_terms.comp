@@ -17,6 +17,7 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
+#include "staged_arrays.def"
 
 layout(push_constant) uniform Push {
     Floats r;
@@ -48,7 +49,7 @@ uint pair_at(uint c, uint t, uint s) { return (c * pc.L + s) * pc.L + t; }
 #if defined(PAIRS) || defined(BACK_PAIRS)
 // A block of channels' arrays in shared memory, [array][channel][token], each channel's tokens a
 // row of L + 1 (odd: invocations reading down a column of tokens fall in different banks).
-const uint STAGE = 5440, MAX_PAIRS_EACH = 16;  // 5 arrays of up to 1088 floats; pairs of chunks up to 64
+const uint STAGE = RK_CHUNK_TERMS_STAGE, MAX_PAIRS_EACH = 16;  // pairs of chunks of up to 64 tokens
 shared float stage[STAGE];
 
 uint block_channels() { return max(1u, min(pc.S, STAGE / 5u / (pc.L + 1u))); }

@@ -136,20 +136,6 @@ def np_rwkv_wkv7(r, w, k, v, a, b, state):
     return y, final
 
 
-def np_decayed_pairs(left, right, log_decay, through_last):
-    """decayed_pairs as a plain loop: out[t, s, b] = sum_j left[j, t, b] right[j, s, b]
-    exp(sum of log_decay[j, r, b] over s < r <= t) for s <= t (s < r < t for s < t when not
-    through_last), else 0."""
-    S, L, B = left.shape
-    out = np.zeros((L, L, B))
-    for b, t, s in itertools.product(range(B), range(L), range(L)):
-        if (s <= t) if through_last else (s < t):
-            end = t if through_last else t - 1
-            decay = np.exp(log_decay[:, s + 1:end + 1, b].sum(axis=1))
-            out[t, s, b] = (left[:, t, b] * right[:, s, b] * decay).sum()
-    return out
-
-
 def np_wkv7_chunk_terms(r, k, v, a, b, log_decay):
     """wkv7_chunk_terms from its formulas, per chunk with numpy's products and inverse: the decays
     from the chunk's start and between pairs of tokens, P_ab, P_ak (s < t), Q_rb, Q_rk (s <= t),

@@ -34,7 +34,6 @@ BACKWARD_HELPER_OF = {
     "rwkv_wkv7_back": "rwkv_wkv7",
     "wkv7_chunk_states_back": "wkv7_chunk_states",
     "wkv7_chunk_terms_back": "wkv7_chunk_terms",
-    "decayed_pairs_back": "decayed_pairs",
     "ssd_chunks_back": "ssd_chunks",
     "gla_chunks_back": "gla_chunks",
     "conv2d_input_back": "conv2d",
@@ -46,7 +45,6 @@ BACKWARD_HELPER_OF = {
 PUBLIC_NAME_OF = {"softmax_cross_entropy": "softmax_cross_entropy_loss", "huber": "huber_loss",
                   "wkv7_chunk_states": "rwkv_wkv7",  # rwkv_wkv7's chunked form
                   "wkv7_chunk_terms": "rwkv_wkv7",  # rwkv_wkv7's chunked form
-                  "decayed_pairs": "rwkv_wkv7",  # rwkv_wkv7's chunked form
                   "ssd_chunks": "ssm_scan",  # ssm_scan's chunked form (SSD)
                   "gla_chunks": "gated_linear_attn"}  # gated_linear_attn's chunked form
 

@@ -12,7 +12,7 @@ import rlkit.core as rc
 from rlkit import _native
 from rlkit.core import ops
 
-from op_references import assert_chunked_within_recurrent_error, np_decayed_pairs, np_recurrence
+from op_references import assert_chunked_within_recurrent_error, np_recurrence
 
 SCALE = 0.3
 
@@ -409,77 +409,3 @@ def test_backward_helpers_check_the_upstream_gradient():
         ops.apply("rwkv_wkv6_back", (_f32(6, 4), *args))
     with pytest.raises(TypeError, match=r"^gated_linear_attn_back: dtypes differ"):
         ops.apply("gated_linear_attn_back", (rc.tensor(np.ones((6, 8)), dtype="f64"), *(args[:3] + args[4:])), floats=(1.0,))
-
-
-# ---- decayed_pairs: the chunked forms' pairs of tokens within a chunk --------------------------
-
-def _pair_inputs(S, L, B, seed=0, low=0.3):
-    rng = np.random.default_rng(seed)
-    return [rng.normal(size=(S, L, B)), rng.normal(size=(S, L, B)), np.log(rng.uniform(low, 1.0, size=(S, L, B)))]
-
-
-def _pairs(arrays, through_last, dtype="f32"):
-    return ops.apply("decayed_pairs", tuple(rc.tensor(np.asfortranarray(a), dtype=dtype) for a in arrays),
-                     ints=(int(through_last),), through_last=through_last)
-
-
-PAIR_SHAPES = [(1, 1, 1), (3, 5, 2), (4, 16, 3), (2, 64, 1)]  # S, L, B: one token, L past the GPU's 16 x 16
-
-
-@pytest.mark.parametrize("through_last", [True, False])
-@pytest.mark.parametrize("shape", PAIR_SHAPES)
-def test_decayed_pairs_match_the_numpy_loop(device, shape, through_last):
-    arrays = _pair_inputs(*shape)
-    want = np_decayed_pairs(*arrays, through_last)
-    for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
-        got = _pairs(arrays, through_last, dtype).numpy().reshape(want.shape, order="F")
-        tol = 1e-12 if dtype == "f64" else 1e-5
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()))
-
-
-@pytest.mark.parametrize("through_last", [True, False])
-@pytest.mark.parametrize("shape", PAIR_SHAPES[:3])
-def test_decayed_pairs_gradients_match_finite_differences(shape, through_last):
-    arrays = _pair_inputs(*shape, seed=1)
-    S, L, B = shape
-    weight = rc.tensor(np.random.default_rng(2).normal(size=(L, L, B)), dtype="f64")
-    assert rc.gradcheck(lambda *xs: rc.mul(ops.apply("decayed_pairs", xs, ints=(int(through_last),),
-                                                     through_last=through_last), weight),
-                        [np.asfortranarray(a) for a in arrays])
-
-
-@pytest.mark.requires_gpu
-@pytest.mark.parametrize("through_last", [True, False])
-@pytest.mark.parametrize("shape", [(3, 5, 2), (64, 16, 5), (300, 4, 2), (8, 64, 2), (3, 70, 2)])
-def test_decayed_pairs_gpu_matches_the_cpu(shape, through_last):
-    """Forward and the three gradients, float32; 300 channels take the backward past 256
-    invocations, and blocks of channels the staged forward; 70 tokens take the forward without
-    staging (chunks of more than 64)."""
-    arrays = [a.astype(np.float32) for a in _pair_inputs(*shape, seed=3)]
-    S, L, B = shape
-    weight = np.random.default_rng(4).normal(size=(L, L, B)).astype(np.float32)
-
-    def run(device):
-        params = [rc.param(np.asfortranarray(a), device=device) for a in arrays]
-        with rc.grad_tape():
-            out = ops.apply("decayed_pairs", tuple(params), ints=(int(through_last),), through_last=through_last)
-            loss = rc.sum(rc.mul(out, rc.tensor(np.asfortranarray(weight), device=device)))
-        grads = rc.backward(loss)
-        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
-
-    for name, g, c in zip(["pairs", "left", "right", "log_decay"], run("gpu"), run("cpu")):
-        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
-
-
-@pytest.mark.parametrize("call, exc, message", [
-    (lambda: _pairs([np.ones((2, 3, 2)), np.ones((2, 3, 2)), np.ones((2, 4, 2))], True), ValueError,
-     r"log_decay must be \[S, L, B\] like left \[2, 3, 2\], got \[2, 4, 2\]"),
-    (lambda: ops.apply("decayed_pairs", (_f32(2, 3, 2), _f32(2, 3, 2), rc.tensor(np.ones((2, 3, 2)), dtype="f64")),
-                       ints=(1,)), TypeError, r"dtypes differ: left is f32 but log_decay is f64"),
-    (lambda: ops.apply("decayed_pairs", (_f32(2, 3, 2),) * 3, ints=(2,)), ValueError, r"expected one int attribute, through_last: 0 or 1"),
-    (lambda: ops.apply("decayed_pairs_back", (_f32(3, 3, 1), _f32(2, 3, 2), _f32(2, 3, 2), _f32(2, 3, 2)), ints=(1,)),
-     ValueError, r"g \[3, 3, 1\] is not the forward's output shape \[3, 3, 2\]"),
-])
-def test_decayed_pairs_refuse_bad_inputs(call, exc, message):
-    with pytest.raises(exc, match=r"^decayed_pairs(_back)?: " + message):
-        call()

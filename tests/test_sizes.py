@@ -157,8 +157,6 @@ def _builders() -> dict:
     b["rwkv_wkv6"], b["rwkv_wkv6_back"] = _recurrence(5, False, []), _recurrence(5, True, [])
     b["gated_linear_attn"], b["gated_linear_attn_back"] = _recurrence(4, False, [0.5]), _recurrence(4, True, [0.5])
     b["rwkv_wkv7"], b["rwkv_wkv7_back"] = _recurrence(6, False, []), _recurrence(6, True, [])
-    b["decayed_pairs"] = lambda a, b_, c, d: ([((a, b_, c), F)] * 3, [d % 2], [])
-    b["decayed_pairs_back"] = lambda a, b_, c, d: ([((b_, b_, c), F)] + [((a, b_, c), F)] * 3, [d % 2], [])
     b["wkv7_chunk_terms"] = lambda a, b_, c, d: ([((a, b_, c), F)] * 6, [], [])
     b["wkv7_chunk_terms_back"] = lambda a, b_, c, d: (
         [((5 * a * b_ * c + 2 * b_ * b_ * c + a * c,), F)] + [((a, b_, c), F)] * 6

@@ -385,80 +385,6 @@ void vk_rwkv_wkv7_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     record(kernel, p, uint64_t(H) * n_seqs, reads, {span(out)});
 }
 
-// ---- the chunked forms' pairs of tokens within a chunk ---------------------------------------
-
-namespace {
-
-// decayed_pairs.comp's loops per invocation at their largest trip counts: the forward's pair
-// (each channel, its range), the backward's channel (zeroed, each column's pairs and suffix sums,
-// the scratch zeroed).
-double decayed_pairs_loop_iterations(int64_t S, int64_t L, bool backward) {
-    const double l = double(L), s = double(S);
-    return kLoopMargin * (backward ? 2.0 * l + l * (1.0 + 2.0 * l) : s * (1.0 + l));
-}
-
-// Whether a staged kernel's shared arrays of `floats` fit the device's shared memory (lavapipe
-// offers 32 KiB, NVIDIA's Vulkan driver 48 KiB, Vulkan promises 16 KiB).
-bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().limits().max_shared_memory; }
-
-// decayed_pairs.comp's FORWARD_STAGED: chunks of at most kStagedPairsTokens tokens, each a
-// workgroup; per block of channels its loads, ranges (each up to L steps) and pairs (16 each).
-// Its shared arrays (staged_arrays.def): kStagedPairsDecays floats of a block's decays and
-// kStagedPairsInputs of each of its three inputs.
-constexpr int64_t kStagedPairsTokens = RK_STAGED_PAIRS_TOKENS, kStagedPairsDecays = RK_STAGED_PAIRS_DECAYS,
-                  kStagedPairsInputs = RK_STAGED_PAIRS_INPUTS;
-constexpr int64_t kStagedPairsFloats = kStagedPairsDecays + 3 * kStagedPairsInputs;
-
-double staged_pairs_loop_iterations(int64_t S, int64_t L) {
-    const int64_t channels = std::max<int64_t>(  // the shader's block_channels()
-        1, std::min({S, kStagedPairsDecays / (L * (L + 1)), kStagedPairsInputs / (L + 1)}));
-    const double blocks = std::ceil(double(S) / double(channels)), rounds = std::ceil(double(channels * L) / 256.0);
-    return kLoopMargin * blocks * (rounds * (2.0 + double(L)) + 16.0 * double(channels));
-}
-
-struct DecayedPairsPush {
-    uint64_t left, right, log_decay, o;
-    uint32_t S, L, B, through_last;
-};
-
-struct DecayedPairsBackPush {
-    uint64_t left, right, log_decay, o, g;
-    uint32_t S, L, B, through_last;
-};
-
-}  // namespace
-
-// decayed_pairs and its backward: a workgroup per chunk (chunks of at most 64 tokens) or an
-// invocation per pair of tokens of a chunk, and an invocation per (chunk, channel); shapes
-// checked by the shape rule.
-void vk_decayed_pairs(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    const TensorImpl& left = *in[0];
-    const char* op = "decayed_pairs";
-    DecayedPairsPush p{left.address(), in[1]->address(), in[2]->address(), out.address(), u32(left.ne[0], op),
-                       u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
-    u32(out.numel(), op);
-    u32(left.numel(), op);  // every index in the shader is smaller
-    const std::vector<vk::Range> reads{span(left), span(*in[1]), span(*in[2])};
-    if (left.ne[1] <= kStagedPairsTokens && shared_memory_holds(kStagedPairsFloats)) {
-        check_loop_budget(op, left.ne[1], "tokens per chunk", staged_pairs_loop_iterations(left.ne[0], left.ne[1]));
-        record("decayed_pairs_forward_staged", p, uint64_t(p.B), reads, {span(out)});
-        return;
-    }
-    check_loop_budget(op, left.ne[1], "tokens per chunk", decayed_pairs_loop_iterations(left.ne[0], left.ne[1], false));
-    record("decayed_pairs_forward", p, groups(uint64_t(p.B) * p.L * p.L), reads, {span(out)});
-}
-
-void vk_decayed_pairs_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
-    const TensorImpl& left = *in[1];
-    const char* op = "decayed_pairs_back";
-    DecayedPairsBackPush p{left.address(), in[2]->address(), in[3]->address(), out.address(), in[0]->address(),
-                           u32(left.ne[0], op), u32(left.ne[1], op), u32(left.ne[2], op), uint32_t(attrs.ints[0])};
-    u32(out.numel(), op);
-    check_loop_budget(op, left.ne[1], "tokens per chunk", decayed_pairs_loop_iterations(left.ne[0], left.ne[1], true));
-    record("decayed_pairs_backward", p, groups(uint64_t(p.B) * p.S), {span(*in[0]), span(left), span(*in[2]), span(*in[3])},
-           {span(out)});
-}
-
 // ---- RWKV-7's chunked form: what each chunk computes from its own tokens -----------------------
 
 namespace {
@@ -468,7 +394,12 @@ struct ChunkTermsPush {
     uint32_t S, L, B, with_q;
 };
 
-// wkv7_chunk_terms.comp keeps up to 16 pairs of a chunk in each invocation's registers.
+// Whether a staged kernel's shared arrays of `floats` fit the device's shared memory (lavapipe
+// offers 32 KiB, NVIDIA's Vulkan driver 48 KiB, Vulkan promises 16 KiB).
+bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().limits().max_shared_memory; }
+
+// wkv7_chunk_terms.comp keeps up to 16 pairs of a chunk in each invocation's registers, and stages
+// its inputs in RK_CHUNK_TERMS_STAGE floats of shared memory.
 constexpr int64_t kChunkTermsMaxTokens = 64;
 
 // The shape rule has checked the inputs (r, k, v, a, b, log_decay at in[first..]); refuses chunks
@@ -480,6 +411,11 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first) 
     if (L > kChunkTermsMaxTokens)
         throw std::invalid_argument(std::string(op) + ": chunks of at most " + std::to_string(kChunkTermsMaxTokens) +
                                     " tokens on the GPU, got " + std::to_string(L));
+    if (!shared_memory_holds(RK_CHUNK_TERMS_STAGE))
+        throw std::runtime_error(std::string(op) + ": " + ctx().device_name() + " offers " +
+                                 std::to_string(ctx().limits().max_shared_memory) + " bytes of shared memory, the kernels need " +
+                                 std::to_string(4 * RK_CHUNK_TERMS_STAGE) + "; run rwkv_wkv7's chunked form on the CPU, or "
+                                 "its recurrence (chunk_size=None)");
     const double l = double(L);
     check_loop_budget(op, L, "tokens per chunk", kLoopMargin * std::max(double(S) * l * 16.0, l * (l + 1.0) * 2.0));
     u32(size_mul(6, r.numel()), op);  // every index in the shaders is smaller

@@ -3,8 +3,8 @@ convolution and selective scan, RWKV-6's and RWKV-7's time mixing, gated linear 
 is one op of the native table (its backward pass a helper op, its vjp rule in vjp.py), and
 ssm_scan, gated_linear_attn and rwkv_wkv7 have a chunked form beside the exact recurrence:
 ssm_scan's and gated_linear_attn's each one op of its own (ssd_chunks, gla_chunks), rwkv_wkv7's
-composed of the differentiable ops of ops.py, matrix products within chunks of tokens, and its
-states passed from chunk to chunk by an op of its own (wkv7_chunk_states).
+two ops (each chunk's own terms, wkv7_chunk_terms; the states passed from chunk to chunk,
+wkv7_chunk_states) and the outputs' matrix products.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import math
 import numbers
 
 from rlkit.core.ops import (
-    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, exp, ge, get_rows,
-    gt, log, matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus, sub, sum_to,
+    _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, get_rows, log,
+    matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus,
 )
 from rlkit.core.tensor import Tensor
 
@@ -72,14 +72,6 @@ def ssm_scan(s, x, dt, A, B, C, ids=None, chunk_size: int | None = None) -> tupl
     n_y, n_final = math.prod(_ne4(x)), d_state * head_dim * n_head * n_seqs
     y, final_state = _unpack_columns(packed, [(n_y, x.shape), (n_final, (d_state, head_dim, n_head, n_seqs))])
     return y, final_state
-
-
-def _lower_triangle(n: int, like: Tensor, strict: bool = False) -> Tensor:
-    """[n, n] of like's dtype and device: 1 where row >= column (row > column when strict),
-    else 0 (made on the device)."""
-    steps = arange(n, device=like.device)  # [n, 1]
-    mask = (gt if strict else ge)(steps, reshape(steps, (1, n)))  # [n, n]
-    return mask if like.dtype == "f32" else cast(mask, like.dtype)
 
 
 def _chunks(op: str, chunk_size, n_tok: int) -> tuple[int, int]:
@@ -221,15 +213,6 @@ def _heads_out_of_chunks(y: Tensor, S: int, H: int, n_tok: int, n_seqs: int) -> 
     return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs))
 
 
-def _decayed_pairs(left: Tensor, right: Tensor, log_decay: Tensor, through_last: bool = True) -> Tensor:
-    """[L(t), L(s), B] from [S, L, B] each: the sum over channels j of left[j, t] right[j, s]
-    times exp of log_decay[j] summed over s < r <= t, for s <= t (over s < r < t, for s < t, when
-    not through_last); 0 elsewhere. One op (native/cpu_decayed_pairs.cpp): the [S, L, L] decays
-    are never written, and their exponents are never above 0."""
-    flag = bool(through_last)
-    return apply("decayed_pairs", (left, right, log_decay), ints=(int(flag),), through_last=flag)
-
-
 def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
     """RWKV-7's recurrence, as ggml_rwkv_wkv7. ``r, w, k, v, a, b`` are [S, H, T]: head size S,
     H heads, T tokens of n_seqs equal sequences (sequence s owns tokens [s T/n_seqs, (s+1)
@@ -245,13 +228,13 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
 
     ``chunk_size`` None (the default) runs the exact recurrence; an int runs the chunked form
     (the WY form of flash-linear-attention's chunk_dplr): within a chunk the tokens' ``sa`` come
-    from one triangular solve of [chunk, chunk] products (pairs of tokens weighted by the decays
-    between them per key channel, never above 1: decayed_pairs, as gated_linear_attn's), the
+    from one triangular solve of its pairs of tokens (weighted by the decays between them per key
+    channel, never above 1), computed for every chunk at once by one op (wkv7_chunk_terms), the
     outputs from products with the chunk's start state, and only that state passes from chunk to
     chunk (one op, wkv7_chunk_states, whose kernel loops over the chunks: two [chunk, S] x [S, S]
     products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative one
-    gives NaN). Chunks of 16 to 64 tokens; a NaN in one token reaches every output of its head in
-    its sequence from its chunk's first token on. On the GPU the recurrence is the faster form
+    gives NaN). Chunks of 16 to 64 tokens (at most 64 on the GPU); a NaN in one token reaches every
+    output of its head in its sequence from its chunk's first token on. On the GPU the recurrence is the faster form
     (head sizes up to 64 keep its state in registers; BENCHMARKS.md)."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))

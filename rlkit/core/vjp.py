@@ -54,11 +54,6 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
 
 
-def _decayed_pairs(g, out, left, right, log_decay, through_last):
-    grads = ops.apply("decayed_pairs_back", (g, left, right, log_decay), ints=(int(through_last),))  # a column, then scratch
-    return tuple(ops._unpack_columns(grads, [(left.numel, left.shape)] * 3))
-
-
 def _wkv7_chunk_terms(g, out, r, k, v, a, b, log_decay):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's W and U
     grads = ops.apply("wkv7_chunk_terms_back", (g, r, k, v, a, b, log_decay, out))  # a column
@@ -208,7 +203,6 @@ VJP = {
     "rwkv_wkv7": _rwkv_wkv7,
     "wkv7_chunk_terms": _wkv7_chunk_terms,
     "wkv7_chunk_states": _wkv7_chunk_states,
-    "decayed_pairs": _decayed_pairs,
     "gla_chunks": _gla_chunks,
     "ssd_chunks": _ssd_chunks,
     "conv2d": _conv2d,
