@@ -1,12 +1,14 @@
 // wkv7_chunk_terms: what each chunk of rwkv_wkv7's chunked form (rlkit/core/recurrences.py,
 // _chunked_wkv7) computes from its own tokens, everything but the state it starts from: one op
 // where composed ops took some 120 dependency levels (four decayed pairs, the triangular solve as
-// log2(L) products, the decays and their products). Shapes in ne order, B the chunks (of every head
-// and sequence), S the channels, L the tokens of a chunk:
-//   r, k, v, a, b, log_decay [S, L, B]
-// Per chunk, with X(s, t)[j] = exp(sum of log_decay[j, u] over s < u <= t) (1 where t = s; each a
-// running sum from s, never a difference of two, so no exponent is above 0) and
-// start(t) = exp(sum over u <= t), the decay from the chunk's start through token t:
+// log2(L) products, the decays and their products) and a layout copy of every input. Its inputs
+// are the recurrence's own, r, k, v, a, b, log_decay [S, H, T] (S channels, H heads, T tokens of
+// n_seqs equal sequences), ints (L, n_seqs): chunks of L tokens, the last of each sequence padded
+// with tokens of no input and decay 1. The chunks' batch B = H c n_seqs (c chunks per sequence)
+// runs head fastest, then chunk, then sequence. Per chunk, with X(s, t)[j] = exp(sum of
+// log_decay[j, u] over s < u <= t) (1 where t = s; each a running sum from s, never a difference
+// of two, so no exponent is above 0) and start(t) = exp(sum over u <= t), the decay from the
+// chunk's start through token t:
 //   P_ab[t, s] = sum_j a[j, t] b[j, s] X(s, t-1)[j],  P_ak likewise with k   (s < t)
 //   Q_rb[t, s] = sum_j r[j, t] b[j, s] X(s, t)[j],    Q_rk likewise with k   (s <= t)
 //   A0[t] = a[t] start(t-1),  Rf[t] = r[t] start(t),  Be[s] = b[s] X(s, L-1),  Ke[s] = k[s] X(s, L-1)
@@ -14,15 +16,15 @@
 //   decay = start(L-1)
 // so that with Z the state [key, value] at the chunk's start, the tokens' sa are W Z + U, the
 // outputs Rf Z + Q_rb (W Z + U) + Q_rk V and the next state decay * Z + Be^T (W Z + U) + Ke^T V.
-// Output one column: W, U, Be, Ke, Rf [L, S, B] (tokens in rows, as the products take them), then
-// Q_rb, Q_rk [L(t), L(s), B], then decay [S, B].
+// Output one column: W, U, Be, Ke, Rf, V [L, S, B] (tokens in rows, as the products take them; V
+// the chunk's values), then Q_rb, Q_rk [L(t), L(s), B], then decay [S, B].
 //
-// wkv7_chunk_terms_back (g like the output, r, k, v, a, b, log_decay, the forward's output) -> a
-// column [gr, gk, gv, ga, gb, glog_decay], each [S, L, B]. With T = (I - P_ab)^-1:
-//   gA0 = T^T gW,  gPV = T^T gU   (back substitution),  gV = P_ak^T gPV
+// wkv7_chunk_terms_back (g like the output, r, k, v, a, b, log_decay, the forward's output; the
+// same ints) -> a column [gr, gk, gv, ga, gb, glog_decay], each [S, H, T]. With T = (I - P_ab)^-1:
+//   gA0 = T^T gW,  gPV = T^T gU   (back substitution),  gV = P_ak^T gPV + g of the V rows
 //   gP_ab = gA0 W^T + gPV U^T,  gP_ak = gPV V^T   (their strictly lower parts)
 // then each pair's and each decayed input's terms per channel; glog_decay[u] sums the terms of
-// every decay whose range holds u: per s, suffix sums over t (as decayed_pairs_back).
+// every decay whose range holds u: per s, suffix sums over t.
 // The CPU loops run over the channels (consecutive in memory: they vectorise); the GPU's kernels
 // are shaders/wkv7_chunk_terms.comp.
 #include <string>
@@ -36,35 +38,62 @@ namespace {
 const char* const kTermArgNames[] = {"r", "k", "v", "a", "b", "log_decay"};
 
 struct TermDims {
-    int64_t S, L, B;
-    int64_t block() const { return S * L * B; }  // one of W, U, Be, Ke, Rf, or an input
-    int64_t pairs() const { return L * L * B; }  // one of Q_rb, Q_rk
-    int64_t total() const { return 5 * block() + 2 * pairs() + S * B; }
+    int64_t S, H, T, n_seqs, L;
+    int64_t n_tok() const { return T / n_seqs; }  // per sequence
+    int64_t chunks() const { return (n_tok() + L - 1) / L; }  // per sequence
+    int64_t B() const { return H * chunks() * n_seqs; }
+    int64_t block() const { return S * L * B(); }  // one of W, U, Be, Ke, Rf, V
+    int64_t pairs() const { return L * L * B(); }  // one of Q_rb, Q_rk
+    int64_t total() const { return 6 * block() + 2 * pairs() + S * B(); }
+    int64_t input() const { return S * H * T; }
+    // Chunk ch's token l as a token of the inputs, or -1 for the padding.
+    int64_t token(int64_t ch, int64_t l) const {
+        const int64_t q = (ch / H) % chunks(), n = ch / (H * chunks()), at = q * L + l;
+        return at < n_tok() ? n * n_tok() + at : -1;
+    }
+    // The element offset of chunk ch's token l (not padding) in an input.
+    int64_t input_at(int64_t ch, int64_t l) const { return (ch % H + H * token(ch, l)) * S; }
 };
 
-// Checks (r, k, v, a, b, log_decay) at in[first..]; returns the sizes.
-TermDims term_dims(const char* op, const Inputs& in, size_t first) {
+// Checks (r, k, v, a, b, log_decay) at in[first..] and the ints (L, n_seqs); returns the sizes.
+TermDims term_dims(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs) {
     require_same_float_inputs(op, in, first, {"r", "k", "v", "a", "b", "log_decay"});
     const TensorImpl& r = *in[first];
     for (size_t x = 0; x < 6; ++x) {
         const TensorImpl& t = *in[first + x];
         if (t.ne != r.ne || t.ne[3] != 1)
-            throw std::invalid_argument(op_err(op, std::string(kTermArgNames[x]) + " must be [S, L, B] like r " +
+            throw std::invalid_argument(op_err(op, std::string(kTermArgNames[x]) + " must be [S, H, T] like r " +
                                                        r.shape_str() + ", got " + t.shape_str()));
     }
-    const TermDims d{r.ne[0], r.ne[1], r.ne[2]};
-    size_add(size_mul(5, d.S, d.L, d.B), size_mul(2, d.L, d.L, d.B), size_mul(d.S, d.B));  // checked before use
+    if (attrs.ints.size() != 2 || attrs.ints[0] < 1 || attrs.ints[1] < 1)
+        throw std::invalid_argument(op_err(op, "expected two int attributes, L (tokens per chunk) and n_seqs, each at least 1"));
+    const TermDims d{r.ne[0], r.ne[1], r.ne[2], attrs.ints[1], attrs.ints[0]};
+    if (d.T % d.n_seqs != 0)
+        throw std::invalid_argument(op_err(op, std::to_string(d.T) + " tokens do not split into " + std::to_string(d.n_seqs) +
+                                                   " sequences of equal length"));
+    const int64_t B = size_mul(d.H, d.chunks(), d.n_seqs);
+    size_add(size_mul(6, d.S, d.L, B), size_mul(2, d.L, d.L, B), size_mul(d.S, B));  // checked before use
     return d;
 }
 
-// One chunk's inputs, channel-major: x(t)[j] at t * S + j.
+// One chunk's inputs, channel-major: x(t)[j] at t * S + j, zeros for the padding's tokens (whose
+// log decay 0 is a decay of 1).
 template <typename T>
 struct ChunkInputs {
-    const T *r, *k, *v, *a, *b, *log_decay;
-    ChunkInputs(const Inputs& in, size_t first, const TermDims& d, int64_t chunk) {
-        const int64_t at = chunk * d.S * d.L;
-        const T** p[] = {&r, &k, &v, &a, &b, &log_decay};
-        for (size_t x = 0; x < 6; ++x) *p[x] = in[first + x]->ptr<T>() + at;
+    const TermDims& d;
+    std::vector<T> r, k, v, a, b, log_decay;
+    explicit ChunkInputs(const TermDims& dims)
+        : d(dims), r(d.L * d.S), k(d.L * d.S), v(d.L * d.S), a(d.L * d.S), b(d.L * d.S), log_decay(d.L * d.S) {}
+    void gather(const Inputs& in, size_t first, int64_t ch) {
+        std::vector<T>* x[] = {&r, &k, &v, &a, &b, &log_decay};
+        for (size_t i = 0; i < 6; ++i) {
+            const T* src = in[first + i]->ptr<T>();
+            for (int64_t l = 0; l < d.L; ++l) {
+                T* row = x[i]->data() + l * d.S;
+                if (d.token(ch, l) < 0) std::fill_n(row, d.S, T(0));
+                else std::copy_n(src + d.input_at(ch, l), d.S, row);
+            }
+        }
     }
 };
 
@@ -105,13 +134,13 @@ struct ChunkWork {
         for (int64_t s = 0; s < d.L; ++s) {
             std::fill(sum.begin(), sum.end(), T(0));
             for (int64_t t = s; t < d.L; ++t) {
-                if (t > s) add_to(d.S, x.log_decay + t * d.S, sum.data());
+                if (t > s) add_to(d.S, x.log_decay.data() + t * d.S, sum.data());
                 for (int64_t j = 0; j < d.S; ++j) X[j] = exp_of(sum[j]);
-                multiply(d.S, x.b + s * d.S, X.data(), bx.data());
-                multiply(d.S, x.k + s * d.S, X.data(), kx.data());
+                multiply(d.S, x.b.data() + s * d.S, X.data(), bx.data());
+                multiply(d.S, x.k.data() + s * d.S, X.data(), kx.data());
                 if (t + 1 < d.L) {
-                    P_ab[t + 1 + s * d.L] = dot(x.a + (t + 1) * d.S, bx.data(), d.S);
-                    P_ak[t + 1 + s * d.L] = dot(x.a + (t + 1) * d.S, kx.data(), d.S);
+                    P_ab[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, bx.data(), d.S);
+                    P_ak[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, kx.data(), d.S);
                 }
                 visit(s, t);
             }
@@ -119,7 +148,7 @@ struct ChunkWork {
     }
 };
 
-// out[t + j L] = m[t S + j]: a channel-major [L][S] block written tokens in rows; `add` adds.
+// out[t + j L] = m[t S + j]: a channel-major [L][S] block written tokens in rows.
 template <typename T>
 void store_rows(const TermDims& d, const T* m, T* out) {
     for (int64_t j = 0; j < d.S; ++j)
@@ -134,30 +163,31 @@ void load_rows(const TermDims& d, const T* rows, T* m) {
 
 }  // namespace
 
-OutSpec shape_wkv7_chunk_terms(const Inputs& in, const OpAttrs&) {
-    const TermDims d = term_dims("wkv7_chunk_terms", in, 0);
+OutSpec shape_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs) {
+    const TermDims d = term_dims("wkv7_chunk_terms", in, 0, attrs);
     return OutSpec{{d.total(), 1, 1, 1}, 2, in[0]->dtype};
 }
 
-void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const TermDims d = term_dims("wkv7_chunk_terms", in, 0);
+void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TermDims d = term_dims("wkv7_chunk_terms", in, 0, attrs);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
         T* o = out.ptr<T>();
-        T *W = o, *U = W + d.block(), *Be = U + d.block(), *Ke = Be + d.block(), *Rf = Ke + d.block();
-        T *Q_rb = Rf + d.block(), *Q_rk = Q_rb + d.pairs(), *decay = Q_rk + d.pairs();
-        parallel_for(d.B, std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
+        T *W = o, *U = W + d.block(), *Be = U + d.block(), *Ke = Be + d.block(), *Rf = Ke + d.block(), *V = Rf + d.block();
+        T *Q_rb = V + d.block(), *Q_rk = Q_rb + d.pairs(), *decay = Q_rk + d.pairs();
+        parallel_for(d.B(), std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
             ChunkWork<T> w(d);
+            ChunkInputs<T> x(d);
             std::vector<T> Wm(d.L * d.S), Um(d.L * d.S), Bm(d.L * d.S), Km(d.L * d.S), Rm(d.L * d.S);
             for (int64_t c = lo; c < hi; ++c) {
-                const ChunkInputs<T> x(in, 0, d, c);
+                x.gather(in, 0, c);
                 const int64_t block = c * d.L * d.S, pairs = c * d.L * d.L;
                 std::fill_n(Q_rb + pairs, d.L * d.L, T(0));
                 std::fill_n(Q_rk + pairs, d.L * d.L, T(0));
-                w.start_decays(x.log_decay);
+                w.start_decays(x.log_decay.data());
                 w.walk_pairs(x, [&](int64_t s, int64_t t) {
-                    Q_rb[pairs + t + s * d.L] = dot(x.r + t * d.S, w.bx.data(), d.S);
-                    Q_rk[pairs + t + s * d.L] = dot(x.r + t * d.S, w.kx.data(), d.S);
+                    Q_rb[pairs + t + s * d.L] = dot(x.r.data() + t * d.S, w.bx.data(), d.S);
+                    Q_rk[pairs + t + s * d.L] = dot(x.r.data() + t * d.S, w.kx.data(), d.S);
                     if (t == d.L - 1) {
                         std::copy_n(w.bx.data(), d.S, Bm.data() + s * d.S);
                         std::copy_n(w.kx.data(), d.S, Km.data() + s * d.S);
@@ -166,11 +196,11 @@ void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                 for (int64_t t = 0; t < d.L; ++t) {
                     T* W_t = Wm.data() + t * d.S;
                     T* U_t = Um.data() + t * d.S;
-                    if (t == 0) std::copy_n(x.a, d.S, W_t);
-                    else multiply(d.S, x.a + t * d.S, w.start_at(t - 1), W_t);  // A0[t]
-                    multiply(d.S, x.r + t * d.S, w.start_at(t), Rm.data() + t * d.S);
+                    if (t == 0) std::copy_n(x.a.data(), d.S, W_t);
+                    else multiply(d.S, x.a.data() + t * d.S, w.start_at(t - 1), W_t);  // A0[t]
+                    multiply(d.S, x.r.data() + t * d.S, w.start_at(t), Rm.data() + t * d.S);
                     std::fill_n(U_t, d.S, T(0));
-                    for (int64_t s = 0; s < t; ++s) add_scaled(d.S, w.P_ak[t + s * d.L], x.v + s * d.S, U_t);
+                    for (int64_t s = 0; s < t; ++s) add_scaled(d.S, w.P_ak[t + s * d.L], x.v.data() + s * d.S, U_t);
                     for (int64_t s = 0; s < t; ++s) {  // the forward substitution
                         add_scaled(d.S, w.P_ab[t + s * d.L], Wm.data() + s * d.S, W_t);
                         add_scaled(d.S, w.P_ab[t + s * d.L], Um.data() + s * d.S, U_t);
@@ -181,42 +211,43 @@ void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                 store_rows(d, Bm.data(), Be + block);
                 store_rows(d, Km.data(), Ke + block);
                 store_rows(d, Rm.data(), Rf + block);
+                store_rows(d, x.v.data(), V + block);
                 std::copy_n(w.start_at(d.L - 1), d.S, decay + c * d.S);
             }
         });
     });
 }
 
-OutSpec shape_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&) {
+OutSpec shape_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs) {
     const char* op = "wkv7_chunk_terms_back";
-    const TermDims d = term_dims(op, in, 1);
+    const TermDims d = term_dims(op, in, 1, attrs);
     require_packed_output(op, *in[0], "g", *in[1], "r", d.total());
     require_packed_output(op, *in[7], "out", *in[1], "r", d.total());
-    return OutSpec{{size_mul(6, d.block()), 1, 1, 1}, 2, in[1]->dtype};
+    return OutSpec{{size_mul(6, d.input()), 1, 1, 1}, 2, in[1]->dtype};
 }
 
-void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
-    const TermDims d = term_dims("wkv7_chunk_terms_back", in, 1);
+void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
+    const TermDims d = term_dims("wkv7_chunk_terms_back", in, 1, attrs);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
         const T* g = in[0]->ptr<T>();
         const T *gW = g, *gU = gW + d.block(), *gBe = gU + d.block(), *gKe = gBe + d.block(), *gRf = gKe + d.block();
-        const T *gQ_rb = gRf + d.block(), *gQ_rk = gQ_rb + d.pairs(), *gdecay = gQ_rk + d.pairs();
+        const T *gV = gRf + d.block(), *gQ_rb = gV + d.block(), *gQ_rk = gQ_rb + d.pairs(), *gdecay = gQ_rk + d.pairs();
         const T *W = in[7]->ptr<T>(), *U = W + d.block();
         T* o = out.ptr<T>();
-        T *gr = o, *gk = gr + d.block(), *gv = gk + d.block(), *ga = gv + d.block(), *gb = ga + d.block();
-        T* glog = gb + d.block();
-        std::fill_n(o, 6 * d.block(), T(0));
-        parallel_for(d.B, std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
+        parallel_for(d.B(), std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
             ChunkWork<T> w(d);
+            ChunkInputs<T> x(d);
             const int64_t LS = d.L * d.S;
             std::vector<T> Wm(LS), Um(LS), gA0(LS), gPV(LS), gBm(LS), gKm(LS), gRm(LS), m(LS), acc(d.S);
+            std::vector<T> grads(6 * LS);  // gr, gk, gv, ga, gb, glog_decay, channel-major
             std::vector<T> gP_ab(d.L * d.L), gP_ak(d.L * d.L);
             for (int64_t c = lo; c < hi; ++c) {
-                const ChunkInputs<T> x(in, 1, d, c);
+                x.gather(in, 1, c);
                 const int64_t block = c * LS, pairs = c * d.L * d.L;
-                T *gr_c = gr + block, *gk_c = gk + block, *gv_c = gv + block, *ga_c = ga + block, *gb_c = gb + block;
-                T* glog_c = glog + block;
+                std::fill(grads.begin(), grads.end(), T(0));
+                T *gr_c = grads.data(), *gk_c = gr_c + LS, *gv_c = gk_c + LS, *ga_c = gv_c + LS, *gb_c = ga_c + LS;
+                T* glog_c = gb_c + LS;
                 load_rows(d, W + block, Wm.data());
                 load_rows(d, U + block, Um.data());
                 load_rows(d, gW + block, gA0.data());
@@ -224,7 +255,8 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out
                 load_rows(d, gBe + block, gBm.data());
                 load_rows(d, gKe + block, gKm.data());
                 load_rows(d, gRf + block, gRm.data());
-                w.start_decays(x.log_decay);
+                load_rows(d, gV + block, gv_c);
+                w.start_decays(x.log_decay.data());
                 w.walk_pairs(x, [](int64_t, int64_t) {});  // P_ab, P_ak
                 for (int64_t t = d.L - 1; t >= 0; --t)  // the back substitution: G[t] += sum_{u > t} P[u, t] G[u]
                     for (int64_t u = t + 1; u < d.L; ++u) {
@@ -238,7 +270,7 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out
                         const T* gA0_t = gA0.data() + t * d.S;
                         const T* gPV_t = gPV.data() + t * d.S;
                         gP_ab[t + s * d.L] = dot(gA0_t, Wm.data() + s * d.S, d.S) + dot(gPV_t, Um.data() + s * d.S, d.S);
-                        gP_ak[t + s * d.L] = dot(gPV_t, x.v + s * d.S, d.S);
+                        gP_ak[t + s * d.L] = dot(gPV_t, x.v.data() + s * d.S, d.S);
                         add_scaled(d.S, w.P_ak[t + s * d.L], gPV_t, gv_c + s * d.S);
                     }
                 // the start decays: ga, gr, and each token's term of glog_decay, summed from the end
@@ -261,8 +293,8 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out
                     const T cqb = gQ_rb[pairs + t + s * d.L], cqk = gQ_rk[pairs + t + s * d.L];
                     const bool next = t + 1 < d.L, last = t == d.L - 1;
                     const T cpb = next ? gP_ab[t + 1 + s * d.L] : T(0), cpk = next ? gP_ak[t + 1 + s * d.L] : T(0);
-                    const T *r_t = x.r + t * d.S, *b_s = x.b + s * d.S, *k_s = x.k + s * d.S;
-                    const T* a_n = next ? x.a + (t + 1) * d.S : x.a;  // read only where next
+                    const T *r_t = x.r.data() + t * d.S, *b_s = x.b.data() + s * d.S, *k_s = x.k.data() + s * d.S;
+                    const T* a_n = x.a.data() + (next ? t + 1 : 0) * d.S;  // read only where next
                     T* m_t = m.data() + t * d.S;
                     for (int64_t j = 0; j < d.S; ++j) {
                         const T X = w.X[j];
@@ -294,6 +326,10 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out
                         }
                     }
                 });
+                for (int64_t i = 0; i < 6; ++i)  // the chunk's tokens' gradients, the padding's dropped
+                    for (int64_t l = 0; l < d.L; ++l)
+                        if (d.token(c, l) >= 0)
+                            std::copy_n(grads.data() + i * LS + l * d.S, d.S, o + i * d.input() + d.input_at(c, l));
             }
         });
     });

@@ -1,12 +1,13 @@
 // wkv7_chunk_terms and its backward (native/cpu_wkv7_chunk_terms.cpp has the layouts and the
 // formulas): what each chunk of rwkv_wkv7's chunked form computes from its own tokens, every chunk
-// at once. Inputs r, k, v, a, b, log_decay [S, L, B] (channels fastest); the outputs W, U, Be, Ke,
-// Rf [L, S, B] (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B]. Kernels:
+// at once. Inputs r, k, v, a, b, log_decay [S, H, T] (the recurrence's: channels fastest), read as
+// chunks of L tokens (the padding's tokens read as 0); the outputs W, U, Be, Ke, Rf, V [L, S, B]
+// (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B], B = H c n_seqs chunks. Kernels:
 //   PAIRS (a workgroup per chunk): P_ab, P_ak into scratch [L, L, B] each and, with `with_q`,
 //     Q_rb, Q_rk into the output; each pair (t, s) an invocation's, its channels a block at a
 //     time through shared memory, each channel's decay a running sum from s (the CPU's order).
 //   SOLVE (an invocation per chunk and column: S of W's, then S of U's): the forward
-//     substitution down the column, and on W's side the column's channel: A0, Rf, Be, Ke, decay.
+//     substitution down the column, and on W's side the column's channel: A0, Rf, Be, Ke, V, decay.
 //   BACK_SOLVE (an invocation per chunk and column): the back substitution, gA0 and gPV into
 //     scratch [2S, L, B] (gA0's S channels, then gPV's); on gPV's side gv, on gA0's the start
 //     decays' terms of ga, gr and glog_decay.
@@ -33,14 +34,27 @@ layout(push_constant) uniform Push {
     Floats fwd;      // the backward's: the forward's column (W, U)
     uint S;
     uint L;
-    uint B;
+    uint B;          // chunks: H c n_seqs
     uint with_q;     // PAIRS: also the Q pairs (the forward)
+    uint H;
+    uint n_tok;      // tokens per sequence
+    uint chunks;     // c, chunks per sequence
 } pc;
 
 uint block() { return pc.S * pc.L * pc.B; }
 uint pair_block() { return pc.L * pc.L * pc.B; }
-// An input's element (channel j, token t) of chunk c.
-uint input_at(uint c, uint t, uint j) { return (c * pc.L + t) * pc.S + j; }
+uint input_block() { return pc.S * pc.H * pc.n_tok * (pc.B / (pc.H * pc.chunks)); }  // one of the inputs
+// Whether chunk c's token t is one of its sequence's (not the padding).
+bool valid(uint c, uint t) { return (c / pc.H) % pc.chunks * pc.L + t < pc.n_tok; }
+// An input's element (channel j, token t) of chunk c, where valid(c, t).
+uint input_at(uint c, uint t, uint j) {
+    uint seq = c / (pc.H * pc.chunks), at = (c / pc.H) % pc.chunks * pc.L + t;
+    return (c % pc.H + pc.H * (seq * pc.n_tok + at)) * pc.S + j;
+}
+// An input's element, 0 for the padding's tokens (whose log decay 0 is a decay of 1).
+float token_input(Floats x, uint c, uint t, uint j) { return element(x, input_at(c, t, j), valid(c, t)); }
+// Chunk c's channel-major scratch element (token t, channel j).
+uint scratch_at(uint c, uint t, uint j) { return (c * pc.L + t) * pc.S + j; }
 // A [L, S, B] output's element (token t, channel j) of chunk c.
 uint row_at(uint c, uint t, uint j) { return (c * pc.S + j) * pc.L + t; }
 // A pair's element (t, s) of chunk c.
@@ -62,8 +76,7 @@ void stage_array(uint array, Floats x, bool tokens_fastest, uint c, uint j0, uin
         uint jj, t;
         if (tokens_fastest) { t = e % pc.L; jj = e / pc.L; }
         else { jj = e % cb; t = e / cb; }
-        uint at = tokens_fastest ? row_at(c, t, j0 + jj) : input_at(c, t, j0 + jj);
-        stage[staged(array, cb, jj, t)] = x.v[at];
+        stage[staged(array, cb, jj, t)] = tokens_fastest ? x.v[row_at(c, t, j0 + jj)] : token_input(x, c, t, j0 + jj);
     }
 }
 #endif
@@ -106,7 +119,7 @@ void main() {
             }
         }
     }
-    uint q_rb = 5 * block(), q_rk = q_rb + pair_block();
+    uint q_rb = 6 * block(), q_rk = q_rb + pair_block();
     [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
         uint p = tid + 256 * m, t = p % L, s = p / L;
         if (p >= LL) continue;
@@ -127,29 +140,31 @@ void main() {
     if (e >= 2 * S * pc.B) return;
     uint c = e / (2 * S), col = e % (2 * S), j = col % S;
     uint P_ab = 0, P_ak = pair_block();
-    if (col < S) {  // W's column j: A0 = a start(t-1); the channel's Rf, Be, Ke and decay
-        uint W = 0, Be = 2 * block(), Ke = 3 * block(), Rf = 4 * block(), decay = 5 * block() + 2 * pair_block();
+    if (col < S) {  // W's column j: A0 = a start(t-1); the channel's Rf, Be, Ke, V and decay
+        uint W = 0, Be = 2 * block(), Ke = 3 * block(), Rf = 4 * block(), V = 5 * block();
+        uint decay = 6 * block() + 2 * pair_block();
         float sum = 0.0;
         for (uint t = 0; t < L; ++t) {
-            float x = pc.a.v[input_at(c, t, j)] * exp(sum);  // start(t-1): 1 at the first token
+            float x = token_input(pc.a, c, t, j) * exp(sum);  // start(t-1): 1 at the first token
             for (uint s = 0; s < t; ++s) x += pc.pairs.v[P_ab + pair_at(c, t, s)] * pc.o.v[W + row_at(c, s, j)];
             pc.o.v[W + row_at(c, t, j)] = x;
-            sum += pc.log_decay.v[input_at(c, t, j)];
-            pc.o.v[Rf + row_at(c, t, j)] = pc.r.v[input_at(c, t, j)] * exp(sum);
+            sum += token_input(pc.log_decay, c, t, j);
+            pc.o.v[Rf + row_at(c, t, j)] = token_input(pc.r, c, t, j) * exp(sum);
+            pc.o.v[V + row_at(c, t, j)] = token_input(pc.v, c, t, j);
         }
         pc.o.v[decay + c * S + j] = exp(sum);
         float after = 0.0;  // the log decays after token s, from the end
         for (uint s = L; s-- > 0;) {
             float x = exp(after);
-            pc.o.v[Be + row_at(c, s, j)] = pc.b.v[input_at(c, s, j)] * x;
-            pc.o.v[Ke + row_at(c, s, j)] = pc.k.v[input_at(c, s, j)] * x;
-            after += pc.log_decay.v[input_at(c, s, j)];
+            pc.o.v[Be + row_at(c, s, j)] = token_input(pc.b, c, s, j) * x;
+            pc.o.v[Ke + row_at(c, s, j)] = token_input(pc.k, c, s, j) * x;
+            after += token_input(pc.log_decay, c, s, j);
         }
     } else {  // U's column j: P_ak V, then the forward substitution
         uint U = block();
         for (uint t = 0; t < L; ++t) {
             float pv = 0.0;
-            for (uint s = 0; s < t; ++s) pv += pc.pairs.v[P_ak + pair_at(c, t, s)] * pc.v.v[input_at(c, s, j)];
+            for (uint s = 0; s < t; ++s) pv += pc.pairs.v[P_ak + pair_at(c, t, s)] * token_input(pc.v, c, s, j);
             float x = pv;
             for (uint s = 0; s < t; ++s) x += pc.pairs.v[P_ab + pair_at(c, t, s)] * pc.o.v[U + row_at(c, s, j)];
             pc.o.v[U + row_at(c, t, j)] = x;
@@ -173,33 +188,38 @@ void main() {
         for (uint u = t + 1; u < L; ++u) x += pc.pairs.v[P_ab + pair_at(c, u, t)] * pc.columns.v[column_at(c, u, col)];
         pc.columns.v[column_at(c, t, col)] = x;
     }
-    uint gr = 0, gv = 2 * block(), ga = 3 * block(), glog = 5 * block();
-    if (col >= S) {  // gv[s] = sum over t > s of P_ak[t, s] gPV[t]
+    uint gr = 0, gv = 2 * input_block(), ga = 3 * input_block(), glog = 5 * input_block();
+    if (col >= S) {  // gv[s] = g of the V rows + the sum over t > s of P_ak[t, s] gPV[t]
+        uint gV = 5 * block();
         for (uint s = 0; s < L; ++s) {
-            float x = 0.0;
+            float x = pc.g.v[gV + row_at(c, s, j)];
             for (uint t = s + 1; t < L; ++t) x += pc.pairs.v[P_ak + pair_at(c, t, s)] * pc.columns.v[column_at(c, t, col)];
-            pc.o.v[gv + input_at(c, s, j)] = x;
+            if (valid(c, s)) pc.o.v[gv + input_at(c, s, j)] = x;
         }
         return;
     }
     // the start decays: ga = gA0 start(t-1), gr = gRf start(t); glog_decay's terms start(t) (gRf r
-    // + gA0[t + 1] a[t + 1], or + gdecay at the last), summed from the end
-    uint gRf = 4 * block(), gdecay = 5 * block() + 2 * pair_block();
+    // + gA0[t + 1] a[t + 1], or + gdecay at the last), kept in BACK_CHANNELS' scratch, then summed
+    // from the end
+    uint gRf = 4 * block(), gdecay = 6 * block() + 2 * pair_block(), terms = 2 * block();
     float sum = 0.0;
     for (uint t = 0; t < L; ++t) {
-        pc.o.v[ga + input_at(c, t, j)] = pc.columns.v[column_at(c, t, col)] * exp(sum);
-        sum += pc.log_decay.v[input_at(c, t, j)];
+        float g_a = pc.columns.v[column_at(c, t, col)] * exp(sum);
+        sum += token_input(pc.log_decay, c, t, j);
         float start = exp(sum), g_rf = pc.g.v[gRf + row_at(c, t, j)];
-        pc.o.v[gr + input_at(c, t, j)] = g_rf * start;
-        float term = g_rf * pc.r.v[input_at(c, t, j)];
-        term += t + 1 < L ? pc.columns.v[column_at(c, t + 1, col)] * pc.a.v[input_at(c, t + 1, j)]
+        if (valid(c, t)) {
+            pc.o.v[ga + input_at(c, t, j)] = g_a;
+            pc.o.v[gr + input_at(c, t, j)] = g_rf * start;
+        }
+        float term = g_rf * token_input(pc.r, c, t, j);
+        term += t + 1 < L ? pc.columns.v[column_at(c, t + 1, col)] * token_input(pc.a, c, t + 1, j)
                           : pc.g.v[gdecay + c * S + j];
-        pc.o.v[glog + input_at(c, t, j)] = start * term;
+        pc.columns.v[terms + scratch_at(c, t, j)] = start * term;
     }
     float acc = 0.0;
     for (uint t = L; t-- > 0;) {
-        acc += pc.o.v[glog + input_at(c, t, j)];
-        pc.o.v[glog + input_at(c, t, j)] = acc;
+        acc += pc.columns.v[terms + scratch_at(c, t, j)];
+        if (valid(c, t)) pc.o.v[glog + input_at(c, t, j)] = acc;
     }
 }
 #endif
@@ -225,7 +245,7 @@ void main() {
         stage_columns(0, 0, c, j0, cb);
         stage_columns(1, pc.S, c, j0, cb);
         stage_array(2, pc.fwd, true, c, j0, cb);
-        stage_array(3, Floats(uint64_t(pc.fwd) + 4 * uint64_t(block())), true, c, j0, cb);
+        stage_array(3, Floats(uint64_t(pc.fwd) + 4 * uint64_t(block())), true, c, j0, cb);  // U
         stage_array(4, pc.v, false, c, j0, cb);
         barrier();
         [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
@@ -253,26 +273,26 @@ void main() {
     uint e = flat_invocation(), S = pc.S, L = pc.L;
     if (e >= S * pc.B) return;
     uint c = e / S, j = e % S;
-    uint gr = 0, gk = block(), ga = 3 * block(), gb = 4 * block(), glog = 5 * block();
-    uint gBe = 2 * block(), gKe = 3 * block(), gQ_rb = 5 * block(), gQ_rk = gQ_rb + pair_block();
+    uint gr = 0, gk = input_block(), ga = 3 * input_block(), gb = 4 * input_block(), glog = 5 * input_block();
+    uint gBe = 2 * block(), gKe = 3 * block(), gQ_rb = 6 * block(), gQ_rk = gQ_rb + pair_block();
     uint gP_ab = 2 * pair_block(), gP_ak = 3 * pair_block();
     uint terms = 2 * block();  // this channel's decay terms m[t], in the columns' scratch after gA0, gPV
     for (uint s = 0; s < L; ++s) {
-        float b_s = pc.b.v[input_at(c, s, j)], k_s = pc.k.v[input_at(c, s, j)];
+        float b_s = token_input(pc.b, c, s, j), k_s = token_input(pc.k, c, s, j);
         float g_b = 0.0, g_k = 0.0, sum = 0.0;
         for (uint t = s; t < L; ++t) {
-            if (t > s) sum += pc.log_decay.v[input_at(c, t, j)];
-            float x = exp(sum), r_t = pc.r.v[input_at(c, t, j)];
+            if (t > s) sum += token_input(pc.log_decay, c, t, j);
+            float x = exp(sum), r_t = token_input(pc.r, c, t, j);
             float cqb = pc.g.v[gQ_rb + pair_at(c, t, s)], cqk = pc.g.v[gQ_rk + pair_at(c, t, s)];
             float wq = cqb * b_s + cqk * k_s;
-            pc.o.v[gr + input_at(c, t, j)] += x * wq;
+            if (valid(c, t)) pc.o.v[gr + input_at(c, t, j)] += x * wq;
             g_b += x * cqb * r_t;
             g_k += x * cqk * r_t;
             float term = r_t * wq;
             if (t + 1 < L) {
                 float cpb = pc.pairs.v[gP_ab + pair_at(c, t + 1, s)], cpk = pc.pairs.v[gP_ak + pair_at(c, t + 1, s)];
-                float a_n = pc.a.v[input_at(c, t + 1, j)], wp = cpb * b_s + cpk * k_s;
-                pc.o.v[ga + input_at(c, t + 1, j)] += x * wp;
+                float a_n = token_input(pc.a, c, t + 1, j), wp = cpb * b_s + cpk * k_s;
+                if (valid(c, t + 1)) pc.o.v[ga + input_at(c, t + 1, j)] += x * wp;
                 g_b += x * cpb * a_n;
                 g_k += x * cpk * a_n;
                 term += a_n * wp;
@@ -282,14 +302,16 @@ void main() {
                 g_k += x * gke;
                 term += gbe * b_s + gke * k_s;
             }
-            pc.columns.v[terms + input_at(c, t, j)] = x * term;
+            pc.columns.v[terms + scratch_at(c, t, j)] = x * term;
         }
-        pc.o.v[gb + input_at(c, s, j)] = g_b;
-        pc.o.v[gk + input_at(c, s, j)] = g_k;
+        if (valid(c, s)) {
+            pc.o.v[gb + input_at(c, s, j)] = g_b;
+            pc.o.v[gk + input_at(c, s, j)] = g_k;
+        }
         float acc = 0.0;  // X(s, t)'s range holds u for s < u <= t: suffix sums over t
         for (uint u = L - 1; u > s; --u) {
-            acc += pc.columns.v[terms + input_at(c, u, j)];
-            pc.o.v[glog + input_at(c, u, j)] += acc;
+            acc += pc.columns.v[terms + scratch_at(c, u, j)];
+            if (valid(c, u)) pc.o.v[glog + input_at(c, u, j)] += acc;
         }
     }
 }

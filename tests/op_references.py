@@ -136,35 +136,49 @@ def np_rwkv_wkv7(r, w, k, v, a, b, state):
     return y, final
 
 
-def np_wkv7_chunk_terms(r, k, v, a, b, log_decay):
-    """wkv7_chunk_terms from its formulas, per chunk with numpy's products and inverse: the decays
-    from the chunk's start and between pairs of tokens, P_ab, P_ak (s < t), Q_rb, Q_rk (s <= t),
-    W = (I - P_ab)^-1 A0, U = (I - P_ab)^-1 P_ak V. Returns the op's 1-D output [W, U, Be, Ke, Rf
-    [L, S, B], Q_rb, Q_rk [L, L, B], decay [S, B]]."""
-    S, L, B = r.shape
-    rows = {name: np.zeros((L, S, B)) for name in ("W", "U", "Be", "Ke", "Rf")}
+def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
+    """wkv7_chunk_terms from its formulas: the inputs [S, H, T] cut into chunks of L tokens
+    (chunk h + H (q + c n) holds head h's tokens q L .. of sequence n, zeros past its end), then
+    per chunk with numpy's products and inverse: the decays from the chunk's start and between
+    pairs of tokens, P_ab, P_ak (s < t), Q_rb, Q_rk (s <= t), W = (I - P_ab)^-1 A0,
+    U = (I - P_ab)^-1 P_ak V. Returns the op's 1-D output [W, U, Be, Ke, Rf, V [L, S, B], Q_rb,
+    Q_rk [L, L, B], decay [S, B]]."""
+    S, H, T = r.shape
+    n_tok = T // n_seqs
+    c = -(-n_tok // L)
+    B = H * c * n_seqs
+
+    def chunk(x, ch):  # [S, L]
+        h, q, n = ch % H, (ch // H) % c, ch // (H * c)
+        out = np.zeros((S, L))
+        tokens = x[:, h, n * n_tok + q * L:n * n_tok + min((q + 1) * L, n_tok)]
+        out[:, :tokens.shape[1]] = tokens
+        return out
+
+    rows = {name: np.zeros((L, S, B)) for name in ("W", "U", "Be", "Ke", "Rf", "V")}
     Q_rb, Q_rk, decay = np.zeros((L, L, B)), np.zeros((L, L, B)), np.zeros((S, B))
-    for c in range(B):
-        lw = log_decay[:, :, c]  # [S, L]
+    for ch in range(B):
+        r_, k_, v_, a_, b_, lw = (chunk(x, ch) for x in (r, k, v, a, b, log_decay))
         start = np.exp(np.cumsum(lw, axis=1))  # [S, L]: through token t
         between = lambda s, t: np.exp(lw[:, s + 1:t + 1].sum(axis=1))  # noqa: E731  over s < u <= t
         P_ab, P_ak = np.zeros((L, L)), np.zeros((L, L))
         for t, s in itertools.product(range(L), range(L)):
             if s < t:
-                P_ab[t, s] = (a[:, t, c] * b[:, s, c] * between(s, t - 1)).sum()
-                P_ak[t, s] = (a[:, t, c] * k[:, s, c] * between(s, t - 1)).sum()
+                P_ab[t, s] = (a_[:, t] * b_[:, s] * between(s, t - 1)).sum()
+                P_ak[t, s] = (a_[:, t] * k_[:, s] * between(s, t - 1)).sum()
             if s <= t:
-                Q_rb[t, s, c] = (r[:, t, c] * b[:, s, c] * between(s, t)).sum()
-                Q_rk[t, s, c] = (r[:, t, c] * k[:, s, c] * between(s, t)).sum()
-        A0 = (a[:, :, c] * np.concatenate([np.ones((S, 1)), start[:, :-1]], axis=1)).T  # [L, S]
-        T = np.linalg.inv(np.eye(L) - P_ab)
-        rows["W"][:, :, c] = T @ A0
-        rows["U"][:, :, c] = T @ P_ak @ v[:, :, c].T
+                Q_rb[t, s, ch] = (r_[:, t] * b_[:, s] * between(s, t)).sum()
+                Q_rk[t, s, ch] = (r_[:, t] * k_[:, s] * between(s, t)).sum()
+        A0 = (a_ * np.concatenate([np.ones((S, 1)), start[:, :-1]], axis=1)).T  # [L, S]
+        inverse = np.linalg.inv(np.eye(L) - P_ab)
+        rows["W"][:, :, ch] = inverse @ A0
+        rows["U"][:, :, ch] = inverse @ P_ak @ v_.T
         to_end = np.stack([between(s, L - 1) for s in range(L)], axis=1)  # [S, L]
-        rows["Be"][:, :, c] = (b[:, :, c] * to_end).T
-        rows["Ke"][:, :, c] = (k[:, :, c] * to_end).T
-        rows["Rf"][:, :, c] = (r[:, :, c] * start).T
-        decay[:, c] = start[:, -1]
+        rows["Be"][:, :, ch] = (b_ * to_end).T
+        rows["Ke"][:, :, ch] = (k_ * to_end).T
+        rows["Rf"][:, :, ch] = (r_ * start).T
+        rows["V"][:, :, ch] = v_.T
+        decay[:, ch] = start[:, -1]
     parts = list(rows.values()) + [Q_rb, Q_rk, decay]
     return np.concatenate([x.reshape(-1, order="F") for x in parts])
 

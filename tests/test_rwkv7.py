@@ -310,80 +310,100 @@ def test_chunked_form_keeps_a_nan_in_its_head_and_sequence():
 
 # ---- wkv7_chunk_terms: what each chunk computes from its own tokens -------------------------------
 
-def _chunk_terms_inputs(S, L, B, seed=0, w_low=0.5):
-    """r, k, v, a, b, log_decay [S, L, B] as the chunked form makes them (a = -kk, b = kk * gate)."""
+def _chunk_terms_inputs(S, H, T, seed=0, w_low=0.5):
+    """r, k, v, a, b, log_decay [S, H, T] as the chunked form takes them (a = -kk, b = kk * gate)."""
     rng = np.random.default_rng(seed)
-    r, k, v = (rng.normal(size=(S, L, B)) for _ in range(3))
-    kk = rng.normal(size=(S, L, B))
+    r, k, v = (rng.normal(size=(S, H, T)) for _ in range(3))
+    kk = rng.normal(size=(S, H, T))
     kk /= np.linalg.norm(kk, axis=0, keepdims=True)
-    a, b = -kk, kk * rng.uniform(0.0, 1.0, size=(S, L, B))
-    return [r, k, v, a, b, np.log(rng.uniform(w_low, 1.0, size=(S, L, B)))]
+    a, b = -kk, kk * rng.uniform(0.0, 1.0, size=(S, H, T))
+    return [r, k, v, a, b, np.log(rng.uniform(w_low, 1.0, size=(S, H, T)))]
 
 
-def _chunk_terms(arrays, dtype="f32", device=None):
+def _chunk_terms(arrays, L, n_seqs, dtype="f32", device=None):
     return ops.apply("wkv7_chunk_terms", tuple(rc.tensor(np.asfortranarray(x), dtype=dtype, device=device)
-                                               for x in arrays))
+                                               for x in arrays), ints=(L, n_seqs))
 
 
-# (S, L, B): one token, one channel; sizes that do not divide the GPU's 256 invocations; the
-# shaders' channel blocks (64 at chunks of 16, 16 at chunks of 64) filled and split; chunks of 64
-CHUNK_TERM_SHAPES = [(1, 1, 1), (3, 5, 2), (7, 16, 3), (70, 16, 2), (20, 64, 1)]
+# (S, H, T, L, n_seqs): one token; sizes that do not divide the GPU's 256 invocations, sequences
+# whose last chunk is short (padded); the shaders' channel blocks (64 at chunks of 16, 16 at
+# chunks of 64) filled and split; chunks of 64
+CHUNK_TERM_SHAPES = [(1, 1, 1, 1, 1), (3, 2, 10, 4, 2), (7, 3, 16, 16, 1), (70, 1, 36, 16, 2), (20, 1, 64, 64, 1)]
 
 
 @pytest.mark.parametrize("shape", CHUNK_TERM_SHAPES)
 def test_chunk_terms_match_the_numpy_formulas(device, shape):
-    arrays = _chunk_terms_inputs(*shape)
-    want = np_wkv7_chunk_terms(*arrays)
+    arrays, (L, n_seqs) = _chunk_terms_inputs(*shape[:3]), shape[3:]
+    want = np_wkv7_chunk_terms(*arrays, L, n_seqs)
     for dtype in ("f32", "f64") if device == "cpu" else ("f32",):
-        got = _chunk_terms(arrays, dtype).numpy().ravel()
+        got = _chunk_terms(arrays, L, n_seqs, dtype).numpy().ravel()
         tol = 1e-12 if dtype == "f64" else 2e-5
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 2), (4, 7, 1)])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (3, 2, 10, 4, 2), (4, 1, 7, 7, 1)])
 def test_chunk_terms_gradients_match_finite_differences(shape):
-    """Every input's gradient in float64, every part of the output weighted."""
-    arrays = _chunk_terms_inputs(*shape, seed=1)
-    n_out = np_wkv7_chunk_terms(*arrays).size
+    """Every input's gradient in float64, every part of the output weighted (the padding's too)."""
+    arrays, (L, n_seqs) = _chunk_terms_inputs(*shape[:3], seed=1), shape[3:]
+    n_out = np_wkv7_chunk_terms(*arrays, L, n_seqs).size
     weight = rc.tensor(np.random.default_rng(2).normal(size=(n_out, 1)), dtype="f64")
-    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("wkv7_chunk_terms", xs), (-1, 1)), weight),
+    assert rc.gradcheck(lambda *xs: rc.mul(rc.reshape(ops.apply("wkv7_chunk_terms", xs, ints=(L, n_seqs), chunk=L,
+                                                                n_seqs=n_seqs), (-1, 1)), weight),
                         [np.asfortranarray(x) for x in arrays])
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", [(3, 5, 2), (7, 16, 3), (64, 16, 5), (70, 16, 2), (20, 64, 1), (9, 33, 2)])
+@pytest.mark.parametrize("shape", [(3, 2, 10, 4, 2), (7, 3, 48, 16, 3), (64, 2, 40, 16, 2), (70, 1, 32, 16, 2),
+                                   (20, 1, 64, 64, 1), (9, 2, 66, 33, 2)])
 def test_chunk_terms_gpu_matches_the_cpu(shape):
     """Forward and every gradient, float32, strong decays: chunks of 16 (every channel of 64 in one
-    block of shared memory, or two blocks), of 33 and 64 (blocks of 32 and 16 channels)."""
-    assert_gpu_matches_cpu("wkv7_chunk_terms", _chunk_terms_inputs(*shape, seed=3, w_low=0.05),
-                           ["terms", "r", "k", "v", "a", "b", "log_decay"])
+    block of shared memory, or two blocks; sequences of 20 tokens padded to 32), of 33 and 64
+    (blocks of 32 and 16 channels)."""
+    arrays, (L, n_seqs) = _chunk_terms_inputs(*shape[:3], seed=3, w_low=0.05), shape[3:]
+
+    def run(device):
+        params = [rc.param(np.asfortranarray(x.astype(np.float32)), device=device) for x in arrays]
+        with rc.grad_tape():
+            out = rc.reshape(ops.apply("wkv7_chunk_terms", tuple(params), ints=(L, n_seqs), chunk=L, n_seqs=n_seqs),
+                             (-1, 1))
+            w = rc.tensor(np.random.default_rng(4).normal(size=(out.shape[0], 1)).astype(np.float32), device=device)
+            loss = rc.sum(rc.mul(out, w))
+        grads = rc.backward(loss)
+        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
+
+    for name, g, c in zip(["terms", "r", "k", "v", "a", "b", "log_decay"], run("gpu"), run("cpu")):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
 
 
 @pytest.mark.requires_gpu
 def test_chunk_terms_refuse_chunks_longer_than_the_gpu_kernels_hold():
     with pytest.raises(ValueError, match=r"^wkv7_chunk_terms: chunks of at most 64 tokens on the GPU, got 65"):
-        _chunk_terms(_chunk_terms_inputs(2, 65, 1), device="gpu")
+        _chunk_terms(_chunk_terms_inputs(2, 1, 65), 65, 1, device="gpu")
 
 
-@pytest.mark.parametrize("args, exc, message", [
-    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 5)], ValueError, r"log_decay must be \[S, L, B\] like r \[2, 3, 4\], got \[2, 3, 5\]"),
-    (lambda: [_f(2, 3, 4)] * 2 + [_f(2, 3, 4, 2)] + [_f(2, 3, 4)] * 3, ValueError,
-     r"v must be \[S, L, B\] like r \[2, 3, 4\], got \[2, 3, 4, 2\]"),
-    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 4, dtype="f64")], TypeError, r"dtypes differ: r is f32 but log_decay is f64"),
-    (lambda: [rc.tensor(np.ones((2, 3, 4), np.int32))] + [_f(2, 3, 4)] * 5, TypeError, r"r must be a float tensor"),
+@pytest.mark.parametrize("args, ints, exc, message", [
+    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 5)], (2, 1), ValueError,
+     r"log_decay must be \[S, H, T\] like r \[2, 3, 4\], got \[2, 3, 5\]"),
+    (lambda: [_f(2, 3, 4)] * 2 + [_f(2, 3, 4, 2)] + [_f(2, 3, 4)] * 3, (2, 1), ValueError,
+     r"v must be \[S, H, T\] like r \[2, 3, 4\], got \[2, 3, 4, 2\]"),
+    (lambda: [_f(2, 3, 4)] * 5 + [_f(2, 3, 4, dtype="f64")], (2, 1), TypeError, r"dtypes differ: r is f32 but log_decay is f64"),
+    (lambda: [rc.tensor(np.ones((2, 3, 4), np.int32))] + [_f(2, 3, 4)] * 5, (2, 1), TypeError, r"r must be a float tensor"),
+    (lambda: [_f(2, 3, 4)] * 6, (2, 3), ValueError, r"4 tokens do not split into 3 sequences of equal length"),
+    (lambda: [_f(2, 3, 4)] * 6, (0, 1), ValueError, r"expected two int attributes, L \(tokens per chunk\) and n_seqs"),
+    (lambda: [_f(2, 3, 4)] * 6, (2,), ValueError, r"expected two int attributes"),
 ])
-def test_chunk_terms_refuse_bad_inputs(args, exc, message):
+def test_chunk_terms_refuse_bad_inputs(args, ints, exc, message):
     with pytest.raises(exc, match=r"^wkv7_chunk_terms: " + message):
-        ops.apply("wkv7_chunk_terms", tuple(args()))
+        ops.apply("wkv7_chunk_terms", tuple(args()), ints=ints)
 
 
 def test_chunk_terms_backward_checks_the_upstream_gradient():
     inputs = [_f(2, 3, 4)] * 6
-    out = ops.apply("wkv7_chunk_terms", tuple(inputs))  # 5 * 24 + 2 * 36 + 8 = 200 elements
-    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms_back: g \[7, 1\] is not the forward's output shape \[200, 1\]"):
-        ops.apply("wkv7_chunk_terms_back", (_f(7), *inputs, out))
+    out = ops.apply("wkv7_chunk_terms", tuple(inputs), ints=(2, 2))  # B = 6 chunks: 6 * 24 + 2 * 24 + 12 = 204
+    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms_back: g \[7, 1\] is not the forward's output shape \[204, 1\]"):
+        ops.apply("wkv7_chunk_terms_back", (_f(7), *inputs, out), ints=(2, 2))
     with pytest.raises(TypeError, match=r"^wkv7_chunk_terms_back: dtypes differ: r is f32 but out is f64"):
-        ops.apply("wkv7_chunk_terms_back", (out, *inputs, rc.tensor(out.numpy(), dtype="f64")))
+        ops.apply("wkv7_chunk_terms_back", (out, *inputs, rc.tensor(out.numpy(), dtype="f64")), ints=(2, 2))
 
 
 # ---- wkv7_chunk_states: the op that passes the chunked form's state from chunk to chunk ----------

@@ -92,6 +92,18 @@ def _ssd_chunks(back: bool):
     return build
 
 
+def _chunk_terms(back: bool):
+    """wkv7_chunk_terms: r, k, v, a, b, log_decay [S, H, T], chunks of 2 tokens, 1 sequence; the
+    backward helper takes g first and the forward's output last, each one column."""
+    def build(s, h, t, d):
+        total = 6 * s * 2 * h * -(-t // 2) + 2 * 4 * h * -(-t // 2) + s * h * -(-t // 2)
+        inputs = [((s, h, t), F)] * 6
+        if back:
+            inputs = [((total,), F)] + inputs + [((total,), F)]
+        return inputs, [2, 1], []
+    return build
+
+
 def _chunk_states_inputs(L, S, N, c):
     """wkv7_chunk_states' inputs: W, U, B, K, V [L, S, N, c], decay [S, N, c], Z0 [S, S, N]."""
     return [((L, S, N, c), F)] * 5 + [((S, N, c), F), ((S, S, N), F)]
@@ -157,10 +169,7 @@ def _builders() -> dict:
     b["rwkv_wkv6"], b["rwkv_wkv6_back"] = _recurrence(5, False, []), _recurrence(5, True, [])
     b["gated_linear_attn"], b["gated_linear_attn_back"] = _recurrence(4, False, [0.5]), _recurrence(4, True, [0.5])
     b["rwkv_wkv7"], b["rwkv_wkv7_back"] = _recurrence(6, False, []), _recurrence(6, True, [])
-    b["wkv7_chunk_terms"] = lambda a, b_, c, d: ([((a, b_, c), F)] * 6, [], [])
-    b["wkv7_chunk_terms_back"] = lambda a, b_, c, d: (
-        [((5 * a * b_ * c + 2 * b_ * b_ * c + a * c,), F)] + [((a, b_, c), F)] * 6
-        + [((5 * a * b_ * c + 2 * b_ * b_ * c + a * c,), F)], [], [])
+    b["wkv7_chunk_terms"], b["wkv7_chunk_terms_back"] = _chunk_terms(False), _chunk_terms(True)
     b["wkv7_chunk_states"] = lambda a, b_, c, d: (_chunk_states_inputs(a, b_, c, d), [], [])
     b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
         [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)

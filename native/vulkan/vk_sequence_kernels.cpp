@@ -391,7 +391,7 @@ namespace {
 
 struct ChunkTermsPush {
     uint64_t r, k, v, a, b, log_decay, o, pairs, columns, g, fwd;
-    uint32_t S, L, B, with_q;
+    uint32_t S, L, B, with_q, H, n_tok, chunks;
 };
 
 // Whether a staged kernel's shared arrays of `floats` fit the device's shared memory (lavapipe
@@ -402,12 +402,14 @@ bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().
 // its inputs in RK_CHUNK_TERMS_STAGE floats of shared memory.
 constexpr int64_t kChunkTermsMaxTokens = 64;
 
-// The shape rule has checked the inputs (r, k, v, a, b, log_decay at in[first..]); refuses chunks
-// longer than the kernels hold, and loops the device would cut short (wkv7_chunk_terms.comp's
-// longest: PAIRS' channels times each pair's range, and BACK_CHANNELS' pairs).
-ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first) {
+// The shape rule has checked the inputs (r, k, v, a, b, log_decay [S, H, T] at in[first..]) and
+// the ints (L, n_seqs); refuses chunks longer than the kernels hold, and loops the device would cut
+// short (wkv7_chunk_terms.comp's longest: PAIRS' channels times each pair's range, and
+// BACK_CHANNELS' pairs).
+ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs) {
     const TensorImpl& r = *in[first];
-    const int64_t S = r.ne[0], L = r.ne[1];
+    const int64_t S = r.ne[0], H = r.ne[1], L = attrs.ints[0], n_seqs = attrs.ints[1];
+    const int64_t n_tok = r.ne[2] / n_seqs, chunks = (n_tok + L - 1) / L, B = H * chunks * n_seqs;
     if (L > kChunkTermsMaxTokens)
         throw std::invalid_argument(std::string(op) + ": chunks of at most " + std::to_string(kChunkTermsMaxTokens) +
                                     " tokens on the GPU, got " + std::to_string(L));
@@ -419,20 +421,22 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first) 
     const double l = double(L);
     check_loop_budget(op, L, "tokens per chunk", kLoopMargin * std::max(double(S) * l * 16.0, l * (l + 1.0) * 2.0));
     u32(size_mul(6, r.numel()), op);  // every index in the shaders is smaller
-    u32(size_mul(4, L, L, r.ne[2]), op);
+    u32(size_add(size_mul(7, S, L, B), size_mul(2, L, L, B)), op);
+    u32(size_mul(4, L, L, B), op);
     ChunkTermsPush p{};
     p.r = r.address(), p.k = in[first + 1]->address(), p.v = in[first + 2]->address();
     p.a = in[first + 3]->address(), p.b = in[first + 4]->address(), p.log_decay = in[first + 5]->address();
-    p.S = u32(S, op), p.L = u32(L, op), p.B = u32(r.ne[2], op);
+    p.S = u32(S, op), p.L = u32(L, op), p.B = u32(B, op);
+    p.H = u32(H, op), p.n_tok = u32(n_tok, op), p.chunks = u32(chunks, op);
     return p;
 }
 
 }  // namespace
 
 // wkv7_chunk_terms: PAIRS (a workgroup per chunk), then SOLVE (an invocation per chunk and column).
-void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "wkv7_chunk_terms";
-    ChunkTermsPush p = chunk_terms_push(op, in, 0);
+    ChunkTermsPush p = chunk_terms_push(op, in, 0, attrs);
     TensorPtr pairs = make_on(Device::gpu, {size_mul(2, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
     p.o = out.address(), p.pairs = pairs->address(), p.with_q = 1;
     record("wkv7_chunk_terms_pairs", p, p.B, spans(in), {span(out), span(*pairs)});
@@ -442,9 +446,9 @@ void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 }
 
 // wkv7_chunk_terms_back: PAIRS (P_ab, P_ak again), BACK_SOLVE, BACK_PAIRS, BACK_CHANNELS.
-void vk_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
+void vk_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "wkv7_chunk_terms_back";
-    ChunkTermsPush p = chunk_terms_push(op, in, 1);
+    ChunkTermsPush p = chunk_terms_push(op, in, 1, attrs);
     TensorPtr pairs = make_on(Device::gpu, {size_mul(4, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
     TensorPtr columns = make_on(Device::gpu, {size_mul(3, p.S, p.L, p.B), 1, 1, 1}, 2, DType::f32);
     p.o = out.address(), p.pairs = pairs->address(), p.columns = columns->address();

@@ -14,7 +14,7 @@ import numbers
 
 from rlkit.core.ops import (
     _index, _int_arg, _ne4, _unpack_columns, add, apply, arange, as_tensor, cast, check_inputs, get_rows, log,
-    matmul, maximum, mul, pad_rows, permute, reshape, slice_rows, softplus,
+    matmul, maximum, mul, permute, reshape, slice_rows, softplus,
 )
 from rlkit.core.tensor import Tensor
 
@@ -84,19 +84,10 @@ def _chunks(op: str, chunk_size, n_tok: int) -> tuple[int, int]:
     return chunk, -(-n_tok // chunk)
 
 
-def _in_chunks(t: Tensor, sizes: tuple[int, ...], n_tok: int, n_seqs: int, chunk: int) -> Tensor:
-    """t [*sizes, n_tok, n_seqs] (any shape of those elements) as [*sizes, chunk, c n_seqs], c the
-    chunks per sequence, the chunk index faster than the sequence's, after zero tokens at the end
-    of each sequence up to c * chunk."""
-    pad = -(-n_tok // chunk) * chunk - n_tok
-    if pad:
-        t = pad_rows(reshape(t, (math.prod(sizes) * n_tok, n_seqs)), 0, math.prod(sizes) * pad)
-    return reshape(t, sizes + (chunk, (n_tok + pad) // chunk * n_seqs))
-
-
 def _out_of_chunks(t: Tensor, size: int, n_tok: int, n_seqs: int) -> Tensor:
-    """The inverse of _in_chunks for outputs of ``size`` elements per token: t with the padding's
-    tokens dropped, as [size * n_tok, n_seqs] (t itself where there was no padding)."""
+    """Outputs of ``size`` elements per token, t [size, c chunk, n_seqs] (any shape of those
+    elements; each sequence padded to c chunks), with the padding's tokens dropped, as
+    [size * n_tok, n_seqs] (t itself where there was no padding)."""
     padded = t.numel // (size * n_seqs)
     return t if padded == n_tok else slice_rows(reshape(t, (size * padded, n_seqs)), 0, size * n_tok)
 
@@ -199,15 +190,9 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
     return y, final
 
 
-def _heads_in_chunks(t: Tensor, S: int, H: int, n_tok: int, n_seqs: int, L: int) -> Tensor:
-    """A head-major input [S, H, n_tok n_seqs] as [S, L, B]: the tokens of a chunk along dim 1,
-    B = H c n_seqs the (head, chunk, sequence) batch with the head fastest."""
-    return reshape(permute(_in_chunks(t, (S, H), n_tok, n_seqs, L), (0, 2, 1, 3)), (S, L, -1))
-
-
 def _heads_out_of_chunks(y: Tensor, S: int, H: int, n_tok: int, n_seqs: int) -> Tensor:
-    """The inverse of _heads_in_chunks for outputs with tokens in rows: y [L, S, B] as
-    [S H, n_tok n_seqs], the padding's tokens dropped."""
+    """Outputs with tokens in rows, y [L, S, B] with B = H c n_seqs the (head, chunk, sequence)
+    batch, head fastest, as [S H, n_tok n_seqs], the padding's tokens dropped."""
     L = y.shape[0]
     y = permute(reshape(y, (L, S, H, -1)), (1, 2, 0, 3))  # [S, H, L, cN]
     return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs))
@@ -258,17 +243,11 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     L, c = _chunks("rwkv_wkv7", chunk_size, n_tok)  # the last padded with tokens of decay 1 and no input
     HN = H * n_seqs
 
-    def in_chunks(t: Tensor) -> Tensor:
-        return _heads_in_chunks(t, S, H, n_tok, n_seqs, L)  # [S, L, B]
-
-    log_decay = in_chunks(maximum(log(w), -80.0))  # [S(key), L, B]
-    r, k, v, a, b = (in_chunks(t) for t in (r, k, v, a, b))  # [S, L, B]
-    terms = apply("wkv7_chunk_terms", (r, k, v, a, b, log_decay))  # one column
-    n_block, n_pairs = S * L * H * c * n_seqs, L * L * H * c * n_seqs
-    W, U_inputs, B_end, K_end, R_from, Q_rb, Q_rk, chunk_decay = _unpack_columns(
-        terms, [(n_block, (L, S, n_block // (L * S)))] * 5 + [(n_pairs, (L, L, n_pairs // (L * L)))] * 2
-        + [(S * H * c * n_seqs, (S, 1, H * c * n_seqs))])
-    values = permute(v, (1, 0, 2))  # [L, S(value), B]
+    log_decay = maximum(log(w), -80.0)  # [S(key), H, T]
+    terms = apply("wkv7_chunk_terms", (r, k, v, a, b, log_decay), ints=(L, n_seqs), chunk=L, n_seqs=n_seqs)  # a column
+    n_block, n_pairs, B = S * L * H * c * n_seqs, L * L * H * c * n_seqs, H * c * n_seqs
+    W, U_inputs, B_end, K_end, R_from, values, Q_rb, Q_rk, chunk_decay = _unpack_columns(
+        terms, [(n_block, (L, S, B))] * 6 + [(n_pairs, (L, L, B))] * 2 + [(S * B, (S, 1, B))])  # [L, S, B] ...
 
     # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel):
     # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs; the op wants the chunk slowest

@@ -54,9 +54,9 @@ def _rwkv_wkv7(g, out, r, w, k, v, a, b, state):
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6 + [(state.numel, state.shape)]))
 
 
-def _wkv7_chunk_terms(g, out, r, k, v, a, b, log_decay):
+def _wkv7_chunk_terms(g, out, r, k, v, a, b, log_decay, chunk, n_seqs):
     # one helper op gives every gradient, packed in the inputs' order; it reads the forward's W and U
-    grads = ops.apply("wkv7_chunk_terms_back", (g, r, k, v, a, b, log_decay, out))  # a column
+    grads = ops.apply("wkv7_chunk_terms_back", (g, r, k, v, a, b, log_decay, out), ints=(chunk, n_seqs))  # a column
     return tuple(ops._unpack_columns(grads, [(r.numel, r.shape)] * 6))
 
 
