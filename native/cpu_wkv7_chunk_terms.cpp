@@ -4,8 +4,8 @@
 // log2(L) products, the decays and their products) and a layout copy of every input. Its inputs
 // are the recurrence's own, r, k, v, a, b, log_decay [S, H, T] (S channels, H heads, T tokens of
 // n_seqs equal sequences), ints (L, n_seqs): chunks of L tokens, the last of each sequence padded
-// with tokens of no input and decay 1. The chunks' batch B = H c n_seqs (c chunks per sequence)
-// runs head fastest, then chunk, then sequence. Per chunk, with X(s, t)[j] = exp(sum of
+// with tokens of no input and decay 1. The chunks' batch B = H n_seqs c (c chunks per sequence)
+// runs head fastest, then sequence, then chunk (wkv7_chunk_states' order). Per chunk, with X(s, t)[j] = exp(sum of
 // log_decay[j, u] over s < u <= t) (1 where t = s; each a running sum from s, never a difference
 // of two, so no exponent is above 0) and start(t) = exp(sum over u <= t), the decay from the
 // chunk's start through token t:
@@ -48,7 +48,7 @@ struct TermDims {
     int64_t input() const { return S * H * T; }
     // Chunk ch's token l as a token of the inputs, or -1 for the padding.
     int64_t token(int64_t ch, int64_t l) const {
-        const int64_t q = (ch / H) % chunks(), n = ch / (H * chunks()), at = q * L + l;
+        const int64_t n = (ch / H) % n_seqs, q = ch / (H * n_seqs), at = q * L + l;
         return at < n_tok() ? n * n_tok() + at : -1;
     }
     // The element offset of chunk ch's token l (not padding) in an input.

@@ -2,7 +2,8 @@
 // formulas): what each chunk of rwkv_wkv7's chunked form computes from its own tokens, every chunk
 // at once. Inputs r, k, v, a, b, log_decay [S, H, T] (the recurrence's: channels fastest), read as
 // chunks of L tokens (the padding's tokens read as 0); the outputs W, U, Be, Ke, Rf, V [L, S, B]
-// (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B], B = H c n_seqs chunks. Kernels:
+// (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B], B = H n_seqs c chunks (head fastest, then
+// sequence, then chunk). Kernels:
 //   PAIRS (a workgroup per chunk): P_ab, P_ak into scratch [L, L, B] each and, with `with_q`,
 //     Q_rb, Q_rk into the output; each pair (t, s) an invocation's, its channels a block at a
 //     time through shared memory, each channel's decay a running sum from s (the CPU's order).
@@ -34,7 +35,7 @@ layout(push_constant) uniform Push {
     Floats fwd;      // the backward's: the forward's column (W, U)
     uint S;
     uint L;
-    uint B;          // chunks: H c n_seqs
+    uint B;          // chunks: H n_seqs c
     uint with_q;     // PAIRS: also the Q pairs (the forward)
     uint H;
     uint n_tok;      // tokens per sequence
@@ -43,12 +44,13 @@ layout(push_constant) uniform Push {
 
 uint block() { return pc.S * pc.L * pc.B; }
 uint pair_block() { return pc.L * pc.L * pc.B; }
-uint input_block() { return pc.S * pc.H * pc.n_tok * (pc.B / (pc.H * pc.chunks)); }  // one of the inputs
+uint n_seqs() { return pc.B / (pc.H * pc.chunks); }
+uint input_block() { return pc.S * pc.H * pc.n_tok * n_seqs(); }  // one of the inputs
 // Whether chunk c's token t is one of its sequence's (not the padding).
-bool valid(uint c, uint t) { return (c / pc.H) % pc.chunks * pc.L + t < pc.n_tok; }
+bool valid(uint c, uint t) { return c / (pc.H * n_seqs()) * pc.L + t < pc.n_tok; }
 // An input's element (channel j, token t) of chunk c, where valid(c, t).
 uint input_at(uint c, uint t, uint j) {
-    uint seq = c / (pc.H * pc.chunks), at = (c / pc.H) % pc.chunks * pc.L + t;
+    uint seq = c / pc.H % n_seqs(), at = c / (pc.H * n_seqs()) * pc.L + t;
     return (c % pc.H + pc.H * (seq * pc.n_tok + at)) * pc.S + j;
 }
 // An input's element, 0 for the padding's tokens (whose log decay 0 is a decay of 1).

@@ -138,7 +138,7 @@ def np_rwkv_wkv7(r, w, k, v, a, b, state):
 
 def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
     """wkv7_chunk_terms from its formulas: the inputs [S, H, T] cut into chunks of L tokens
-    (chunk h + H (q + c n) holds head h's tokens q L .. of sequence n, zeros past its end), then
+    (chunk h + H (n + n_seqs q) holds head h's tokens q L .. of sequence n, zeros past its end), then
     per chunk with numpy's products and inverse: the decays from the chunk's start and between
     pairs of tokens, P_ab, P_ak (s < t), Q_rb, Q_rk (s <= t), W = (I - P_ab)^-1 A0,
     U = (I - P_ab)^-1 P_ak V. Returns the op's 1-D output [W, U, Be, Ke, Rf, V [L, S, B], Q_rb,
@@ -149,7 +149,7 @@ def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
     B = H * c * n_seqs
 
     def chunk(x, ch):  # [S, L]
-        h, q, n = ch % H, (ch // H) % c, ch // (H * c)
+        h, n, q = ch % H, (ch // H) % n_seqs, ch // (H * n_seqs)
         out = np.zeros((S, L))
         tokens = x[:, h, n * n_tok + q * L:n * n_tok + min((q + 1) * L, n_tok)]
         out[:, :tokens.shape[1]] = tokens

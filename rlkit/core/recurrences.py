@@ -191,10 +191,11 @@ def _chunked_gla(k, v, q, g, state, scale: float, chunk_size) -> tuple[Tensor, T
 
 
 def _heads_out_of_chunks(y: Tensor, S: int, H: int, n_tok: int, n_seqs: int) -> Tensor:
-    """Outputs with tokens in rows, y [L, S, B] with B = H c n_seqs the (head, chunk, sequence)
+    """Outputs with tokens in rows, y [L, S, B] with B = H n_seqs c the (head, sequence, chunk)
     batch, head fastest, as [S H, n_tok n_seqs], the padding's tokens dropped."""
     L = y.shape[0]
-    y = permute(reshape(y, (L, S, H, -1)), (1, 2, 0, 3))  # [S, H, L, cN]
+    y = permute(reshape(y, (L, S, H * n_seqs, -1)), (1, 2, 0, 3))  # [S, H N, L, c]
+    y = permute(reshape(y, (S * H, n_seqs, -1)), (0, 2, 1))  # [S H, L c, N]
     return reshape(_out_of_chunks(y, S * H, n_tok, n_seqs), (S * H, n_tok * n_seqs))
 
 
@@ -235,8 +236,8 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     with Z = S^T the state [key, value] at the chunk's start, its tokens' sa are U = W Z + U0,
     its outputs Rf Z + Q_rb U + Q_rk V, its end state decay Z + Be^T U + Ke^T V), the states
     passed from chunk to chunk (one op, wkv7_chunk_states), then the outputs' products. Dims in ne
-    order: S the head size, L the chunk length, c the chunks per sequence, B = H c N the (head,
-    chunk, sequence) batch with the head fastest."""
+    order: S the head size, L the chunk length, c the chunks per sequence, B = H N c the (head,
+    sequence, chunk) batch with the head fastest."""
     S, H = _ne4(k)[:2]
     n_seqs = state.shape[1]
     n_tok = k.numel // (S * H * n_seqs)  # per sequence
@@ -245,21 +246,15 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
 
     log_decay = maximum(log(w), -80.0)  # [S(key), H, T]
     terms = apply("wkv7_chunk_terms", (r, k, v, a, b, log_decay), ints=(L, n_seqs), chunk=L, n_seqs=n_seqs)  # a column
-    n_block, n_pairs, B = S * L * H * c * n_seqs, L * L * H * c * n_seqs, H * c * n_seqs
+    n_block, n_pairs, B = S * L * HN * c, L * L * HN * c, HN * c
     W, U_inputs, B_end, K_end, R_from, values, Q_rb, Q_rk, chunk_decay = _unpack_columns(
-        terms, [(n_block, (L, S, B))] * 6 + [(n_pairs, (L, L, B))] * 2 + [(S * B, (S, 1, B))])  # [L, S, B] ...
+        terms, [(n_block, (L, S, B))] * 6 + [(n_pairs, (L, L, B))] * 2 + [(S * B, (S, HN, c))])  # [L, S, B] ...
 
     # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel):
-    # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs; the op wants the chunk slowest
-    def chunk_last(t: Tensor) -> Tensor:
-        """[..., B] with B = (H, c, N) as [..., H N, c]."""
-        rows = t.numel // (H * c * n_seqs)
-        return reshape(permute(reshape(t, (rows, H, c, n_seqs)), (0, 1, 3, 2)), t.shape[:-1] + (HN, c))
-
-    states = apply("wkv7_chunk_states", tuple(chunk_last(t) for t in (W, U_inputs, B_end, K_end, values)) + (
-        reshape(chunk_last(chunk_decay), (S, HN, c)), reshape(state, (S, S, HN))))  # one column
-    Z_start, final_state = _unpack_columns(states, [(S * S * HN * c, (S * S, H, n_seqs, c)), (state.numel, state.shape)])
-    Z_start = reshape(permute(Z_start, (0, 1, 3, 2)), (S, S, -1))  # [S(key), S(value), B]
+    # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs
+    states = apply("wkv7_chunk_states", tuple(reshape(t, (L, S, HN, c)) for t in (W, U_inputs, B_end, K_end, values))
+                   + (chunk_decay, reshape(state, (S, S, HN))))  # one column
+    Z_start, final_state = _unpack_columns(states, [(S * S * B, (S, S, B)), (state.numel, state.shape)])  # [S(key), S(value), B]
 
     U = add(matmul(W, Z_start), U_inputs)  # [L, S(value), B]
     y = add(matmul(R_from, Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]
