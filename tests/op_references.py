@@ -199,14 +199,14 @@ def np_wkv7_chunk_states(W, U, B, K, V, decay, Z0):
     return np.concatenate([states.reshape(-1, order="F"), np.zeros(L * S * N)])
 
 
-def assert_gpu_matches_cpu(op: str, arrays: list, names: list[str]) -> None:
+def assert_gpu_matches_cpu(op: str, arrays: list, names: list[str], **attrs) -> None:
     """A packed-output op on both backends in float32: its output and the gradient of a random
     weighting of it for every input, the GPU's against the CPU's (names: the output's, then
-    each input's, for the messages)."""
+    each input's, for the messages; attrs: ops.apply's, ints and the vjp rule's keywords)."""
     def run(device):
         params = [rc.param(np.asfortranarray(a.astype(np.float32)), device=device) for a in arrays]
         with rc.grad_tape():
-            out = rc.reshape(ops.apply(op, tuple(params)), (-1, 1))
+            out = rc.reshape(ops.apply(op, tuple(params), **attrs), (-1, 1))
             w = rc.tensor(np.random.default_rng(4).normal(size=(out.shape[0], 1)).astype(np.float32), device=device)
             loss = rc.sum(rc.mul(out, w))
         grads = rc.backward(loss)

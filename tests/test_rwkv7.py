@@ -360,19 +360,8 @@ def test_chunk_terms_gpu_matches_the_cpu(shape):
     block of shared memory, or two blocks; sequences of 20 tokens padded to 32), of 33 and 64
     (blocks of 32 and 16 channels)."""
     arrays, (L, n_seqs) = _chunk_terms_inputs(*shape[:3], seed=3, w_low=0.05), shape[3:]
-
-    def run(device):
-        params = [rc.param(np.asfortranarray(x.astype(np.float32)), device=device) for x in arrays]
-        with rc.grad_tape():
-            out = rc.reshape(ops.apply("wkv7_chunk_terms", tuple(params), ints=(L, n_seqs), chunk=L, n_seqs=n_seqs),
-                             (-1, 1))
-            w = rc.tensor(np.random.default_rng(4).normal(size=(out.shape[0], 1)).astype(np.float32), device=device)
-            loss = rc.sum(rc.mul(out, w))
-        grads = rc.backward(loss)
-        return [out.numpy()] + [np.asarray(grads[p]) for p in params]
-
-    for name, g, c in zip(["terms", "r", "k", "v", "a", "b", "log_decay"], run("gpu"), run("cpu")):
-        np.testing.assert_allclose(g, c, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(c).max())), err_msg=name)
+    assert_gpu_matches_cpu("wkv7_chunk_terms", arrays, ["terms", "r", "k", "v", "a", "b", "log_decay"],
+                           ints=(L, n_seqs), chunk=L, n_seqs=n_seqs)
 
 
 @pytest.mark.requires_gpu
