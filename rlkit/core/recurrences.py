@@ -220,8 +220,8 @@ def rwkv_wkv7(r, w, k, v, a, b, state, chunk_size: int | None = None) -> tuple[T
     chunk (one op, wkv7_chunk_states, whose kernel loops over the chunks: two [chunk, S] x [S, S]
     products each). It takes log(w): decays must be positive (0 is taken as e^-80, a negative one
     gives NaN). Chunks of 16 to 64 tokens (at most 64 on the GPU); a NaN in one token reaches every
-    output of its head in its sequence from its chunk's first token on. On the GPU the recurrence is the faster form
-    (head sizes up to 64 keep its state in registers; BENCHMARKS.md)."""
+    output of its head in its sequence from its chunk's first token on. On the GPU the recurrence
+    has been the faster form (head sizes up to 64 keep its state in registers; BENCHMARKS.md)."""
     r, w, k, v, a, b, state = _recurrence_inputs("rwkv_wkv7", ("r", "w", "k", "v", "a", "b", "state"),
                                                  (r, w, k, v, a, b, state))
     if chunk_size is not None:
