@@ -6,7 +6,7 @@
 // sequence, then chunk). Kernels:
 //   PAIRS (a workgroup per chunk): P_ab, P_ak into scratch [L, L, B] each and, with `with_q`,
 //     Q_rb, Q_rk into the output; each pair (t, s) an invocation's, its channels a block at a
-//     time through shared memory, each channel's decay a running sum from s (the CPU's order).
+//     time through shared memory, each channel's decay a running sum from s, as the CPU's.
 //   SOLVE (an invocation per chunk and column: S of W's, then S of U's): the forward
 //     substitution down the column, and on W's side the column's channel: A0, Rf, Be, Ke, V, decay.
 //   BACK_SOLVE (an invocation per chunk and column): the back substitution, gA0 and gPV into

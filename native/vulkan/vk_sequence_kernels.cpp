@@ -402,10 +402,21 @@ bool shared_memory_holds(int64_t floats) { return uint64_t(floats) * 4 <= ctx().
 // its inputs in RK_CHUNK_TERMS_STAGE floats of shared memory.
 constexpr int64_t kChunkTermsMaxTokens = 64;
 
+// wkv7_chunk_terms.comp's loops per invocation at their largest trip counts: PAIRS' (per block of
+// channels its staging, then each of an invocation's pairs' channels and range, the longest range
+// that of the pair ending at the last token), and the per-column and per-channel kernels' walks
+// over the chunk's pairs.
+double chunk_terms_loop_iterations(int64_t S, int64_t L) {
+    const int64_t cb = std::max<int64_t>(1, std::min<int64_t>(S, RK_CHUNK_TERMS_STAGE / 5 / (L + 1)));  // block_channels()
+    const int64_t blocks = (S + cb - 1) / cb, slots = (L * L + 255) / 256;
+    double pairs = 5.0 * double((cb * L + 255) / 256);
+    for (int64_t m = 0; m < slots; ++m) pairs += double(cb) * double(1 + std::max<int64_t>(0, L - 2 - 256 * m / L));
+    return kLoopMargin * std::max(double(blocks) * pairs, 2.0 * double(L) * double(L + 1));
+}
+
 // The shape rule has checked the inputs (r, k, v, a, b, log_decay [S, H, T] at in[first..]) and
 // the ints (L, n_seqs); refuses chunks longer than the kernels hold, and loops the device would cut
-// short (wkv7_chunk_terms.comp's longest: PAIRS' channels times each pair's range, and
-// BACK_CHANNELS' pairs).
+// short.
 ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, const OpAttrs& attrs) {
     const TensorImpl& r = *in[first];
     const int64_t S = r.ne[0], H = r.ne[1], L = attrs.ints[0], n_seqs = attrs.ints[1];
@@ -418,8 +429,7 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, 
                                  std::to_string(ctx().limits().max_shared_memory) + " bytes of shared memory, the kernels need " +
                                  std::to_string(4 * RK_CHUNK_TERMS_STAGE) + "; run rwkv_wkv7's chunked form on the CPU, or "
                                  "its recurrence (chunk_size=None)");
-    const double l = double(L);
-    check_loop_budget(op, L, "tokens per chunk", kLoopMargin * std::max(double(S) * l * 16.0, l * (l + 1.0) * 2.0));
+    check_loop_budget(op, L, "tokens per chunk", chunk_terms_loop_iterations(S, L));
     u32(size_mul(6, r.numel()), op);  // every index in the shaders is smaller
     u32(size_add(size_mul(7, S, L, B), size_mul(2, L, L, B)), op);
     u32(size_mul(4, L, L, B), op);
