@@ -1,14 +1,14 @@
 // wkv7_chunk_terms: what each chunk of rwkv_wkv7's chunked form (rlkit/core/recurrences.py,
 // _chunked_wkv7) computes from its own tokens, everything but the state it starts from: one op
-// where composed ops took some 120 dependency levels (four decayed pairs, the triangular solve as
-// log2(L) products, the decays and their products) and a layout copy of every input. Its inputs
-// are the recurrence's own, r, k, v, a, b, log_decay [S, H, T] (S channels, H heads, T tokens of
-// n_seqs equal sequences), ints (L, n_seqs): chunks of L tokens, the last of each sequence padded
-// with tokens of no input and decay 1. The chunks' batch B = H n_seqs c (c chunks per sequence)
-// runs head fastest, then sequence, then chunk (wkv7_chunk_states' order). Per chunk, with X(s, t)[j] = exp(sum of
-// log_decay[j, u] over s < u <= t) (1 where t = s; each a running sum from s, never a difference
-// of two, so no exponent is above 0) and start(t) = exp(sum over u <= t), the decay from the
-// chunk's start through token t:
+// where composed ops took about a hundred dependency levels (four decayed pairs, the triangular
+// solve as log2(L) products, the decays and their products, a layout copy of every input). Its
+// inputs are the recurrence's own, r, k, v, a, b, log_decay [S, H, T] (S channels, H heads, T
+// tokens of n_seqs equal sequences), ints (L, n_seqs): chunks of L tokens, the last of each
+// sequence padded with tokens of no input and decay 1. The chunks' batch B = H n_seqs c (c chunks
+// per sequence) runs head fastest, then sequence, then chunk (wkv7_chunk_states' order). Per
+// chunk, with X(s, t)[j] = exp(sum of log_decay[j, u] over s < u <= t) (1 where t = s; each a
+// running sum from s, never a difference of two, so no exponent is above 0) and
+// start(t) = exp(sum over u <= t), the decay from the chunk's start through token t:
 //   P_ab[t, s] = sum_j a[j, t] b[j, s] X(s, t-1)[j],  P_ak likewise with k   (s < t)
 //   Q_rb[t, s] = sum_j r[j, t] b[j, s] X(s, t)[j],    Q_rk likewise with k   (s <= t)
 //   A0[t] = a[t] start(t-1),  Rf[t] = r[t] start(t),  Be[s] = b[s] X(s, L-1),  Ke[s] = k[s] X(s, L-1)
@@ -125,22 +125,27 @@ struct ChunkWork {
         }
     }
 
-    // Walks the pairs (t, s), t from s on, calling visit(s, t) with X = X(s, t), bx = b[s] X and
-    // kx = k[s] X; first fills P_ab[t + 1, s] and P_ak[t + 1, s] (0 where s >= t).
+    // Walks the pairs (t, s), t from s on, calling visit(s, t) with X = X(s, t); with fill_pairs
+    // also bx = b[s] X and kx = k[s] X, and first fills P_ab[t + 1, s] and P_ak[t + 1, s] (0 where
+    // s >= t). The backward's second walk needs only X: the pairs are those of its first.
     template <typename F>
-    void walk_pairs(const ChunkInputs<T>& x, F&& visit) {
-        std::fill(P_ab.begin(), P_ab.end(), T(0));
-        std::fill(P_ak.begin(), P_ak.end(), T(0));
+    void walk_pairs(const ChunkInputs<T>& x, bool fill_pairs, F&& visit) {
+        if (fill_pairs) {
+            std::fill(P_ab.begin(), P_ab.end(), T(0));
+            std::fill(P_ak.begin(), P_ak.end(), T(0));
+        }
         for (int64_t s = 0; s < d.L; ++s) {
             std::fill(sum.begin(), sum.end(), T(0));
             for (int64_t t = s; t < d.L; ++t) {
                 if (t > s) add_to(d.S, x.log_decay.data() + t * d.S, sum.data());
                 for (int64_t j = 0; j < d.S; ++j) X[j] = exp_of(sum[j]);
-                multiply(d.S, x.b.data() + s * d.S, X.data(), bx.data());
-                multiply(d.S, x.k.data() + s * d.S, X.data(), kx.data());
-                if (t + 1 < d.L) {
-                    P_ab[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, bx.data(), d.S);
-                    P_ak[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, kx.data(), d.S);
+                if (fill_pairs) {
+                    multiply(d.S, x.b.data() + s * d.S, X.data(), bx.data());
+                    multiply(d.S, x.k.data() + s * d.S, X.data(), kx.data());
+                    if (t + 1 < d.L) {
+                        P_ab[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, bx.data(), d.S);
+                        P_ak[t + 1 + s * d.L] = dot(x.a.data() + (t + 1) * d.S, kx.data(), d.S);
+                    }
                 }
                 visit(s, t);
             }
@@ -185,7 +190,7 @@ void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
                 std::fill_n(Q_rb + pairs, d.L * d.L, T(0));
                 std::fill_n(Q_rk + pairs, d.L * d.L, T(0));
                 w.start_decays(x.log_decay.data());
-                w.walk_pairs(x, [&](int64_t s, int64_t t) {
+                w.walk_pairs(x, true, [&](int64_t s, int64_t t) {
                     Q_rb[pairs + t + s * d.L] = dot(x.r.data() + t * d.S, w.bx.data(), d.S);
                     Q_rk[pairs + t + s * d.L] = dot(x.r.data() + t * d.S, w.kx.data(), d.S);
                     if (t == d.L - 1) {
@@ -257,7 +262,7 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImp
                 load_rows(d, gRf + block, gRm.data());
                 load_rows(d, gV + block, gv_c);
                 w.start_decays(x.log_decay.data());
-                w.walk_pairs(x, [](int64_t, int64_t) {});  // P_ab, P_ak
+                w.walk_pairs(x, true, [](int64_t, int64_t) {});  // P_ab, P_ak
                 for (int64_t t = d.L - 1; t >= 0; --t)  // the back substitution: G[t] += sum_{u > t} P[u, t] G[u]
                     for (int64_t u = t + 1; u < d.L; ++u) {
                         add_scaled(d.S, w.P_ab[u + t * d.L], gA0.data() + u * d.S, gA0.data() + t * d.S);
@@ -289,7 +294,7 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImp
                     add_to(d.S, acc.data(), glog_c + t * d.S);
                 }
                 // the pairs' terms, and Be's and Ke's, per channel; m[t] the decay X(s, t)'s term
-                w.walk_pairs(x, [&](int64_t s, int64_t t) {
+                w.walk_pairs(x, false, [&](int64_t s, int64_t t) {
                     const T cqb = gQ_rb[pairs + t + s * d.L], cqk = gQ_rk[pairs + t + s * d.L];
                     const bool next = t + 1 < d.L, last = t == d.L - 1;
                     const T cpb = next ? gP_ab[t + 1 + s * d.L] : T(0), cpk = next ? gP_ak[t + 1 + s * d.L] : T(0);

@@ -61,6 +61,8 @@ uint scratch_at(uint c, uint t, uint j) { return (c * pc.L + t) * pc.S + j; }
 uint row_at(uint c, uint t, uint j) { return (c * pc.S + j) * pc.L + t; }
 // A pair's element (t, s) of chunk c.
 uint pair_at(uint c, uint t, uint s) { return (c * pc.L + s) * pc.L + t; }
+// The backward's column col of gA0 (col < S) or gPV at token t of chunk c, in the columns' scratch.
+uint column_at(uint c, uint t, uint col) { return (c * pc.L + t) * 2 * pc.S + col; }
 
 #if defined(PAIRS) || defined(BACK_PAIRS)
 // A block of channels' arrays in shared memory, [array][channel][token], each channel's tokens a
@@ -97,7 +99,7 @@ void main() {
         stage_array(0, pc.a, false, c, j0, cb);
         stage_array(1, pc.b, false, c, j0, cb);
         stage_array(2, pc.k, false, c, j0, cb);
-        stage_array(3, pc.r, false, c, j0, cb);
+        if (pc.with_q == 1u) stage_array(3, pc.r, false, c, j0, cb);  // only the Q pairs read r
         stage_array(4, pc.log_decay, false, c, j0, cb);
         barrier();
         [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
@@ -176,9 +178,6 @@ void main() {
 #endif
 
 #if defined(BACK_SOLVE)
-// column col's gradient (gA0 or gPV) at token t of chunk c
-uint column_at(uint c, uint t, uint col) { return (c * pc.L + t) * 2 * pc.S + col; }
-
 void main() {
     uint e = flat_invocation(), S = pc.S, L = pc.L;
     if (e >= 2 * S * pc.B) return;
@@ -231,7 +230,7 @@ void main() {
 void stage_columns(uint array, uint first, uint c, uint j0, uint cb) {
     for (uint e = gl_LocalInvocationID.x; e < cb * pc.L; e += 256) {
         uint jj = e % cb, t = e / cb;
-        stage[staged(array, cb, jj, t)] = pc.columns.v[(c * pc.L + t) * 2 * pc.S + first + j0 + jj];
+        stage[staged(array, cb, jj, t)] = pc.columns.v[column_at(c, t, first + j0 + jj)];
     }
 }
 
