@@ -119,7 +119,10 @@ foreach(kind FORWARD BACKWARD)
   rk_shader(wkv7_chunks_${name} wkv7_chunks.comp ${kind})
 endforeach()
 rk_shader(wkv7_chunks_forward_staged wkv7_chunks.comp FORWARD_STAGED)  # what staged_chunk_states_fit allows
-rk_shader(wkv7_chunks_backward_staged wkv7_chunks.comp BACKWARD BACKWARD_STAGED)  # staged_chunk_states_back_fits
+foreach(kind BACK_WALK BACK_SUMS)  # what chunk_states_back_splits allows
+  string(TOLOWER ${kind} name)
+  rk_shader(wkv7_chunks_${name} wkv7_chunks.comp BACKWARD ${kind})
+endforeach()
 foreach(kind PAIRS SOLVE BACK_SOLVE BACK_PAIRS BACK_CHANNELS)  # rwkv_wkv7's chunked form: each chunk's own terms
   string(TOLOWER ${kind} name)
   rk_shader(wkv7_chunk_terms_${name} wkv7_chunk_terms.comp ${kind})

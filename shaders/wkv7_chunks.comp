@@ -7,10 +7,12 @@
 // staged_chunk_states_fit allows): the same sums in the same order, one workgroup per batch n
 // and block of value columns j (the state's columns pass from chunk to chunk on their own), the
 // block's state, the chunk's W, B, K and the block's T and V in shared memory, rows padded to
-// an odd length so that invocations reading down a column hit different banks. BACKWARD_STAGED
-// (the sizes staged_chunk_states_back_fits allows): BACKWARD's sums in BACKWARD's order, one
-// workgroup per batch n, the walking gradient D, the chunk's W (rows padded), T and dT in shared
-// memory, the rest read from the inputs (coalesced, cached) rather than from coherent storage.
+// an odd length so that invocations reading down a column hit different banks. The backward, where
+// chunk_states_back_splits allows, in two kernels: BACK_WALK, one workgroup per batch n and block
+// of value columns (a gradient's columns, too, pass from chunk to chunk on their own), walks the
+// chunks from the end with the block's D and dT in shared memory, writing dT (gU), gV, T and D
+// after each chunk; BACK_SUMS, one workgroup per chunk and block of key rows, sums what mixes the
+// columns (gB, gK, gW, gdecay) with every chunk at once. The same sums in BACKWARD's order.
 #version 450
 #include "common.glsl"
 #include "staged_arrays.def"
@@ -30,6 +32,8 @@ layout(push_constant) uniform Push {
 #if defined(BACKWARD)
     Floats g;
     Floats Z;  // the forward's output: the state before each chunk
+    Floats sa;    // BACK_WALK's T [L, S, N, c], for BACK_SUMS
+    Floats ends;  // BACK_WALK's D after each chunk [S, S, N, c], for BACK_SUMS
 #endif
     uint L;
     uint S;
@@ -63,72 +67,112 @@ void sa_of_chunk(uint b, uint z, uint scratch) {
     }
 }
 
-#if defined(BACKWARD_STAGED)
-const uint STATE_MAX = RK_WKV7_BACKWARD_STATE, W_MAX = RK_WKV7_BACKWARD_W, T_MAX = RK_WKV7_BACKWARD_T;
-shared float Ds[STATE_MAX];             // [i + S j]: the gradient of the state after the chunk
-shared float Ws[W_MAX];                 // [l + (L + 1) i]: the chunk's W
-shared float Ts[T_MAX], dTs[T_MAX];     // [l + L j]: its T (recomputed) and dT
+#if defined(BACK_WALK)
+const uint CB = RK_WKV7_WALK_COLUMNS, D_MAX = RK_WKV7_WALK_STATE, DT_MAX = RK_WKV7_WALK_DT;
+shared float Ds[D_MAX];    // [jj + (CB + 1) i]: the block's columns of D, the gradient of the state after the chunk
+shared float dTs[DT_MAX];  // [l + (L + 1) jj]: the block's columns of dT
 
 void main() {
-    n = flat_group();
-    if (n >= pc.N) return;  // a whole workgroup of the folded grid's padding
-    uint L = pc.L, S = pc.S, tid = gl_LocalInvocationID.x, rowW = L + 1;
+    uint L = pc.L, S = pc.S, blocks = (S + CB - 1) / CB, group = flat_group();
+    if (group >= pc.N * blocks) return;  // a whole workgroup of the folded grid's padding
+    n = group % pc.N;
     LS = L * S;
     SS = S * S;
+    uint j0 = (group / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x, rowD = CB + 1, rowT = L + 1;
     uint block = LS * pc.N * pc.c;  // one of gW, gU, gB, gK, gV
-    uint gU = block, gB = 2 * block, gK = 3 * block, gV = 4 * block, gdecay = 5 * block;
-    uint gZ0 = gdecay + S * pc.N * pc.c + n * SS;
-    uint scratch = gdecay + S * pc.N * pc.c + SS * pc.N + n * LS;
-    for (uint e = tid; e < SS; e += 256) Ds[e] = pc.g.v[state_at(pc.c) + e];
+    uint gU = block, gV = 4 * block, gZ0 = 5 * block + S * pc.N * pc.c + n * SS;
+    for (uint e = tid; e < S * cb; e += 256) {  // i fastest: coalesced reads
+        uint i = e % S, jj = e / S;
+        Ds[jj + rowD * i] = pc.g.v[state_at(pc.c) + i + (j0 + jj) * S];
+    }
+    barrier();
     for (uint q = pc.c; q-- > 0;) {
         uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
-        for (uint e = tid; e < LS; e += 256) Ws[e % L + rowW * (e / L)] = pc.W.v[b + e];
-        barrier();
-        for (uint e = tid; e < LS; e += 256) {  // T = W Z + U; dT = B D (gU), gV = K D
-            uint l = e % L, j = e / L;
-            float t = pc.U.v[b + e];
-            for (uint i = 0; i < S; ++i) t += Ws[l + rowW * i] * pc.Z.v[z + i + j * S];
-            Ts[e] = t;
-            float dt = 0.0, v = 0.0;
+        for (uint e = tid; e < L * cb; e += 256) {  // T = W Z + U, dT = B D (gU), gV = K D: the block's columns
+            uint l = e % L, jj = e / L, at = b + l + (j0 + jj) * L;
+            float t = pc.U.v[at], dt = 0.0, v = 0.0;
             for (uint i = 0; i < S; ++i) {
-                float d = Ds[i + j * S];
+                float d = Ds[jj + rowD * i];
+                t += pc.W.v[b + l + i * L] * pc.Z.v[z + i + (j0 + jj) * S];
                 dt += pc.B.v[b + l + i * L] * d;
                 v += pc.K.v[b + l + i * L] * d;
             }
-            dTs[e] = dt;
-            pc.o.v[gU + b + e] = dt;
-            pc.o.v[gV + b + e] = v;
+            pc.sa.v[at] = t;
+            pc.o.v[gU + at] = dt;
+            pc.o.v[gV + at] = v;
+            dTs[l + rowT * jj] = dt;
+        }
+        for (uint e = tid; e < S * cb; e += 256) {  // D as it stands, for BACK_SUMS, i fastest
+            uint i = e % S, jj = e / S;
+            pc.ends.v[z + i + (j0 + jj) * S] = Ds[jj + rowD * i];
         }
         barrier();
-        for (uint e = tid; e < LS; e += 256) {  // gB = T D^T, gK = V D^T, gW = dT Z^T
-            uint l = e % L, i = e / L;
-            float gb = 0.0, gk = 0.0, gw = 0.0;
-            for (uint j = 0; j < S; ++j) {
-                float d = Ds[i + j * S];
-                gb += Ts[l + j * L] * d;
-                gk += pc.V.v[b + l + j * L] * d;
-                gw += dTs[l + j * L] * pc.Z.v[z + i + j * S];
-            }
-            pc.o.v[gB + b + e] = gb;
-            pc.o.v[gK + b + e] = gk;
-            pc.o.v[b + e] = gw;
-        }
-        for (uint i = tid; i < S; i += 256) {  // gdecay[i] = sum_j D[i, j] Z[i, j]
-            float gd = 0.0;
-            for (uint j = 0; j < S; ++j) gd += Ds[i + j * S] * pc.Z.v[z + i + j * S];
-            pc.o.v[gdecay + gamma + i] = gd;
-        }
-        barrier();
-        for (uint e = tid; e < SS; e += 256) {  // D = decay D + g_q + W^T dT
-            uint i = e % S, j = e / S;
-            float acc = pc.decay.v[gamma + i] * Ds[e] + pc.g.v[z + e];
-            for (uint l = 0; l < L; ++l) acc += Ws[l + rowW * i] * dTs[l + j * L];
-            Ds[e] = acc;
+        for (uint e = tid; e < S * cb; e += 256) {  // D = decay D + g_q + W^T dT, jj fastest
+            uint jj = e % cb, i = e / cb;
+            float acc = pc.decay.v[gamma + i] * Ds[jj + rowD * i] + pc.g.v[z + i + (j0 + jj) * S];
+            for (uint l = 0; l < L; ++l) acc += pc.W.v[b + l + i * L] * dTs[l + rowT * jj];
+            Ds[jj + rowD * i] = acc;
         }
         barrier();
     }
-    for (uint e = tid; e < SS; e += 256) pc.o.v[gZ0 + e] = Ds[e];
-    for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;  // unused here: zeros
+    for (uint e = tid; e < S * cb; e += 256) {
+        uint i = e % S, jj = e / S;
+        pc.o.v[gZ0 + i + (j0 + jj) * S] = Ds[jj + rowD * i];
+    }
+    uint scratch = 5 * block + S * pc.N * pc.c + SS * pc.N + n * LS;  // the output's scratch, unused here: zeros
+    for (uint e = tid; e < L * cb; e += 256) pc.o.v[scratch + j0 * L + e] = 0.0;
+}
+#elif defined(BACK_SUMS)
+const uint JB = RK_WKV7_SUMS_TERMS, ROWS = RK_WKV7_SUMS_ROWS, OUTPUTS = RK_WKV7_SUMS_OUTPUTS;
+shared float Ts[OUTPUTS], Vs[OUTPUTS], dTs[OUTPUTS];  // [l + L jj]: the terms' columns of T, V and dT
+shared float Ds[ROWS * JB], Zs[ROWS * JB];             // [ii + IB jj]: the block's rows of D and Z, the terms' columns
+
+void main() {
+    uint L = pc.L, S = pc.S, IB = min(S, min(ROWS, OUTPUTS / L)), row_blocks = (S + IB - 1) / IB, group = flat_group();
+    if (group >= pc.N * pc.c * row_blocks) return;  // a whole workgroup of the folded grid's padding
+    LS = L * S;
+    SS = S * S;
+    uint nq = group / row_blocks, i0 = (group % row_blocks) * IB, ib = min(IB, S - i0), tid = gl_LocalInvocationID.x;
+    uint b = nq * LS, z = nq * SS, block = LS * pc.N * pc.c;
+    uint gU = block, gB = 2 * block, gK = 3 * block, gdecay = 5 * block;
+    float gb[OUTPUTS / 256], gk[OUTPUTS / 256], gw[OUTPUTS / 256], gd = 0.0;
+    for (uint m = 0; m < OUTPUTS / 256; ++m) gb[m] = gk[m] = gw[m] = 0.0;
+    for (uint j0 = 0; j0 < S; j0 += JB) {  // the terms j in order, JB at a time
+        uint jb = min(JB, S - j0);
+        for (uint e = tid; e < L * jb; e += 256) {
+            uint at = b + j0 * L + e;
+            Ts[e] = pc.sa.v[at];
+            Vs[e] = pc.V.v[at];
+            dTs[e] = pc.o.v[gU + at];
+        }
+        for (uint e = tid; e < ib * jb; e += 256) {  // ii fastest: coalesced reads
+            uint ii = e % ib, jj = e / ib, at = z + i0 + ii + (j0 + jj) * S;
+            Ds[ii + IB * jj] = pc.ends.v[at];
+            Zs[ii + IB * jj] = pc.Z.v[at];
+        }
+        barrier();
+        for (uint m = 0; m < OUTPUTS / 256; ++m) {  // gB = T D^T, gK = V D^T, gW = dT Z^T
+            uint e = tid + 256 * m, l = e % L, ii = e / L;
+            if (e >= L * ib) break;
+            for (uint jj = 0; jj < jb; ++jj) {
+                float d = Ds[ii + IB * jj];
+                gb[m] += Ts[l + L * jj] * d;
+                gk[m] += Vs[l + L * jj] * d;
+                gw[m] += dTs[l + L * jj] * Zs[ii + IB * jj];
+            }
+        }
+        if (tid < ib)  // gdecay[i] = sum_j D[i, j] Z[i, j]
+            for (uint jj = 0; jj < jb; ++jj) gd += Ds[tid + IB * jj] * Zs[tid + IB * jj];
+        barrier();
+    }
+    for (uint m = 0; m < OUTPUTS / 256; ++m) {
+        uint e = tid + 256 * m, l = e % L, ii = e / L, at = b + l + (i0 + ii) * L;
+        if (e >= L * ib) break;
+        pc.o.v[gB + at] = gb[m];
+        pc.o.v[gK + at] = gk[m];
+        pc.o.v[at] = gw[m];
+    }
+    if (tid < ib) pc.o.v[gdecay + nq * S + i0 + tid] = gd;
 }
 #elif defined(FORWARD_STAGED)
 const uint INPUT_MAX = RK_WKV7_FORWARD_INPUTS, BLOCK_STATE_MAX = RK_WKV7_FORWARD_BLOCK_STATE,

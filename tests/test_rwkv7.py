@@ -435,10 +435,13 @@ def test_chunk_states_gradients_match_finite_differences(shape):
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4), (40, 64, 1, 2)])
+@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4), (40, 64, 1, 2),
+                                   (16, 80, 1, 2), (70, 5, 2, 2)])
 def test_chunk_states_gpu_matches_the_cpu(shape):
-    """Forward and every gradient, float32: the staged kernels (shared memory), and at 40 x 64
-    the kernels that keep the state in device memory (their chunk does not fit)."""
+    """Forward and every gradient, float32: the staged forward (shared memory), and at 40 x 64 the
+    forward that keeps the state in device memory (its chunk does not fit); the
+    backward's walk and sums, over several blocks of key rows at 40 x 64 and 16 x 80, and at 70 x 5
+    (chunks over 64 tokens) the one-kernel backward."""
     assert_gpu_matches_cpu("wkv7_chunk_states", _chunk_states_inputs(*shape, seed=3),
                            ["states", "W", "U", "B", "K", "V", "decay", "Z0"])
 

@@ -511,15 +511,35 @@ double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks)
     return kLoopMargin * (double(chunks) * (LS + LC * (2.0 + double(S)) + SC * (2.0 + double(L))) + SC + LC);
 }
 
-// wkv7_chunks.comp's BACKWARD_STAGED: a workgroup per batch, its shared arrays of
-// kStagedStateFloats (D), kStagedWFloats (W, rows of L + 1) and kStagedTFloats (T and dT each):
-// 28 KiB, within lavapipe's 32 (staged_arrays.def).
-constexpr int64_t kStagedStateFloats = RK_WKV7_BACKWARD_STATE, kStagedWFloats = RK_WKV7_BACKWARD_W,
-                  kStagedTFloats = RK_WKV7_BACKWARD_T;
+// wkv7_chunks.comp's BACK_WALK and BACK_SUMS: the walk a workgroup per batch and block of
+// kWalkColumns value columns, its D (rows of columns + 1) and dT (rows of L + 1) in shared memory;
+// the sums a workgroup per chunk and block of at most kSumsRows key rows and kSumsOutputs outputs,
+// kSumsTerms terms at a time (staged_arrays.def).
+constexpr int64_t kWalkColumns = RK_WKV7_WALK_COLUMNS, kWalkStateFloats = RK_WKV7_WALK_STATE,
+                  kWalkDTFloats = RK_WKV7_WALK_DT, kSumsTerms = RK_WKV7_SUMS_TERMS, kSumsRows = RK_WKV7_SUMS_ROWS,
+                  kSumsOutputs = RK_WKV7_SUMS_OUTPUTS;
 
-bool staged_chunk_states_back_fits(int64_t L, int64_t S) {
-    return S * S <= kStagedStateFloats && (L + 1) * S <= kStagedWFloats && L * S <= kStagedTFloats &&
-           shared_memory_holds(kStagedStateFloats + kStagedWFloats + 2 * kStagedTFloats);
+bool chunk_states_back_splits(int64_t L, int64_t S) {
+    return S * (kWalkColumns + 1) <= kWalkStateFloats && (L + 1) * kWalkColumns <= kWalkDTFloats &&
+           L * kSumsTerms <= kSumsOutputs && shared_memory_holds(kWalkStateFloats + kWalkDTFloats) &&
+           shared_memory_holds(3 * kSumsOutputs + 2 * kSumsRows * kSumsTerms);
+}
+
+// The key rows of one BACK_SUMS workgroup (the shader's IB).
+int64_t sums_rows(int64_t L, int64_t S) { return std::min({S, kSumsRows, kSumsOutputs / L}); }
+
+// The walk's loops per invocation at their largest trip counts: per chunk T, dT and gV (S terms
+// each), D written out, D's update (L terms each); the sums' per block of terms: the loads, the
+// products (four outputs of kSumsTerms terms each) and gdecay's.
+double walk_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
+    const double LC = std::ceil(double(L * kWalkColumns) / 256.0), SC = std::ceil(double(S * kWalkColumns) / 256.0);
+    return kLoopMargin * (double(chunks) * (LC * (1.0 + double(S)) + SC * (2.0 + double(L))) + 2.0 * SC + LC);
+}
+
+double sums_loop_iterations(int64_t L, int64_t S) {
+    const double terms = double(kSumsTerms), blocks = std::ceil(double(S) / terms);
+    const double loads = std::ceil(double(L) * terms / 256.0) + std::ceil(double(sums_rows(L, S)) * terms / 256.0);
+    return kLoopMargin * (blocks * (loads + double(kSumsOutputs / 256) * (1.0 + terms) + terms) + 8.0);
 }
 
 struct Wkv7ChunksPush {
@@ -528,15 +548,16 @@ struct Wkv7ChunksPush {
 };
 
 struct Wkv7ChunksBackPush {
-    uint64_t W, U, B, K, V, decay, Z0, o, g, Z;
+    uint64_t W, U, B, K, V, decay, Z0, o, g, Z, sa, ends;
     uint32_t L, S, N, c;
 };
 
 }  // namespace
 
-// wkv7_chunk_states and its backward: a workgroup per batch (and block of value columns, where
-// the staged forward fits), staged in shared memory where that fits; shapes checked by the shape
-// rule.
+// wkv7_chunk_states and its backward: a workgroup per batch and block of value columns where the
+// staged forward fits, else per batch; the backward's walk and sums (two kernels, the walk's T and
+// D in buffers of their own) where chunk_states_back_splits allows, else one workgroup per batch.
+// Shapes checked by the shape rule.
 void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& W = *in[0];
     const char* op = "wkv7_chunk_states";
@@ -560,16 +581,29 @@ void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
 void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& W = *in[1];
     const char* op = "wkv7_chunk_states_back";
+    const int64_t L = W.ne[0], S = W.ne[1], c = W.ne[3];
     Wkv7ChunksBackPush p{W.address(), in[2]->address(), in[3]->address(), in[4]->address(), in[5]->address(),
                          in[6]->address(), in[7]->address(), out.address(), in[0]->address(), in[8]->address(),
-                         u32(W.ne[0], op), u32(W.ne[1], op), u32(W.ne[2], op), u32(W.ne[3], op)};
+                         0, 0, u32(L, op), u32(S, op), u32(W.ne[2], op), u32(c, op)};
     u32(out.numel(), op);
     u32(in[0]->numel(), op);
-    check_loop_budget(op, W.ne[0] * W.ne[3], "tokens per sequence",
-                          wkv7_chunks_loop_iterations(W.ne[0], W.ne[1], W.ne[3], true));
-    const std::vector<vk::Range> reads = spans(in);
-    const bool staged = staged_chunk_states_back_fits(W.ne[0], W.ne[1]);  // the same loops, bounded alike
-    record(staged ? "wkv7_chunks_backward_staged" : "wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
+    std::vector<vk::Range> reads = spans(in);
+    if (!chunk_states_back_splits(L, S)) {
+        check_loop_budget(op, L * c, "tokens per sequence", wkv7_chunks_loop_iterations(L, S, c, true));
+        record("wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
+        return;
+    }
+    check_loop_budget(op, L * c, "tokens per sequence", walk_loop_iterations(L, S, c));
+    check_loop_budget(op, S, "head size", sums_loop_iterations(L, S));
+    TensorPtr sa = make_on(Device::gpu, {size_mul(L, S, W.ne[2], c), 1, 1, 1}, 2, DType::f32);
+    TensorPtr ends = make_on(Device::gpu, {size_mul(S, S, W.ne[2], c), 1, 1, 1}, 2, DType::f32);
+    u32(ends->numel(), op);
+    p.sa = sa->address(), p.ends = ends->address();
+    const uint64_t column_blocks = uint64_t((S + kWalkColumns - 1) / kWalkColumns);
+    record("wkv7_chunks_back_walk", p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*sa), span(*ends)});
+    for (const TensorImpl* t : {&out, sa.get(), ends.get()}) reads.push_back(span(*t));
+    const int64_t rows = sums_rows(L, S);
+    record("wkv7_chunks_back_sums", p, uint64_t(p.N) * uint64_t(c) * uint64_t((S + rows - 1) / rows), reads, {span(out)});
 }
 
 // ---- ssm_scan's chunked form (SSD): every chunk's work at once, the states passed in order ------
