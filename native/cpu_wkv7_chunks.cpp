@@ -9,12 +9,12 @@
 //   T       = W_q Z + U_q                          [L, S]  (the chunk's sa, from its start state)
 //   Z_{q+1} = decay_q * Z + B_q^T T + K_q^T V_q    (decay scales each key row)
 // Output one column: Z_q for q = 0 .. c [S, S, N, c+1] (the state before each chunk, then after the
-// last), then [L, S, N] of scratch: the GPU's T, zeros on return (so nothing depends on it).
+// last), then T_q [L, S, N, c] (each chunk's sa, which its outputs take too).
 //
 // wkv7_chunk_states_back (g like the output, W, U, B, K, V, decay, Z0, the forward's output):
-// a column [gW, gU, gB, gK, gV, gdecay, gZ0, scratch [L, S, N]] (zeros on return). From the end, with D the gradient of
-// Z_{q+1} (the final's gradient first) and T recomputed from Z_q:
-//   dT = B_q D;  gU_q = dT;  gV_q = K_q D;  gB_q = T D^T;  gK_q = V_q D^T;  gW_q = dT Z_q^T;
+// a column [gW, gU, gB, gK, gV, gdecay, gZ0]. From the end, with D the gradient of Z_{q+1} (the
+// final's gradient first), T the forward's and gT its part of g:
+//   dT = B_q D + gT_q;  gU_q = dT;  gV_q = K_q D;  gB_q = T D^T;  gK_q = V_q D^T;  gW_q = dT Z_q^T;
 //   gdecay_q[i] = sum_j D[i, j] Z_q[i, j];  D = decay_q * D + W_q^T dT + g_q
 // and gZ0 is D after the first chunk.
 #include <algorithm>
@@ -32,7 +32,6 @@ struct ChunkDims {
     int64_t L, S, N, c;
     int64_t block() const { return L * S * N * c; }  // one of W, U, B, K, V
     int64_t states() const { return S * S * N * (c + 1); }
-    int64_t scratch() const { return L * S * N; }
     int64_t matrix() const { return S * S; }
 };
 
@@ -52,11 +51,11 @@ ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first) {
     if (in[first + 6]->ne != start)
         throw std::invalid_argument(op_err(op, "Z0 must be [S, S, N] = " + sizes({d.S, d.S, d.N}) + ", got " +
                                                    in[first + 6]->shape_str()));
-    size_mul(d.S, d.S, d.N, d.c + 1);  // the output's sizes, checked before anything is computed
+    size_add(size_mul(d.S, d.S, d.N, d.c + 1), size_mul(d.L, d.S, d.N, d.c));  // the output's size, checked first
     return d;
 }
 
-int64_t forward_numel(const ChunkDims& d) { return size_add(size_mul(d.S, d.S, d.N, d.c + 1), size_mul(d.L, d.S, d.N)); }
+int64_t forward_numel(const ChunkDims& d) { return d.states() + d.block(); }
 
 // out[i] = M[l, i] for one chunk's M [L, S]: its columns as rows, so that the loops over a key
 // channel i run over consecutive memory.
@@ -107,11 +106,10 @@ void cpu_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
         const T *W = in[0]->ptr<T>(), *U = in[1]->ptr<T>(), *B = in[2]->ptr<T>(), *K = in[3]->ptr<T>(),
                 *V = in[4]->ptr<T>(), *decay = in[5]->ptr<T>(), *Z0 = in[6]->ptr<T>();
         T* Z = out.ptr<T>();
-        T* scratch = Z + d.states();
-        std::fill_n(scratch, d.scratch(), T(0));
+        T* sa_out = Z + d.states();
         // one task per batch: it owns its states
         parallel_for(d.N, 1, [&](int64_t lo, int64_t hi) {
-            std::vector<T> sa(d.L * d.S), Bt(d.S * d.L), Kt(d.S * d.L);
+            std::vector<T> Bt(d.S * d.L), Kt(d.S * d.L);
             for (int64_t n = lo; n < hi; ++n) {
                 const ChunkAt at{d, n};
                 std::copy_n(Z0 + n * d.matrix(), d.matrix(), Z + at.state(0));
@@ -119,7 +117,8 @@ void cpu_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
                     const T* z = Z + at.state(q);
                     T* next = Z + at.state(q + 1);
                     const int64_t b = at.block(q);
-                    sa_of_chunk(d, W + b, U + b, z, sa.data());
+                    T* sa = sa_out + b;
+                    sa_of_chunk(d, W + b, U + b, z, sa);
                     transpose(d, B + b, Bt.data());
                     transpose(d, K + b, Kt.data());
                     const T* g = decay + at.decay(q);
@@ -149,7 +148,7 @@ OutSpec shape_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&) {
             throw std::invalid_argument(op_err(op, std::string(name) + " " + t.shape_str() +
                                                        " is not the forward's output shape [" + std::to_string(n) + "]"));
     }
-    const int64_t total = size_add(size_mul(5, d.block()), size_mul(d.S, d.N, d.c), size_mul(d.matrix(), d.N), d.scratch());
+    const int64_t total = size_add(size_mul(5, d.block()), size_mul(d.S, d.N, d.c), size_mul(d.matrix(), d.N));
     return OutSpec{{total, 1, 1, 1}, 2, in[1]->dtype};
 }
 
@@ -157,14 +156,14 @@ void cpu_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& ou
     const ChunkDims d = chunk_dims("wkv7_chunk_states_back", in, 1);
     dispatch_float(out.dtype, [&](auto tag) {
         using T = decltype(tag);
-        const T *g = in[0]->ptr<T>(), *W = in[1]->ptr<T>(), *U = in[2]->ptr<T>(), *B = in[3]->ptr<T>(),
-                *K = in[4]->ptr<T>(), *V = in[5]->ptr<T>(), *decay = in[6]->ptr<T>(), *Z = in[8]->ptr<T>();
+        const T *g = in[0]->ptr<T>(), *W = in[1]->ptr<T>(), *B = in[3]->ptr<T>(), *K = in[4]->ptr<T>(),
+                *V = in[5]->ptr<T>(), *decay = in[6]->ptr<T>(), *Z = in[8]->ptr<T>();
+        const T *sa_all = Z + d.states(), *gT = g + d.states();  // the forward's T and its gradient
         T* gW = out.ptr<T>();
         T *gU = gW + d.block(), *gB = gU + d.block(), *gK = gB + d.block(), *gV = gK + d.block();
-        T *gdecay = gV + d.block(), *gZ0 = gdecay + d.S * d.N * d.c, *scratch = gZ0 + d.matrix() * d.N;
-        std::fill_n(scratch, d.scratch(), T(0));
+        T *gdecay = gV + d.block(), *gZ0 = gdecay + d.S * d.N * d.c;
         parallel_for(d.N, 1, [&](int64_t lo, int64_t hi) {
-            std::vector<T> sa(d.L * d.S), Wt(d.S * d.L);
+            std::vector<T> Wt(d.S * d.L);
             for (int64_t n = lo; n < hi; ++n) {
                 const ChunkAt at{d, n};
                 T* D = gZ0 + n * d.matrix();  // the gradient of the state after chunk q, walking back
@@ -173,10 +172,10 @@ void cpu_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& ou
                     const int64_t b = at.block(q);
                     const T* z = Z + at.state(q);
                     const T* gamma = decay + at.decay(q);
+                    const T* sa = sa_all + b;
                     T* dT = gU + b;
-                    sa_of_chunk(d, W + b, U + b, z, sa.data());
-                    // dT = B D, gV = K D: column j of each sums the rows of B or K over i
-                    std::fill_n(dT, d.L * d.S, T(0));
+                    // dT = gT + B D, gV = K D: column j of each sums the rows of B or K over i
+                    std::copy_n(gT + b, d.L * d.S, dT);
                     std::fill_n(gV + b, d.L * d.S, T(0));
                     for (int64_t j = 0; j < d.S; ++j)
                         for (int64_t i = 0; i < d.S; ++i) {
@@ -192,7 +191,7 @@ void cpu_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& ou
                         for (int64_t j = 0; j < d.S; ++j) {
                             const T dij = D[i + j * d.S], zij = z[i + j * d.S];
                             gd += dij * zij;
-                            add_scaled(d.L, dij, sa.data() + j * d.L, gB + b + i * d.L);
+                            add_scaled(d.L, dij, sa + j * d.L, gB + b + i * d.L);
                             add_scaled(d.L, dij, V + b + j * d.L, gK + b + i * d.L);
                             add_scaled(d.L, zij, dT + j * d.L, gW + b + i * d.L);
                         }

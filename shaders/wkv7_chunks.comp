@@ -32,7 +32,6 @@ layout(push_constant) uniform Push {
 #if defined(BACKWARD)
     Floats g;
     Floats Z;  // the forward's output: the state before each chunk
-    Floats sa;    // BACK_WALK's T [L, S, N, c], for BACK_SUMS
     Floats ends;  // BACK_WALK's D after each chunk [S, S, N, c], for BACK_SUMS
 #endif
     uint L;
@@ -50,22 +49,7 @@ void sync() {
 uint n, LS, SS;
 uint block_at(uint q) { return (n + pc.N * q) * LS; }
 uint state_at(uint q) { return (n + pc.N * q) * SS; }
-
-#if !defined(BACKWARD)
-float state(uint at) { return pc.o.v[at]; }
-#else
-float state(uint at) { return pc.Z.v[at]; }
-#endif
-
-// T = W Z + U, the chunk's sa from its start state at z, into `scratch`.
-void sa_of_chunk(uint b, uint z, uint scratch) {
-    for (uint e = gl_LocalInvocationID.x; e < LS; e += 256) {
-        uint l = e % pc.L, j = e / pc.L;
-        float t = pc.U.v[b + e];
-        for (uint i = 0; i < pc.S; ++i) t += pc.W.v[b + l + i * pc.L] * state(z + i + j * pc.S);
-        pc.o.v[scratch + e] = t;
-    }
-}
+uint sa_start() { return SS * pc.N * (pc.c + 1); }  // T [L, S, N, c] in the forward's output, after the states
 
 #if defined(BACK_WALK)
 const uint CB = RK_WKV7_WALK_COLUMNS, D_MAX = RK_WKV7_WALK_STATE, DT_MAX = RK_WKV7_WALK_DT;
@@ -88,16 +72,14 @@ void main() {
     barrier();
     for (uint q = pc.c; q-- > 0;) {
         uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
-        for (uint e = tid; e < L * cb; e += 256) {  // T = W Z + U, dT = B D (gU), gV = K D: the block's columns
+        for (uint e = tid; e < L * cb; e += 256) {  // dT = gT + B D (gU), gV = K D: the block's columns
             uint l = e % L, jj = e / L, at = b + l + (j0 + jj) * L;
-            float t = pc.U.v[at], dt = 0.0, v = 0.0;
+            float dt = pc.g.v[sa_start() + at], v = 0.0;
             for (uint i = 0; i < S; ++i) {
                 float d = Ds[jj + rowD * i];
-                t += pc.W.v[b + l + i * L] * pc.Z.v[z + i + (j0 + jj) * S];
                 dt += pc.B.v[b + l + i * L] * d;
                 v += pc.K.v[b + l + i * L] * d;
             }
-            pc.sa.v[at] = t;
             pc.o.v[gU + at] = dt;
             pc.o.v[gV + at] = v;
             dTs[l + rowT * jj] = dt;
@@ -119,8 +101,6 @@ void main() {
         uint i = e % S, jj = e / S;
         pc.o.v[gZ0 + i + (j0 + jj) * S] = Ds[jj + rowD * i];
     }
-    uint scratch = 5 * block + S * pc.N * pc.c + SS * pc.N + n * LS;  // the output's scratch, unused here: zeros
-    for (uint e = tid; e < L * cb; e += 256) pc.o.v[scratch + j0 * L + e] = 0.0;
 }
 #elif defined(BACK_SUMS)
 const uint JB = RK_WKV7_SUMS_TERMS, ROWS = RK_WKV7_SUMS_ROWS, OUTPUTS = RK_WKV7_SUMS_OUTPUTS;
@@ -141,7 +121,7 @@ void main() {
         uint jb = min(JB, S - j0);
         for (uint e = tid; e < L * jb; e += 256) {
             uint at = b + j0 * L + e;
-            Ts[e] = pc.sa.v[at];
+            Ts[e] = pc.Z.v[sa_start() + at];
             Vs[e] = pc.V.v[at];
             dTs[e] = pc.o.v[gU + at];
         }
@@ -209,6 +189,7 @@ void main() {
             float t = pc.U.v[b + l + (j0 + jj) * L];
             for (uint i = 0; i < S; ++i) t += Ws[l + rowL * i] * Zs[jj + rowZ * i];
             Ts[l + rowL * jj] = t;
+            pc.o.v[sa_start() + b + l + (j0 + jj) * L] = t;
         }
         barrier();
         for (uint e = tid; e < S * cb; e += 256) {  // Z_{q+1} = decay Z + B^T T + K^T V, jj fastest
@@ -224,8 +205,6 @@ void main() {
             pc.o.v[next + i + (j0 + jj) * S] = Zs[jj + rowZ * i];
         }
     }
-    uint scratch = SS * pc.N * (pc.c + 1) + n * LS;  // the output's scratch, unused here: zeros
-    for (uint e = tid; e < L * cb; e += 256) pc.o.v[scratch + j0 * L + e] = 0.0;
 }
 #else
 void main() {
@@ -234,37 +213,39 @@ void main() {
     SS = pc.S * pc.S;
     uint tid = gl_LocalInvocationID.x;
 #if defined(FORWARD)
-    uint scratch = SS * pc.N * (pc.c + 1) + n * LS;
     for (uint e = tid; e < SS; e += 256) pc.o.v[state_at(0) + e] = pc.Z0.v[n * SS + e];
     sync();
     for (uint q = 0; q < pc.c; ++q) {
         uint b = block_at(q), z = state_at(q), next = state_at(q + 1), gamma = (n + pc.N * q) * pc.S;
-        sa_of_chunk(b, z, scratch);
+        uint sa = sa_start() + b;
+        for (uint e = tid; e < LS; e += 256) {  // T = W Z + U
+            uint l = e % pc.L, j = e / pc.L;
+            float t = pc.U.v[b + e];
+            for (uint i = 0; i < pc.S; ++i) t += pc.W.v[b + l + i * pc.L] * pc.o.v[z + i + j * pc.S];
+            pc.o.v[sa + e] = t;
+        }
         sync();
         for (uint e = tid; e < SS; e += 256) {  // Z_{q+1} = decay Z + B^T T + K^T V
             uint i = e % pc.S, j = e / pc.S;
             float acc = pc.decay.v[gamma + i] * pc.o.v[z + e];
             for (uint l = 0; l < pc.L; ++l)
-                acc += pc.B.v[b + l + i * pc.L] * pc.o.v[scratch + l + j * pc.L] +
+                acc += pc.B.v[b + l + i * pc.L] * pc.o.v[sa + l + j * pc.L] +
                        pc.K.v[b + l + i * pc.L] * pc.V.v[b + l + j * pc.L];
             pc.o.v[next + e] = acc;
         }
         sync();
     }
-    for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;  // the output's scratch: zeros on return
 #elif defined(BACKWARD)
     uint block = LS * pc.N * pc.c;  // one of gW, gU, gB, gK, gV
     uint gU = block, gB = 2 * block, gK = 3 * block, gV = 4 * block, gdecay = 5 * block;
     uint D = gdecay + pc.S * pc.N * pc.c + n * SS;  // gZ0's block of this batch: the walking gradient
-    uint scratch = gdecay + pc.S * pc.N * pc.c + SS * pc.N + n * LS;
     for (uint e = tid; e < SS; e += 256) pc.o.v[D + e] = pc.g.v[state_at(pc.c) + e];
     sync();
     for (uint q = pc.c; q-- > 0;) {
-        uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * pc.S;
-        sa_of_chunk(b, z, scratch);
-        for (uint e = tid; e < LS; e += 256) {  // dT = B D (kept in gU), gV = K D
+        uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * pc.S, sa = sa_start() + b;
+        for (uint e = tid; e < LS; e += 256) {  // dT = gT + B D (kept in gU), gV = K D
             uint l = e % pc.L, j = e / pc.L;
-            float t = 0.0, v = 0.0;
+            float t = pc.g.v[sa + e], v = 0.0;
             for (uint i = 0; i < pc.S; ++i) {
                 float d = pc.o.v[D + i + j * pc.S];
                 t += pc.B.v[b + l + i * pc.L] * d;
@@ -279,9 +260,9 @@ void main() {
             float gb = 0.0, gk = 0.0, gw = 0.0;
             for (uint j = 0; j < pc.S; ++j) {
                 float d = pc.o.v[D + i + j * pc.S];
-                gb += pc.o.v[scratch + l + j * pc.L] * d;
+                gb += pc.Z.v[sa + l + j * pc.L] * d;
                 gk += pc.V.v[b + l + j * pc.L] * d;
-                gw += pc.o.v[gU + b + l + j * pc.L] * state(z + i + j * pc.S);
+                gw += pc.o.v[gU + b + l + j * pc.L] * pc.Z.v[z + i + j * pc.S];
             }
             pc.o.v[gB + b + e] = gb;
             pc.o.v[gK + b + e] = gk;
@@ -289,7 +270,7 @@ void main() {
         }
         for (uint i = tid; i < pc.S; i += 256) {  // gdecay[i] = sum_j D[i, j] Z[i, j]
             float gd = 0.0;
-            for (uint j = 0; j < pc.S; ++j) gd += pc.o.v[D + i + j * pc.S] * state(z + i + j * pc.S);
+            for (uint j = 0; j < pc.S; ++j) gd += pc.o.v[D + i + j * pc.S] * pc.Z.v[z + i + j * pc.S];
             pc.o.v[gdecay + gamma + i] = gd;
         }
         sync();
@@ -301,7 +282,6 @@ void main() {
         }
         sync();
     }
-    for (uint e = tid; e < LS; e += 256) pc.o.v[scratch + e] = 0.0;
 #endif
 }
 #endif

@@ -186,17 +186,17 @@ def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
 def np_wkv7_chunk_states(W, U, B, K, V, decay, Z0):
     """wkv7_chunk_states as a plain loop: per batch n and chunk q, T = W Z + U, then
     Z = decay * Z + B^T T + K^T V (decay per key row). Returns the op's 1-D output: the state
-    before each chunk and after the last [S, S, N, c+1], then [L, S, N] zeros."""
+    before each chunk and after the last [S, S, N, c+1], then each chunk's T [L, S, N, c]."""
     L, S, N, c = W.shape
-    states = np.zeros((S, S, N, c + 1))
+    states, sa = np.zeros((S, S, N, c + 1)), np.zeros((L, S, N, c))
     for n in range(N):
         z = Z0[:, :, n]
         states[:, :, n, 0] = z
         for q in range(c):
-            sa = W[:, :, n, q] @ z + U[:, :, n, q]
-            z = decay[:, n, q][:, None] * z + B[:, :, n, q].T @ sa + K[:, :, n, q].T @ V[:, :, n, q]
+            sa[:, :, n, q] = W[:, :, n, q] @ z + U[:, :, n, q]
+            z = decay[:, n, q][:, None] * z + B[:, :, n, q].T @ sa[:, :, n, q] + K[:, :, n, q].T @ V[:, :, n, q]
             states[:, :, n, q + 1] = z
-    return np.concatenate([states.reshape(-1, order="F"), np.zeros(L * S * N)])
+    return np.concatenate([states.reshape(-1, order="F"), sa.reshape(-1, order="F")])
 
 
 def assert_gpu_matches_cpu(op: str, arrays: list, names: list[str], **attrs) -> None:

@@ -172,8 +172,8 @@ def _builders() -> dict:
     b["wkv7_chunk_terms"], b["wkv7_chunk_terms_back"] = _chunk_terms(False), _chunk_terms(True)
     b["wkv7_chunk_states"] = lambda a, b_, c, d: (_chunk_states_inputs(a, b_, c, d), [], [])
     b["wkv7_chunk_states_back"] = lambda a, b_, c, d: (
-        [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)] + _chunk_states_inputs(a, b_, c, d)
-        + [((b_ * b_ * c * (d + 1) + a * b_ * c,), F)], [], [])
+        [((b_ * b_ * c * (d + 1) + a * b_ * c * d,), F)] + _chunk_states_inputs(a, b_, c, d)
+        + [((b_ * b_ * c * (d + 1) + a * b_ * c * d,), F)], [], [])
     b["gla_chunks"], b["gla_chunks_back"] = _gla_chunks(False), _gla_chunks(True)
     b["ssd_chunks"], b["ssd_chunks_back"] = _ssd_chunks(False), _ssd_chunks(True)
     # images: x [W, H, C, N], kernels [KW, KH, C_in, C_out]; ints: stride, padding, dilation (w, h), then sizes

@@ -528,7 +528,7 @@ bool chunk_states_back_splits(int64_t L, int64_t S) {
 // The key rows of one BACK_SUMS workgroup (the shader's IB).
 int64_t sums_rows(int64_t L, int64_t S) { return std::min({S, kSumsRows, kSumsOutputs / L}); }
 
-// The walk's loops per invocation at their largest trip counts: per chunk T, dT and gV (S terms
+// The walk's loops per invocation at their largest trip counts: per chunk dT and gV (S terms
 // each), D written out, D's update (L terms each); the sums' per block of terms: the loads, the
 // products (four outputs of kSumsTerms terms each) and gdecay's.
 double walk_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
@@ -548,15 +548,16 @@ struct Wkv7ChunksPush {
 };
 
 struct Wkv7ChunksBackPush {
-    uint64_t W, U, B, K, V, decay, Z0, o, g, Z, sa, ends;
+    uint64_t W, U, B, K, V, decay, Z0, o, g, Z, ends;
     uint32_t L, S, N, c;
 };
 
 }  // namespace
 
 // wkv7_chunk_states and its backward: a workgroup per batch and block of value columns where the
-// staged forward fits, else per batch; the backward's walk and sums (two kernels, the walk's T and
-// D in buffers of their own) where chunk_states_back_splits allows, else one workgroup per batch.
+// staged forward fits, else per batch; the backward's walk and sums (two kernels, the walk's D
+// after each chunk in a buffer of its own) where chunk_states_back_splits allows, else one
+// workgroup per batch.
 // Shapes checked by the shape rule.
 void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& W = *in[0];
@@ -584,7 +585,7 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     const int64_t L = W.ne[0], S = W.ne[1], c = W.ne[3];
     Wkv7ChunksBackPush p{W.address(), in[2]->address(), in[3]->address(), in[4]->address(), in[5]->address(),
                          in[6]->address(), in[7]->address(), out.address(), in[0]->address(), in[8]->address(),
-                         0, 0, u32(L, op), u32(S, op), u32(W.ne[2], op), u32(c, op)};
+                         0, u32(L, op), u32(S, op), u32(W.ne[2], op), u32(c, op)};
     u32(out.numel(), op);
     u32(in[0]->numel(), op);
     std::vector<vk::Range> reads = spans(in);
@@ -595,13 +596,13 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     }
     check_loop_budget(op, L * c, "tokens per sequence", walk_loop_iterations(L, S, c));
     check_loop_budget(op, S, "head size", sums_loop_iterations(L, S));
-    TensorPtr sa = make_on(Device::gpu, {size_mul(L, S, W.ne[2], c), 1, 1, 1}, 2, DType::f32);
     TensorPtr ends = make_on(Device::gpu, {size_mul(S, S, W.ne[2], c), 1, 1, 1}, 2, DType::f32);
     u32(ends->numel(), op);
-    p.sa = sa->address(), p.ends = ends->address();
+    p.ends = ends->address();
     const uint64_t column_blocks = uint64_t((S + kWalkColumns - 1) / kWalkColumns);
-    record("wkv7_chunks_back_walk", p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*sa), span(*ends)});
-    for (const TensorImpl* t : {&out, sa.get(), ends.get()}) reads.push_back(span(*t));
+    record("wkv7_chunks_back_walk", p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*ends)});
+    reads.push_back(span(out));
+    reads.push_back(span(*ends));
     const int64_t rows = sums_rows(L, S);
     record("wkv7_chunks_back_sums", p, uint64_t(p.N) * uint64_t(c) * uint64_t((S + rows - 1) / rows), reads, {span(out)});
 }

@@ -235,7 +235,7 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     """rwkv_wkv7 in chunks: each chunk's own terms from its tokens (one op, wkv7_chunk_terms:
     with Z = S^T the state [key, value] at the chunk's start, its tokens' sa are U = W Z + U0,
     its outputs Rf Z + Q_rb U + Q_rk V, its end state decay Z + Be^T U + Ke^T V), the states
-    passed from chunk to chunk (one op, wkv7_chunk_states), then the outputs' products. Dims in ne
+    passed from chunk to chunk with each chunk's U (one op, wkv7_chunk_states), then the outputs' products. Dims in ne
     order: S the head size, L the chunk length, c the chunks per sequence, B = H N c the (head,
     sequence, chunk) batch with the head fastest."""
     S, H = _ne4(k)[:2]
@@ -250,12 +250,12 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     W, U_inputs, B_end, K_end, R_from, values, Q_rb, Q_rk, chunk_decay = _unpack_columns(
         terms, [(n_block, (L, S, B))] * 6 + [(n_pairs, (L, L, B))] * 2 + [(S * B, (S, HN, c))])  # [L, S, B] ...
 
-    # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel):
-    # Z' = decay Z + B~^T U + K~^T V with U = W Z + U_inputs
+    # the states at each chunk's start, chunk after chunk (one op, its loop inside the kernel), and
+    # each chunk's U = W Z + U_inputs: Z' = decay Z + B~^T U + K~^T V
     states = apply("wkv7_chunk_states", tuple(reshape(t, (L, S, HN, c)) for t in (W, U_inputs, B_end, K_end, values))
                    + (chunk_decay, reshape(state, (S, S, HN))))  # one column
-    Z_start, final_state = _unpack_columns(states, [(S * S * B, (S, S, B)), (state.numel, state.shape)])  # [S(key), S(value), B]
+    Z_start, final_state, U = _unpack_columns(  # [S(key), S(value), B], the final state, U [L, S(value), B]
+        states, [(S * S * B, (S, S, B)), (state.numel, state.shape), (n_block, (L, S, B))])
 
-    U = add(matmul(W, Z_start), U_inputs)  # [L, S(value), B]
     y = add(matmul(R_from, Z_start), add(matmul(Q_rb, U), matmul(Q_rk, values)))  # [L, S, B]
     return _heads_out_of_chunks(y, S, H, n_tok, n_seqs), final_state
