@@ -123,6 +123,7 @@ foreach(kind BACK_WALK BACK_SUMS)  # what chunk_states_back_splits allows
   string(TOLOWER ${kind} name)
   rk_shader(wkv7_chunks_${name} wkv7_chunks.comp BACKWARD ${kind})
 endforeach()
+rk_shader(wkv7_chunks_back_walk_staged wkv7_chunks.comp BACKWARD BACK_WALK STAGED)  # staged_walk_fits
 foreach(kind PAIRS SOLVE BACK_SOLVE BACK_PAIRS BACK_CHANNELS)  # rwkv_wkv7's chunked form: each chunk's own terms
   string(TOLOWER ${kind} name)
   rk_shader(wkv7_chunk_terms_${name} wkv7_chunk_terms.comp ${kind})

@@ -52,33 +52,108 @@ uint state_at(uint q) { return (n + pc.N * q) * SS; }
 uint sa_start() { return SS * pc.N * (pc.c + 1); }  // T [L, S, N, c] in the forward's output, after the states
 
 #if defined(BACK_WALK)
-const uint CB = RK_WKV7_WALK_COLUMNS, D_MAX = RK_WKV7_WALK_STATE, DT_MAX = RK_WKV7_WALK_DT;
+const uint CB = RK_WKV7_WALK_COLUMNS, DT_MAX = RK_WKV7_WALK_DT, DT_EACH = (DT_MAX + 255) / 256;
+#if defined(STAGED)
+const uint D_MAX = RK_WKV7_WALK_STAGED_STATE, INPUT_MAX = RK_WKV7_WALK_STAGED_INPUTS;
+#else
+const uint D_MAX = RK_WKV7_WALK_STATE;
+#endif
+const uint D_EACH = (D_MAX + 255) / 256;  // D's update's outputs per invocation, at most
 shared float Ds[D_MAX];    // [jj + (CB + 1) i]: the block's columns of D, the gradient of the state after the chunk
 shared float dTs[DT_MAX];  // [l + (L + 1) jj]: the block's columns of dT
+uint L, S, j0, cb, tid;
+
+#if defined(STAGED)
+const uint INPUT_EACH = (INPUT_MAX + 255) / 256;
+shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's W, B and K
+// The chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
+// load): W, B, K by element tid + 256 m of [L, S]; g_q and the decays by D's update's outputs, gT
+// by dT's.
+float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
+float g_next[D_EACH], decay_next[D_EACH], gT_next[DT_EACH], g_now[D_EACH], decay_now[D_EACH], gT_now[DT_EACH];
+
+void load_next(uint q) {
+    uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
+    for (uint m = 0; m < INPUT_EACH; ++m) {
+        uint e = tid + 256 * m;
+        W_next[m] = element(pc.W, b + e, e < L * S);
+        B_next[m] = element(pc.B, b + e, e < L * S);
+        K_next[m] = element(pc.K, b + e, e < L * S);
+    }
+    for (uint m = 0; m < D_EACH; ++m) {
+        uint e = tid + 256 * m, jj = e % cb, i = e / cb;
+        g_next[m] = element(pc.g, z + i + (j0 + jj) * S, e < S * cb);
+        decay_next[m] = element(pc.decay, gamma + i, e < S * cb);
+    }
+    for (uint m = 0; m < DT_EACH; ++m) {
+        uint e = tid + 256 * m, l = e % L, jj = e / L;
+        gT_next[m] = element(pc.g, sa_start() + b + l + (j0 + jj) * L, e < L * cb);
+    }
+}
+
+// The loaded chunk into shared memory and the registers it is summed from.
+void take_next() {
+    for (uint m = 0; m < INPUT_EACH; ++m) {
+        uint e = tid + 256 * m, l = e % L, i = e / L;
+        if (e >= L * S) break;
+        Ws[l + (L + 1) * i] = W_next[m];
+        Bs[l + (L + 1) * i] = B_next[m];
+        Ks[l + (L + 1) * i] = K_next[m];
+    }
+    g_now = g_next;
+    decay_now = decay_next;
+    gT_now = gT_next;
+}
+
+float W_at(uint b, uint l, uint i) { return Ws[l + (L + 1) * i]; }
+float B_at(uint b, uint l, uint i) { return Bs[l + (L + 1) * i]; }
+float K_at(uint b, uint l, uint i) { return Ks[l + (L + 1) * i]; }
+float g_at(uint m, uint at) { return g_now[m]; }
+float decay_at(uint m, uint at) { return decay_now[m]; }
+float gT_at(uint m, uint at) { return gT_now[m]; }
+#else
+float W_at(uint b, uint l, uint i) { return pc.W.v[b + l + i * L]; }
+float B_at(uint b, uint l, uint i) { return pc.B.v[b + l + i * L]; }
+float K_at(uint b, uint l, uint i) { return pc.K.v[b + l + i * L]; }
+float g_at(uint m, uint at) { return pc.g.v[at]; }
+float decay_at(uint m, uint at) { return pc.decay.v[at]; }
+float gT_at(uint m, uint at) { return pc.g.v[sa_start() + at]; }
+#endif
 
 void main() {
-    uint L = pc.L, S = pc.S, blocks = (S + CB - 1) / CB, group = flat_group();
+    L = pc.L, S = pc.S;
+    uint blocks = (S + CB - 1) / CB, group = flat_group();
     if (group >= pc.N * blocks) return;  // a whole workgroup of the folded grid's padding
     n = group % pc.N;
     LS = L * S;
     SS = S * S;
-    uint j0 = (group / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x, rowD = CB + 1, rowT = L + 1;
-    uint block = LS * pc.N * pc.c;  // one of gW, gU, gB, gK, gV
+    j0 = (group / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x;
+    uint rowD = CB + 1, rowT = L + 1, block = LS * pc.N * pc.c;  // block: one of gW, gU, gB, gK, gV
     uint gU = block, gV = 4 * block, gZ0 = 5 * block + S * pc.N * pc.c + n * SS;
     for (uint e = tid; e < S * cb; e += 256) {  // i fastest: coalesced reads
         uint i = e % S, jj = e / S;
         Ds[jj + rowD * i] = pc.g.v[state_at(pc.c) + i + (j0 + jj) * S];
     }
-    barrier();
+#if defined(STAGED)
+    load_next(pc.c - 1);
+#endif
     for (uint q = pc.c; q-- > 0;) {
         uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
-        for (uint e = tid; e < L * cb; e += 256) {  // dT = gT + B D (gU), gV = K D: the block's columns
-            uint l = e % L, jj = e / L, at = b + l + (j0 + jj) * L;
-            float dt = pc.g.v[sa_start() + at], v = 0.0;
+#if defined(STAGED)
+        take_next();
+        barrier();
+        if (q > 0) load_next(q - 1);
+#else
+        barrier();
+#endif
+        for (uint m = 0; m < DT_EACH; ++m) {  // dT = gT + B D (gU), gV = K D: the block's columns
+            uint e = tid + 256 * m, l = e % L, jj = e / L, at = b + l + (j0 + jj) * L;
+            if (e >= L * cb) break;
+            float dt = gT_at(m, at), v = 0.0;
             for (uint i = 0; i < S; ++i) {
                 float d = Ds[jj + rowD * i];
-                dt += pc.B.v[b + l + i * L] * d;
-                v += pc.K.v[b + l + i * L] * d;
+                dt += B_at(b, l, i) * d;
+                v += K_at(b, l, i) * d;
             }
             pc.o.v[gU + at] = dt;
             pc.o.v[gV + at] = v;
@@ -89,10 +164,11 @@ void main() {
             pc.ends.v[z + i + (j0 + jj) * S] = Ds[jj + rowD * i];
         }
         barrier();
-        for (uint e = tid; e < S * cb; e += 256) {  // D = decay D + g_q + W^T dT, jj fastest
-            uint jj = e % cb, i = e / cb;
-            float acc = pc.decay.v[gamma + i] * Ds[jj + rowD * i] + pc.g.v[z + i + (j0 + jj) * S];
-            for (uint l = 0; l < L; ++l) acc += pc.W.v[b + l + i * L] * dTs[l + rowT * jj];
+        for (uint m = 0; m < D_EACH; ++m) {  // D = decay D + g_q + W^T dT, jj fastest
+            uint e = tid + 256 * m, jj = e % cb, i = e / cb;
+            if (e >= S * cb) break;
+            float acc = decay_at(m, gamma + i) * Ds[jj + rowD * i] + g_at(m, z + i + (j0 + jj) * S);
+            for (uint l = 0; l < L; ++l) acc += W_at(b, l, i) * dTs[l + rowT * jj];
             Ds[jj + rowD * i] = acc;
         }
         barrier();
@@ -157,44 +233,83 @@ void main() {
 #elif defined(FORWARD_STAGED)
 const uint INPUT_MAX = RK_WKV7_FORWARD_INPUTS, BLOCK_STATE_MAX = RK_WKV7_FORWARD_BLOCK_STATE,
            SMALL_MAX = RK_WKV7_FORWARD_SMALL, BLOCK_COLUMNS = RK_WKV7_FORWARD_BLOCK_COLUMNS;
+const uint INPUT_EACH = (INPUT_MAX + 255) / 256, SMALL_EACH = (SMALL_MAX + 255) / 256,
+           STATE_EACH = (BLOCK_STATE_MAX + 255) / 256;
 shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's
 shared float Zs[BLOCK_STATE_MAX];                           // [jj + (cb + 1) i]: the block's state
 shared float Ts[SMALL_MAX], Vs[SMALL_MAX];                  // [l + (L + 1) jj]: the block's T and V
+// The chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
+// load): W, B, K by element tid + 256 m of [L, S]; V and U by T's outputs, the decays by the next
+// state's.
+float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
+float V_next[SMALL_EACH], U_next[SMALL_EACH], decay_next[STATE_EACH];
+uint L, S, j0, cb, tid;
+
+void load_next(uint q) {
+    uint b = block_at(q), gamma = (n + pc.N * q) * S;
+    for (uint m = 0; m < INPUT_EACH; ++m) {
+        uint e = tid + 256 * m;
+        W_next[m] = element(pc.W, b + e, e < LS);
+        B_next[m] = element(pc.B, b + e, e < LS);
+        K_next[m] = element(pc.K, b + e, e < LS);
+    }
+    for (uint m = 0; m < SMALL_EACH; ++m) {
+        uint e = tid + 256 * m, at = b + e % L + (j0 + e / L) * L;
+        V_next[m] = element(pc.V, at, e < L * cb);
+        U_next[m] = element(pc.U, at, e < L * cb);
+    }
+    for (uint m = 0; m < STATE_EACH; ++m) {
+        uint e = tid + 256 * m;
+        decay_next[m] = element(pc.decay, gamma + e / cb, e < S * cb);
+    }
+}
 
 void main() {
-    uint L = pc.L, S = pc.S, CB = min(BLOCK_COLUMNS, S), blocks = (S + CB - 1) / CB, g = flat_group();
+    L = pc.L, S = pc.S;
+    uint CB = min(BLOCK_COLUMNS, S), blocks = (S + CB - 1) / CB, g = flat_group();
     if (g >= pc.N * blocks) return;  // a whole workgroup of the folded grid's padding
     n = g % pc.N;
     LS = L * S;
     SS = S * S;
-    uint j0 = (g / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x, rowL = L + 1, rowZ = cb + 1;
+    j0 = (g / pc.N) * CB, cb = min(CB, S - j0), tid = gl_LocalInvocationID.x;
+    uint rowL = L + 1, rowZ = cb + 1;
     for (uint e = tid; e < S * cb; e += 256) {  // i fastest: coalesced reads and writes
         uint i = e % S, jj = e / S;
         float z = pc.Z0.v[n * SS + i + (j0 + jj) * S];
         Zs[jj + rowZ * i] = z;
         pc.o.v[state_at(0) + i + (j0 + jj) * S] = z;
     }
+    load_next(0);
     for (uint q = 0; q < pc.c; ++q) {
-        uint b = block_at(q), next = state_at(q + 1), gamma = (n + pc.N * q) * S;
-        for (uint e = tid; e < LS; e += 256) {
-            uint l = e % L, i = e / L;
-            Ws[l + rowL * i] = pc.W.v[b + e];
-            Bs[l + rowL * i] = pc.B.v[b + e];
-            Ks[l + rowL * i] = pc.K.v[b + e];
+        uint b = block_at(q), next = state_at(q + 1);
+        for (uint m = 0; m < INPUT_EACH; ++m) {
+            uint e = tid + 256 * m, l = e % L, i = e / L;
+            if (e >= LS) break;
+            Ws[l + rowL * i] = W_next[m];
+            Bs[l + rowL * i] = B_next[m];
+            Ks[l + rowL * i] = K_next[m];
         }
-        for (uint e = tid; e < L * cb; e += 256) Vs[e % L + rowL * (e / L)] = pc.V.v[b + j0 * L + e];
+        for (uint m = 0; m < SMALL_EACH; ++m) {
+            uint e = tid + 256 * m;
+            if (e >= L * cb) break;
+            Vs[e % L + rowL * (e / L)] = V_next[m];
+        }
+        float U_now[SMALL_EACH] = U_next, decay_now[STATE_EACH] = decay_next;
         barrier();
-        for (uint e = tid; e < L * cb; e += 256) {  // T = W Z + U, the block's columns
-            uint l = e % L, jj = e / L;
-            float t = pc.U.v[b + l + (j0 + jj) * L];
+        if (q + 1 < pc.c) load_next(q + 1);
+        for (uint m = 0; m < SMALL_EACH; ++m) {  // T = W Z + U, the block's columns
+            uint e = tid + 256 * m, l = e % L, jj = e / L;
+            if (e >= L * cb) break;
+            float t = U_now[m];
             for (uint i = 0; i < S; ++i) t += Ws[l + rowL * i] * Zs[jj + rowZ * i];
             Ts[l + rowL * jj] = t;
             pc.o.v[sa_start() + b + l + (j0 + jj) * L] = t;
         }
         barrier();
-        for (uint e = tid; e < S * cb; e += 256) {  // Z_{q+1} = decay Z + B^T T + K^T V, jj fastest
-            uint jj = e % cb, i = e / cb;
-            float acc = pc.decay.v[gamma + i] * Zs[jj + rowZ * i];
+        for (uint m = 0; m < STATE_EACH; ++m) {  // Z_{q+1} = decay Z + B^T T + K^T V, jj fastest
+            uint e = tid + 256 * m, jj = e % cb, i = e / cb;
+            if (e >= S * cb) break;
+            float acc = decay_now[m] * Zs[jj + rowZ * i];
             for (uint l = 0; l < L; ++l)
                 acc += Bs[l + rowL * i] * Ts[l + rowL * jj] + Ks[l + rowL * i] * Vs[l + rowL * jj];
             Zs[jj + rowZ * i] = acc;

@@ -502,13 +502,14 @@ bool staged_chunk_states_fit(int64_t L, int64_t S) {
            shared_memory_holds(3 * kStagedInputFloats + kStagedBlockStateFloats + 2 * kStagedSmallFloats);
 }
 
-// Its loops per invocation at their largest trip counts: per chunk the loads, T (S terms each),
-// the next state (L terms each) and its write.
+// Its loops per invocation at their largest trip counts: per chunk the loads into registers and
+// their stores into shared memory (a pass over each register array), T (S terms each), the next
+// state (L terms each) and its write.
 double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
     const int64_t columns = std::min(kStagedBlockColumns, S);
-    const double LS = std::ceil(double(L * S) / 256.0), LC = std::ceil(double(L * columns) / 256.0),
-                 SC = std::ceil(double(S * columns) / 256.0);
-    return kLoopMargin * (double(chunks) * (LS + LC * (2.0 + double(S)) + SC * (2.0 + double(L))) + SC + LC);
+    const double LC = std::ceil(double(L * columns) / 256.0), SC = std::ceil(double(S * columns) / 256.0);
+    const double loads = 2.0 * double((kStagedInputFloats + kStagedSmallFloats + kStagedBlockStateFloats + 3 * 255) / 256);
+    return kLoopMargin * (double(chunks) * (loads + LC * (2.0 + double(S)) + SC * (2.0 + double(L))) + SC + LC);
 }
 
 // wkv7_chunks.comp's BACK_WALK and BACK_SUMS: the walk a workgroup per batch and block of
@@ -516,8 +517,9 @@ double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks)
 // the sums a workgroup per chunk and block of at most kSumsRows key rows and kSumsOutputs outputs,
 // kSumsTerms terms at a time (staged_arrays.def).
 constexpr int64_t kWalkColumns = RK_WKV7_WALK_COLUMNS, kWalkStateFloats = RK_WKV7_WALK_STATE,
-                  kWalkDTFloats = RK_WKV7_WALK_DT, kSumsTerms = RK_WKV7_SUMS_TERMS, kSumsRows = RK_WKV7_SUMS_ROWS,
-                  kSumsOutputs = RK_WKV7_SUMS_OUTPUTS;
+                  kWalkDTFloats = RK_WKV7_WALK_DT, kWalkStagedInputFloats = RK_WKV7_WALK_STAGED_INPUTS,
+                  kWalkStagedStateFloats = RK_WKV7_WALK_STAGED_STATE, kSumsTerms = RK_WKV7_SUMS_TERMS,
+                  kSumsRows = RK_WKV7_SUMS_ROWS, kSumsOutputs = RK_WKV7_SUMS_OUTPUTS;
 
 bool chunk_states_back_splits(int64_t L, int64_t S) {
     return S * (kWalkColumns + 1) <= kWalkStateFloats && (L + 1) * kWalkColumns <= kWalkDTFloats &&
@@ -525,15 +527,24 @@ bool chunk_states_back_splits(int64_t L, int64_t S) {
            shared_memory_holds(3 * kSumsOutputs + 2 * kSumsRows * kSumsTerms);
 }
 
+// The walk's STAGED form: the chunk's W, B and K in shared memory too, each chunk's inputs loaded
+// while the chunk before it is summed.
+bool staged_walk_fits(int64_t L, int64_t S) {
+    return (L + 1) * S <= kWalkStagedInputFloats && S * (kWalkColumns + 1) <= kWalkStagedStateFloats &&
+           shared_memory_holds(3 * kWalkStagedInputFloats + kWalkStagedStateFloats + kWalkDTFloats);
+}
+
 // The key rows of one BACK_SUMS workgroup (the shader's IB).
 int64_t sums_rows(int64_t L, int64_t S) { return std::min({S, kSumsRows, kSumsOutputs / L}); }
 
-// The walk's loops per invocation at their largest trip counts: per chunk dT and gV (S terms
-// each), D written out, D's update (L terms each); the sums' per block of terms: the loads, the
-// products (four outputs of kSumsTerms terms each) and gdecay's.
+// The walk's loops per invocation at their largest trip counts: per chunk the STAGED form's loads
+// (W, B, K by elements of [L, S], the rest by outputs), dT and gV (S terms each), D written out,
+// D's update (L terms each); the sums' per block of terms: the loads, the products (four outputs
+// of kSumsTerms terms each) and gdecay's.
 double walk_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
-    const double LC = std::ceil(double(L * kWalkColumns) / 256.0), SC = std::ceil(double(S * kWalkColumns) / 256.0);
-    return kLoopMargin * (double(chunks) * (LC * (1.0 + double(S)) + SC * (2.0 + double(L))) + 2.0 * SC + LC);
+    const double LC = std::ceil(double(L * kWalkColumns) / 256.0), SC = std::ceil(double(S * kWalkColumns) / 256.0),
+                 loads = 2.0 * std::ceil(double(L * S) / 256.0) + SC + LC;
+    return kLoopMargin * (double(chunks) * (loads + LC * (1.0 + double(S)) + SC * (2.0 + double(L))) + 2.0 * SC + LC);
 }
 
 double sums_loop_iterations(int64_t L, int64_t S) {
@@ -600,7 +611,8 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
     u32(ends->numel(), op);
     p.ends = ends->address();
     const uint64_t column_blocks = uint64_t((S + kWalkColumns - 1) / kWalkColumns);
-    record("wkv7_chunks_back_walk", p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*ends)});
+    const char* walk = staged_walk_fits(L, S) ? "wkv7_chunks_back_walk_staged" : "wkv7_chunks_back_walk";
+    record(walk, p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*ends)});
     reads.push_back(span(out));
     reads.push_back(span(*ends));
     const int64_t rows = sums_rows(L, S);
