@@ -66,28 +66,33 @@ uint L, S, j0, cb, tid;
 #if defined(STAGED)
 const uint INPUT_EACH = (INPUT_MAX + 255) / 256;
 shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's W, B and K
-// The chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
-// load): W, B, K by element tid + 256 m of [L, S]; g_q and the decays by D's update's outputs, gT
-// by dT's.
-float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
-float g_next[D_EACH], decay_next[D_EACH], gT_next[DT_EACH], g_now[D_EACH], decay_now[D_EACH], gT_now[DT_EACH];
+// A chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
+// load; unconditionally: NVIDIA's compiler waits for a load inside a branch where it joins): W,
+// B, K by element tid + 256 m of [L, S], gT by dT's outputs; g_q and the decays by D's update's
+// outputs, loaded once the update before has read them.
+float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH], gT_next[DT_EACH], gT_now[DT_EACH];
+float g_next[D_EACH], decay_next[D_EACH];
 
-void load_next(uint q) {
-    uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
+void load_inputs(uint q) {
+    uint b = block_at(q);
     for (uint m = 0; m < INPUT_EACH; ++m) {
         uint e = tid + 256 * m;
         W_next[m] = element(pc.W, b + e, e < L * S);
         B_next[m] = element(pc.B, b + e, e < L * S);
         K_next[m] = element(pc.K, b + e, e < L * S);
     }
+    for (uint m = 0; m < DT_EACH; ++m) {
+        uint e = tid + 256 * m, l = e % L, jj = e / L;
+        gT_next[m] = element(pc.g, sa_start() + b + l + (j0 + jj) * L, e < L * cb);
+    }
+}
+
+void load_update_terms(uint q) {
+    uint z = state_at(q), gamma = (n + pc.N * q) * S;
     for (uint m = 0; m < D_EACH; ++m) {
         uint e = tid + 256 * m, jj = e % cb, i = e / cb;
         g_next[m] = element(pc.g, z + i + (j0 + jj) * S, e < S * cb);
         decay_next[m] = element(pc.decay, gamma + i, e < S * cb);
-    }
-    for (uint m = 0; m < DT_EACH; ++m) {
-        uint e = tid + 256 * m, l = e % L, jj = e / L;
-        gT_next[m] = element(pc.g, sa_start() + b + l + (j0 + jj) * L, e < L * cb);
     }
 }
 
@@ -100,16 +105,14 @@ void take_next() {
         Bs[l + (L + 1) * i] = B_next[m];
         Ks[l + (L + 1) * i] = K_next[m];
     }
-    g_now = g_next;
-    decay_now = decay_next;
     gT_now = gT_next;
 }
 
 float W_at(uint b, uint l, uint i) { return Ws[l + (L + 1) * i]; }
 float B_at(uint b, uint l, uint i) { return Bs[l + (L + 1) * i]; }
 float K_at(uint b, uint l, uint i) { return Ks[l + (L + 1) * i]; }
-float g_at(uint m, uint at) { return g_now[m]; }
-float decay_at(uint m, uint at) { return decay_now[m]; }
+float g_at(uint m, uint at) { return g_next[m]; }
+float decay_at(uint m, uint at) { return decay_next[m]; }
 float gT_at(uint m, uint at) { return gT_now[m]; }
 #else
 float W_at(uint b, uint l, uint i) { return pc.W.v[b + l + i * L]; }
@@ -135,14 +138,15 @@ void main() {
         Ds[jj + rowD * i] = pc.g.v[state_at(pc.c) + i + (j0 + jj) * S];
     }
 #if defined(STAGED)
-    load_next(pc.c - 1);
+    load_inputs(pc.c - 1);
+    load_update_terms(pc.c - 1);
 #endif
     for (uint q = pc.c; q-- > 0;) {
         uint b = block_at(q), z = state_at(q), gamma = (n + pc.N * q) * S;
 #if defined(STAGED)
         take_next();
         barrier();
-        if (q > 0) load_next(q - 1);
+        load_inputs(max(q, 1) - 1);  // the chunk before (at the first, this one again: unused)
 #else
         barrier();
 #endif
@@ -171,6 +175,9 @@ void main() {
             for (uint l = 0; l < L; ++l) acc += W_at(b, l, i) * dTs[l + rowT * jj];
             Ds[jj + rowD * i] = acc;
         }
+#if defined(STAGED)
+        load_update_terms(max(q, 1) - 1);
+#endif
         barrier();
     }
     for (uint e = tid; e < S * cb; e += 256) {
@@ -239,8 +246,8 @@ shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: t
 shared float Zs[BLOCK_STATE_MAX];                           // [jj + (cb + 1) i]: the block's state
 shared float Ts[SMALL_MAX], Vs[SMALL_MAX];                  // [l + (L + 1) jj]: the block's T and V
 // The chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
-// load): W, B, K by element tid + 256 m of [L, S]; V and U by T's outputs, the decays by the next
-// state's.
+// load; unconditionally: NVIDIA's compiler waits for a load inside a branch where it joins): W, B,
+// K by element tid + 256 m of [L, S]; V and U by T's outputs, the decays by the next state's.
 float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
 float V_next[SMALL_EACH], U_next[SMALL_EACH], decay_next[STATE_EACH];
 uint L, S, j0, cb, tid;
@@ -296,7 +303,7 @@ void main() {
         }
         float U_now[SMALL_EACH] = U_next, decay_now[STATE_EACH] = decay_next;
         barrier();
-        if (q + 1 < pc.c) load_next(q + 1);
+        load_next(min(q + 1, pc.c - 1));  // unconditionally (at the last chunk, itself again: unused)
         for (uint m = 0; m < SMALL_EACH; ++m) {  // T = W Z + U, the block's columns
             uint e = tid + 256 * m, l = e % L, jj = e / L;
             if (e >= L * cb) break;
