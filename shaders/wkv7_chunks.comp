@@ -52,11 +52,11 @@ uint state_at(uint q) { return (n + pc.N * q) * SS; }
 uint sa_start() { return SS * pc.N * (pc.c + 1); }  // T [L, S, N, c] in the forward's output, after the states
 
 #if defined(BACK_WALK)
-const uint CB = RK_WKV7_WALK_COLUMNS, DT_MAX = RK_WKV7_WALK_DT, DT_EACH = (DT_MAX + 255) / 256;
+const uint DT_MAX = RK_WKV7_WALK_DT, DT_EACH = (DT_MAX + 255) / 256;
 #if defined(STAGED)
-const uint D_MAX = RK_WKV7_WALK_STAGED_STATE, INPUT_MAX = RK_WKV7_WALK_STAGED_INPUTS;
+const uint CB = RK_WKV7_WALK_STAGED_COLUMNS, D_MAX = RK_WKV7_WALK_STAGED_STATE, INPUT_MAX = RK_WKV7_WALK_STAGED_INPUTS;
 #else
-const uint D_MAX = RK_WKV7_WALK_STATE;
+const uint CB = RK_WKV7_WALK_COLUMNS, D_MAX = RK_WKV7_WALK_STATE;
 #endif
 const uint D_EACH = (D_MAX + 255) / 256;  // D's update's outputs per invocation, at most
 shared float Ds[D_MAX];    // [jj + (CB + 1) i]: the block's columns of D, the gradient of the state after the chunk

@@ -434,13 +434,13 @@ def test_chunk_states_gradients_match_finite_differences(shape):
 
 
 @pytest.mark.requires_gpu
-@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4), (40, 64, 1, 2),
-                                   (16, 80, 1, 2), (70, 5, 2, 2)])
+@pytest.mark.parametrize("shape", [(3, 4, 2, 3), (16, 20, 2, 5), (20, 17, 1, 3), (16, 64, 3, 4), (16, 40, 2, 3),
+                                   (40, 64, 1, 2), (16, 80, 1, 2), (70, 5, 2, 2)])
 def test_chunk_states_gpu_matches_the_cpu(shape):
-    """Forward and every gradient, float32: the staged forward (shared memory), and at 40 x 64 the
-    forward that keeps the state in device memory (its chunk does not fit); the
-    backward's walk and sums, over several blocks of key rows at 40 x 64 and 16 x 80, and at 70 x 5
-    (chunks over 64 tokens) the one-kernel backward."""
+    """Forward and every gradient, float32: the staged forward and walk (shared memory; blocks of
+    value columns, the last short at 16 x 40), and at 40 x 64 and 16 x 80 the forward and walk
+    that read the chunk from device memory (it does not fit); the sums over several blocks of key
+    rows at 40 x 64 and 16 x 80; at 70 x 5 (chunks over 64 tokens) the one-kernel backward."""
     assert_gpu_matches_cpu("wkv7_chunk_states", _chunk_states_inputs(*shape, seed=3),
                            ["states", "W", "U", "B", "K", "V", "decay", "Z0"])
 

@@ -517,7 +517,8 @@ double staged_chunk_states_loop_iterations(int64_t L, int64_t S, int64_t chunks)
 // the sums a workgroup per chunk and block of at most kSumsRows key rows and kSumsOutputs outputs,
 // kSumsTerms terms at a time (staged_arrays.def).
 constexpr int64_t kWalkColumns = RK_WKV7_WALK_COLUMNS, kWalkStateFloats = RK_WKV7_WALK_STATE,
-                  kWalkDTFloats = RK_WKV7_WALK_DT, kWalkStagedInputFloats = RK_WKV7_WALK_STAGED_INPUTS,
+                  kWalkDTFloats = RK_WKV7_WALK_DT, kWalkStagedColumns = RK_WKV7_WALK_STAGED_COLUMNS,
+                  kWalkStagedInputFloats = RK_WKV7_WALK_STAGED_INPUTS,
                   kWalkStagedStateFloats = RK_WKV7_WALK_STAGED_STATE, kSumsTerms = RK_WKV7_SUMS_TERMS,
                   kSumsRows = RK_WKV7_SUMS_ROWS, kSumsOutputs = RK_WKV7_SUMS_OUTPUTS;
 
@@ -527,10 +528,11 @@ bool chunk_states_back_splits(int64_t L, int64_t S) {
            shared_memory_holds(3 * kSumsOutputs + 2 * kSumsRows * kSumsTerms);
 }
 
-// The walk's STAGED form: the chunk's W, B and K in shared memory too, each chunk's inputs loaded
-// while the chunk before it is summed.
+// The walk's STAGED form: blocks of kWalkStagedColumns, the chunk's W, B and K in shared memory
+// too, each chunk's inputs loaded while the chunk before it is summed.
 bool staged_walk_fits(int64_t L, int64_t S) {
-    return (L + 1) * S <= kWalkStagedInputFloats && S * (kWalkColumns + 1) <= kWalkStagedStateFloats &&
+    return (L + 1) * S <= kWalkStagedInputFloats && S * (kWalkStagedColumns + 1) <= kWalkStagedStateFloats &&
+           (L + 1) * kWalkStagedColumns <= kWalkDTFloats &&
            shared_memory_holds(3 * kWalkStagedInputFloats + kWalkStagedStateFloats + kWalkDTFloats);
 }
 
@@ -541,8 +543,8 @@ int64_t sums_rows(int64_t L, int64_t S) { return std::min({S, kSumsRows, kSumsOu
 // (W, B, K by elements of [L, S], the rest by outputs), dT and gV (S terms each), D written out,
 // D's update (L terms each); the sums' per block of terms: the loads, the products (four outputs
 // of kSumsTerms terms each) and gdecay's.
-double walk_loop_iterations(int64_t L, int64_t S, int64_t chunks) {
-    const double LC = std::ceil(double(L * kWalkColumns) / 256.0), SC = std::ceil(double(S * kWalkColumns) / 256.0),
+double walk_loop_iterations(int64_t L, int64_t S, int64_t chunks, int64_t columns) {
+    const double LC = std::ceil(double(L * columns) / 256.0), SC = std::ceil(double(S * columns) / 256.0),
                  loads = 2.0 * std::ceil(double(L * S) / 256.0) + SC + LC;
     return kLoopMargin * (double(chunks) * (loads + LC * (1.0 + double(S)) + SC * (2.0 + double(L))) + 2.0 * SC + LC);
 }
@@ -605,13 +607,15 @@ void vk_wkv7_chunk_states_back(const Inputs& in, const OpAttrs&, TensorImpl& out
         record("wkv7_chunks_backward", p, uint64_t(p.N), reads, {span(out)});
         return;
     }
-    check_loop_budget(op, L * c, "tokens per sequence", walk_loop_iterations(L, S, c));
+    const bool staged = staged_walk_fits(L, S);
+    const int64_t columns = staged ? kWalkStagedColumns : kWalkColumns;
+    check_loop_budget(op, L * c, "tokens per sequence", walk_loop_iterations(L, S, c, columns));
     check_loop_budget(op, S, "head size", sums_loop_iterations(L, S));
     TensorPtr ends = make_on(Device::gpu, {size_mul(S, S, W.ne[2], c), 1, 1, 1}, 2, DType::f32);
     u32(ends->numel(), op);
     p.ends = ends->address();
-    const uint64_t column_blocks = uint64_t((S + kWalkColumns - 1) / kWalkColumns);
-    const char* walk = staged_walk_fits(L, S) ? "wkv7_chunks_back_walk_staged" : "wkv7_chunks_back_walk";
+    const uint64_t column_blocks = uint64_t((S + columns - 1) / columns);
+    const char* walk = staged ? "wkv7_chunks_back_walk_staged" : "wkv7_chunks_back_walk";
     record(walk, p, uint64_t(p.N) * column_blocks, reads, {span(out), span(*ends)});
     reads.push_back(span(out));
     reads.push_back(span(*ends));
