@@ -7,12 +7,15 @@
 // staged_chunk_states_fit allows): the same sums in the same order, one workgroup per batch n
 // and block of value columns j (the state's columns pass from chunk to chunk on their own), the
 // block's state, the chunk's W, B, K and the block's T and V in shared memory, rows padded to
-// an odd length so that invocations reading down a column hit different banks. The backward, where
+// an odd length so that invocations reading down a column hit different banks, each chunk's
+// inputs loaded into registers while the chunk before is summed. The backward, where
 // chunk_states_back_splits allows, in two kernels: BACK_WALK, one workgroup per batch n and block
 // of value columns (a gradient's columns, too, pass from chunk to chunk on their own), walks the
-// chunks from the end with the block's D and dT in shared memory, writing dT (gU), gV, T and D
-// after each chunk; BACK_SUMS, one workgroup per chunk and block of key rows, sums what mixes the
-// columns (gB, gK, gW, gdecay) with every chunk at once. The same sums in BACKWARD's order.
+// chunks from the end with the block's D and dT in shared memory, writing dT (gU), gV and D
+// after each chunk (its STAGED form, where staged_walk_fits allows, holds the chunk's W, B, K
+// there too, loaded as the forward's are); BACK_SUMS, one workgroup per chunk and block of key
+// rows, sums what mixes the columns (gB, gK, gW, gdecay) with every chunk at once. The same sums
+// in BACKWARD's order.
 #version 450
 #include "common.glsl"
 #include "staged_arrays.def"
