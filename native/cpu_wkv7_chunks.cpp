@@ -55,7 +55,7 @@ ChunkDims chunk_dims(const char* op, const Inputs& in, size_t first) {
     return d;
 }
 
-int64_t forward_numel(const ChunkDims& d) { return d.states() + d.block(); }
+int64_t forward_numel(const ChunkDims& d) { return d.states() + d.block(); }  // checked by chunk_dims
 
 // out[i] = M[l, i] for one chunk's M [L, S]: its columns as rows, so that the loops over a key
 // channel i run over consecutive memory.

@@ -570,8 +570,7 @@ struct Wkv7ChunksBackPush {
 // wkv7_chunk_states and its backward: a workgroup per batch and block of value columns where the
 // staged forward fits, else per batch; the backward's walk and sums (two kernels, the walk's D
 // after each chunk in a buffer of its own) where chunk_states_back_splits allows, else one
-// workgroup per batch.
-// Shapes checked by the shape rule.
+// workgroup per batch. Shapes checked by the shape rule.
 void vk_wkv7_chunk_states(const Inputs& in, const OpAttrs&, TensorImpl& out) {
     const TensorImpl& W = *in[0];
     const char* op = "wkv7_chunk_states";

@@ -235,9 +235,9 @@ def _chunked_wkv7(r, w, k, v, a, b, state, chunk_size) -> tuple[Tensor, Tensor]:
     """rwkv_wkv7 in chunks: each chunk's own terms from its tokens (one op, wkv7_chunk_terms:
     with Z = S^T the state [key, value] at the chunk's start, its tokens' sa are U = W Z + U0,
     its outputs Rf Z + Q_rb U + Q_rk V, its end state decay Z + Be^T U + Ke^T V), the states
-    passed from chunk to chunk with each chunk's U (one op, wkv7_chunk_states), then the outputs' products. Dims in ne
-    order: S the head size, L the chunk length, c the chunks per sequence, B = H N c the (head,
-    sequence, chunk) batch with the head fastest."""
+    passed from chunk to chunk with each chunk's U (one op, wkv7_chunk_states), then the outputs'
+    products. Dims in ne order: S the head size, L the chunk length, c the chunks per sequence,
+    B = H N c the (head, sequence, chunk) batch with the head fastest."""
     S, H = _ne4(k)[:2]
     n_seqs = state.shape[1]
     n_tok = k.numel // (S * H * n_seqs)  # per sequence
