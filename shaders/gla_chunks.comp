@@ -108,7 +108,7 @@ void main() {
 #endif
 
 #if defined(PAIRS) || defined(STATE_PRODUCTS)
-const uint LMAX = 64;  // the longest chunk on the GPU (vk_sequence_kernels.cpp refuses longer)
+const uint LMAX = 64;  // the longest chunk on the GPU (vk_chunk_kernels.cpp refuses longer)
 #endif
 
 #if defined(PAIRS)

@@ -54,10 +54,38 @@ uint block_at(uint q) { return (n + pc.N * q) * LS; }
 uint state_at(uint q) { return (n + pc.N * q) * SS; }
 uint sa_start() { return SS * pc.N * (pc.c + 1); }  // T [L, S, N, c] in the forward's output, after the states
 
+#if defined(FORWARD_STAGED) || defined(STAGED)
+// The staged walks' chunk of W, B and K [L, S]: loaded into registers (by element tid + 256 m)
+// while the chunk before is summed, so that the walk waits on no load (unconditionally: NVIDIA's
+// compiler waits for a load inside a branch where it joins), then into shared memory.
+const uint INPUT_MAX = RK_WKV7_STAGED_INPUTS, INPUT_EACH = (INPUT_MAX + 255) / 256;
+shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]
+float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
+
+void load_chunk_inputs(uint b) {
+    for (uint m = 0; m < INPUT_EACH; ++m) {
+        uint e = gl_LocalInvocationID.x + 256 * m;
+        W_next[m] = element(pc.W, b + e, e < LS);
+        B_next[m] = element(pc.B, b + e, e < LS);
+        K_next[m] = element(pc.K, b + e, e < LS);
+    }
+}
+
+void stage_chunk_inputs() {
+    for (uint m = 0; m < INPUT_EACH; ++m) {
+        uint e = gl_LocalInvocationID.x + 256 * m, l = e % pc.L, i = e / pc.L;
+        if (e >= LS) break;
+        Ws[l + (pc.L + 1) * i] = W_next[m];
+        Bs[l + (pc.L + 1) * i] = B_next[m];
+        Ks[l + (pc.L + 1) * i] = K_next[m];
+    }
+}
+#endif
+
 #if defined(BACK_WALK)
 const uint DT_MAX = RK_WKV7_WALK_DT, DT_EACH = (DT_MAX + 255) / 256;
 #if defined(STAGED)
-const uint CB = RK_WKV7_WALK_STAGED_COLUMNS, D_MAX = RK_WKV7_WALK_STAGED_STATE, INPUT_MAX = RK_WKV7_WALK_STAGED_INPUTS;
+const uint CB = RK_WKV7_WALK_STAGED_COLUMNS, D_MAX = RK_WKV7_WALK_STAGED_STATE;
 #else
 const uint CB = RK_WKV7_WALK_COLUMNS, D_MAX = RK_WKV7_WALK_STATE;
 #endif
@@ -67,23 +95,13 @@ shared float dTs[DT_MAX];  // [l + (L + 1) jj]: the block's columns of dT
 uint L, S, j0, cb, tid;
 
 #if defined(STAGED)
-const uint INPUT_EACH = (INPUT_MAX + 255) / 256;
-shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's W, B and K
-// A chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
-// load; unconditionally: NVIDIA's compiler waits for a load inside a branch where it joins): W,
-// B, K by element tid + 256 m of [L, S], gT by dT's outputs; g_q and the decays by D's update's
-// outputs, loaded once the update before has read them.
-float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH], gT_next[DT_EACH], gT_now[DT_EACH];
-float g_next[D_EACH], decay_next[D_EACH];
+// The rest of a chunk's inputs in registers, loaded as W, B and K are: gT by dT's outputs; g_q and
+// the decays by D's update's outputs, loaded once the update before has read them.
+float gT_next[DT_EACH], gT_now[DT_EACH], g_next[D_EACH], decay_next[D_EACH];
 
 void load_inputs(uint q) {
     uint b = block_at(q);
-    for (uint m = 0; m < INPUT_EACH; ++m) {
-        uint e = tid + 256 * m;
-        W_next[m] = element(pc.W, b + e, e < L * S);
-        B_next[m] = element(pc.B, b + e, e < L * S);
-        K_next[m] = element(pc.K, b + e, e < L * S);
-    }
+    load_chunk_inputs(b);
     for (uint m = 0; m < DT_EACH; ++m) {
         uint e = tid + 256 * m, l = e % L, jj = e / L;
         gT_next[m] = element(pc.g, sa_start() + b + l + (j0 + jj) * L, e < L * cb);
@@ -101,13 +119,7 @@ void load_update_terms(uint q) {
 
 // The loaded chunk into shared memory and the registers it is summed from.
 void take_next() {
-    for (uint m = 0; m < INPUT_EACH; ++m) {
-        uint e = tid + 256 * m, l = e % L, i = e / L;
-        if (e >= L * S) break;
-        Ws[l + (L + 1) * i] = W_next[m];
-        Bs[l + (L + 1) * i] = B_next[m];
-        Ks[l + (L + 1) * i] = K_next[m];
-    }
+    stage_chunk_inputs();
     gT_now = gT_next;
 }
 
@@ -241,28 +253,19 @@ void main() {
     if (tid < ib) pc.o.v[gdecay + nq * S + i0 + tid] = gd;
 }
 #elif defined(FORWARD_STAGED)
-const uint INPUT_MAX = RK_WKV7_FORWARD_INPUTS, BLOCK_STATE_MAX = RK_WKV7_FORWARD_BLOCK_STATE,
-           SMALL_MAX = RK_WKV7_FORWARD_SMALL, BLOCK_COLUMNS = RK_WKV7_FORWARD_BLOCK_COLUMNS;
-const uint INPUT_EACH = (INPUT_MAX + 255) / 256, SMALL_EACH = (SMALL_MAX + 255) / 256,
-           STATE_EACH = (BLOCK_STATE_MAX + 255) / 256;
-shared float Ws[INPUT_MAX], Bs[INPUT_MAX], Ks[INPUT_MAX];  // [l + (L + 1) i]: the chunk's
-shared float Zs[BLOCK_STATE_MAX];                           // [jj + (cb + 1) i]: the block's state
-shared float Ts[SMALL_MAX], Vs[SMALL_MAX];                  // [l + (L + 1) jj]: the block's T and V
-// The chunk's inputs in registers, loaded while the chunk before is summed (the walk waits on no
-// load; unconditionally: NVIDIA's compiler waits for a load inside a branch where it joins): W, B,
-// K by element tid + 256 m of [L, S]; V and U by T's outputs, the decays by the next state's.
-float W_next[INPUT_EACH], B_next[INPUT_EACH], K_next[INPUT_EACH];
+const uint BLOCK_STATE_MAX = RK_WKV7_FORWARD_BLOCK_STATE, SMALL_MAX = RK_WKV7_FORWARD_SMALL,
+           BLOCK_COLUMNS = RK_WKV7_FORWARD_BLOCK_COLUMNS;
+const uint SMALL_EACH = (SMALL_MAX + 255) / 256, STATE_EACH = (BLOCK_STATE_MAX + 255) / 256;
+shared float Zs[BLOCK_STATE_MAX];           // [jj + (cb + 1) i]: the block's state
+shared float Ts[SMALL_MAX], Vs[SMALL_MAX];  // [l + (L + 1) jj]: the block's T and V
+// The rest of a chunk's inputs in registers, loaded as W, B and K are: V and U by T's outputs,
+// the decays by the next state's.
 float V_next[SMALL_EACH], U_next[SMALL_EACH], decay_next[STATE_EACH];
 uint L, S, j0, cb, tid;
 
 void load_next(uint q) {
     uint b = block_at(q), gamma = (n + pc.N * q) * S;
-    for (uint m = 0; m < INPUT_EACH; ++m) {
-        uint e = tid + 256 * m;
-        W_next[m] = element(pc.W, b + e, e < LS);
-        B_next[m] = element(pc.B, b + e, e < LS);
-        K_next[m] = element(pc.K, b + e, e < LS);
-    }
+    load_chunk_inputs(b);
     for (uint m = 0; m < SMALL_EACH; ++m) {
         uint e = tid + 256 * m, at = b + e % L + (j0 + e / L) * L;
         V_next[m] = element(pc.V, at, e < L * cb);
@@ -292,13 +295,7 @@ void main() {
     load_next(0);
     for (uint q = 0; q < pc.c; ++q) {
         uint b = block_at(q), next = state_at(q + 1);
-        for (uint m = 0; m < INPUT_EACH; ++m) {
-            uint e = tid + 256 * m, l = e % L, i = e / L;
-            if (e >= LS) break;
-            Ws[l + rowL * i] = W_next[m];
-            Bs[l + rowL * i] = B_next[m];
-            Ks[l + rowL * i] = K_next[m];
-        }
+        stage_chunk_inputs();
         for (uint m = 0; m < SMALL_EACH; ++m) {
             uint e = tid + 256 * m;
             if (e >= L * cb) break;

@@ -3,7 +3,7 @@
 // matmul and linear (and which kernel multiplies where) are in vk_matmul_kernels.cpp, the passes
 // over a whole parameter set (optimizer and target-network updates, the sum of squares) in
 // vk_update_kernels.cpp, the sequence ops (state-space layers, recurrences) in
-// vk_sequence_kernels.cpp.
+// vk_sequence_kernels.cpp, their chunked forms in vk_chunk_kernels.cpp.
 #include <algorithm>
 #include <cstring>
 
