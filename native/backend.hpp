@@ -110,6 +110,10 @@ void set_gpu_poison(bool on);
 // Programs recorded from now on time their GPU work per dependency level (Program::level_times);
 // false where the GPU cannot time its queue.
 bool set_gpu_profiling(bool on);
+// An eager GPU recording the host has spent this many microseconds on is submitted at its next
+// command (0: only when read, synchronized or 4096 commands long; default 200). Returns the
+// previous value (0 without a GPU).
+int64_t set_gpu_submit_after(int64_t microseconds);
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool reset);
 // The driver compiler's statistics of each GPU pipeline made so far (registers, spills, shared
 // memory), by shader, as (name, value) pairs: empty unless RLKIT_VK_PIPELINE_STATISTICS=1 was set

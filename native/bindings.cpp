@@ -416,6 +416,13 @@ PYBIND11_MODULE(_native, m) {
     m.def("set_gpu_poison", &set_gpu_poison, py::arg("on"));
     m.def("set_gpu_profiling", &set_gpu_profiling, py::arg("on"),
           "Programs recorded from now on time each dependency level; False where the GPU cannot time.");
+    m.def("set_gpu_submit_after", [](int64_t microseconds) {
+        if (microseconds < 0)
+            throw std::invalid_argument("set_gpu_submit_after: microseconds must be >= 0, got " + std::to_string(microseconds));
+        return set_gpu_submit_after(microseconds);
+    }, py::arg("microseconds"),
+          "An eager GPU recording the host has spent this many microseconds on is submitted at its next "
+          "command (0: only when read, synchronized or 4096 commands long); returns the previous value.");
     m.def("host_writes", &host_writes,
           "In-place writes to any tensor so far: while it is unchanged, no tensor's version changed.");
     m.def("set_cpu_profiling", &set_cpu_profiling, py::arg("on"),

@@ -76,6 +76,7 @@ std::string gpu_conv2d_kernel(DType) { return {}; }
 std::string gpu_scan_kernel(bool, int64_t, int64_t, int64_t, bool) { return {}; }
 void set_gpu_poison(bool) {}
 bool set_gpu_profiling(bool on) { return !on; }
+int64_t set_gpu_submit_after(int64_t) { return 0; }
 std::vector<std::pair<std::string, uint64_t>> gpu_counters(bool) { return {}; }
 PipelineStatistics gpu_pipeline_statistics() { return {}; }
 int provoke_validation_error() { return -1; }

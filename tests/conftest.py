@@ -80,6 +80,16 @@ def on_gpu():
     rc.device(previous)
 
 
+@pytest.fixture
+def submits_only_when_read():
+    """An eager GPU recording goes to the GPU only when read, synchronized or 4096 commands long,
+    not also once the host has spent 200 microseconds on it: for tests that count submits, which
+    a slow host (the validation layer, a sanitizer) would otherwise split."""
+    previous = _native.set_gpu_submit_after(0)
+    yield
+    _native.set_gpu_submit_after(previous)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     """The default device for the test, restored afterwards."""

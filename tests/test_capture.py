@@ -460,7 +460,7 @@ def test_a_relocated_parameter_re_records(on_gpu):
 
 
 @pytest.mark.requires_gpu
-def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu):
+def test_eager_work_before_and_after_a_replay_is_ordered(on_gpu, submits_only_when_read):
     """An eager in-place write recorded (not yet submitted) before a replay is seen by it, and
     eager work recorded after a replay reads what the replay wrote."""
     model, opt = _model(rc.optim.SGD, lr=0.1)

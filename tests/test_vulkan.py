@@ -322,7 +322,7 @@ def test_f16_tensors_compute_in_f32_on_the_gpu(on_gpu):
     np.testing.assert_allclose(out.numpy().astype(np.float32), expected.astype(np.float32), atol=1e-3)
 
 
-def test_submission_points(on_gpu):
+def test_submission_points(on_gpu, submits_only_when_read):
     model, opt = _mlp("gpu")
     x = rc.tensor(np.ones((8, 4), np.float32))
     with rc.grad_tape():
@@ -338,6 +338,36 @@ def test_submission_points(on_gpu):
         t = t + 1.0
     np.testing.assert_array_equal(t.numpy(), np.full((4, 1), 5000.0))
     assert rc.gpu_stats()["submits"] >= before + 2  # 5000 add dispatches: one early submit at 4096, then the read
+
+
+def test_a_recording_the_host_spends_long_on_goes_to_the_gpu_in_pieces(on_gpu):
+    """Once the host has recorded eager work for the set time, the next command submits it (the
+    GPU runs it while the host records the rest); what is submitted early and what is submitted
+    at the read make the exact result, and work recorded for less still goes in one submit."""
+    x = rc.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    rc.synchronize()
+    previous = _native.set_gpu_submit_after(1)  # microseconds: every command after the first submits
+    try:
+        before = rc.gpu_stats()["submits"]
+        t = x
+        for k in range(20):
+            t = rc.add(rc.mul(t, 1.5), float(k))
+        submitted_early = rc.gpu_stats()["submits"] - before
+        got = t.numpy()
+        _native.set_gpu_submit_after(10_000_000)  # ten seconds: no early submit in a short recording
+        before = rc.gpu_stats()["submits"]
+        u = rc.add(rc.mul(x, 2.0), 1.0)
+        np.testing.assert_array_equal(u.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1)
+        assert rc.gpu_stats()["submits"] == before + 1
+    finally:
+        _native.set_gpu_submit_after(previous)
+    assert submitted_early >= 20, submitted_early  # 40 dispatches, nearly each its own submit
+    expected = np.arange(12, dtype=np.float64).reshape(3, 4)
+    for k in range(20):
+        expected = expected * 1.5 + k
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="microseconds must be >= 0"):
+        _native.set_gpu_submit_after(-1)
 
 
 @pytest.mark.skipif(os.environ.get("RLKIT_VK_VALIDATION") != "1",

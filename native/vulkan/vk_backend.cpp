@@ -75,6 +75,12 @@ bool set_gpu_profiling(bool on) {
     return ctx->profiling() == on;
 }
 
+int64_t set_gpu_submit_after(int64_t microseconds) {
+    std::string why;
+    vk::Context* ctx = vk::Context::get(&why);
+    return ctx ? ctx->set_submit_after(std::chrono::microseconds(microseconds)).count() : 0;
+}
+
 PipelineStatistics gpu_pipeline_statistics() {
     std::string why;
     vk::Context* ctx = vk::Context::get(&why);

@@ -2,17 +2,19 @@
 // instance, device choice, limits, queues, memory pools), shader pipelines (vk_pipelines.cpp), and
 // the recorder (vk_recorder.cpp) that puts dispatches and copies into one command buffer with
 // barriers only between dependent work, submitted when the host reads a value (or the recording
-// grows large); captured programs' command buffers (vk_program.cpp: their commands scheduled in
+// grows large or old); captured programs' command buffers (vk_program.cpp: their commands scheduled in
 // dependency levels). Memory is vk_memory.hpp's: large blocks sub-allocated, addressed by buffer
 // device address.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend.hpp"
@@ -107,6 +109,10 @@ class Context {
     // With poisoning on (tests), new storage is filled with NaN so unwritten elements show.
     std::shared_ptr<Storage> allocate(uint64_t nbytes, bool poison = true);
     void set_poison(bool on) { poison_ = on; }
+    // An eager recording the host has spent this long on is submitted at its next command, so
+    // that the GPU runs it while the host records the rest (0: only when read, synchronized or
+    // kMaxRecorded commands long). Returns the previous value.
+    std::chrono::microseconds set_submit_after(std::chrono::microseconds after) { return std::exchange(submit_after_, after); }
     // Programs recorded from now on time each dependency level (where the queue can time).
     void set_profiling(bool on) { profiling_ = on && limits_.timestamp_bits > 0; }
     bool profiling() const { return profiling_; }
@@ -199,7 +205,8 @@ class Context {
     void write_tables(std::vector<TableWrite>& tables);  // eagerly, after end_program
     // Records a write of host bytes into [offset, offset + size) of buffer (device address `address`).
     void write_range(VkBuffer buffer, uint64_t offset, uint64_t address, const void* data, uint64_t bytes);
-    void count_recorded();  // one more command; an eager recording this long is submitted
+    void count_recorded();  // one more command; an eager recording this long (or this old) is submitted
+    bool recorded_for_long() const;  // the eager recording began submit_after_ ago or earlier
     Context() = default;
     void init(std::string* why);
     void begin_if_needed();
@@ -259,6 +266,11 @@ class Context {
     ProgramRecording* program_ = nullptr;
     TransferStats eager_stats_;  // stats_ as they were before a program's recording began
     uint32_t recorded_ = 0;
+    std::chrono::steady_clock::time_point recording_since_;  // when the eager command buffer began
+    // A tape's forward and backward take the host milliseconds of Python and recording: submitted
+    // only at the end, all of it came before all of the GPU's time. An agent's step records for
+    // less and still goes to the GPU in one submit.
+    std::chrono::microseconds submit_after_{200};
     std::vector<Range> unsynced_reads_, unsynced_writes_;
     std::vector<std::shared_ptr<Allocation>> in_flight_;  // staging kept until the submit completes
     uint64_t in_flight_bytes_ = 0;

@@ -55,6 +55,7 @@ void Context::begin_if_needed() {
     check(api_.vkBeginCommandBuffer(slot.cmd, &bi), "vkBeginCommandBuffer");
     cmd_ = slot.cmd;
     recording_ = true;
+    recording_since_ = std::chrono::steady_clock::now();
     unsynced_reads_.clear();
     unsynced_writes_.clear();
     // Earlier submissions may still run and their memory may be reused here: a barrier at the
@@ -140,7 +141,11 @@ void Context::dispatch(const std::string& shader, const void* push, uint32_t pus
 }
 
 void Context::count_recorded() {
-    if (!program_ && ++recorded_ >= kMaxRecorded) submit();
+    if (!program_ && (++recorded_ >= kMaxRecorded || recorded_for_long())) submit();
+}
+
+bool Context::recorded_for_long() const {
+    return submit_after_.count() > 0 && std::chrono::steady_clock::now() - recording_since_ >= submit_after_;
 }
 
 void Context::fill(const TensorImpl& dst, uint32_t pattern) {
@@ -225,7 +230,7 @@ void Context::upload_piece(const TensorImpl& dst, uint64_t offset, const void* h
     in_flight_bytes_ += size;
     ++stats_.uploads;
     stats_.upload_bytes += size;
-    if (in_flight_bytes_ > kMaxInFlightStaging || ++recorded_ >= kMaxRecorded) submit();
+    if (in_flight_bytes_ > kMaxInFlightStaging || ++recorded_ >= kMaxRecorded || recorded_for_long()) submit();
 }
 
 void Context::download(const TensorImpl& src, uint64_t offset, void* host, uint64_t size) {
