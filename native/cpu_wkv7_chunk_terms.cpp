@@ -17,12 +17,15 @@
 // so that with Z the state [key, value] at the chunk's start, the tokens' sa are W Z + U, the
 // outputs Rf Z + Q_rb (W Z + U) + Q_rk V and the next state decay * Z + Be^T (W Z + U) + Ke^T V.
 // Output one column: W, U, Be, Ke, Rf, V [L, S, B] (tokens in rows, as the products take them; V
-// the chunk's values), then Q_rb, Q_rk [L(t), L(s), B], then decay [S, B].
+// the chunk's values), then Q_rb, Q_rk [L(t), L(s), B], then decay [S, B], then P_ab, P_ak
+// [L(t), L(s), B] (0 where s >= t), which the chunked form does not read: they are kept for the
+// backward, which made them again.
 //
 // wkv7_chunk_terms_back (g like the output, r, k, v, a, b, log_decay, the forward's output; the
-// same ints) -> a column [gr, gk, gv, ga, gb, glog_decay], each [S, H, T]. With T = (I - P_ab)^-1:
+// same ints) -> a column [gr, gk, gv, ga, gb, glog_decay], each [S, H, T]. With T = (I - P_ab)^-1
+// (P_ab and P_ak read from the forward's output):
 //   gA0 = T^T gW,  gPV = T^T gU   (back substitution),  gV = P_ak^T gPV + g of the V rows
-//   gP_ab = gA0 W^T + gPV U^T,  gP_ak = gPV V^T   (their strictly lower parts)
+//   gP_ab = gA0 W^T + gPV U^T + g of P_ab,  gP_ak = gPV V^T + g of P_ak   (their strictly lower parts)
 // then each pair's and each decayed input's terms per channel; glog_decay[u] sums the terms of
 // every decay whose range holds u: per s, suffix sums over t.
 // The CPU loops run over the channels (consecutive in memory: they vectorise); the GPU's kernels
@@ -43,8 +46,9 @@ struct TermDims {
     int64_t chunks() const { return (n_tok() + L - 1) / L; }  // per sequence
     int64_t B() const { return H * chunks() * n_seqs; }
     int64_t block() const { return S * L * B(); }  // one of W, U, Be, Ke, Rf, V
-    int64_t pairs() const { return L * L * B(); }  // one of Q_rb, Q_rk
-    int64_t total() const { return 6 * block() + 2 * pairs() + S * B(); }
+    int64_t pairs() const { return L * L * B(); }  // one of Q_rb, Q_rk, P_ab, P_ak
+    int64_t kept_pairs() const { return 6 * block() + 2 * pairs() + S * B(); }  // where P_ab starts
+    int64_t total() const { return kept_pairs() + 2 * pairs(); }
     int64_t input() const { return S * H * T; }
     // Chunk ch's token l as a token of the inputs, or -1 for the padding.
     int64_t token(int64_t ch, int64_t l) const {
@@ -72,7 +76,7 @@ TermDims term_dims(const char* op, const Inputs& in, size_t first, const OpAttrs
         throw std::invalid_argument(op_err(op, std::to_string(d.T) + " tokens do not split into " + std::to_string(d.n_seqs) +
                                                    " sequences of equal length"));
     const int64_t B = size_mul(d.H, d.chunks(), d.n_seqs);
-    size_add(size_mul(6, d.S, d.L, B), size_mul(2, d.L, d.L, B), size_mul(d.S, B));  // checked before use
+    size_add(size_mul(6, d.S, d.L, B), size_mul(4, d.L, d.L, B), size_mul(d.S, B));  // checked before use
     return d;
 }
 
@@ -127,7 +131,7 @@ struct ChunkWork {
 
     // Walks the pairs (t, s), t from s on, calling visit(s, t) with X = X(s, t); with fill_pairs
     // also bx = b[s] X and kx = k[s] X, and first fills P_ab[t + 1, s] and P_ak[t + 1, s] (0 where
-    // s >= t). The backward's second walk needs only X: the pairs are those of its first.
+    // s >= t). The backward's walk needs only X: its pairs are the forward's.
     template <typename F>
     void walk_pairs(const ChunkInputs<T>& x, bool fill_pairs, F&& visit) {
         if (fill_pairs) {
@@ -180,6 +184,7 @@ void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
         T* o = out.ptr<T>();
         T *W = o, *U = W + d.block(), *Be = U + d.block(), *Ke = Be + d.block(), *Rf = Ke + d.block(), *V = Rf + d.block();
         T *Q_rb = V + d.block(), *Q_rk = Q_rb + d.pairs(), *decay = Q_rk + d.pairs();
+        T *P_ab = o + d.kept_pairs(), *P_ak = P_ab + d.pairs();
         parallel_for(d.B(), std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
             ChunkWork<T> w(d);
             ChunkInputs<T> x(d);
@@ -218,6 +223,8 @@ void cpu_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& ou
                 store_rows(d, Rm.data(), Rf + block);
                 store_rows(d, x.v.data(), V + block);
                 std::copy_n(w.start_at(d.L - 1), d.S, decay + c * d.S);
+                std::copy_n(w.P_ab.data(), d.L * d.L, P_ab + pairs);
+                std::copy_n(w.P_ak.data(), d.L * d.L, P_ak + pairs);
             }
         });
     });
@@ -238,7 +245,9 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImp
         const T* g = in[0]->ptr<T>();
         const T *gW = g, *gU = gW + d.block(), *gBe = gU + d.block(), *gKe = gBe + d.block(), *gRf = gKe + d.block();
         const T *gV = gRf + d.block(), *gQ_rb = gV + d.block(), *gQ_rk = gQ_rb + d.pairs(), *gdecay = gQ_rk + d.pairs();
+        const T *gP_ab_out = g + d.kept_pairs(), *gP_ak_out = gP_ab_out + d.pairs();
         const T *W = in[7]->ptr<T>(), *U = W + d.block();
+        const T *P_ab = W + d.kept_pairs(), *P_ak = P_ab + d.pairs();
         T* o = out.ptr<T>();
         parallel_for(d.B(), std::max<int64_t>(1, kElementGrain / (d.S * d.L * d.L)), [&](int64_t lo, int64_t hi) {
             ChunkWork<T> w(d);
@@ -262,7 +271,8 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImp
                 load_rows(d, gRf + block, gRm.data());
                 load_rows(d, gV + block, gv_c);
                 w.start_decays(x.log_decay.data());
-                w.walk_pairs(x, true, [](int64_t, int64_t) {});  // P_ab, P_ak
+                std::copy_n(P_ab + pairs, d.L * d.L, w.P_ab.data());
+                std::copy_n(P_ak + pairs, d.L * d.L, w.P_ak.data());
                 for (int64_t t = d.L - 1; t >= 0; --t)  // the back substitution: G[t] += sum_{u > t} P[u, t] G[u]
                     for (int64_t u = t + 1; u < d.L; ++u) {
                         add_scaled(d.S, w.P_ab[u + t * d.L], gA0.data() + u * d.S, gA0.data() + t * d.S);
@@ -274,8 +284,9 @@ void cpu_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImp
                     for (int64_t t = s + 1; t < d.L; ++t) {
                         const T* gA0_t = gA0.data() + t * d.S;
                         const T* gPV_t = gPV.data() + t * d.S;
-                        gP_ab[t + s * d.L] = dot(gA0_t, Wm.data() + s * d.S, d.S) + dot(gPV_t, Um.data() + s * d.S, d.S);
-                        gP_ak[t + s * d.L] = dot(gPV_t, x.v.data() + s * d.S, d.S);
+                        gP_ab[t + s * d.L] = dot(gA0_t, Wm.data() + s * d.S, d.S) + dot(gPV_t, Um.data() + s * d.S, d.S) +
+                                             gP_ab_out[pairs + t + s * d.L];
+                        gP_ak[t + s * d.L] = dot(gPV_t, x.v.data() + s * d.S, d.S) + gP_ak_out[pairs + t + s * d.L];
                         add_scaled(d.S, w.P_ak[t + s * d.L], gPV_t, gv_c + s * d.S);
                     }
                 // the start decays: ga, gr, and each token's term of glog_decay, summed from the end

@@ -2,17 +2,19 @@
 // formulas): what each chunk of rwkv_wkv7's chunked form computes from its own tokens, every chunk
 // at once. Inputs r, k, v, a, b, log_decay [S, H, T] (the recurrence's: channels fastest), read as
 // chunks of L tokens (the padding's tokens read as 0); the outputs W, U, Be, Ke, Rf, V [L, S, B]
-// (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B], B = H n_seqs c chunks (head fastest, then
-// sequence, then chunk). Kernels:
-//   PAIRS (a workgroup per chunk): P_ab, P_ak into scratch [L, L, B] each and, with `with_q`,
-//     Q_rb, Q_rk into the output; each pair (t, s) an invocation's, its channels a block at a
-//     time through shared memory, each channel's decay a running sum from s, as the CPU's.
+// (tokens fastest), Q_rb, Q_rk [L, L, B], decay [S, B], P_ab, P_ak [L, L, B], B = H n_seqs c chunks
+// (head fastest, then sequence, then chunk). Kernels:
+//   PAIRS (a workgroup per chunk): P_ab, P_ak, Q_rb, Q_rk into the output; each pair (t, s) an
+//     invocation's, its channels a block at a time through shared memory, each channel's decay a
+//     running sum from s, as the CPU's.
 //   SOLVE (an invocation per chunk and column: S of W's, then S of U's): the forward
 //     substitution down the column, and on W's side the column's channel: A0, Rf, Be, Ke, V, decay.
+//   The backward reads P_ab and P_ak from the forward's output.
 //   BACK_SOLVE (an invocation per chunk and column): the back substitution, gA0 and gPV into
 //     scratch [2S, L, B] (gA0's S channels, then gPV's); on gPV's side gv, on gA0's the start
 //     decays' terms of ga, gr and glog_decay.
-//   BACK_PAIRS (a workgroup per chunk): gP_ab, gP_ak into scratch [L, L, B] each.
+//   BACK_PAIRS (a workgroup per chunk): gP_ab, gP_ak (with the upstream gradient of the output's
+//     P_ab, P_ak) into scratch [L, L, B] each.
 //   BACK_CHANNELS (an invocation per chunk and channel): the pairs' terms and Be's and Ke's,
 //     added to BACK_SOLVE's ga, gr and glog_decay; gb and gk.
 // Every sum is an invocation's own, in a fixed order: no atomics, deterministic.
@@ -29,14 +31,14 @@ layout(push_constant) uniform Push {
     Floats b;
     Floats log_decay;
     Floats o;        // the output: the forward's column, or the backward's [gr, gk, gv, ga, gb, glog_decay]
-    Floats pairs;    // scratch: P_ab, P_ak [L, L, B] each
+    Floats pairs;    // P_ab, P_ak [L, L, B] each: the forward's output's
     Floats columns;  // the backward's scratch: gA0, gPV [2S, L, B]; after them, BACK_CHANNELS' terms [S, L, B]
     Floats g;        // the backward's: the upstream gradient (like the forward's column)
     Floats fwd;      // the backward's: the forward's column (W, U)
+    Floats grad_pairs;  // the backward's scratch: gP_ab, gP_ak [L, L, B] each
     uint S;
     uint L;
     uint B;          // chunks: H n_seqs c
-    uint with_q;     // PAIRS: also the Q pairs (the forward)
     uint H;
     uint n_tok;      // tokens per sequence
     uint chunks;     // c, chunks per sequence
@@ -99,7 +101,7 @@ void main() {
         stage_array(0, pc.a, false, c, j0, cb);
         stage_array(1, pc.b, false, c, j0, cb);
         stage_array(2, pc.k, false, c, j0, cb);
-        if (pc.with_q == 1u) stage_array(3, pc.r, false, c, j0, cb);  // only the Q pairs read r
+        stage_array(3, pc.r, false, c, j0, cb);
         stage_array(4, pc.log_decay, false, c, j0, cb);
         barrier();
         [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
@@ -115,11 +117,9 @@ void main() {
                     pak[m] += a_t * (k_s * x);
                     sum += stage[staged(4, cb, jj, t)];
                 }
-                if (pc.with_q == 1u) {
-                    float x = exp(sum), r_t = stage[staged(3, cb, jj, t)];
-                    qrb[m] += r_t * (b_s * x);
-                    qrk[m] += r_t * (k_s * x);
-                }
+                float x = exp(sum), r_t = stage[staged(3, cb, jj, t)];
+                qrb[m] += r_t * (b_s * x);
+                qrk[m] += r_t * (k_s * x);
             }
         }
     }
@@ -130,10 +130,8 @@ void main() {
         uint at = pair_at(c, t, s);
         pc.pairs.v[at] = pab[m];
         pc.pairs.v[pair_block() + at] = pak[m];
-        if (pc.with_q == 1u) {
-            pc.o.v[q_rb + at] = qrb[m];
-            pc.o.v[q_rk + at] = qrk[m];
-        }
+        pc.o.v[q_rb + at] = qrb[m];
+        pc.o.v[q_rk + at] = qrk[m];
     }
 }
 #endif
@@ -259,12 +257,13 @@ void main() {
             }
         }
     }
+    uint g_ab = 6 * block() + 2 * pair_block() + pc.S * pc.B, g_ak = g_ab + pair_block();  // the output's P_ab, P_ak
     [[unroll]] for (uint m = 0; m < MAX_PAIRS_EACH; ++m) {
         uint p = tid + 256 * m, t = p % L, s = p / L;
         if (p >= LL) continue;
         uint at = pair_at(c, t, s);
-        pc.pairs.v[2 * pair_block() + at] = gab[m];
-        pc.pairs.v[3 * pair_block() + at] = gak[m];
+        pc.grad_pairs.v[at] = s < t ? gab[m] + pc.g.v[g_ab + at] : 0.0;
+        pc.grad_pairs.v[pair_block() + at] = s < t ? gak[m] + pc.g.v[g_ak + at] : 0.0;
     }
 }
 #endif
@@ -276,7 +275,7 @@ void main() {
     uint c = e / S, j = e % S;
     uint gr = 0, gk = input_block(), ga = 3 * input_block(), gb = 4 * input_block(), glog = 5 * input_block();
     uint gBe = 2 * block(), gKe = 3 * block(), gQ_rb = 6 * block(), gQ_rk = gQ_rb + pair_block();
-    uint gP_ab = 2 * pair_block(), gP_ak = 3 * pair_block();
+    uint gP_ab = 0, gP_ak = pair_block();
     uint terms = 2 * block();  // this channel's decay terms m[t], in the columns' scratch after gA0, gPV
     for (uint s = 0; s < L; ++s) {
         float b_s = token_input(pc.b, c, s, j), k_s = token_input(pc.k, c, s, j);
@@ -291,7 +290,7 @@ void main() {
             g_k += x * cqk * r_t;
             float term = r_t * wq;
             if (t + 1 < L) {
-                float cpb = pc.pairs.v[gP_ab + pair_at(c, t + 1, s)], cpk = pc.pairs.v[gP_ak + pair_at(c, t + 1, s)];
+                float cpb = pc.grad_pairs.v[gP_ab + pair_at(c, t + 1, s)], cpk = pc.grad_pairs.v[gP_ak + pair_at(c, t + 1, s)];
                 float a_n = token_input(pc.a, c, t + 1, j), wp = cpb * b_s + cpk * k_s;
                 if (valid(c, t + 1)) pc.o.v[ga + input_at(c, t + 1, j)] += x * wp;
                 g_b += x * cpb * a_n;

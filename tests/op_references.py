@@ -142,7 +142,7 @@ def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
     per chunk with numpy's products and inverse: the decays from the chunk's start and between
     pairs of tokens, P_ab, P_ak (s < t), Q_rb, Q_rk (s <= t), W = (I - P_ab)^-1 A0,
     U = (I - P_ab)^-1 P_ak V. Returns the op's 1-D output [W, U, Be, Ke, Rf, V [L, S, B], Q_rb,
-    Q_rk [L, L, B], decay [S, B]]."""
+    Q_rk [L, L, B], decay [S, B], P_ab, P_ak [L, L, B]]."""
     S, H, T = r.shape
     n_tok = T // n_seqs
     c = -(-n_tok // L)
@@ -157,6 +157,7 @@ def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
 
     rows = {name: np.zeros((L, S, B)) for name in ("W", "U", "Be", "Ke", "Rf", "V")}
     Q_rb, Q_rk, decay = np.zeros((L, L, B)), np.zeros((L, L, B)), np.zeros((S, B))
+    kept_ab, kept_ak = np.zeros((L, L, B)), np.zeros((L, L, B))
     for ch in range(B):
         r_, k_, v_, a_, b_, lw = (chunk(x, ch) for x in (r, k, v, a, b, log_decay))
         start = np.exp(np.cumsum(lw, axis=1))  # [S, L]: through token t
@@ -179,7 +180,8 @@ def np_wkv7_chunk_terms(r, k, v, a, b, log_decay, L, n_seqs):
         rows["Rf"][:, :, ch] = (r_ * start).T
         rows["V"][:, :, ch] = v_.T
         decay[:, ch] = start[:, -1]
-    parts = list(rows.values()) + [Q_rb, Q_rk, decay]
+        kept_ab[:, :, ch], kept_ak[:, :, ch] = P_ab, P_ak
+    parts = list(rows.values()) + [Q_rb, Q_rk, decay, kept_ab, kept_ak]
     return np.concatenate([x.reshape(-1, order="F") for x in parts])
 
 

@@ -388,8 +388,8 @@ def test_chunk_terms_refuse_bad_inputs(args, ints, exc, message):
 
 def test_chunk_terms_backward_checks_the_upstream_gradient():
     inputs = [_f(2, 3, 4)] * 6
-    out = ops.apply("wkv7_chunk_terms", tuple(inputs), ints=(2, 2))  # B = 6 chunks: 6 * 24 + 2 * 24 + 12 = 204
-    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms_back: g \[7, 1\] is not the forward's output shape \[204, 1\]"):
+    out = ops.apply("wkv7_chunk_terms", tuple(inputs), ints=(2, 2))  # B = 6 chunks: 6 * 24 + 4 * 24 + 12 = 252
+    with pytest.raises(ValueError, match=r"^wkv7_chunk_terms_back: g \[7, 1\] is not the forward's output shape \[252, 1\]"):
         ops.apply("wkv7_chunk_terms_back", (_f(7), *inputs, out), ints=(2, 2))
     with pytest.raises(TypeError, match=r"^wkv7_chunk_terms_back: dtypes differ: r is f32 but out is f64"):
         ops.apply("wkv7_chunk_terms_back", (out, *inputs, rc.tensor(out.numpy(), dtype="f64")), ints=(2, 2))

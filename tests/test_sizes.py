@@ -96,7 +96,7 @@ def _chunk_terms(back: bool):
     """wkv7_chunk_terms: r, k, v, a, b, log_decay [S, H, T], chunks of 2 tokens, 1 sequence; the
     backward helper takes g first and the forward's output last, each one column."""
     def build(s, h, t, d):
-        total = 6 * s * 2 * h * -(-t // 2) + 2 * 4 * h * -(-t // 2) + s * h * -(-t // 2)
+        total = 6 * s * 2 * h * -(-t // 2) + 4 * 4 * h * -(-t // 2) + s * h * -(-t // 2)
         inputs = [((s, h, t), F)] * 6
         if back:
             inputs = [((total,), F)] + inputs + [((total,), F)]

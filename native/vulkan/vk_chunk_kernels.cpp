@@ -28,8 +28,8 @@ using vk::u32;
 namespace {
 
 struct ChunkTermsPush {
-    uint64_t r, k, v, a, b, log_decay, o, pairs, columns, g, fwd;
-    uint32_t S, L, B, with_q, H, n_tok, chunks;
+    uint64_t r, k, v, a, b, log_decay, o, pairs, columns, g, fwd, grad_pairs;
+    uint32_t S, L, B, H, n_tok, chunks;
 };
 
 // Whether a staged kernel's shared arrays of `floats` fit the device's shared memory (lavapipe
@@ -69,8 +69,7 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, 
                                  "its recurrence (chunk_size=None)");
     check_loop_budget(op, L, "tokens per chunk", chunk_terms_loop_iterations(S, L));
     u32(size_mul(6, r.numel()), op);  // every index in the shaders is smaller
-    u32(size_add(size_mul(7, S, L, B), size_mul(2, L, L, B)), op);
-    u32(size_mul(4, L, L, B), op);
+    u32(size_add(size_mul(7, S, L, B), size_mul(4, L, L, B)), op);
     ChunkTermsPush p{};
     p.r = r.address(), p.k = in[first + 1]->address(), p.v = in[first + 2]->address();
     p.a = in[first + 3]->address(), p.b = in[first + 4]->address(), p.log_decay = in[first + 5]->address();
@@ -81,32 +80,35 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, 
 
 }  // namespace
 
+// The address of the output's P_ab (P_ak follows it), after W, U, Be, Ke, Rf, V, Q_rb, Q_rk, decay.
+uint64_t kept_pairs_address(const TensorImpl& terms, const ChunkTermsPush& p) {
+    return terms.address() + 4 * (uint64_t(6) * p.S * p.L * p.B + uint64_t(2) * p.L * p.L * p.B + uint64_t(p.S) * p.B);
+}
+
 // wkv7_chunk_terms: PAIRS (a workgroup per chunk), then SOLVE (an invocation per chunk and column).
 void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "wkv7_chunk_terms";
     ChunkTermsPush p = chunk_terms_push(op, in, 0, attrs);
-    TensorPtr pairs = make_on(Device::gpu, {size_mul(2, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
-    p.o = out.address(), p.pairs = pairs->address(), p.with_q = 1;
-    record("wkv7_chunk_terms_pairs", p, p.B, spans(in), {span(out), span(*pairs)});
+    p.o = out.address(), p.pairs = kept_pairs_address(out, p);
+    record("wkv7_chunk_terms_pairs", p, p.B, spans(in), {span(out)});
     std::vector<vk::Range> reads = spans(in);
-    reads.push_back(span(*pairs));
+    reads.push_back(span(out));  // the pairs
     record("wkv7_chunk_terms_solve", p, groups(uint64_t(2) * p.S * p.B), reads, {span(out)});
 }
 
-// wkv7_chunk_terms_back: PAIRS (P_ab, P_ak again), BACK_SOLVE, BACK_PAIRS, BACK_CHANNELS.
+// wkv7_chunk_terms_back: BACK_SOLVE, BACK_PAIRS, BACK_CHANNELS, with P_ab and P_ak the forward's.
 void vk_wkv7_chunk_terms_back(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
     const char* op = "wkv7_chunk_terms_back";
     ChunkTermsPush p = chunk_terms_push(op, in, 1, attrs);
-    TensorPtr pairs = make_on(Device::gpu, {size_mul(4, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
+    TensorPtr grad_pairs = make_on(Device::gpu, {size_mul(2, p.L, p.L, p.B), 1, 1, 1}, 2, DType::f32);
     TensorPtr columns = make_on(Device::gpu, {size_mul(3, p.S, p.L, p.B), 1, 1, 1}, 2, DType::f32);
-    p.o = out.address(), p.pairs = pairs->address(), p.columns = columns->address();
-    p.g = in[0]->address(), p.fwd = in[7]->address(), p.with_q = 0;
+    p.o = out.address(), p.pairs = kept_pairs_address(*in[7], p), p.columns = columns->address();
+    p.g = in[0]->address(), p.fwd = in[7]->address(), p.grad_pairs = grad_pairs->address();
     std::vector<vk::Range> reads = spans(in);
-    record("wkv7_chunk_terms_pairs", p, p.B, reads, {span(*pairs)});
-    reads.push_back(span(*pairs));
     record("wkv7_chunk_terms_back_solve", p, groups(uint64_t(2) * p.S * p.B), reads, {span(*columns), span(out)});
     reads.push_back(span(*columns));
-    record("wkv7_chunk_terms_back_pairs", p, p.B, reads, {span(*pairs)});
+    record("wkv7_chunk_terms_back_pairs", p, p.B, reads, {span(*grad_pairs)});
+    reads.push_back(span(*grad_pairs));
     reads.push_back(span(out));
     record("wkv7_chunk_terms_back_channels", p, groups(uint64_t(p.S) * p.B), reads, {span(out), span(*columns)});
 }
