@@ -78,12 +78,12 @@ ChunkTermsPush chunk_terms_push(const char* op, const Inputs& in, size_t first, 
     return p;
 }
 
-}  // namespace
-
 // The address of the output's P_ab (P_ak follows it), after W, U, Be, Ke, Rf, V, Q_rb, Q_rk, decay.
 uint64_t kept_pairs_address(const TensorImpl& terms, const ChunkTermsPush& p) {
     return terms.address() + 4 * (uint64_t(6) * p.S * p.L * p.B + uint64_t(2) * p.L * p.L * p.B + uint64_t(p.S) * p.B);
 }
+
+}  // namespace
 
 // wkv7_chunk_terms: PAIRS (a workgroup per chunk), then SOLVE (an invocation per chunk and column).
 void vk_wkv7_chunk_terms(const Inputs& in, const OpAttrs& attrs, TensorImpl& out) {
